@@ -1,0 +1,151 @@
+"""Plain data records shared by every part of harnessrl.
+
+Everything here is a pydantic model so a trajectory serialises to JSON and back losslessly
+(`Trajectory.model_validate_json(t.model_dump_json()) == t`).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Message(_Record):
+    """One chat message as the model sees it."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    name: str | None = None  # tool name for role == "tool"
+
+
+class ToolSchema(_Record):
+    """What a harness shows the model about one tool."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolCall(_Record):
+    """One action parsed from a model completion."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    raw: str = ""  # the exact text span the protocol parsed this call from
+
+
+class BlockReason(str, Enum):
+    unknown_tool = "unknown_tool"
+    invalid_arguments = "invalid_arguments"
+    sandbox = "sandbox"  # path escape, oversize write, symlink out, ...
+    guard = "guard"  # refused by a harness guard
+
+
+class ToolResult(_Record):
+    """What came back from executing one ToolCall."""
+
+    name: str
+    output: str  # what the model is shown
+    ok: bool = True
+    blocked: BlockReason | None = None  # set when the call was refused before or while running
+    full_output: str | None = None  # untruncated output when `output` was shortened for the model
+
+
+class ModelCall(_Record):
+    """One generation: token in, token out. Never re-tokenize the text the model produced."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # log-probability of each sampled completion token
+    text: str  # decoded completion, special tokens stripped
+    finish_reason: Literal["stop", "length", "error"] = "stop"
+    messages: list[Message] = Field(default_factory=list)  # the rendered conversation (prompt)
+
+
+class Intervention(_Record):
+    """A guard or rule of the harness that acted on the episode."""
+
+    kind: Literal[
+        "malformed_feedback",
+        "blocked_feedback",
+        "loop_guard",
+        "budget_notice",
+        "history_truncated",
+        "plan",
+    ]
+    message: str = ""
+
+
+class ActionKind(str, Enum):
+    tool_calls = "tool_calls"
+    malformed = "malformed"  # the protocol could not parse a call out of the completion
+    empty = "empty"  # the model produced nothing (or only whitespace)
+    text = "text"  # prose with no call, when the harness treats that as a final answer
+    plan = "plan"  # the plan turn of a plan-execute loop
+
+
+class Step(_Record):
+    index: int
+    model_call: ModelCall
+    action: ActionKind
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    parse_error: str | None = None
+    tool_results: list[ToolResult] = Field(default_factory=list)
+    interventions: list[Intervention] = Field(default_factory=list)
+
+
+class Termination(str, Enum):
+    submitted = "submitted"
+    max_steps = "max_steps"
+    max_tokens = "max_tokens"
+    timeout = "timeout"
+    loop_guard = "loop_guard"
+    error = "error"  # infrastructure error (tool/grader/model backend crashed); excluded from metrics
+
+
+class Grade(_Record):
+    score: float  # in [0, 1]
+    subscores: dict[str, float] = Field(default_factory=dict)
+    passed: bool
+    threshold: float = 1.0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(_Record):
+    """One attempt of one task through one harness."""
+
+    episode_id: str
+    task_id: str
+    suite: str
+    family: str
+    split: str
+    harness: str
+    attempt: int
+    instruction: str
+    steps: list[Step] = Field(default_factory=list)
+    termination: Termination | None = None
+    termination_detail: str = ""
+    submitted: bool = False
+    answer: str | None = None
+    grade: Grade | None = None
+    infra_error: str | None = None  # traceback summary when termination == error
+    retries: int = 0  # infrastructure retries spent before this record
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def is_infra_error(self) -> bool:
+        return self.termination == Termination.error
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.task_id, self.harness, self.attempt)
