@@ -128,9 +128,12 @@ def write_file(env: Environment, path: str, content: str) -> str:
         raise ToolFailed(f"{path} is a directory")
     existing = target.stat().st_size if target.is_file() else 0
     data = _check_write(ws, content, existing)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    ws.resolve(path)  # re-check: a parent created above must not be a symlink out
-    target.write_bytes(data)
+    try:  # e.g. a parent path is an existing file: an ordinary failure, not an infra error
+        target.parent.mkdir(parents=True, exist_ok=True)
+        ws.resolve(path)  # re-check: a parent created above must not be a symlink out
+        target.write_bytes(data)
+    except OSError as exc:
+        raise ToolFailed(f"cannot write {path}: {exc.strerror or exc}") from None
     return f"Wrote {len(data)} bytes to {ws.rel(target)}."
 
 
@@ -140,9 +143,12 @@ def append_file(env: Environment, path: str, content: str) -> str:
     if target == ws.root or target.is_dir():
         raise ToolFailed(f"{path} is a directory")
     data = _check_write(ws, content)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "ab") as fh:
-        fh.write(data)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "ab") as fh:
+            fh.write(data)
+    except OSError as exc:
+        raise ToolFailed(f"cannot append to {path}: {exc.strerror or exc}") from None
     return f"Appended {len(data)} bytes to {ws.rel(target)}."
 
 
@@ -156,8 +162,11 @@ def move_file(env: Environment, source: str, destination: str) -> str:
         dst = dst / src.name
     if dst.exists():
         raise ToolFailed(f"destination exists: {destination}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    src.rename(dst)
+    try:  # e.g. a parent of the destination is a file, or a folder moved into itself
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        src.rename(dst)
+    except OSError as exc:
+        raise ToolFailed(f"cannot move {source} to {destination}: {exc.strerror or exc}") from None
     return f"Moved {source} to {ws.rel(dst)}."
 
 
