@@ -1,0 +1,1 @@
+"""Harnesses: spec, tool-call protocols, control loops and session rules."""
