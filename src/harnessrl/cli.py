@@ -1,0 +1,356 @@
+"""The `harnessrl` command line: one sub-command per job."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harnessrl import __version__
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Evaluate, diagnose, improve and train one LLM agent across many harnesses.")
+harness_app = typer.Typer(no_args_is_help=True, help="List, show, validate harness specs.")
+tasks_app = typer.Typer(no_args_is_help=True, help="List suites and show tasks.")
+app.add_typer(harness_app, name="harness")
+app.add_typer(tasks_app, name="tasks")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One clear line on stderr and a non-zero exit: for user errors, never a traceback."""
+    err.print("[bold red]error:[/] ", end="")
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+# ------------------------------------------------------------------------------------------------
+# harness
+
+
+@harness_app.command("list")
+def harness_list() -> None:
+    """The built-in harnesses and how they differ."""
+    from harnessrl.harness.registry import builtin_names, load_harness
+
+    table = Table("name", "protocol", "loop", "steps", "history", "demos", "guards", "description")
+    for name in builtin_names():
+        s = load_harness(name)
+        r = s.rules
+        guards = [g for g, on in (("loop", r.loop_guard.enabled), ("budget", r.budget_notice.enabled), ("memory", s.bootstrap.memory_tool)) if on]
+        table.add_row(
+            s.name,
+            s.protocol.format + ("" if s.protocol.lenient else " (strict)"),
+            s.loop.kind,
+            str(r.max_steps),
+            "all" if r.history_window is None else f"last {r.history_window}",
+            str(len(r.demonstrations)),
+            ",".join(guards) or "-",
+            " ".join(s.description.split())[:70],
+        )
+    out.print(table)
+
+
+@harness_app.command("show")
+def harness_show(name: Annotated[str, typer.Argument(help="built-in name or spec path")]) -> None:
+    """Print a harness spec as YAML."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import SpecError
+
+    try:
+        spec = load_harness(name)
+    except SpecError as e:
+        fail(str(e))
+    sys.stdout.write(spec.to_yaml())
+
+
+@harness_app.command("validate")
+def harness_validate(paths: Annotated[list[Path], typer.Argument(help="spec files")]) -> None:
+    """Validate spec files; exits 1 if any is invalid."""
+    from harnessrl.harness.spec import SpecError, load_spec
+
+    bad = 0
+    for p in paths:
+        try:
+            spec = load_spec(p)
+            out.print(f"[green]ok[/] {p} ({spec.name})", highlight=False)
+        except SpecError as e:
+            err.print("[bold red]invalid:[/] ", end="")
+            err.print(str(e), markup=False, highlight=False, soft_wrap=True)
+            bad += 1
+    if bad:
+        raise typer.Exit(1)
+
+
+@harness_app.command("schema")
+def harness_schema() -> None:
+    """Print the JSON schema of harness specs."""
+    from harnessrl.harness.spec import spec_json_schema
+
+    sys.stdout.write(json.dumps(spec_json_schema(), indent=2) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------
+# tasks
+
+
+@tasks_app.command("list")
+def tasks_list(suite: Annotated[Optional[str], typer.Option(help="only this suite")] = None) -> None:
+    """Suites, their split sizes and task families."""
+    from harnessrl.tasks import get_suite, list_suites
+
+    names = list_suites() if suite is None else [suite]
+    table = Table("suite", "train", "dev", "test", "families", "description")
+    for n in names:
+        try:
+            s = get_suite(n)
+        except ValueError as e:
+            fail(str(e))
+        table.add_row(
+            n,
+            str(s.split_sizes.get("train", 0)),
+            str(s.split_sizes.get("dev", 0)),
+            str(s.split_sizes.get("test", 0)),
+            ", ".join(s.family_names()),
+            s.description,
+        )
+    out.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(task_id: Annotated[str, typer.Argument(help="suite/split/index, e.g. workspace/dev/00003")]) -> None:
+    """Show one task: instruction, tools and the known-good solution."""
+    from harnessrl.tasks import get_suite
+
+    try:
+        task = get_suite(task_id.split("/")[0]).task(task_id)
+    except ValueError as e:
+        fail(str(e))
+    out.print(f"{task.id} family={task.family} pass_threshold={task.pass_threshold}", markup=False, highlight=False)
+    out.print(task.instruction, markup=False, highlight=False)
+    out.print("tools: " + ", ".join(t.name for t in task.tools), markup=False, highlight=False)
+    out.print("solution: " + json.dumps(task.solution), markup=False, highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# eval
+
+
+def _summaries(store: Any, attempts: int) -> dict[str, Any]:
+    from harnessrl.metrics import summarize_harness
+
+    result = {}
+    for h in store.harnesses():
+        trajs = list(store.trajectories(harness=h, with_tokens=False))
+        result[h] = summarize_harness(trajs, attempts)
+    return result
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def print_summary_table(summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['suite']} / {summary['split']} / {summary['model']}")
+    for col in ("harness", "tasks", "episodes", "mean score", "95% CI", "pass@1", "pass@k", "pass^k", "delivery", "infra"):
+        table.add_column(col, justify="left" if col == "harness" else "right")
+    for name, m in summary["harnesses"].items():
+        k = str(m["attempts"])
+        ci = m.get("mean_score_ci95")
+        table.add_row(
+            name,
+            str(m["n_tasks"]),
+            str(m["n_episodes"]),
+            _fmt(m["mean_score"]),
+            "-" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+            _fmt((m.get("pass_at_k") or {}).get("1")),
+            _fmt((m.get("pass_at_k") or {}).get(k)) + f" (k={k})",
+            _fmt((m.get("pass_hat_k") or {}).get(k)),
+            _fmt(m["delivery_rate"]),
+            str(m["n_infra_errors"]),
+        )
+    out.print(table)
+
+
+def write_summary(store: Any, config: dict[str, Any], folder: Path) -> dict[str, Any]:
+    summary = {
+        "suite": config["suite"],
+        "split": config["split"],
+        "model": config["model"],
+        "seed": config["seed"],
+        "harnesses": _summaries(store, config["attempts"]),
+    }
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+@app.command("eval")
+def eval_cmd(
+    suite: Annotated[str, typer.Option(help="suite name (see `harnessrl tasks list`)")] = "workspace",
+    split: Annotated[str, typer.Option(help="train, dev or test")] = "dev",
+    harness: Annotated[list[str], typer.Option("--harness", "-H", help="built-in name, 'all', or a spec path; repeat or comma-separate")] = ["all"],
+    model: Annotated[str, typer.Option(help="tiny-random, smollm2-135m or hf:PATH")] = "tiny-random",
+    tasks: Annotated[Optional[int], typer.Option("--tasks", "-n", help="first N tasks of the split (default: all)")] = None,
+    attempts: Annotated[int, typer.Option("--attempts", "-k", help="attempts per task and harness")] = 1,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="run folder")] = Path("runs/eval"),
+    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.7,
+    top_p: Annotated[float, typer.Option(help="nucleus sampling")] = 1.0,
+    max_in_flight: Annotated[int, typer.Option(help="episodes in flight (batch size of generation)")] = 16,
+    retries: Annotated[int, typer.Option(help="re-runs of an episode after an infrastructure error")] = 2,
+    resume: Annotated[bool, typer.Option("--resume", help="continue a run folder, skipping finished episodes")] = False,
+    progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+) -> None:
+    """Evaluate a model on a suite through one or more harnesses."""
+    from harnessrl.harness.registry import resolve_harnesses
+    from harnessrl.harness.spec import SpecError
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import Runner, make_jobs
+    from harnessrl.store import RunStore, StoreError
+    from harnessrl.tasks import get_suite
+
+    # -- every config error before any work ---------------------------------------------------------
+    if attempts < 1:
+        fail("--attempts must be >= 1")
+    if max_in_flight < 1:
+        fail("--max-in-flight must be >= 1")
+    if retries < 0:
+        fail("--retries must be >= 0")
+    try:
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    except Exception as e:
+        fail(f"invalid sampling parameters: {str(e).splitlines()[-1] if str(e) else e}")
+    try:
+        specs = resolve_harnesses(harness)
+    except SpecError as e:
+        fail(str(e))
+    try:
+        the_suite = get_suite(suite)
+        task_list = the_suite.tasks(split, tasks)
+    except ValueError as e:
+        fail(str(e))
+    if not task_list:
+        fail("no tasks selected (--tasks 0?)")
+    from harnessrl.models import MODEL_NAMES, SPEC_FORMS
+
+    if model.startswith("hf:"):
+        if not Path(model[3:]).exists():
+            fail(f"model path '{model[3:]}' does not exist")
+    elif model.startswith("openai:"):
+        fail(f"{model}: the openai: backend is not implemented yet (available: {SPEC_FORMS})")
+    elif model not in MODEL_NAMES:
+        fail(f"unknown model '{model}' (known forms: {SPEC_FORMS})")
+
+    config = {
+        "harnessrl_version": __version__,
+        "suite": suite,
+        "split": split,
+        "model": model,
+        "seed": seed,
+        "tasks": len(task_list),
+        "task_ids": [t.id for t in task_list],
+        "attempts": attempts,
+        "sampling": sampling.model_dump(),
+        "harnesses": {s.name: s.to_dict() for s in specs},
+        "max_retries": retries,
+    }
+    exists = RunStore.exists(out_dir)
+    if exists and not resume:
+        fail(f"{out_dir} already holds a run; use --resume to continue it or choose another --out")
+    if resume and not exists:
+        fail(f"{out_dir} holds no run to resume")
+    try:
+        store = RunStore(out_dir)
+    except (StoreError, OSError) as e:
+        fail(str(e))
+    if resume:
+        old = store.config or {}
+        diff = sorted(k for k in set(old) | set(config) if k != "harnessrl_version" and old.get(k) != config.get(k))
+        if diff:
+            fail(f"--resume with a different configuration ({', '.join(diff)} differ from the stored run)")
+    else:
+        store.set_meta("config", config)
+
+    jobs = make_jobs(task_list, specs, attempts)
+    done = store.finished_keys()
+    todo = [j for j in jobs if j.key not in done]
+    if resume:
+        err.print(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished", highlight=False)
+
+    # -- the model (slow) ------------------------------------------------------------------------------
+    from harnessrl.models import load_policy
+
+    try:
+        policy = load_policy(model, sampling)
+    except (ValueError, RuntimeError, OSError) as e:
+        fail(f"cannot load model '{model}': {e}")
+    store.set_meta("model", policy.describe())
+
+    runner = Runner(policy, sampling, max_in_flight=max_in_flight, max_retries=retries, on_episode=store.add, progress=progress)
+    try:
+        runner.run(todo)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: finished episodes are saved; continue with --resume --out {out_dir}", highlight=False)
+        raise typer.Exit(130)
+    summary = write_summary(store, config, out_dir)
+    print_summary_table(summary)
+    out.print(f"run folder: {out_dir}  (summary.json, run.db)", highlight=False)
+    store.close()
+
+
+@app.command("summary")
+def summary_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
+    """Recompute and print the per-harness table of a run folder."""
+    from harnessrl.store import RunStore
+
+    if not RunStore.exists(run):
+        fail(f"{run} holds no run (no run.db)")
+    with RunStore(run) as store:
+        config = store.config
+        if not config:
+            fail(f"{run}: run database has no config")
+        print_summary_table(write_summary(store, config, run))
+
+
+@app.command("export")
+def export_cmd(
+    run: Annotated[Path, typer.Argument(help="run folder")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="jsonl")] = "jsonl",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file (default: stdout)")] = None,
+    tokens: Annotated[bool, typer.Option(help="include prompt/completion token ids and logprobs")] = True,
+) -> None:
+    """Export every episode of a run as one JSON trajectory per line."""
+    from harnessrl.store import RunStore
+
+    if fmt != "jsonl":
+        fail(f"unknown export format '{fmt}' (available: jsonl)")
+    if not RunStore.exists(run):
+        fail(f"{run} holds no run (no run.db)")
+    with RunStore(run) as store:
+        fh = open(output, "w", encoding="utf-8") if output else sys.stdout
+        try:
+            for traj in store.trajectories(with_tokens=tokens):
+                fh.write(traj.model_dump_json() + "\n")
+        finally:
+            if output:
+                fh.close()
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

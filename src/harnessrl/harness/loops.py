@@ -1,0 +1,327 @@
+"""Control loops: one episode of one task through one harness, as a step-wise state machine.
+
+The runner owns time and batching; an Episode only answers two questions, over and over:
+`request()` (what to ask the model next) and `consume(model_call)` (what the reply does to the
+world). Loops:
+
+- `react`: every model call is an action; its observations come back as the next message.
+- `plan-execute`: the first model call writes a plan (no tools); the plan stays in the
+  conversation for the rest of the episode and the loop then acts like `react`. The plan call
+  is recorded as a step of kind `plan` and does not count against `max_steps`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import traceback
+from typing import Any
+
+from harnessrl.harness import rules as R
+from harnessrl.harness.protocols import Protocol, get_protocol
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.models.base import GenerationRequest
+from harnessrl.tasks.base import Environment, Task, Tool, ToolBlocked, ToolFailed, validate_arguments
+from harnessrl.types import (
+    ActionKind,
+    BlockReason,
+    Intervention,
+    Message,
+    ModelCall,
+    Step,
+    Termination,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+)
+
+MAX_OBSERVATION_CHARS = 4000  # what the model is shown of one tool output
+
+
+class InfraError(Exception):
+    """A tool, grader or environment crashed: an infrastructure failure, not the model's."""
+
+
+def episode_id(task_id: str, harness: str, attempt: int) -> str:
+    return "ep-" + hashlib.sha256(f"{task_id}|{harness}|{attempt}".encode()).hexdigest()[:16]
+
+
+class Episode:
+    def __init__(self, task: Task, spec: HarnessSpec, attempt: int, retries: int = 0):
+        self.task = task
+        self.spec = spec
+        self.rules = spec.rules
+        self.attempt = attempt
+        self.retries = retries
+        self.protocol: Protocol = get_protocol(spec.protocol.format, lenient=spec.protocol.lenient)
+        self.started = time.time()
+        self._t0 = time.monotonic()
+        self.steps: list[Step] = []
+        self.exchanges: list[list[Message]] = []
+        self.memory: list[str] = []
+        self.plan: list[Message] = []
+        self.done = False
+        self.termination: Termination | None = None
+        self.detail = ""
+        self.infra_error: str | None = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.tools: list[Tool] = list(task.tools) + self._harness_tools()
+        self.schemas = [t.schema for t in self.tools]
+        self._format_reminder = self.protocol.format_reminder(self.schemas)
+        self.needs_plan = spec.loop.kind == "plan-execute"
+        try:
+            self.env: Environment = task.make_env()
+        except Exception as e:
+            raise InfraError(f"environment setup failed: {_short_tb(e)}") from e
+        self._intro = self._demonstrations() + [Message(role="user", content=task.instruction)]
+
+    # -- harness-provided tools -------------------------------------------------------------------
+    def _harness_tools(self) -> list[Tool]:
+        if not self.spec.bootstrap.memory_tool:
+            return []
+
+        def remember(env: Environment, note: str) -> str:
+            if len(self.memory) >= 20:
+                raise ToolBlocked("memory is full (20 notes)", "guard")
+            self.memory.append(note[:300])
+            return "Saved."
+
+        return [
+            Tool(
+                "remember",
+                "Save a short note; saved notes are shown to you at every step.",
+                {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]},
+                remember,
+            )
+        ]
+
+    # -- prompt -----------------------------------------------------------------------------------
+    def _system_prompt(self) -> str:
+        boot = "\n".join(f"## {name}\n{text.rstrip()}" for name, text in self.spec.bootstrap.files.items())
+        memory = "\n".join(f"- {m}" for m in self.memory) or "(none yet)"
+        return self.spec.system_prompt.format_map(
+            {
+                "tools": self.protocol.render_tools(self.schemas),
+                "max_steps": self.rules.max_steps,
+                "bootstrap": boot,
+                "memory": memory,
+            }
+        ).strip()
+
+    def _demonstrations(self) -> list[Message]:
+        available = {t.name for t in self.tools}
+        out: list[Message] = []
+        for demo in self.rules.demonstrations:
+            if not demo.tool_names() <= available:
+                continue  # a harness knows no suite: show only demos whose tools this task has
+            out.append(Message(role="user", content=demo.instruction))
+            for c in demo.calls:
+                call = ToolCall(name=c.name, arguments=c.arguments)
+                out.append(Message(role="assistant", content=self.protocol.render_call(call, thought=c.thought)))
+                if c.name != "submit":
+                    res = ToolResult(name=c.name, output=c.result)
+                    out.append(Message(role="tool", name=c.name, content=self.protocol.render_result(res)))
+        return out
+
+    def messages(self) -> list[Message]:
+        msgs = [Message(role="system", content=self._system_prompt()), *self._intro]
+        if self.needs_plan:
+            msgs.append(Message(role="user", content=self.spec.loop.plan_prompt))
+            return msgs
+        msgs.extend(self.plan)
+        msgs.extend(R.windowed(self.exchanges, self.rules.history_window))
+        return msgs
+
+    def request(self) -> GenerationRequest:
+        max_new = self.rules.max_new_tokens
+        if self.rules.max_total_tokens is not None:
+            max_new = max(1, min(max_new, self.rules.max_total_tokens - self.completion_tokens))
+        return GenerationRequest(
+            messages=self.messages(),
+            max_new_tokens=max_new,
+            stop=[] if self.needs_plan else self.protocol.stop_strings(),
+            tools=self.schemas,
+        )
+
+    # -- acting -----------------------------------------------------------------------------------
+    @property
+    def acting_steps(self) -> int:
+        return sum(1 for s in self.steps if s.action != ActionKind.plan)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def terminate(self, reason: Termination, detail: str = "") -> None:
+        if not self.done:
+            self.done, self.termination, self.detail = True, reason, detail
+
+    def consume(self, call: ModelCall) -> None:
+        """Apply one model reply. Raises InfraError when a tool crashes."""
+        if self.done:
+            raise RuntimeError("episode already finished")
+        self.prompt_tokens += len(call.prompt_ids)
+        self.completion_tokens += len(call.completion_ids)
+        index = len(self.steps)
+        if self.needs_plan:
+            self.needs_plan = False
+            self.plan = [
+                Message(role="user", content=self.spec.loop.plan_prompt),
+                Message(role="assistant", content=call.text.strip() or "(no plan)"),
+                Message(role="user", content=self.spec.loop.execute_prompt),
+            ]
+            self.steps.append(
+                Step(index=index, model_call=call, action=ActionKind.plan, interventions=[Intervention(kind="plan", message=call.text.strip())])
+            )
+            self._check_budgets()
+            return
+
+        parsed = self.protocol.parse(call.text, self.schemas)
+        step = Step(index=index, model_call=call, action=ActionKind.tool_calls)
+        notes: list[str] = []
+        if parsed.empty:
+            step.action = ActionKind.empty
+            step.parse_error = "empty reply"
+            notes.append(self._feedback_malformed(step, "the reply was empty."))
+        elif parsed.error:
+            step.action = ActionKind.malformed
+            step.parse_error = parsed.error
+            notes.append(self._feedback_malformed(step, parsed.error))
+        elif not parsed.calls:
+            if self.rules.plain_text_answer:
+                step.action = ActionKind.text
+                self.env.submitted, self.env.answer = True, (parsed.thought or call.text).strip()
+            else:
+                step.action = ActionKind.malformed
+                step.parse_error = "no tool call found in the reply"
+                notes.append(self._feedback_malformed(step, "no tool call found in the reply."))
+        else:
+            step.tool_calls = parsed.calls
+            for tc in parsed.calls:
+                result = self._execute(tc)
+                step.tool_results.append(result)
+                if result.blocked is not None:
+                    notes_for = R.blocked_feedback(
+                        self.rules, result.output, self._format_reminder, result.blocked == BlockReason.invalid_arguments
+                    )
+                    step.interventions.append(Intervention(kind="blocked_feedback", message=notes_for))
+                if self.env.submitted:
+                    break
+        self.steps.append(step)
+
+        if self.env.submitted:
+            self.terminate(Termination.submitted)
+            return
+        if self.rules.loop_guard.enabled and R.repeated_tail(self.steps, self.rules.loop_guard.repeats):
+            msg = self.rules.loop_guard.message
+            step.interventions.append(Intervention(kind="loop_guard", message=msg))
+            if self.rules.loop_guard.action == "stop":
+                self.terminate(Termination.loop_guard, f"same action and result {self.rules.loop_guard.repeats} times")
+                return
+            notes.append(msg)
+        if self._check_budgets():
+            return
+        notice = R.budget_notice(self.rules, self.rules.max_steps - self.acting_steps)
+        if notice:
+            step.interventions.append(Intervention(kind="budget_notice", message=notice))
+            notes.append(notice)
+        self._observe(step, call, notes)
+
+    def _check_budgets(self) -> bool:
+        if self.acting_steps >= self.rules.max_steps:
+            self.terminate(Termination.max_steps, f"{self.rules.max_steps} steps used")
+        elif self.rules.max_total_tokens is not None and self.completion_tokens >= self.rules.max_total_tokens:
+            self.terminate(Termination.max_tokens, f"{self.completion_tokens} completion tokens used")
+        return self.done
+
+    def _feedback_malformed(self, step: Step, reason: str) -> str:
+        msg = R.malformed_feedback(self.rules, reason, self._format_reminder)
+        step.interventions.append(Intervention(kind="malformed_feedback", message=msg))
+        return msg
+
+    def _observe(self, step: Step, call: ModelCall, notes: list[str]) -> None:
+        parts = [self.protocol.render_result(r) for r in step.tool_results]
+        for iv in step.interventions:
+            if iv.kind == "blocked_feedback":
+                parts.append(iv.message)
+        parts.extend(notes)
+        observation = "\n".join(p for p in parts if p) or "(no observation)"
+        self.exchanges.append(
+            [
+                Message(role="assistant", content=call.text),
+                Message(role="tool" if step.tool_results else "user", content=observation, name=None),
+            ]
+        )
+
+    def _execute(self, tc: ToolCall) -> ToolResult:
+        tool = next((t for t in self.tools if t.name == tc.name), None)
+        if tool is None:
+            names = ", ".join(t.name for t in self.tools)
+            return ToolResult(name=tc.name, output=f"unknown tool '{tc.name}' (available: {names})", ok=False, blocked=BlockReason.unknown_tool)
+        args, err = validate_arguments(tool.parameters, tc.arguments)
+        if err:
+            return ToolResult(name=tc.name, output=f"invalid arguments for {tc.name}: {err}", ok=False, blocked=BlockReason.invalid_arguments)
+        try:
+            output = tool.fn(self.env, **args)
+        except ToolBlocked as e:
+            reason = BlockReason(e.reason) if e.reason in BlockReason.__members__ else BlockReason.sandbox
+            return ToolResult(name=tc.name, output=str(e), ok=False, blocked=reason)
+        except ToolFailed as e:
+            return ToolResult(name=tc.name, output=f"error: {e}", ok=False)
+        except Exception as e:
+            raise InfraError(f"tool '{tc.name}' crashed: {_short_tb(e)}") from e
+        output = str(output)
+        self.env.calls.append((tc.name, args, output))
+        if len(output) > MAX_OBSERVATION_CHARS:
+            return ToolResult(
+                name=tc.name,
+                output=output[:MAX_OBSERVATION_CHARS] + f"\n[... {len(output) - MAX_OBSERVATION_CHARS} more characters]",
+                full_output=output,
+            )
+        return ToolResult(name=tc.name, output=output)
+
+    # -- end ----------------------------------------------------------------------------------------
+    def finish(self) -> Trajectory:
+        """Grade (unless an infrastructure error ended the episode), delete the workspace, return the record."""
+        grade = None
+        try:
+            if self.termination != Termination.error:
+                try:
+                    grade = self.task.grade(self.env)
+                except Exception as e:
+                    self.termination = Termination.error
+                    self.infra_error = f"grader crashed: {_short_tb(e)}"
+        finally:
+            self.env.close()
+        return self.trajectory(grade)
+
+    def trajectory(self, grade: Any = None) -> Trajectory:
+        return Trajectory(
+            episode_id=episode_id(self.task.id, self.spec.name, self.attempt),
+            task_id=self.task.id,
+            suite=self.task.suite,
+            family=self.task.family,
+            split=self.task.split,
+            harness=self.spec.name,
+            attempt=self.attempt,
+            instruction=self.task.instruction,
+            steps=self.steps,
+            termination=self.termination,
+            termination_detail=self.detail,
+            submitted=bool(self.env.submitted),
+            answer=self.env.answer,
+            grade=grade,
+            infra_error=self.infra_error,
+            retries=self.retries,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            started_at=self.started,
+            duration_s=round(self.elapsed(), 4),
+            meta={"required_observations": self.task.required_observations, "memory": list(self.memory)},
+        )
+
+
+def _short_tb(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)[-2:]
+    where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames))
+    return f"{type(e).__name__}: {e} ({where})"

@@ -1,0 +1,183 @@
+"""The harness spec: everything around a frozen model, as validated data.
+
+A harness is a YAML file that loads into `HarnessSpec` (pydantic), validates with a clear
+error (file, field, reason), dumps back to YAML and round-trips. Edits of a harness are diffs
+of this spec. `harnessrl harness schema` prints its JSON schema.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harnessrl.harness.protocols import PROTOCOLS
+
+# Placeholders a system prompt template may use.
+PROMPT_FIELDS = {
+    "tools": "the protocol's tool block: how to call a tool, and every tool with its arguments",
+    "max_steps": "the step budget",
+    "bootstrap": "workspace bootstrap files (AGENTS.md, MEMORY.md, ...) rendered as sections",
+    "memory": "notes saved with the memory tool so far",
+}
+
+
+class SpecError(ValueError):
+    """An invalid harness spec: says which file, which field and why."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProtocolSpec(_Spec):
+    format: Literal["json", "xml", "react", "code"] = "json"
+    lenient: bool = True  # accept near-misses (extra keys, alias names, fences, prose around calls)
+    native_tools: bool = False  # json only: use the server's native function calling when it has one
+
+    @model_validator(mode="after")
+    def _native_only_json(self) -> "ProtocolSpec":
+        if self.native_tools and self.format != "json":
+            raise ValueError("native_tools is only available with format 'json'")
+        return self
+
+
+class LoopSpec(_Spec):
+    kind: Literal["react", "plan-execute"] = "react"
+    plan_prompt: str = (
+        "Before acting, write a short numbered plan (at most 5 steps) for this task. "
+        "Do not call any tool yet."
+    )
+    execute_prompt: str = "Now carry out your plan, one tool call at a time."
+
+
+class DemoCall(_Spec):
+    thought: str = ""
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: str = ""  # what the tool answered (not used for the final submit)
+
+
+class Demonstration(_Spec):
+    """A worked example shown as earlier turns of the conversation, in the harness's own format.
+
+    It is only shown when every tool it uses exists in the task (harnesses know no suite).
+    """
+
+    instruction: str
+    calls: list[DemoCall] = Field(min_length=1)
+
+    def tool_names(self) -> set[str]:
+        return {c.name for c in self.calls}
+
+
+class FeedbackSpec(_Spec):
+    malformed: bool = True  # tell the model its reply could not be parsed
+    blocked: bool = True  # tell the model why a call was refused (else a bare "call refused")
+    show_format: bool = True  # include the protocol's format reminder in the feedback
+
+
+class LoopGuardSpec(_Spec):
+    enabled: bool = False
+    repeats: int = Field(3, ge=2, le=20)  # identical (action, observation) in a row that trigger it
+    action: Literal["warn", "stop"] = "warn"
+    message: str = "You are repeating the same action with the same result. Try something different or submit."
+
+
+class BudgetNoticeSpec(_Spec):
+    enabled: bool = False
+    remaining_steps: int = Field(2, ge=1, le=50)  # start telling the model when this many remain
+    message: str = "Note: {remaining} step(s) left. Submit your result before the budget runs out."
+
+
+class RulesSpec(_Spec):
+    max_steps: int = Field(12, ge=1, le=500)
+    max_new_tokens: int = Field(256, ge=1, le=32768)
+    max_total_tokens: int | None = Field(None, ge=1)  # completion tokens over the whole episode
+    timeout_s: float | None = Field(None, gt=0)  # wall clock per episode
+    history_window: int | None = Field(None, ge=1)  # keep the last N exchanges verbatim; None = all
+    plain_text_answer: bool = False  # a reply with no tool call is taken as the final answer
+    demonstrations: list[Demonstration] = Field(default_factory=list)
+    feedback: FeedbackSpec = Field(default_factory=FeedbackSpec)
+    loop_guard: LoopGuardSpec = Field(default_factory=LoopGuardSpec)
+    budget_notice: BudgetNoticeSpec = Field(default_factory=BudgetNoticeSpec)
+
+
+class BootstrapSpec(_Spec):
+    """Workspace-agent style bootstrap: files injected into the system prompt, a memory tool."""
+
+    files: dict[str, str] = Field(default_factory=dict)  # name -> content, shown as sections
+    memory_tool: bool = False  # offer `remember(note)`; notes appear in {memory}
+
+
+class HarnessSpec(_Spec):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    description: str = ""
+    system_prompt: str = Field(min_length=1)
+    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec)
+    loop: LoopSpec = Field(default_factory=LoopSpec)
+    rules: RulesSpec = Field(default_factory=RulesSpec)
+    bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _known_placeholders(cls, v: str) -> str:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"bad template ({e}); write literal braces as '{{{{' and '}}}}'") from None
+        for f in fields:
+            if f not in PROMPT_FIELDS:
+                raise ValueError(f"unknown placeholder '{{{f}}}' (known: {', '.join(sorted(PROMPT_FIELDS))})")
+        return v
+
+    # -- YAML -------------------------------------------------------------------------------------
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> HarnessSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a harness spec must be a mapping, got {type(data).__name__}")
+    try:
+        return HarnessSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(f"{source}: {_format_errors(e)}") from None
+
+
+def load_spec(path: str | Path) -> HarnessSpec:
+    """Load and validate a harness spec file; SpecError names the file, the field and the reason."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: no such harness spec file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a UTF-8 text file") from None
+    return parse_spec(data, str(p))
+
+
+def spec_json_schema() -> dict[str, Any]:
+    return HarnessSpec.model_json_schema()
+
+
+assert set(PROTOCOLS) >= {"json", "xml", "react", "code"}

@@ -1,0 +1,196 @@
+"""The runner: many episodes in flight, one batched generation per turn.
+
+At every turn the runner gathers the pending model call of every episode in flight and issues
+ONE batched `Policy.complete`, then steps each episode with its reply. Finished episodes are
+graded, written to the store at once, and replaced by new ones up to `max_in_flight`.
+
+Failures:
+- per-episode limits (steps, tokens, wall clock) end an episode with a termination reason;
+- a crash inside a tool, the environment setup or the grader, or a backend error, is an
+  infrastructure error: the episode is re-run from scratch up to `max_retries` times, then
+  recorded with termination `error` (excluded from metric denominators). The run goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harnessrl.harness.loops import Episode, InfraError, _short_tb, episode_id
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.models.base import Policy, PolicyError, SamplingParams
+from harnessrl.tasks.base import Task
+from harnessrl.types import Termination, Trajectory
+
+
+@dataclass
+class Job:
+    task: Task
+    harness: HarnessSpec
+    attempt: int
+    retries: int = 0
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.task.id, self.harness.name, self.attempt)
+
+
+def make_jobs(tasks: list[Task], harnesses: list[HarnessSpec], attempts: int) -> list[Job]:
+    """tasks x harnesses x attempts, harness-major so early results cover every harness."""
+    jobs = []
+    for a in range(attempts):
+        for t in tasks:
+            for h in harnesses:
+                jobs.append(Job(t, h, a))
+    return jobs
+
+
+@dataclass
+class RunStats:
+    episodes: int = 0
+    passed: int = 0
+    graded: int = 0
+    infra_errors: int = 0
+    completion_tokens: int = 0
+    generate_s: float = 0.0
+    batches: int = 0
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed / self.graded if self.graded else 0.0
+
+
+class Runner:
+    def __init__(
+        self,
+        policy: Policy,
+        sampling: SamplingParams | None = None,
+        max_in_flight: int = 16,
+        max_retries: int = 2,
+        on_episode: Callable[[Trajectory], None] | None = None,
+        progress: bool = True,
+    ):
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        self.policy = policy
+        self.sampling = sampling or SamplingParams()
+        self.max_in_flight = max_in_flight
+        self.max_retries = max_retries
+        self.on_episode = on_episode
+        self.progress = progress
+        self.stats = RunStats()
+
+    def run(self, jobs: Iterable[Job]) -> list[Trajectory]:
+        pending = deque(jobs)
+        total = len(pending)
+        results: list[Trajectory] = []
+        in_flight: list[Episode] = []
+        t_start = time.monotonic()
+        with Progress(
+            TextColumn("[bold]episodes"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("pass {task.fields[pass_rate]:.0%}"),
+            TextColumn("{task.fields[tok_s]:.0f} tok/s"),
+            TextColumn("infra {task.fields[infra]}"),
+            TimeElapsedColumn(),
+            disable=not self.progress,
+            transient=False,
+        ) as bar:
+            task_bar = bar.add_task("run", total=total, pass_rate=0.0, tok_s=0.0, infra=0)
+
+            def record(traj: Trajectory, job: Job) -> None:
+                if traj.is_infra_error and job.retries < self.max_retries:
+                    pending.appendleft(Job(job.task, job.harness, job.attempt, job.retries + 1))
+                    return
+                self.stats.episodes += 1
+                if traj.is_infra_error:
+                    self.stats.infra_errors += 1
+                elif traj.grade is not None:
+                    self.stats.graded += 1
+                    self.stats.passed += int(traj.grade.passed)
+                if self.on_episode is not None:
+                    self.on_episode(traj)  # the store commits here, before anything else happens
+                results.append(traj)
+                elapsed = max(time.monotonic() - t_start, 1e-9)
+                bar.update(
+                    task_bar,
+                    advance=1,
+                    pass_rate=self.stats.pass_rate,
+                    tok_s=self.stats.completion_tokens / elapsed,
+                    infra=self.stats.infra_errors,
+                )
+
+            jobs_of: dict[int, Job] = {}
+            while pending or in_flight:
+                while pending and len(in_flight) < self.max_in_flight:
+                    job = pending.popleft()
+                    try:
+                        ep = Episode(job.task, job.harness, job.attempt, retries=job.retries)
+                    except InfraError as e:
+                        record(_infra_trajectory(job, str(e)), job)
+                        continue
+                    in_flight.append(ep)
+                    jobs_of[id(ep)] = job
+
+                for ep in in_flight:
+                    t = ep.rules.timeout_s
+                    if not ep.done and t is not None and ep.elapsed() > t:
+                        ep.terminate(Termination.timeout, f"wall clock over {t:g} s")
+                active = [ep for ep in in_flight if not ep.done]
+                if active:
+                    requests = [ep.request() for ep in active]
+                    t0 = time.monotonic()
+                    try:
+                        calls = self.policy.complete(requests, self.sampling)
+                        if len(calls) != len(requests):
+                            raise PolicyError(f"backend returned {len(calls)} completions for {len(requests)} requests")
+                    except PolicyError as e:
+                        for ep in active:
+                            ep.infra_error = f"model backend failed: {e}"
+                            ep.terminate(Termination.error, "model backend failed")
+                        calls = []
+                    self.stats.generate_s += time.monotonic() - t0
+                    self.stats.batches += 1
+                    for ep, call in zip(active, calls):
+                        self.stats.completion_tokens += len(call.completion_ids)
+                        try:
+                            ep.consume(call)
+                        except InfraError as e:
+                            ep.infra_error = str(e)
+                            ep.terminate(Termination.error, "infrastructure error")
+                        except Exception as e:  # a bug in a harness hook must not kill the run
+                            ep.infra_error = f"episode crashed: {_short_tb(e)}"
+                            ep.terminate(Termination.error, "infrastructure error")
+
+                still: list[Episode] = []
+                for ep in in_flight:
+                    if ep.done:
+                        record(ep.finish(), jobs_of.pop(id(ep)))
+                    else:
+                        still.append(ep)
+                in_flight = still
+        return results
+
+
+def _infra_trajectory(job: Job, error: str) -> Trajectory:
+    t = job.task
+    return Trajectory(
+        episode_id=episode_id(t.id, job.harness.name, job.attempt),
+        task_id=t.id,
+        suite=t.suite,
+        family=t.family,
+        split=t.split,
+        harness=job.harness.name,
+        attempt=job.attempt,
+        instruction=t.instruction,
+        termination=Termination.error,
+        termination_detail="infrastructure error",
+        infra_error=error,
+        retries=job.retries,
+        started_at=time.time(),
+    )

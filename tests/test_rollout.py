@@ -1,0 +1,268 @@
+"""The runner and the control loops, end to end, with scripted policies of known behaviour
+and the tiny random model."""
+
+from __future__ import annotations
+
+import pytest
+
+from harnessrl.harness.registry import builtin_names, load_harness
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.metrics import summarize_harness
+from harnessrl.models.base import SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.tasks import get_suite
+from harnessrl.tasks.base import Suite, Tool
+from harnessrl.types import ActionKind, BlockReason, Termination
+
+from helpers import oracle_policy, replies_policy
+
+
+def with_rules(spec: HarnessSpec, **rules) -> HarnessSpec:
+    data = spec.to_dict()
+    data["rules"].update(rules)
+    return HarnessSpec.model_validate(data)
+
+
+def run(policy, specs, tasks, attempts=1, **kw):
+    runner = Runner(policy, SamplingParams(temperature=0.0), progress=False, **kw)
+    return runner.run(make_jobs(tasks, specs, attempts))
+
+
+@pytest.mark.parametrize("harness", builtin_names())
+@pytest.mark.parametrize("suite", ["workspace", "toolcalc"])
+def test_oracle_passes_every_family_through_every_harness(harness, suite, tokenizer):
+    """A policy that plays the known solution in the harness's own format gets full marks:
+    protocol rendering and parsing, tool dispatch, the loop and the graders all agree."""
+    s = get_suite(suite)
+    tasks = s.tasks("dev", len(s.family_names()))
+    assert {t.family for t in tasks} == set(s.family_names())
+    # budgets wide enough for the longest solution: this test is about agreement, not limits
+    spec = with_rules(load_harness(harness), max_new_tokens=1024, max_total_tokens=None)
+    trajs = run(oracle_policy(tasks, spec, tokenizer), [spec], tasks)
+    assert len(trajs) == len(tasks)
+    for t in trajs:
+        assert t.termination == Termination.submitted, (t.task_id, t.family, t.termination, t.steps[-1].parse_error)
+        assert t.grade.score == 1.0 and t.grade.passed, (t.family, t.grade)
+        assert t.submitted
+        if spec.loop.kind == "plan-execute":
+            assert t.steps[0].action == ActionKind.plan
+        for step in t.steps:
+            mc = step.model_call
+            assert len(mc.completion_ids) == len(mc.logprobs) > 0
+            assert mc.prompt_ids and mc.messages[0].role == "system"
+    m = summarize_harness(trajs, 1)
+    assert m["mean_score"] == 1.0 and m["delivery_rate"] == 1.0
+
+
+@pytest.mark.parametrize("suite", ["workspace", "toolcalc"])
+def test_tiny_random_model_through_every_harness(suite, tiny_policy):
+    """The real batched HF path with garbage output: every episode ends with a recorded reason,
+    nothing crashes, every model call keeps its tokens and logprobs."""
+    s = get_suite(suite)
+    tasks = s.tasks("dev", 2)
+    specs = [with_rules(load_harness(n), max_steps=2, max_new_tokens=12) for n in builtin_names()]
+    trajs = run(tiny_policy, specs, tasks, attempts=2, max_in_flight=8)
+    assert len(trajs) == len(tasks) * len(specs) * 2
+    assert {t.harness for t in trajs} == set(builtin_names())
+    for t in trajs:
+        assert t.termination in {Termination.max_steps, Termination.submitted, Termination.max_tokens, Termination.loop_guard}
+        assert t.grade is not None and 0.0 <= t.grade.score <= 1.0
+        for step in t.steps:
+            mc = step.model_call
+            assert 0 < len(mc.completion_ids) <= 12
+            assert len(mc.logprobs) == len(mc.completion_ids)
+            assert all(lp <= 0.0 for lp in mc.logprobs)
+
+
+def _task(suite="workspace", family=None):
+    s = get_suite(suite)
+    tasks = s.tasks("dev", 16)
+    return next(t for t in tasks if family is None or t.family == family)
+
+
+def test_sandbox_escape_is_a_blocked_call_with_feedback(tokenizer):
+    spec = load_harness("json-tools")
+    task = _task()
+    replies = [
+        '{"tool": "read_file", "arguments": {"path": "../../etc/passwd"}}',
+        '{"tool": "write_file", "arguments": {"path": "/tmp/evil.txt", "content": "x"}}',
+        '{"tool": "no_such_tool", "arguments": {}}',
+        '{"tool": "read_file", "arguments": {"path": 42}}',
+        '{"tool": "submit", "arguments": {}}',
+    ]
+    (t,) = run(replies_policy(replies, tokenizer), [spec], [task])
+    blocked = [s.tool_results[0].blocked for s in t.steps[:4]]
+    assert blocked == [BlockReason.sandbox, BlockReason.sandbox, BlockReason.unknown_tool, BlockReason.invalid_arguments]
+    assert all(s.interventions[0].kind == "blocked_feedback" for s in t.steps[:4])
+    # the model is told why, in the next prompt
+    assert "leaves the workspace" in t.steps[1].model_call.messages[-1].content
+    assert t.termination == Termination.submitted
+
+
+def test_malformed_and_empty_replies_get_feedback_with_the_format(tokenizer):
+    spec = load_harness("react")
+    task = _task("toolcalc")
+    (t,) = run(replies_policy(["I think the answer is 4", "   ", "Action: add\nAction Input: {oops", "Action: submit\nAction Input: {}"], tokenizer), [spec], [task])
+    assert [s.action for s in t.steps] == [ActionKind.malformed, ActionKind.empty, ActionKind.malformed, ActionKind.tool_calls]
+    assert t.steps[0].parse_error == "no tool call found in the reply"
+    assert "Action Input:" in t.steps[1].model_call.messages[-1].content  # format reminder shown
+    assert t.termination == Termination.submitted
+
+
+def test_plain_text_answer_rule_submits_prose(tokenizer):
+    spec = with_rules(load_harness("json-tools"), plain_text_answer=True)
+    task = _task("toolcalc")
+    (t,) = run(replies_policy(["The answer is 5"], tokenizer), [spec], [task])
+    assert t.steps[0].action == ActionKind.text and t.submitted and t.answer == "The answer is 5"
+
+
+def test_loop_guard_warns_then_stops(tokenizer):
+    task = _task()
+    same = '```python\nlist_dir(path=".")\n```'
+    warn = with_rules(load_harness("code-act"), loop_guard={"enabled": True, "repeats": 3, "action": "warn"}, max_steps=5)
+    (t,) = run(replies_policy([same], tokenizer), [warn], [task])
+    assert t.termination == Termination.max_steps
+    kinds = [[i.kind for i in s.interventions] for s in t.steps]
+    assert kinds[1] == [] and "loop_guard" in kinds[2]
+    assert "repeating" in t.steps[3].model_call.messages[-1].content
+    stop = with_rules(load_harness("code-act"), max_steps=10)  # built-in code-act stops
+    (t,) = run(replies_policy([same], tokenizer), [stop], [task])
+    assert t.termination == Termination.loop_guard and len(t.steps) == 3
+
+
+def test_budget_notice_and_max_steps(tokenizer):
+    spec = with_rules(load_harness("react"), max_steps=4, loop_guard={"enabled": False})
+    task = _task()
+    (t,) = run(replies_policy(['Action: list_dir\nAction Input: {"path": "."}'], tokenizer), [spec], [task])
+    assert t.termination == Termination.max_steps and len(t.steps) == 4
+    notices = [i for s in t.steps for i in s.interventions if i.kind == "budget_notice"]
+    assert [n.message.split()[1] for n in notices] == ["2", "1"]
+
+
+def test_history_window_keeps_last_exchanges(tokenizer):
+    spec = with_rules(load_harness("json-tools"), history_window=2, demonstrations=[], max_steps=6)
+    task = _task()
+    (t,) = run(replies_policy(['{"tool": "list_dir", "arguments": {}}'], tokenizer), [spec], [task])
+    n_msgs = [len(s.model_call.messages) for s in t.steps]
+    assert n_msgs == [2, 4, 6, 6, 6, 6]  # system + task, then at most 2 exchanges
+
+
+def test_max_tokens_and_timeout(tokenizer):
+    task = _task()
+    spec = with_rules(load_harness("json-tools"), max_total_tokens=40, max_steps=50)
+    (t,) = run(replies_policy(['{"tool": "list_dir", "arguments": {"path": "."}}'], tokenizer), [spec], [task])
+    assert t.termination == Termination.max_tokens and t.completion_tokens >= 40
+    spec = with_rules(load_harness("json-tools"), timeout_s=0.001, max_steps=50)
+    import time
+
+    def slow(messages):
+        time.sleep(0.01)
+        return '{"tool": "list_dir", "arguments": {}}'
+
+    from harnessrl.models.scripted import ScriptedPolicy
+
+    (t,) = run(ScriptedPolicy(slow, tokenizer=tokenizer), [spec], [task])
+    assert t.termination == Termination.timeout
+
+
+class _CrashSuite(Suite):
+    """A suite whose tool or grader crashes: infrastructure errors, not model failures."""
+
+    name = "crash"
+    needs_workspace = False
+    split_sizes = {"train": 1, "dev": 2, "test": 1}
+
+    def __init__(self, crash_tool_times=99, crash_grader=False):
+        super().__init__()
+        self.calls = 0
+        self.crash_tool_times = crash_tool_times
+        self.crash_grader = crash_grader
+
+    def families(self):
+        def fam(rng):
+            n = rng.randint(0, 10**9)
+
+            def check(env):
+                if self.crash_grader:
+                    raise KeyError("grader bug")
+                return {"done": float(env.submitted)}
+
+            return {"instruction": f"call boom then submit ({n})", "setup": lambda env: None, "check": check, "solution": []}
+
+        return {"only": fam}
+
+    def base_tools(self):
+        def boom(env):
+            self.calls += 1
+            if self.calls <= self.crash_tool_times:
+                raise ZeroDivisionError("tool bug")
+            return "ok"
+
+        return [Tool("boom", "crashes", {"type": "object", "properties": {}}, boom)]
+
+
+def test_tool_crash_is_retried_then_recorded_as_infra(tokenizer):
+    spec = load_harness("json-tools")
+    from harnessrl.models.scripted import ScriptedPolicy
+
+    # replies by turn within the conversation, so a retried episode starts the script again
+    policy = ScriptedPolicy(['{"tool": "boom", "arguments": {}}', '{"tool": "submit", "arguments": {}}'], tokenizer=tokenizer)
+    suite = _CrashSuite(crash_tool_times=1)
+    trajs = run(policy, [spec], suite.tasks("dev", 1), max_retries=2)
+    (t,) = trajs  # first try crashed, the retry succeeded
+    assert t.termination == Termination.submitted and t.retries == 1
+    suite = _CrashSuite(crash_tool_times=99)
+    (t,) = run(policy, [spec], suite.tasks("dev", 1), max_retries=2)
+    assert t.termination == Termination.error and t.retries == 2 and "ZeroDivisionError" in t.infra_error
+    assert suite.calls == 3
+    m = summarize_harness([t], 1)
+    assert m["n_infra_errors"] == 1 and m["n_episodes"] == 0
+
+
+def test_grader_crash_is_infra(tokenizer):
+    spec = load_harness("json-tools")
+    suite = _CrashSuite(crash_grader=True)
+    (t,) = run(replies_policy(['{"tool": "submit", "arguments": {}}'], tokenizer), [spec], suite.tasks("dev", 1), max_retries=0)
+    assert t.termination == Termination.error and "grader crashed" in t.infra_error and t.grade is None
+
+
+def test_backend_failure_is_infra_and_the_run_goes_on(tokenizer):
+    from harnessrl.models.base import PolicyError
+    from harnessrl.models.scripted import ScriptedPolicy
+
+    def flaky(messages):
+        raise RuntimeError("server down")
+
+    spec = load_harness("json-tools")
+    tasks = get_suite("toolcalc").tasks("dev", 2)
+    trajs = run(ScriptedPolicy(flaky, tokenizer=tokenizer), [spec], tasks, max_retries=1)
+    assert len(trajs) == 2 and all(t.termination == Termination.error for t in trajs)
+    assert all("server down" in t.infra_error for t in trajs)
+    assert PolicyError
+
+
+def test_workspace_deleted_after_grading(tokenizer, monkeypatch):
+    from harnessrl.tasks import workspace as ws_mod
+
+    roots = []
+    orig = ws_mod.Workspace.__init__
+
+    def spy(self, *a, **k):
+        orig(self, *a, **k)
+        roots.append(self.root)
+
+    monkeypatch.setattr(ws_mod.Workspace, "__init__", spy)
+    spec = load_harness("json-tools")
+    tasks = get_suite("workspace").tasks("dev", 3)
+    run(oracle_policy(tasks, spec, tokenizer), [spec], tasks)
+    assert len(roots) == 3 and not any(r.exists() for r in roots)
+
+
+def test_workspace_agent_memory_tool_and_bootstrap(tokenizer):
+    spec = load_harness("workspace-agent")
+    task = _task("toolcalc")
+    replies = ['{"tool": "remember", "arguments": {"note": "try add"}}', '{"tool": "submit", "arguments": {"answer": "1"}}']
+    (t,) = run(replies_policy(replies, tokenizer), [spec], [task])
+    system = t.steps[1].model_call.messages[0].content
+    assert "AGENTS.md" in system and "- try add" in system
+    assert t.meta["memory"] == ["try add"]
