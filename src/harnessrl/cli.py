@@ -19,8 +19,9 @@ tasks_app = typer.Typer(no_args_is_help=True, help="List suites and show tasks."
 app.add_typer(harness_app, name="harness")
 app.add_typer(tasks_app, name="tasks")
 
-out = Console()
-err = Console(stderr=True)
+# When piped, rich would squeeze tables into 80 columns; give them room instead.
+out = Console() if sys.stdout.isatty() else Console(width=160)
+err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -159,7 +160,7 @@ def _fmt(x: Any) -> str:
 def print_summary_table(summary: dict[str, Any]) -> None:
     table = Table(title=f"{summary['suite']} / {summary['split']} / {summary['model']}")
     for col in ("harness", "tasks", "episodes", "mean score", "95% CI", "pass@1", "pass@k", "pass^k", "delivery", "infra"):
-        table.add_column(col, justify="left" if col == "harness" else "right")
+        table.add_column(col, justify="left" if col == "harness" else "right", no_wrap=col == "harness")
     for name, m in summary["harnesses"].items():
         k = str(m["attempts"])
         ci = m.get("mean_score_ci95")
