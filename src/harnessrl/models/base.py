@@ -52,3 +52,10 @@ class Policy(ABC):
     def describe(self) -> dict:
         """What to record about this model in the run config."""
         return {"name": self.name}
+
+
+class ModelUnavailable(RuntimeError):
+    """A model cannot be loaded at all (missing package, not a model folder, unreadable weights).
+
+    A configuration problem, not a transient backend failure: retrying will not help.
+    """

