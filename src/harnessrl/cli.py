@@ -16,8 +16,10 @@ from harnessrl import __version__
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Evaluate, diagnose, improve and train one LLM agent across many harnesses.")
 harness_app = typer.Typer(no_args_is_help=True, help="List, show, validate harness specs.")
 tasks_app = typer.Typer(no_args_is_help=True, help="List suites and show tasks.")
+models_app = typer.Typer(no_args_is_help=True, help="The models harnessrl can run.")
 app.add_typer(harness_app, name="harness")
 app.add_typer(tasks_app, name="tasks")
+app.add_typer(models_app, name="models")
 
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
 out = Console() if sys.stdout.isatty() else Console(width=160)
@@ -137,6 +139,32 @@ def tasks_show(task_id: Annotated[str, typer.Argument(help="suite/split/index, e
     out.print(task.instruction, markup=False, highlight=False)
     out.print("tools: " + ", ".join(t.name for t in task.tools), markup=False, highlight=False)
     out.print("solution: " + json.dumps(task.solution), markup=False, highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# models
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Named models: what they are, where they are cached, their size on disk."""
+    from harnessrl.models import SPEC_FORMS, describe_models
+
+    table = Table("name", "available", "cached", "size", "cache folder", "source")
+    for m in describe_models():
+        table.add_row(m["name"], "yes" if m["available"] else "no", "yes" if m["cached"] else "no", _size(m["size_bytes"]), m["cache"], m["source"])
+    out.print(table)
+    out.print(f"model forms: {SPEC_FORMS}", markup=False, highlight=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,6 +369,33 @@ def export_cmd(
         finally:
             if output:
                 fh.close()
+
+
+@app.command("triage")
+def triage_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
+    """Classify every failed episode by its first failure signal; writes RUN/triage.json."""
+    from harnessrl.store import RunStore
+    from harnessrl.triage import CONTENT, PROCESS, triage, write_triage
+
+    if not RunStore.exists(run):
+        fail(f"{run} is not a run folder (no run.db)")
+    with RunStore(run) as store:
+        result = triage(store.trajectories(with_tokens=False))
+    path = write_triage(result, run)
+    table = Table(title=f"first failure signal per harness ({run})")
+    table.add_column("harness", no_wrap=True)
+    for col in ("failed", *PROCESS, *CONTENT, "infra", "process share"):
+        table.add_column(col.replace("_", " "), justify="right")
+    for name, h in result.items():
+        share = h["process_share"]
+        table.add_row(
+            name,
+            f"{h['n_failed']}/{h['n_valid']}",
+            *[str(h["counts"][c]) for c in (*PROCESS, *CONTENT, "infra")],
+            "-" if share is None else f"{share:.0%}",
+        )
+    out.print(table)
+    out.print(f"wrote {path}", highlight=False)
 
 
 @app.command("version")

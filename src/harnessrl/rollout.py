@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harnessrl.harness.loops import Episode, InfraError, _short_tb, episode_id
@@ -90,6 +91,9 @@ class Runner:
         results: list[Trajectory] = []
         in_flight: list[Episode] = []
         t_start = time.monotonic()
+        console = Console(stderr=True)
+        # Not a terminal (CI logs, `make demo | tee`): no live bar, a plain line every ~10 %.
+        log_every = 0 if console.is_terminal or not self.progress else max(1, total // 10)
         with Progress(
             TextColumn("[bold]episodes"),
             BarColumn(),
@@ -98,7 +102,8 @@ class Runner:
             TextColumn("{task.fields[tok_s]:.0f} tok/s"),
             TextColumn("infra {task.fields[infra]}"),
             TimeElapsedColumn(),
-            disable=not self.progress,
+            console=console,
+            disable=not self.progress or not console.is_terminal,
             transient=False,
         ) as bar:
             task_bar = bar.add_task("run", total=total, pass_rate=0.0, tok_s=0.0, infra=0)
@@ -117,13 +122,14 @@ class Runner:
                     self.on_episode(traj)  # the store commits here, before anything else happens
                 results.append(traj)
                 elapsed = max(time.monotonic() - t_start, 1e-9)
-                bar.update(
-                    task_bar,
-                    advance=1,
-                    pass_rate=self.stats.pass_rate,
-                    tok_s=self.stats.completion_tokens / elapsed,
-                    infra=self.stats.infra_errors,
-                )
+                tok_s = self.stats.completion_tokens / elapsed
+                bar.update(task_bar, advance=1, pass_rate=self.stats.pass_rate, tok_s=tok_s, infra=self.stats.infra_errors)
+                if log_every and (self.stats.episodes % log_every == 0 or self.stats.episodes == total):
+                    console.print(
+                        f"episodes {self.stats.episodes}/{total}  pass {self.stats.pass_rate:.0%}  "
+                        f"{tok_s:.0f} tok/s  infra {self.stats.infra_errors}  {elapsed:.0f} s",
+                        highlight=False,
+                    )
 
             jobs_of: dict[int, Job] = {}
             while pending or in_flight:

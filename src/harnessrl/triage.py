@@ -1,0 +1,184 @@
+"""Triage: the FIRST failure signal of every episode that did not pass.
+
+Harness work pays off on *process* failures, weight training on *content* failures, so each
+failed episode gets exactly one class: the first signal found walking its steps in order.
+
+Process classes (fix them in the harness):
+- `malformed_call`: the protocol could not parse an action out of the reply (including a lone
+  empty reply, or prose without a call when prose is not an answer).
+- `blocked_call`: a call was refused: unknown tool, invalid arguments, sandbox or guard refusal.
+- `loop`: the agent is stuck (in the spirit of OpenHands' stuck detector): the same action with
+  the same observation 3 times in a row; the same failing action 3 times in a row; an A-B-A-B
+  alternation over 6 steps; 2+ empty replies in a row; or the harness's loop guard fired.
+- `budget_exhausted`: the step, token or time budget ran out before submission.
+- `no_delivery`: the episode ended without a submission for any other reason.
+- `insufficient_evidence`: the agent submitted without ever successfully calling the tools whose
+  output the task declares necessary (`required_observations`).
+Content class (fix it in the weights):
+- `content`: delivered, no process signal, but the score is below the pass threshold.
+And `infra`: an infrastructure error (excluded from every rate).
+
+The step of a loop is the step at which the pattern completes (when it became detectable).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+from harnessrl.harness.rules import action_signature, observation_signature
+from harnessrl.types import ActionKind, Step, Termination, Trajectory
+
+PROCESS = ("malformed_call", "blocked_call", "loop", "budget_exhausted", "no_delivery", "insufficient_evidence")
+CONTENT = ("content",)
+CLASSES = PROCESS + CONTENT + ("infra",)
+LOOP_REPEATS = 3
+ALTERNATION_STEPS = 6
+
+
+@dataclass
+class Verdict:
+    episode_id: str
+    harness: str
+    task_id: str
+    family: str
+    cls: str  # one of CLASSES
+    step: int | None  # index of the step with the signal; None when it is not tied to a step
+    evidence: str
+
+    @property
+    def kind(self) -> str:
+        return "process" if self.cls in PROCESS else "content" if self.cls in CONTENT else "infra"
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["class"] = d.pop("cls")
+        return d
+
+
+def _acting(steps: list[Step]) -> list[Step]:
+    return [s for s in steps if s.action != ActionKind.plan]
+
+
+def _loop_at(acting: list[Step], i: int) -> str | None:
+    """Evidence if a loop pattern completes at acting step i."""
+    s = acting[i]
+    if s.action == ActionKind.empty and i >= 1 and acting[i - 1].action == ActionKind.empty:
+        return "two empty replies in a row"
+    if i + 1 >= LOOP_REPEATS:
+        tail = acting[i + 1 - LOOP_REPEATS : i + 1]
+        acts = {action_signature(t) for t in tail}
+        if len(acts) == 1 and tail[0].action == ActionKind.tool_calls:
+            if len({observation_signature(t) for t in tail}) == 1:
+                return f"same action and observation {LOOP_REPEATS} times: {_short(action_signature(s))}"
+            if all(t.tool_results and not all(r.ok for r in t.tool_results) for t in tail):
+                return f"same failing action {LOOP_REPEATS} times: {_short(action_signature(s))}"
+    if i + 1 >= ALTERNATION_STEPS:
+        tail = [action_signature(t) for t in acting[i + 1 - ALTERNATION_STEPS : i + 1]]
+        a, b = tail[0], tail[1]
+        if a != b and tail[0::2] == [a] * (ALTERNATION_STEPS // 2) and tail[1::2] == [b] * (ALTERNATION_STEPS // 2):
+            return f"A-B-A-B alternation over {ALTERNATION_STEPS} steps: {_short(a)} / {_short(b)}"
+    if any(iv.kind == "loop_guard" for iv in s.interventions):
+        return "the harness's loop guard fired"
+    return None
+
+
+def _short(text: str, n: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def first_failure_signal(traj: Trajectory) -> Verdict | None:
+    """The triage verdict of one episode, or None when it passed."""
+
+    def verdict(cls: str, step: int | None, evidence: str) -> Verdict:
+        return Verdict(traj.episode_id, traj.harness, traj.task_id, traj.family, cls, step, evidence)
+
+    if traj.is_infra_error:
+        return verdict("infra", None, _short(traj.infra_error or "infrastructure error"))
+    if traj.grade is not None and traj.grade.passed:
+        return None
+
+    acting = _acting(traj.steps)
+    observed: set[str] = set()
+    for i, s in enumerate(acting):
+        loop = _loop_at(acting, i)
+        if loop:
+            return verdict("loop", s.index, loop)
+        if s.action == ActionKind.empty:
+            nxt = acting[i + 1] if i + 1 < len(acting) else None
+            if nxt is None or nxt.action != ActionKind.empty:
+                return verdict("malformed_call", s.index, "empty reply")
+            continue  # the next step completes an empty-reply loop
+        if s.action == ActionKind.malformed:
+            return verdict("malformed_call", s.index, _short(s.parse_error or "unparseable reply"))
+        for call, res in zip(s.tool_calls, s.tool_results):
+            if res.blocked is not None:
+                return verdict("blocked_call", s.index, _short(f"{call.name} refused ({res.blocked.value}): {res.output}"))
+            if res.ok:
+                observed.add(call.name)
+        submitted_here = s.action == ActionKind.text or any(c.name == "submit" for c in s.tool_calls)
+        if submitted_here and traj.submitted:
+            missing = [r for r in traj.meta.get("required_observations", []) if r not in observed]
+            if missing:
+                return verdict("insufficient_evidence", s.index, f"submitted without a successful {', '.join(missing)}")
+            break
+
+    last = traj.steps[-1].index if traj.steps else None
+    if not traj.submitted:
+        if traj.termination in (Termination.max_steps, Termination.max_tokens, Termination.timeout):
+            return verdict("budget_exhausted", last, f"{traj.termination.value}: {traj.termination_detail}")
+        if traj.termination == Termination.loop_guard:
+            return verdict("loop", last, "the harness's loop guard stopped the episode")
+        term = traj.termination.value if traj.termination else "unknown"
+        return verdict("no_delivery", last, f"ended ({term}) without a submission")
+    score = traj.grade.score if traj.grade else 0.0
+    threshold = traj.grade.threshold if traj.grade else 1.0
+    subs = ", ".join(f"{k}={v:.2f}" for k, v in (traj.grade.subscores.items() if traj.grade else []))
+    return verdict("content", last, f"delivered; score {score:.2f} < {threshold:.2f}" + (f" ({subs})" if subs else ""))
+
+
+def triage(trajectories: Iterable[Trajectory]) -> dict:
+    """Per harness: counts and rates of each class, process vs content share, and the verdicts.
+
+    Rates are over the failed episodes that are not infrastructure errors; `n_valid` also counts
+    passed episodes, so `count / n_valid` is the class's share of all valid episodes.
+    """
+    per: dict[str, dict] = {}
+    for t in trajectories:
+        h = per.setdefault(t.harness, {"n_episodes": 0, "n_valid": 0, "n_passed": 0, "counts": Counter(), "episodes": []})
+        h["n_episodes"] += 1
+        v = first_failure_signal(t)
+        if not t.is_infra_error:
+            h["n_valid"] += 1
+        if v is None:
+            h["n_passed"] += 1
+            continue
+        h["counts"][v.cls] += 1
+        h["episodes"].append(v.to_json())
+    out = {}
+    for name, h in sorted(per.items()):
+        counts = {c: h["counts"].get(c, 0) for c in CLASSES}
+        n_failed = sum(counts[c] for c in PROCESS + CONTENT)
+        process = sum(counts[c] for c in PROCESS)
+        out[name] = {
+            "n_episodes": h["n_episodes"],
+            "n_valid": h["n_valid"],
+            "n_passed": h["n_passed"],
+            "n_failed": n_failed,
+            "counts": counts,
+            "rates": {c: (counts[c] / n_failed if n_failed else None) for c in PROCESS + CONTENT},
+            "process_share": process / n_failed if n_failed else None,
+            "content_share": counts["content"] / n_failed if n_failed else None,
+            "episodes": h["episodes"],
+        }
+    return out
+
+
+def write_triage(result: dict, folder: str | Path) -> Path:
+    path = Path(folder) / "triage.json"
+    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return path
