@@ -1,0 +1,243 @@
+"""GRPO: group-relative advantages and the clipped policy-gradient loss.
+
+One optimizer step, read top to bottom:
+
+    rewards [G, n]  --group_advantages-->  one advantage per episode
+    trajectories    --units_from_trajectories-->  one TrainingUnit per model call
+    units           --pad_units-->  input_ids, attention_mask, completion_mask, old_logprobs, advantages
+    model, batch    --token_logprobs-->  log pi(token) for every completion token
+    everything      --grpo_loss-->  scalar loss (and a few numbers to log)
+
+Training units are per model call, not per episode: each call's (prompt ids, completion ids,
+logprobs) is exactly what the policy saw and sampled, so a harness whose history window drops
+old turns (the next prompt is not an extension of this one) is trained on what really happened,
+and tool output never needs masking because it only ever appears inside prompts. Every call of
+an episode carries that episode's advantage. Token ids come from the rollout as they were
+sampled: nothing here re-tokenizes text.
+
+Tensor layout. A row is prompt + completion, right-padded to the longest row. Per-token tensors
+([B, T]) are aligned with input positions: column t of `logprobs` / `old_logprobs` holds
+log pi(input_ids[t] | input_ids[:t]) when t is a completion position (completion_mask[t] == 1)
+and 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from harnessrl.types import Trajectory
+
+
+def group_advantages(rewards: Tensor, scale: bool = True, eps: float = 1e-6) -> Tensor:
+    """Advantage of each episode relative to the other episodes of its group (same task).
+
+        A[g, i] = (r[g, i] - mean_g) / (std_g + eps)     scale=True (GRPO)
+        A[g, i] =  r[g, i] - mean_g                      scale=False (Dr. GRPO: no std division)
+
+    rewards: [G groups, n episodes per group]. std_g is the population standard deviation
+    (unbiased=False, divide by n): the group is the whole population being compared, and a
+    group of one then has std 0 rather than NaN. A group whose rewards are all equal carries no
+    signal; its advantages are exactly 0 (set explicitly, so float round-off in the mean can
+    never turn into a huge advantage after dividing by eps). Groups of different sizes (after
+    infra errors are dropped): call once per group with a [1, n] tensor.
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [groups, n], got shape {tuple(rewards.shape)}")
+    rewards = rewards.float()
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale:
+        centered = centered / (rewards.std(dim=1, unbiased=False, keepdim=True) + eps)
+    flat = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(flat, torch.zeros_like(centered), centered)
+
+
+@dataclass
+class TrainingUnit:
+    """One model call to train on: the exact tokens seen and sampled, and its episode's advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]  # log-prob of each completion token under the sampling policy
+    advantage: float
+    harness: str
+    episode_id: str
+
+
+def units_from_trajectories(
+    trajectories: Iterable[Trajectory], advantages_by_episode: Mapping[str, float]
+) -> list[TrainingUnit]:
+    """One TrainingUnit per model call, each with its episode's advantage.
+
+    Skipped: infrastructure-error episodes (they say nothing about the policy) and calls with no
+    completion ids (nothing was sampled, e.g. a backend error or a text-only API). A valid
+    episode missing from `advantages_by_episode` is a bug in the caller: KeyError.
+    """
+    units = []
+    for traj in trajectories:
+        if traj.is_infra_error:
+            continue
+        if traj.episode_id not in advantages_by_episode:
+            raise KeyError(f"no advantage for episode {traj.episode_id!r} (task {traj.task_id!r})")
+        advantage = float(advantages_by_episode[traj.episode_id])
+        for step in traj.steps:
+            call = step.model_call
+            if not call.completion_ids:
+                continue
+            if len(call.logprobs) != len(call.completion_ids):
+                raise ValueError(
+                    f"episode {traj.episode_id!r} step {step.index}: {len(call.completion_ids)} completion ids "
+                    f"but {len(call.logprobs)} logprobs"
+                )
+            units.append(
+                TrainingUnit(
+                    prompt_ids=list(call.prompt_ids),
+                    completion_ids=list(call.completion_ids),
+                    old_logprobs=list(call.logprobs),
+                    advantage=advantage,
+                    harness=traj.harness,
+                    episode_id=traj.episode_id,
+                )
+            )
+    return units
+
+
+def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad prompt + completion of each unit into one batch.
+
+    Returns input_ids [B, T] (long), attention_mask [B, T] (1 on real tokens), completion_mask
+    [B, T] (1 on completion tokens only), old_logprobs [B, T] (at the completion positions, 0
+    elsewhere) and advantages [B]. Right padding keeps every real token at position = its index,
+    which is what the model saw during generation (HF derives positions from the attention mask
+    under the left padding it uses there).
+    """
+    if not units:
+        raise ValueError("no training units to pad")
+    for u in units:
+        if not u.prompt_ids:  # the first completion token needs at least one token of context
+            raise ValueError(f"episode {u.episode_id!r}: a training unit needs a non-empty prompt")
+        if not u.completion_ids or len(u.old_logprobs) != len(u.completion_ids):
+            raise ValueError(f"episode {u.episode_id!r}: need one old logprob per completion token (and >= 1 token)")
+    T = max(len(u.prompt_ids) + len(u.completion_ids) for u in units)
+    B = len(units)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, T), dtype=torch.long)
+    completion_mask = torch.zeros((B, T), dtype=torch.float)
+    old_logprobs = torch.zeros((B, T), dtype=torch.float)
+    for row, u in enumerate(units):
+        p, c = len(u.prompt_ids), len(u.completion_ids)
+        input_ids[row, : p + c] = torch.tensor(u.prompt_ids + u.completion_ids, dtype=torch.long)
+        attention_mask[row, : p + c] = 1
+        completion_mask[row, p : p + c] = 1.0
+        old_logprobs[row, p : p + c] = torch.tensor(u.old_logprobs, dtype=torch.float)
+    advantages = torch.tensor([u.advantage for u in units], dtype=torch.float)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+    }
+
+
+def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0) -> Tensor:
+    """Teacher-forced log pi(token) of every completion token: [B, T], aligned with completion_mask.
+
+        logp[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]   (completion t)
+        logp[b, t] = 0                                                             (elsewhere)
+
+    The logits at position t - 1 predict the token at t. Dividing by the sampling temperature
+    makes these comparable with the rollout's logprobs (which the policy records as
+    log softmax(z / T); see models/hf.py). Computed as gathered logit minus logsumexp, so no
+    [B, T, V] log-softmax tensor is kept beside the logits. Gradients flow (call under
+    torch.no_grad() for reference / old log-probs).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (use 1.0 for greedy rollouts), got {temperature}")
+    input_ids = batch["input_ids"].to(next(model.parameters()).device)
+    attention_mask = batch["attention_mask"].to(input_ids.device)
+    completion_mask = batch["completion_mask"].to(input_ids.device)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+    targets = input_ids[:, 1:]
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # Position 0 is never a completion token (prompts are non-empty), so prepend a zero column.
+    logp = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    return logp * completion_mask
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    completion_mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Literal["token-mean", "seq-mean"] = "token-mean",
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss of GRPO, with DAPO's asymmetric clip and token-mean by default.
+
+    Per completion token t of sequence b (A_b = the sequence's advantage):
+
+        ratio  = exp(logp - old_logp)
+        loss_t = -min(ratio * A_b, clip(ratio, 1 - clip_low, 1 + clip_high) * A_b)
+               + kl_coef * (exp(ref - logp) - (ref - logp) - 1)        [only with ref_logprobs]
+
+    The KL term is the k3 estimator of KL(pi || ref) (Schulman): non-negative, unbiased, zero
+    when logp == ref. Off by default (kl_coef = 0), as in DAPO and Dr. GRPO.
+
+    Aggregation over the batch (M = completion_mask):
+        "token-mean": sum_{b,t} M * loss / sum_{b,t} M        every token weighs the same (DAPO);
+                      long completions are not down-weighted
+        "seq-mean":   mean_b [ sum_t M * loss / sum_t M ]      every sequence weighs the same
+                      (original GRPO); a sequence with no completion tokens contributes 0
+
+    The clip makes the gradient zero once the ratio has moved past 1 + clip_high in the
+    direction the advantage pushes (A > 0) or past 1 - clip_low (A < 0): the step can't go
+    further from the sampling policy on that token. The higher upper clip (0.28 vs 0.2) leaves
+    room to raise unlikely tokens (DAPO's "clip-higher", against entropy collapse).
+    All-zero advantages (every group flat) give loss 0 and zero gradient (KL off).
+
+    Stats (python floats, over completion tokens): clip_fraction (tokens in the clipped, zero
+    gradient region), ratio_mean, adv_abs_mean (mean |A| over sequences), kl (mean k3; 0 without ref).
+    """
+    if aggregation not in ("token-mean", "seq-mean"):
+        raise ValueError(f"aggregation must be 'token-mean' or 'seq-mean', got {aggregation!r}")
+    if clip_low < 0 or clip_low >= 1 or clip_high < 0:
+        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    mask = completion_mask.to(logprobs.dtype)
+    is_token = mask > 0
+    A = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1], broadcast over tokens
+    # Padding positions are zeroed before exp so junk there can never overflow into inf * 0 = NaN.
+    log_ratio = torch.where(is_token, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * A
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * A
+    per_token = -torch.minimum(unclipped, clipped)
+
+    kl = torch.zeros_like(per_token)
+    if ref_logprobs is not None:
+        delta = torch.where(is_token, ref_logprobs - logprobs, torch.zeros_like(logprobs))
+        kl = torch.exp(delta) - delta - 1.0
+        per_token = per_token + kl_coef * kl
+
+    n_tokens = mask.sum().clamp(min=1.0)
+    if aggregation == "token-mean":
+        loss = (per_token * mask).sum() / n_tokens
+    else:
+        loss = ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).mean()
+
+    with torch.no_grad():
+        in_clip_region = ((ratio > 1.0 + clip_high) & (A > 0)) | ((ratio < 1.0 - clip_low) & (A < 0))
+        stats = {
+            "clip_fraction": float((in_clip_region.to(mask.dtype) * mask).sum() / n_tokens),
+            "ratio_mean": float((ratio * mask).sum() / n_tokens),
+            "adv_abs_mean": float(advantages.abs().mean()) if advantages.numel() else 0.0,
+            "kl": float((kl * mask).sum() / n_tokens),
+        }
+    return loss, stats

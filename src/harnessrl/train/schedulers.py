@@ -1,0 +1,341 @@
+"""Schedulers: which harness collects the next GRPO batch.
+
+Every optimizer step the trainer asks `select(step)` for a Selection (one harness, or a mixture
+of harnesses with their shares of the batch), collects the batch, computes advantages and the
+update, then reports back with `observe(harness, advantages, sketch)` (sketch: the GradientSketch
+of that update, or None). Schedulers are seeded (random.Random(seed)) and checkpointable:
+`state_dict()` is plain JSON, and after `load_state_dict` a scheduler continues exactly the
+sequence it would have produced without the interruption.
+
+Names for `make_scheduler(name, harnesses, seed, **options)`:
+
+  mixed              every step a mixture with equal shares (the baseline HarnessBandit beats)
+  uniform            one harness, uniformly at random
+  round-robin        one harness, harnesses[step % K]
+  single:NAME        always NAME (train on one harness)
+  harness-bandit     HarnessBanditScheduler: learnability + transferability (see the class)
+  learnability-only  the same with learnability_weight = 1 (ablation)
+  transfer-only      the same with learnability_weight = 0 (ablation)
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harnessrl.train.sketch import cosine
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to collect this step: harness -> share of the batch (shares sum to 1)."""
+
+    shares: dict[str, float]
+
+    @classmethod
+    def one(cls, harness: str) -> Selection:
+        return cls({harness: 1.0})
+
+    @property
+    def harness(self) -> str | None:
+        """The harness when exactly one is selected, None for a mixture."""
+        return next(iter(self.shares)) if len(self.shares) == 1 else None
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_rng_state(rng: random.Random, state: list) -> None:
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
+
+
+class Scheduler:
+    """Base class: equal probabilities, observe() ignores the signals, state = the RNG."""
+
+    name = "scheduler"
+
+    def __init__(self, harnesses: Sequence[str], seed: int = 0):
+        self.harnesses = list(harnesses)
+        if not self.harnesses or len(set(self.harnesses)) != len(self.harnesses):
+            raise ValueError(f"need at least one harness and no duplicates, got {self.harnesses}")
+        self.seed = seed
+        self.rng = random.Random(seed)
+
+    def select(self, step: int) -> Selection:
+        raise NotImplementedError
+
+    def observe(self, harness: str, advantages: Sequence[float] | Tensor, sketch: Tensor | None = None) -> None:
+        self._check_harness(harness)
+
+    def probabilities(self) -> dict[str, float]:
+        """Chance (or long-run share) of each harness at the next step, for logging."""
+        return {h: 1.0 / len(self.harnesses) for h in self.harnesses}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "harnesses": self.harnesses, "rng": _rng_state(self.rng)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("harnesses") != self.harnesses:
+            raise ValueError(
+                f"checkpoint is for harnesses {state.get('harnesses')}, this scheduler has {self.harnesses}"
+            )
+        _set_rng_state(self.rng, state["rng"])
+
+    def _check_harness(self, harness: str) -> None:
+        if harness not in self.harnesses:
+            raise ValueError(f"unknown harness {harness!r}; this scheduler has {self.harnesses}")
+
+
+class MixedScheduler(Scheduler):
+    """Every step, a batch mixed from all harnesses in equal shares."""
+
+    name = "mixed"
+
+    def select(self, step: int) -> Selection:
+        return Selection({h: 1.0 / len(self.harnesses) for h in self.harnesses})
+
+
+class UniformScheduler(Scheduler):
+    """One harness per step, uniformly at random."""
+
+    name = "uniform"
+
+    def select(self, step: int) -> Selection:
+        return Selection.one(self.rng.choice(self.harnesses))
+
+
+class RoundRobinScheduler(Scheduler):
+    """One harness per step in turn: harnesses[step % K] (a function of the step, so resuming is trivial)."""
+
+    name = "round-robin"
+
+    def select(self, step: int) -> Selection:
+        return Selection.one(self.harnesses[step % len(self.harnesses)])
+
+
+class SingleScheduler(Scheduler):
+    """Always the same harness."""
+
+    name = "single"
+
+    def __init__(self, harnesses: Sequence[str], harness: str, seed: int = 0):
+        super().__init__(harnesses, seed)
+        self._check_harness(harness)
+        self.harness = harness
+
+    def select(self, step: int) -> Selection:
+        return Selection.one(self.harness)
+
+    def probabilities(self) -> dict[str, float]:
+        return {h: float(h == self.harness) for h in self.harnesses}
+
+
+def _minmax(value: float, window: deque) -> float:
+    """(value - min) / (max - min) over the window; 0.5 (neutral) when the window has no spread."""
+    lo, hi = min(window), max(window)
+    return 0.5 if hi - lo < 1e-12 else min(1.0, max(0.0, (value - lo) / (hi - lo)))
+
+
+class HarnessBanditScheduler(Scheduler):
+    """HarnessBandit: sample the harness whose batch is expected to teach the most, and to help the others.
+
+    After harness h's update, observe() computes two signals:
+
+        L_h = mean |A| over h's batch                     learnability (0 when every group is flat)
+        T_h = mean over other seen harnesses o of cosine(sketch_h, E_o)
+                                                          transferability; E_o = EMA of o's sketches,
+                                                          E_o <- sketch_ema * E_o + (1 - sketch_ema) * sketch_o
+                                                          (the first sketch of o sets E_o)
+
+    Each is normalised by min-max over a pooled sliding window of the last `window` values of
+    all harnesses (one window for L, one for T; the new value is pushed first):
+    L~ = (L - min) / (max - min), 0.5 when max == min. T_h is undefined when no other harness
+    has a sketch yet (or sketch is None); then T~ = 0.5 (neutral) and nothing enters the T window.
+
+        fused_h = w * L~ + (1 - w) * T~                   w = learnability_weight
+        s_h     = fused_h                                 on h's first observation
+        s_h     = score_ema * s_h + (1 - score_ema) * fused_h   afterwards
+
+    An unobserved harness has s_h = 0.5 (the middle of the normalised range), so with the bonus
+    below it is explored early. Sampling probabilities, N = total observations, n_h = those of h:
+
+        bonus_h = sqrt(ln(N + 1) / (1 + n_h))             (0 for everyone before any observation)
+        q       = softmax((s_h + bonus * bonus_h) / temperature)
+        p_h     = (1 - K * floor) * q_h + floor           K harnesses: every p_h >= floor
+
+    Ablations: learnability_weight=1 (learnability-only), 0 (transfer-only).
+    """
+
+    name = "harness-bandit"
+
+    def __init__(
+        self,
+        harnesses: Sequence[str],
+        seed: int = 0,
+        learnability_weight: float = 0.5,
+        sketch_ema: float = 0.9,
+        window: int = 32,
+        score_ema: float = 0.5,
+        bonus: float = 0.5,
+        temperature: float = 0.1,
+        floor: float = 0.05,
+    ):
+        super().__init__(harnesses, seed)
+        K = len(self.harnesses)
+        self.learnability_weight = _option("learnability_weight", learnability_weight, 0.0, 1.0)
+        self.sketch_ema = _option("sketch_ema", sketch_ema, 0.0, 1.0, high_open=True)
+        self.score_ema = _option("score_ema", score_ema, 0.0, 1.0, high_open=True)
+        self.bonus = _option("bonus", bonus, 0.0, math.inf)
+        self.temperature = _option("temperature", temperature, 0.0, math.inf, low_open=True)
+        self.floor = _option("floor", floor, 0.0, 1.0)
+        if K * self.floor >= 1.0:
+            raise ValueError(f"floor * number of harnesses must be < 1, got {self.floor} * {K}")
+        if _option("window", window, 2, math.inf) % 1:
+            raise ValueError(f"window must be an integer >= 2, got {window!r}")
+        self.window = int(float(window))
+
+        self.score = {h: 0.5 for h in self.harnesses}
+        self.count = {h: 0 for h in self.harnesses}
+        self.total = 0
+        self.sketch_avg: dict[str, Tensor] = {}
+        self.l_window: deque[float] = deque(maxlen=self.window)
+        self.t_window: deque[float] = deque(maxlen=self.window)
+
+    def observe(self, harness: str, advantages: Sequence[float] | Tensor, sketch: Tensor | None = None) -> None:
+        self._check_harness(harness)
+        adv = torch.as_tensor(advantages, dtype=torch.float64).reshape(-1)
+        if adv.numel() == 0:
+            raise ValueError(f"observe({harness!r}) got no advantages")
+        learnability = float(adv.abs().mean())
+        self.l_window.append(learnability)
+        fused_l = _minmax(learnability, self.l_window)
+
+        if sketch is not None:
+            sketch = torch.as_tensor(sketch, dtype=torch.float64).reshape(-1)
+        others = [avg for h, avg in self.sketch_avg.items() if h != harness]
+        if sketch is not None and others:
+            transfer = sum(cosine(sketch, avg) for avg in others) / len(others)
+            self.t_window.append(transfer)
+            fused_t = _minmax(transfer, self.t_window)
+        else:
+            fused_t = 0.5  # undefined: neutral
+
+        w = self.learnability_weight
+        fused = w * fused_l + (1 - w) * fused_t
+        if self.count[harness] == 0:
+            self.score[harness] = fused
+        else:
+            self.score[harness] = self.score_ema * self.score[harness] + (1 - self.score_ema) * fused
+        self.count[harness] += 1
+        self.total += 1
+        if sketch is not None:
+            previous = self.sketch_avg.get(harness)
+            self.sketch_avg[harness] = (
+                sketch.clone() if previous is None else self.sketch_ema * previous + (1 - self.sketch_ema) * sketch
+            )
+
+    def probabilities(self) -> dict[str, float]:
+        log_n = math.log(self.total + 1)
+        logits = [
+            (self.score[h] + self.bonus * math.sqrt(log_n / (1 + self.count[h]))) / self.temperature
+            for h in self.harnesses
+        ]
+        top = max(logits)  # subtract the max: exp never overflows
+        weights = [math.exp(z - top) for z in logits]
+        total = sum(weights)
+        K = len(self.harnesses)
+        return {h: (1 - K * self.floor) * wt / total + self.floor for h, wt in zip(self.harnesses, weights)}
+
+    def select(self, step: int) -> Selection:
+        probs = self.probabilities()
+        return Selection.one(self.rng.choices(self.harnesses, weights=[probs[h] for h in self.harnesses])[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "score": dict(self.score),
+            "count": dict(self.count),
+            "total": self.total,
+            "sketch_avg": {h: avg.tolist() for h, avg in self.sketch_avg.items()},
+            "l_window": list(self.l_window),
+            "t_window": list(self.t_window),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.score = {h: float(state["score"][h]) for h in self.harnesses}
+        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+        self.total = int(state["total"])
+        self.sketch_avg = {h: torch.tensor(v, dtype=torch.float64) for h, v in state["sketch_avg"].items()}
+        self.l_window = deque(state["l_window"], maxlen=self.window)
+        self.t_window = deque(state["t_window"], maxlen=self.window)
+
+
+def _option(name: str, value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False) -> float:
+    """A float option checked against [low, high] (open ends where asked); accepts numeric strings."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    ok_low = x > low if low_open else x >= low
+    ok_high = x < high if high_open else x <= high
+    if not (ok_low and ok_high and math.isfinite(x)):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return x
+
+
+_MULTI = {
+    "mixed": MixedScheduler,
+    "uniform": UniformScheduler,
+    "round-robin": RoundRobinScheduler,
+    "harness-bandit": HarnessBanditScheduler,
+    "learnability-only": HarnessBanditScheduler,
+    "transfer-only": HarnessBanditScheduler,
+}
+_ABLATIONS = {"learnability-only": 1.0, "transfer-only": 0.0}
+KNOWN_SCHEDULERS = ("mixed", "uniform", "round-robin", "single:NAME", "harness-bandit", "learnability-only", "transfer-only")
+
+
+def make_scheduler(name: str, harnesses: Sequence[str], seed: int = 0, **options: Any) -> Scheduler:
+    """Build a scheduler by name (see the module docstring); options go to its constructor."""
+    harnesses = list(harnesses)
+    if name.startswith("single:"):
+        target = name.split(":", 1)[1]
+        if target not in harnesses:
+            raise ValueError(f"{name}: harness {target!r} is not one of {harnesses}")
+        cls, fixed = SingleScheduler, {"harness": target}
+    elif name in _MULTI:
+        if len(harnesses) < 2:
+            raise ValueError(f"scheduler {name!r} needs at least 2 harnesses, got {harnesses} (use single:NAME)")
+        cls, fixed = _MULTI[name], {}
+        if name in _ABLATIONS:
+            if "learnability_weight" in options:
+                raise ValueError(f"{name} fixes learnability_weight; use harness-bandit to set it")
+            fixed = {"learnability_weight": _ABLATIONS[name]}
+    else:
+        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(KNOWN_SCHEDULERS)}")
+
+    reserved = ("self", "harnesses", "seed", *fixed)
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in reserved]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"scheduler {name!r} has no option(s) {', '.join(unknown)}; accepted: {', '.join(accepted) or 'none'}"
+        )
+    scheduler = cls(harnesses, seed=seed, **fixed, **options)
+    scheduler.name = name  # recorded in state_dict: "transfer-only", "single:react", ...
+    return scheduler
