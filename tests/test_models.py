@@ -312,8 +312,8 @@ def test_load_policy_names_and_errors(tmp_path):
     assert set(MODEL_NAMES) == {"tiny-random", "smollm2-135m"}
     with pytest.raises(ValueError, match="tiny-random, smollm2-135m, hf:PATH"):
         load_policy("gpt-17")
-    with pytest.raises(ValueError, match="openai: backend is not implemented yet"):
-        load_policy("openai:gpt-4o@http://localhost:8000/v1")
+    with pytest.raises(ValueError, match="openai:MODEL@BASE_URL"):
+        load_policy("openai:gpt-4o")
     with pytest.raises(ModelUnavailable, match="does not exist"):
         load_policy(f"hf:{tmp_path / 'nothing'}")
     with pytest.raises(ModelUnavailable, match="not a transformers model folder"):

@@ -105,6 +105,8 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
         (["--harness", "nope"], "unknown harness 'nope'"),
         (["--model", "gpt-17"], "unknown model 'gpt-17'"),
         (["--model", "hf:/no/such/dir"], "does not exist"),
+        (["--model", "openai:gpt-4o"], "openai:MODEL@BASE_URL"),
+        (["--model", "openai:m@http://127.0.0.1:9/v1", "--api-key-env", "HARNESSRL_NO_SUCH_VAR"], "is not set"),
         (["--split", "validation"], "unknown split 'validation'"),
         (["--tasks", "100000"], "has 48 tasks"),
         (["--attempts", "0"], "--attempts must be >= 1"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -224,7 +225,7 @@ def eval_cmd(
     suite: Annotated[str, typer.Option(help="suite name (see `harnessrl tasks list`)")] = "workspace",
     split: Annotated[str, typer.Option(help="train, dev or test")] = "dev",
     harness: Annotated[list[str], typer.Option("--harness", "-H", help="built-in name, 'all', or a spec path; repeat or comma-separate")] = ["all"],
-    model: Annotated[str, typer.Option(help="tiny-random, smollm2-135m or hf:PATH")] = "tiny-random",
+    model: Annotated[str, typer.Option(help="tiny-random, smollm2-135m, hf:PATH or openai:MODEL@BASE_URL")] = "tiny-random",
     tasks: Annotated[Optional[int], typer.Option("--tasks", "-n", help="first N tasks of the split (default: all)")] = None,
     attempts: Annotated[int, typer.Option("--attempts", "-k", help="attempts per task and harness")] = 1,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="run folder")] = Path("runs/eval"),
@@ -235,6 +236,7 @@ def eval_cmd(
     retries: Annotated[int, typer.Option(help="re-runs of an episode after an infrastructure error")] = 2,
     resume: Annotated[bool, typer.Option("--resume", help="continue a run folder, skipping finished episodes")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    api_key_env: Annotated[Optional[str], typer.Option(help="openai: read the API key from this environment variable (default OPENAI_API_KEY)")] = None,
 ) -> None:
     """Evaluate a model on a suite through one or more harnesses."""
     from harnessrl.harness.registry import resolve_harnesses
@@ -272,7 +274,14 @@ def eval_cmd(
         if not Path(model[3:]).exists():
             fail(f"model path '{model[3:]}' does not exist")
     elif model.startswith("openai:"):
-        fail(f"{model}: the openai: backend is not implemented yet (available: {SPEC_FORMS})")
+        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
+
+        try:
+            parse_openai_spec(model)
+        except ValueError as e:
+            fail(str(e))
+        if api_key_env and not os.environ.get(api_key_env):
+            fail(f"--api-key-env {api_key_env}: that environment variable is not set")
     elif model not in MODEL_NAMES:
         fail(f"unknown model '{model}' (known forms: {SPEC_FORMS})")
 
@@ -288,6 +297,7 @@ def eval_cmd(
         "sampling": sampling.model_dump(),
         "harnesses": {s.name: s.to_dict() for s in specs},
         "max_retries": retries,
+        "api_key_env": api_key_env,  # the variable's name only, never the key
     }
     exists = RunStore.exists(out_dir)
     if exists and not resume:
@@ -316,7 +326,7 @@ def eval_cmd(
     from harnessrl.models import load_policy
 
     try:
-        policy = load_policy(model, sampling)
+        policy = load_policy(model, sampling, api_key_env=api_key_env)
     except (ValueError, RuntimeError, OSError) as e:
         fail(f"cannot load model '{model}': {e}")
     store.set_meta("model", policy.describe())

@@ -163,7 +163,7 @@ class Runner:
                     self.stats.generate_s += time.monotonic() - t0
                     self.stats.batches += 1
                     for ep, call in zip(active, calls):
-                        self.stats.completion_tokens += len(call.completion_ids)
+                        self.stats.completion_tokens += call.completion_tokens
                         try:
                             ep.consume(call)
                         except InfraError as e:

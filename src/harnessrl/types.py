@@ -66,6 +66,18 @@ class ModelCall(_Record):
     text: str  # decoded completion, special tokens stripped
     finish_reason: Literal["stop", "length", "error"] = "stop"
     messages: list[Message] = Field(default_factory=list)  # the rendered conversation (prompt)
+    # Token counts reported by a backend that returns no token ids (an OpenAI-compatible server
+    # without token ids); None when the ids above are the truth.
+    n_prompt_tokens: int | None = None
+    n_completion_tokens: int | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.completion_ids) if self.completion_ids else (self.n_completion_tokens or 0)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids) if self.prompt_ids else (self.n_prompt_tokens or 0)
 
 
 class Intervention(_Record):

@@ -142,6 +142,7 @@ class Episode:
             max_new_tokens=max_new,
             stop=[] if self.needs_plan else self.protocol.stop_strings(),
             tools=self.schemas,
+            native_tools=self.spec.protocol.native_tools,
         )
 
     # -- acting -----------------------------------------------------------------------------------
@@ -160,8 +161,8 @@ class Episode:
         """Apply one model reply. Raises InfraError when a tool crashes."""
         if self.done:
             raise RuntimeError("episode already finished")
-        self.prompt_tokens += len(call.prompt_ids)
-        self.completion_tokens += len(call.completion_ids)
+        self.prompt_tokens += call.prompt_tokens
+        self.completion_tokens += call.completion_tokens
         index = len(self.steps)
         if self.needs_plan:
             self.needs_plan = False

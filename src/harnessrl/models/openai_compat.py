@@ -1,0 +1,520 @@
+"""OpenAIPolicy: any OpenAI-compatible chat completions server behind the Policy interface.
+
+Spec: ``openai:MODEL@BASE_URL``, e.g. ``openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1`` (vLLM,
+SGLang, llama.cpp's server, a hosted API...). MODEL may contain '/', ':' and '@'; the URL starts
+at the last ``@http://`` or ``@https://``.
+
+**For evaluation.** Token in, token out is what training needs, and a chat API is text in, text
+out. This backend never re-tokenizes model text, so unless the server reports token ids:
+- ``completion_ids == []`` and ``prompt_ids == []``: the ids are unavailable, not zero tokens;
+- ``logprobs`` holds the server's per-token log-probabilities when it returns them (one float
+  per generated token, so ``len(logprobs) != len(completion_ids)``), or ``[]`` when it does not.
+Token ids are used when the server sends them: vLLM's ``return_token_ids`` (``token_ids`` on the
+choice, ``prompt_token_ids`` on the response; ask for it with ``return_token_ids=True``) or
+logprob tokens of the form ``token_id:123`` (vLLM's ``return_tokens_as_token_ids``). Then
+``completion_ids`` and ``logprobs`` line up as with the hf backend. Training needs token ids:
+use a server that returns them, or the hf backend.
+Note that a server's logprobs need not be the hf backend's: vLLM reports raw logprobs (before
+temperature) by default.
+
+**Calls.** One chat completion per request, ``max_concurrency`` at a time (threads), with
+temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and a
+seed per request derived from (``sampling.seed``, number of earlier requests of this policy),
+so attempts of the same prompt get different noise and a fresh policy replays a run's seeds.
+``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
+once, and never asked again if that works.
+
+**Failures are infrastructure errors.** 429, 5xx, connection errors, timeouts and malformed
+responses (not JSON, no choices, no content and no tool calls) are retried with exponential
+backoff and jitter (``backoff_base_s * 2**k``, at most ``backoff_max_s``, then a random
+fraction between 1/2 and 1 of that), ``max_retries`` times; any other 4xx is not retried. Then
+``complete`` raises PolicyError, which the runner records as an infrastructure error (episode
+termination ``error``), never as a model failure. One failed request fails the whole batch
+(the Policy contract is all or nothing); the others still in flight stop retrying.
+
+**Native tools** (``GenerationRequest.native_tools``, from a harness's
+``protocol.native_tools``, json protocol only): the request's tools are sent as OpenAI
+``tools``, and the ``tool_calls`` the server returns become json-protocol text, one
+``{"tool": NAME, "arguments": {...}}`` per line after any content, which the harness then parses
+like any other reply. Arguments that are not a JSON object are kept as they came, so the harness
+sees a malformed call (a model failure), not a crash. In the history, an assistant turn whose
+text holds calls and that is followed by a tool result is sent back as an assistant message
+with ``tool_calls`` and the result as a ``tool`` message (the whole result on the first call's
+id); every other turn is plain text. Without native tools, a ``tool`` message is sent as a
+``user`` message starting ``Tool result (NAME):``, as the local backends do for SmolLM2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any
+
+import openai
+
+from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
+from harnessrl.models.chat import tool_message_as_user
+from harnessrl.types import Message, ModelCall, ToolCall, ToolSchema
+
+log = logging.getLogger(__name__)
+
+SPEC_PREFIX = "openai:"
+SPEC_FORM = "openai:MODEL@BASE_URL (e.g. openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1)"
+NO_KEY = "EMPTY"  # what vLLM and most local servers accept when they check no key
+_TOKEN_ID = re.compile(r"token_id:(\d+)")
+_ERROR_CHARS = 300  # how much of a server's error message goes into PolicyError
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``openai:MODEL@BASE_URL`` -> (MODEL, BASE_URL). Raises ValueError with the expected form."""
+    rest = spec.strip()
+    if rest.startswith(SPEC_PREFIX):
+        rest = rest[len(SPEC_PREFIX) :]
+    # the URL starts at the last "@http(s)://" (so a model name may hold '@'); else the last '@'
+    at = max(rest.rfind("@http://"), rest.rfind("@https://"))
+    if at < 0:
+        at = rest.rfind("@")
+    if at < 0:
+        raise ValueError(f"{spec!r}: the openai backend needs a server URL: {SPEC_FORM}")
+    model, base_url = rest[:at].strip(), rest[at + 1 :].strip()
+    if not model:
+        raise ValueError(f"{spec!r}: no model name before '@': {SPEC_FORM}")
+    if not base_url.startswith(("http://", "https://")) or base_url in ("http://", "https://"):
+        raise ValueError(f"{spec!r}: the base URL must start with http:// or https://: {SPEC_FORM}")
+    return model, base_url.rstrip("/")
+
+
+def resolve_api_key(api_key_env: str | None = None) -> str:
+    """The key from $api_key_env (which must be set), else $OPENAI_API_KEY, else "EMPTY"."""
+    if api_key_env:
+        value = os.environ.get(api_key_env)
+        if not value:
+            state = "is empty" if value == "" else "is not set"
+            raise ValueError(f"the API key variable ${api_key_env} {state} (export {api_key_env}=... or drop the option)")
+        return value
+    return os.environ.get("OPENAI_API_KEY") or NO_KEY
+
+
+def request_seed(seed: int, request_index: int) -> int:
+    """A 31-bit seed per request (31 bits: every server accepts it)."""
+    digest = hashlib.sha256(f"harnessrl-openai:{seed}:{request_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------------- messages
+
+
+def tool_definitions(tools: list[ToolSchema]) -> list[dict]:
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in tools
+    ]
+
+
+def _history_calls(text: str) -> tuple[list[ToolCall], str]:
+    """Calls written in json-protocol text (what a native reply was turned into), and the prose."""
+    from harnessrl.harness.protocols import get_protocol
+
+    parsed = get_protocol("json").parse(text)
+    if parsed.error or not parsed.calls:
+        return [], text
+    return parsed.calls, parsed.thought
+
+
+def to_openai_messages(messages: list[Message], native_tools: bool = False) -> list[dict]:
+    """harnessrl messages -> OpenAI chat messages (see the module docstring for tool turns)."""
+    out: list[dict] = []
+    pending: list[str] = []  # tool_call ids of the previous assistant message, awaiting a result
+    for i, m in enumerate(messages):
+        if m.role == "tool" and pending:
+            out.append({"role": "tool", "tool_call_id": pending[0], "content": m.content})
+            for extra in pending[1:]:  # every call needs an answer; the harness sends one for all
+                out.append({"role": "tool", "tool_call_id": extra, "content": "(see the previous tool result)"})
+            pending = []
+            continue
+        pending = []
+        if m.role == "tool":
+            out.append({"role": "user", "content": tool_message_as_user(m)})
+            continue
+        followed_by_tool = i + 1 < len(messages) and messages[i + 1].role == "tool"
+        if m.role == "assistant" and native_tools and followed_by_tool:
+            calls, thought = _history_calls(m.content)
+            if calls:
+                pending = [f"call_{i}_{k}" for k in range(len(calls))]
+                out.append(
+                    {
+                        "role": "assistant",
+                        "content": thought or None,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                            }
+                            for call_id, c in zip(pending, calls)
+                        ],
+                    }
+                )
+                continue
+        out.append({"role": m.role, "content": m.content})
+    return out
+
+
+def tool_calls_as_text(tool_calls: list[Any]) -> list[str]:
+    """OpenAI ``message.tool_calls`` -> json-protocol call lines. Raises _Malformed on a
+    response that is not shaped like tool calls (a server fault, retried)."""
+    from harnessrl.harness.protocols import get_protocol
+
+    proto = get_protocol("json")
+    lines = []
+    for tc in tool_calls:
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _Malformed(f"a tool call without a function name: {str(tc)[:120]}")
+        raw = fn.get("arguments")
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            args: Any = {}
+        elif isinstance(raw, str):
+            try:
+                args = json.loads(raw)
+            except ValueError:
+                args = raw
+        else:
+            args = raw
+        if isinstance(args, dict):
+            try:
+                lines.append(proto.render_call(ToolCall(name=fn["name"], arguments=args)))
+                continue
+            except ValueError:
+                pass
+        # the model's arguments are not an object: keep them, the harness reports a malformed call
+        lines.append(json.dumps({"tool": fn["name"], "arguments": args}, ensure_ascii=False))
+    return lines
+
+
+# ----------------------------------------------------------------------------------- responses
+
+
+class _Malformed(Exception):
+    """The server answered 200 with something that is not a usable chat completion."""
+
+
+class _Retryable(Exception):
+    """A failure worth another try (429, 5xx, connection, timeout, malformed response)."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _number_list(values: Any) -> list[int] | None:
+    if isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return list(values)
+    return None
+
+
+def usage_counts(data: Any) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) from the response's `usage`, when the server sends it."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None, None
+
+    def count(key: str) -> int | None:
+        v = usage.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    return count("prompt_tokens"), count("completion_tokens")
+
+
+def parse_completion(data: Any) -> tuple[str, str, list[int], list[int], list[float]]:
+    """A chat completion body -> (text, finish_reason, prompt_ids, completion_ids, logprobs)."""
+    if not isinstance(data, dict):
+        raise _Malformed(f"the body is a JSON {type(data).__name__}, not an object")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        err = data.get("error")
+        raise _Malformed("no choices in the response" + (f" (error: {str(err)[:_ERROR_CHARS]})" if err else ""))
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise _Malformed("the first choice has no message")
+    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    content = message.get("content")
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise _Malformed("message.tool_calls is not a list")
+    if content is None and not tool_calls:
+        if finish != "length":  # a reasoning model that spent every token thinking has no content
+            raise _Malformed("the message has neither content nor tool calls")
+        content = ""
+    if not isinstance(content, (str, type(None))):
+        raise _Malformed(f"message.content is a {type(content).__name__}, not a string")
+    parts = [content] if content else []
+    if tool_calls:
+        parts.extend(tool_calls_as_text(tool_calls))
+    text = "\n".join(parts)
+
+    logprobs: list[float] = []
+    token_strings: list[Any] = []
+    lp = choice.get("logprobs")
+    entries = lp.get("content") if isinstance(lp, dict) else None
+    if isinstance(entries, list):
+        try:
+            logprobs = [float(e["logprob"]) for e in entries]
+            token_strings = [e.get("token") for e in entries]
+        except (TypeError, KeyError, ValueError):
+            log.debug("unreadable logprobs in the response; recording none")
+            logprobs, token_strings = [], []
+    completion_ids = _number_list(choice.get("token_ids")) or []
+    if not completion_ids and token_strings:
+        found = [_TOKEN_ID.fullmatch(t) if isinstance(t, str) else None for t in token_strings]
+        if all(found):
+            completion_ids = [int(f.group(1)) for f in found]  # type: ignore[union-attr]
+    if completion_ids and logprobs and len(completion_ids) != len(logprobs):
+        log.warning("server sent %d token ids but %d logprobs; keeping the ids only", len(completion_ids), len(logprobs))
+        logprobs = []
+    prompt_ids = _number_list(data.get("prompt_token_ids")) or []
+    return text, finish, prompt_ids, completion_ids, logprobs
+
+
+# ------------------------------------------------------------------------------------ policy
+
+
+class OpenAIPolicy(Policy):
+    """A model served behind an OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``api_key``: used as given; else ``$api_key_env`` (must be set), else ``$OPENAI_API_KEY``,
+    else "EMPTY". ``sleep`` replaces time.sleep between retries (tests).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        name: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        default_sampling: SamplingParams | None = None,
+        max_concurrency: int = 16,
+        max_retries: int = 4,
+        timeout: float = 300.0,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        logprobs: bool = True,
+        return_token_ids: bool = False,
+        sleep: Callable[[float], None] | None = None,
+    ):
+        if not model:
+            raise ValueError(f"no model name: {SPEC_FORM}")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"the base URL must start with http:// or https://, got {base_url!r}")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if max_retries < 0:
+            raise ValueError("max_retries must be >= 0")
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.name = name or f"openai:{model}@{self.base_url}"
+        self.api_key_env = api_key_env
+        self.default_sampling = default_sampling or SamplingParams()
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.logprobs = logprobs  # turned off for good once the server rejects the parameter
+        self.return_token_ids = return_token_ids
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._requests_issued = 0
+        self._rng = random.Random()
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=api_key if api_key is not None else resolve_api_key(api_key_env),
+            max_retries=0,  # retries are ours: backoff, and PolicyError when they run out
+            timeout=timeout,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: str, sampling: SamplingParams | None = None, **kwargs) -> OpenAIPolicy:
+        model, base_url = parse_spec(spec)
+        return cls(model, base_url, default_sampling=sampling, **kwargs)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "backend": "openai",
+            "model": self.model,
+            "base_url": self.base_url,
+            "logprobs": self.logprobs,
+            "return_token_ids": self.return_token_ids,
+            "api_key_env": self.api_key_env,
+            "max_concurrency": self.max_concurrency,
+            "max_retries": self.max_retries,
+            "sampling": self.default_sampling.model_dump(),
+        }
+
+    # -------------------------------------------------------------------------------- calls
+
+    def complete(
+        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
+    ) -> list[ModelCall]:
+        if not requests:
+            return []
+        sampling = sampling or self.default_sampling
+        with self._lock:
+            first = self._requests_issued
+            self._requests_issued += len(requests)
+        seeds = [request_seed(sampling.seed, first + i) for i in range(len(requests))]
+        abort = threading.Event()  # set when one request failed: the others stop retrying
+        workers = min(self.max_concurrency, len(requests))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harnessrl-openai")
+        ok = False
+        try:
+            futures = [pool.submit(self._complete_one, r, sampling, s, abort) for r, s in zip(requests, seeds)]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f.exception() for f in futures if f in done and f.exception() is not None), None)
+            if failed is not None:
+                raise failed  # always a PolicyError (see _complete_one)
+            calls = [f.result() for f in futures]
+            ok = True
+            return calls
+        finally:
+            if not ok:  # a request failed (or we were interrupted): don't wait for the others
+                abort.set()  # those waiting to retry give up; those mid-response finish alone
+            pool.shutdown(wait=ok, cancel_futures=True)
+
+    def _complete_one(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, abort: threading.Event
+    ) -> ModelCall:
+        attempt = 0
+        while True:
+            try:
+                data = self._request_once(request, sampling, seed)
+                text, finish, prompt_ids, completion_ids, logprobs = parse_completion(data)
+                n_prompt, n_completion = usage_counts(data)
+                return ModelCall(
+                    prompt_ids=prompt_ids,
+                    completion_ids=completion_ids,
+                    logprobs=logprobs,
+                    text=text,
+                    finish_reason=finish,
+                    messages=list(request.messages),
+                    n_prompt_tokens=None if prompt_ids else n_prompt,
+                    n_completion_tokens=None if completion_ids else n_completion,
+                )
+            except _Retryable as exc:
+                if abort.is_set():
+                    raise PolicyError(f"{self.name}: {exc} (stopped: another request of the batch failed)") from None
+                if attempt >= self.max_retries:
+                    tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
+                    raise PolicyError(f"{self.name}: {exc} (gave up after {tries})") from None
+                delay = self._backoff(attempt, exc.retry_after)
+                log.info("%s: %s; retry %d/%d in %.2f s", self.name, exc, attempt + 1, self.max_retries, delay)
+                if self._sleep is not None:
+                    self._sleep(delay)
+                elif abort.wait(delay):
+                    raise PolicyError(f"{self.name}: {exc} (stopped: another request of the batch failed)") from None
+                attempt += 1
+            except PolicyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - whatever the client raised is a backend failure
+                raise PolicyError(f"{self.name}: request failed: {type(exc).__name__}: {exc}") from exc
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+        delay *= 0.5 + 0.5 * self._rng.random()  # jitter: clients failing together retry apart
+        if retry_after is not None and 0 < retry_after <= 60:
+            delay = max(delay, retry_after)  # the server said when; believe it (within reason)
+        return delay
+
+    def _body(self, request: GenerationRequest, sampling: SamplingParams, seed: int, logprobs: bool) -> dict:
+        native = bool(request.native_tools and request.tools)
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(request.messages, native_tools=native),
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": seed,
+            "max_tokens": request.max_new_tokens,
+        }
+        if request.stop:
+            kwargs["stop"] = list(request.stop)
+        if native:
+            kwargs["tools"] = tool_definitions(request.tools or [])
+        if logprobs:
+            kwargs["logprobs"] = True
+        if self.return_token_ids:
+            kwargs["extra_body"] = {"return_token_ids": True}
+        return kwargs
+
+    def _request_once(self, request: GenerationRequest, sampling: SamplingParams, seed: int):
+        use_logprobs = self.logprobs
+        try:
+            data = self._post(self._body(request, sampling, seed, use_logprobs))
+        except openai.BadRequestError as exc:
+            if not use_logprobs:
+                raise PolicyError(self._status_message(exc)) from None
+            # maybe the server does not do logprobs: ask once without, and remember if that works
+            try:
+                data = self._post(self._body(request, sampling, seed, False))
+            except openai.BadRequestError:
+                raise PolicyError(self._status_message(exc)) from None
+            if self.logprobs:
+                log.warning("%s rejected logprobs=True (%s); asking without logprobs from now on", self.name, exc)
+            self.logprobs = False
+        try:
+            parse_completion(data)  # validated here so a malformed body is retried like a 5xx
+            return data
+        except _Malformed as exc:
+            raise _Retryable(f"malformed response: {exc}") from None
+
+    def _post(self, body: dict) -> Any:
+        """POST /chat/completions -> the decoded JSON body. Retryable failures raise _Retryable,
+        other HTTP errors raise openai.APIStatusError subclasses."""
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(**body)
+        except openai.APITimeoutError:
+            raise _Retryable(f"timed out after {self.timeout:g} s") from None
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            raise _Retryable(f"cannot connect to {self.base_url}: {type(cause).__name__}: {cause}") from None
+        except openai.APIStatusError as exc:
+            if exc.status_code == 429 or exc.status_code >= 500:
+                raise _Retryable(self._status_message(exc, prefix=False), _retry_after(exc)) from None
+            if isinstance(exc, openai.BadRequestError):
+                raise
+            raise PolicyError(self._status_message(exc)) from None
+        try:
+            return json.loads(raw.http_response.content)
+        except ValueError as exc:
+            raise _Retryable(f"malformed response: the body is not JSON ({exc})") from None
+
+    def _status_message(self, exc: openai.APIStatusError, prefix: bool = True) -> str:
+        detail = exc.message
+        body = exc.body
+        if isinstance(body, dict):
+            inner = body.get("error", body)
+            if isinstance(inner, dict) and inner.get("message"):
+                detail = str(inner["message"])
+            elif isinstance(inner, str):
+                detail = inner
+        detail = " ".join(str(detail).split())[:_ERROR_CHARS]
+        msg = f"HTTP {exc.status_code}: {detail}"
+        return f"{self.name}: {msg}" if prefix else msg
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    try:
+        value = exc.response.headers.get("retry-after")
+        return float(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None
