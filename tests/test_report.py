@@ -193,6 +193,7 @@ def test_report_of_a_run_has_table_plots_and_episode_files(run_a, report_a):
     for r in rows:
         key, ep = read_data_file(out / r["file"])
         assert key == r["file"][:-3] and ep["id"] == r["id"] and len(ep["steps"]) == r["n_steps"]
+        assert all(s["n_completion_tokens"] > 0 for s in ep["steps"])  # counted in SQLite, no token ids read
         if r["class"]:
             assert ep["verdict"]["class"] == r["class"] and ep["verdict"]["step"] == r["step"]
             assert r["class"] in (out / r["file"]).read_text()

@@ -86,6 +86,14 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
     assert len(lines) == 8
     t = Trajectory.model_validate(lines[0])
     assert t.steps and t.steps[0].model_call.completion_ids and len(t.steps[0].model_call.logprobs) == len(t.steps[0].model_call.completion_ids)
+    r = cli.invoke(app, ["triage", str(out)])
+    assert r.exit_code == 0 and "small-json" in r.output
+    tri = json.loads((out / "triage.json").read_text())
+    assert set(tri) == {"small-json", "react"} and tri["react"]["n_episodes"] == 4
+    r = cli.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0 and (out / "report" / "index.html").is_file()
+    r = cli.invoke(app, ["report", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "not a run folder" in r.output
     # a second eval into the same folder without --resume is refused; with it, nothing is re-run
     r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--harness", f"{spec},{react}", "--model", "tiny-random", "--tasks", "2",
                          "--attempts", "2", "--out", str(out), "--no-progress", "--seed", "1"])

@@ -408,6 +408,49 @@ def triage_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
     out.print(f"wrote {path}", highlight=False)
 
 
+@app.command("report")
+def report_cmd(
+    runs: Annotated[list[Path], typer.Argument(help="one run folder, or two to compare (B - A)")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="report folder (default: FIRST_RUN/report)")] = None,
+) -> None:
+    """Build the static HTML report (metrics, plots, triage, trajectory viewer)."""
+    from harnessrl.report import ReportError, build_report
+
+    try:
+        index = build_report(list(runs), out_dir)
+    except ReportError as e:
+        fail(str(e))
+    out.print(f"wrote {index}", highlight=False)
+    out.print(f"view it with: harnessrl view {runs[0]}  (or open the file in a browser)", highlight=False)
+
+
+@app.command("view")
+def view_cmd(
+    run: Annotated[Path, typer.Argument(help="run folder (its report is built if missing) or report folder")],
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1 (0 = any free port)")] = 0,
+) -> None:
+    """Serve a run's report on 127.0.0.1 and print the URL; Ctrl-C stops."""
+    import time
+
+    from harnessrl.report import ReportError, build_report, serve
+
+    try:
+        if (run / "run.db").is_file() and not (run / "report" / "index.html").is_file():
+            build_report([run])
+        server, url = serve(run, port=port)
+    except (ReportError, OSError) as e:
+        fail(str(e))
+    out.print(f"serving {run} at {url}  (Ctrl-C to stop)", highlight=False)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @app.command("version")
 def version_cmd() -> None:
     """Print the version."""

@@ -172,6 +172,8 @@ class HFPolicy(Policy):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         p = Path(path).expanduser()
+        if p.is_dir() and (p / "adapter_config.json").is_file():
+            return cls.from_adapter(p, name=name, device=device)
         if p.is_file() and p.suffix == ".gguf":
             folder, extra = p.parent, {"gguf_file": p.name}
         elif p.is_dir() and (p / "config.json").is_file():
@@ -193,6 +195,53 @@ class HFPolicy(Policy):
         if device is not None:
             model = model.to(device)
         return cls(model, tokenizer, name=name or f"hf:{p}")
+
+    @classmethod
+    def from_adapter(cls, folder: str | os.PathLike, *, name: str | None = None, device=None) -> HFPolicy:
+        """A peft (LoRA) adapter folder: load its base model, apply the adapter, merge it.
+
+        The base is the model spec in the folder's harnessrl.json ("base_model", written by
+        `harnessrl train`: tiny-random, smollm2-135m or hf:PATH), else the adapter_config.json's
+        base_model_name_or_path when that is a local folder. Never downloads.
+        """
+        import json
+
+        p = Path(folder).expanduser()
+        base_spec = None
+        meta = p / "harnessrl.json"
+        if meta.is_file():
+            try:
+                base_spec = json.loads(meta.read_text(encoding="utf-8")).get("base_model")
+            except ValueError as exc:
+                raise ModelUnavailable(f"{meta} is not valid JSON ({exc})") from exc
+        if not base_spec:
+            try:
+                base_path = json.loads((p / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+            except ValueError as exc:
+                raise ModelUnavailable(f"{p / 'adapter_config.json'} is not valid JSON ({exc})") from exc
+            if not base_path or not Path(base_path).expanduser().is_dir():
+                raise ModelUnavailable(
+                    f"{p} is a LoRA adapter whose base model ({base_path or 'not named'}) is not a local folder; "
+                    f"write {{\"base_model\": \"hf:PATH\"}} into {meta}"
+                )
+            base_spec = f"hf:{base_path}"
+        if base_spec.startswith("hf:") and Path(base_spec[3:]).expanduser().resolve() == p.resolve():
+            raise ModelUnavailable(f"{p}: the adapter names itself as its base model")
+        from peft import PeftModel
+
+        from harnessrl.models import load_policy
+
+        base = load_policy(base_spec)
+        if not isinstance(base, HFPolicy):
+            raise ModelUnavailable(f"{p}: the base model {base_spec!r} is not a local transformers model")
+        try:
+            model = PeftModel.from_pretrained(base.model, str(p)).merge_and_unload()
+        except Exception as exc:  # noqa: BLE001
+            raise ModelUnavailable(f"cannot apply the adapter {p} to {base_spec}: {type(exc).__name__}: {exc}") from exc
+        model.eval()
+        if device is not None:
+            model = model.to(device)
+        return cls(model, base.tokenizer, name=name or f"hf:{p}", tool_role=base.tool_role)
 
     def describe(self) -> dict:
         return {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -70,6 +71,23 @@ def _open_run(folder: Path) -> RunStore:
         raise ReportError(str(e)) from None
 
 
+def _completion_lengths(store: RunStore, harness: str) -> dict[str, dict[int, int]]:
+    """Completion length of every model call of a harness, counted inside SQLite (JSON1) so the
+    token arrays never come into Python. Empty when this SQLite has no json_array_length."""
+    out: dict[str, dict[int, int]] = {}
+    try:
+        rows = store.db.execute(
+            "SELECT m.episode_id, m.step, json_array_length(m.completion_ids) FROM model_calls m "
+            "JOIN episodes e ON e.episode_id = m.episode_id WHERE e.harness = ?",
+            (harness,),
+        )
+        for eid, step, n in rows:
+            out.setdefault(eid, {})[step] = n
+    except sqlite3.OperationalError:
+        pass
+    return out
+
+
 def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
     store = _open_run(folder)
     try:
@@ -107,11 +125,12 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             }  # fmt: skip
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
+            lengths = _completion_lengths(store, h)
             for t in trajs:
                 data.families.add(t.family)
                 v = verdicts.get(t.episode_id)
                 shown = None if v is None else {"class": v["class"], "kind": plots.class_kind(v["class"]), "step": v["step"], "evidence": v["evidence"]}
-                writer.add(t, shown, run=label, subdir=label)
+                writer.add(t, shown, run=label, subdir=label, completion_tokens=lengths.get(t.episode_id))
             del trajs
     finally:
         store.close()

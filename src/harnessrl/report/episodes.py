@@ -89,13 +89,15 @@ def _common_prefix(a: list[Message], b: list[Message]) -> int:
     return n
 
 
-def episode_detail(t: Trajectory, verdict: dict | None, run: str) -> dict:
+def episode_detail(t: Trajectory, verdict: dict | None, run: str, completion_tokens: dict[int, int] | None = None) -> dict:
     """Everything the detail view shows about one episode (token ids left out).
 
     Each step's prompt is stored as `prompt_prefix` (how many messages it shares with the
     previous step's prompt) plus the new messages: a conversation re-sent whole at every step
-    would make the file grow with the square of the episode length.
+    would make the file grow with the square of the episode length. `completion_tokens` maps a
+    step index to its completion length (the trajectory is read without its token ids).
     """
+    completion_tokens = completion_tokens or {}
     steps = []
     prev: list[Message] = []
     for s in t.steps:
@@ -107,7 +109,10 @@ def episode_detail(t: Trajectory, verdict: dict | None, run: str) -> dict:
                 "index": s.index,
                 "action": s.action.value,
                 "finish_reason": s.model_call.finish_reason,
-                "n_completion_tokens": len(s.model_call.completion_ids) or None,
+                "n_completion_tokens": s.model_call.n_completion_tokens
+                or len(s.model_call.completion_ids)
+                or completion_tokens.get(s.index),
+                "n_prompt_tokens": s.model_call.n_prompt_tokens or len(s.model_call.prompt_ids) or None,
                 "prompt_prefix": prefix,
                 "n_messages": len(msgs),
                 "messages": [{"role": m.role, "name": m.name, "content": truncate(m.content)} for m in msgs[prefix:]],
@@ -196,13 +201,13 @@ class EpisodeWriter:
         self.pages: list[str] = []
         self.n = 0
 
-    def add(self, t: Trajectory, verdict: dict | None, run: str, subdir: str = "") -> None:
+    def add(self, t: Trajectory, verdict: dict | None, run: str, subdir: str = "", completion_tokens: dict[int, int] | None = None) -> None:
         folder = self.dir / subdir if subdir else self.dir
         if subdir:
             folder.mkdir(exist_ok=True)
         stem = file_stem(t.episode_id)
         rel = f"episodes/{subdir + '/' if subdir else ''}{stem}.js"
-        write_data_file(folder / f"{stem}.js", rel[:-3], episode_detail(t, verdict, run))
+        write_data_file(folder / f"{stem}.js", rel[:-3], episode_detail(t, verdict, run, completion_tokens))
         self.buffer.append(episode_row(t, verdict, run, rel))
         self.n += 1
         if len(self.buffer) >= self.page_size:

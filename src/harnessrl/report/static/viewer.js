@@ -298,7 +298,8 @@
       el("span", { cls: "step-no", text: "step " + s.index }),
       el("span", { cls: "badge action " + s.action, text: s.action }),
       s.finish_reason !== "stop" ? el("span", { cls: "badge warn", text: "finish: " + s.finish_reason }) : null,
-      s.n_completion_tokens ? el("span", { cls: "sub", text: s.n_completion_tokens + " tokens" }) : null));
+      s.n_completion_tokens || s.n_prompt_tokens ? el("span", { cls: "sub", text:
+        (s.n_prompt_tokens ? s.n_prompt_tokens + " prompt tokens, " : "") + (s.n_completion_tokens || 0) + " completion tokens" }) : null));
     if (isVerdict) li.appendChild(verdictBox(verdict, "verdict-banner", false));
 
     var fresh = messages.length - s.prompt_prefix;

@@ -1,0 +1,826 @@
+"""The GRPO trainer: one LoRA-adapted model, several harnesses, a scheduler choosing who collects each batch.
+
+One optimizer step, read top to bottom in `Trainer.train_step`:
+
+    scheduler.select(step)                 one harness (HarnessBandit, ...) or a mixture with shares
+    sample tasks from the train split      tasks_per_step tasks (seeded); each goes to one harness
+    runner.run(jobs)                       group_size episodes per task, generated with the CURRENT
+                                           adapter (the policy wraps the very model being trained)
+    group advantages from grade.score      per (task, harness) group; infrastructure errors left out;
+                                           a group with < 2 valid episodes gives no units
+    units_from_trajectories                one training unit per model call
+    micro-batches -> token_logprobs -> grpo_loss -> backward       (gradient accumulation)
+    GradientSketch of the LoRA gradient    BEFORE the optimizer step (the scheduler's transfer signal)
+    clip, AdamW step
+    scheduler.observe(harness, advantages, sketch)
+
+Gradient accumulation reproduces the full-batch loss exactly: each micro-batch's loss (a mean
+over its own tokens, or sequences for "seq-mean") is weighted by its share of the whole batch's
+completion tokens (or sequences). With the KL term off, units whose advantage is exactly 0 have
+zero gradient, so they are not forwarded at all; they still count in the normaliser, so the
+gradient is the same as if they had been.
+
+A step whose advantages are all 0 (every group flat) has no signal: no backward and no optimizer
+step, but the scheduler still observes the zero advantages (with no sketch), which is exactly
+what tells HarnessBandit that this harness is not learnable right now.
+
+A mixed step (scheduler "mixed") has one batch and one gradient: its sketch is observed once per
+harness present, each with that harness's own advantages.
+
+Files in the run folder OUT:
+    config.json        every option (a resume with different options is refused, except
+                       --steps and --checkpoint-every)
+    metrics.jsonl      one line per step (see `train_step`)
+    eval.jsonl         periodic evaluation on dev tasks, one line per evaluation
+    checkpoint/        adapter/, optimizer.pt, rng.pt, state.json (step, scheduler, RNG states);
+                       written into a temporary folder and renamed into place
+    adapter/           the final peft adapter (+ harnessrl.json naming the base model), loadable
+                       with `--model hf:OUT/adapter`
+    rollouts/run.db    every training episode (a RunStore: triage and reports work on it)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl import __version__
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.tasks.base import Suite
+from harnessrl.train.grpo import TrainingUnit, grpo_loss, group_advantages, pad_units, token_logprobs, units_from_trajectories
+from harnessrl.train.schedulers import make_scheduler
+from harnessrl.train.sketch import GradientSketch, cosine
+
+DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Options that may change when a run is resumed: neither changes what the next steps compute.
+RESUMABLE_CHANGES = ("steps", "checkpoint_every")
+ADAPTER_META = "harnessrl.json"
+
+
+class TrainError(ValueError):
+    """Bad options or a refused run folder: reported before any training (the CLI exits 2)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a training run (recorded in OUT/config.json). See docs/training.md."""
+
+    model: str = "smollm2-135m"
+    suite: str = "toolcalc"
+    harnesses: list[str] = field(default_factory=lambda: list(DEFAULT_HARNESSES))
+    scheduler: str = "harness-bandit"
+    scheduler_options: dict[str, Any] = field(default_factory=dict)
+    steps: int = 150
+    tasks_per_step: int = 8
+    group_size: int = 8
+    # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    lora_r: int = 16
+    lora_alpha: float = 32.0
+    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    temperature: float = 1.0  # rollout sampling temperature (also used for the training log-probs)
+    micro_batch: int = 2048  # tokens (rows x padded length) per forward/backward
+    aggregation: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # > 0: k3 KL to the base model (adapter disabled)
+    scale_advantages: bool = True  # False: Dr. GRPO (no division by the group std)
+    sketch_dim: int = 512
+    sketch_kind: str = "countsketch"
+    checkpoint_every: int = 10
+    eval_every: int = 0  # 0 = no periodic evaluation
+    eval_tasks: int = 8
+    eval_temperature: float = 0.7
+    max_in_flight: int = 64
+    retries: int = 2
+    seed: int = 0
+    save_rollouts: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ------------------------------------------------------------------------------ small pure pieces
+
+
+def allocate_tasks(shares: dict[str, float], n: int, step: int) -> dict[str, int]:
+    """How many of the step's n tasks each harness gets: shares * n by largest remainder.
+
+    Ties between equal remainders rotate with the step, so with 6 equal shares and 8 tasks the
+    two extra tasks go to different harnesses from step to step (not always the first two).
+    """
+    names = list(shares)
+    exact = [shares[h] * n for h in names]
+    counts = [int(math.floor(x + 1e-9)) for x in exact]
+    left = n - sum(counts)
+    K = len(names)
+    order = sorted(range(K), key=lambda i: (-round(exact[i] - counts[i], 9), (i - step) % K))
+    for i in order[:left]:
+        counts[i] += 1
+    return dict(zip(names, counts))
+
+
+def micro_batches(units: list[TrainingUnit], max_tokens: int) -> list[list[TrainingUnit]]:
+    """Pack units into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
+
+    Longest first, so a batch's width is set by its first unit; a unit longer than the budget
+    goes alone. Deterministic for a given list.
+    """
+    order = sorted(units, key=lambda u: len(u.prompt_ids) + len(u.completion_ids), reverse=True)
+    batches: list[list[TrainingUnit]] = []
+    current: list[TrainingUnit] = []
+    width = 0
+    for u in order:
+        n = len(u.prompt_ids) + len(u.completion_ids)
+        if current and max(width, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], 0
+        current.append(u)
+        width = max(width, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop the lines of steps after the checkpoint a resumed run restarts from (they are re-run)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _set_rng_state(rng: random.Random, state: list) -> None:
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
+
+
+# ------------------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    """`Trainer(config, out, resume=...)` checks everything cheap (options, harnesses, suite,
+    scheduler, the run folder) and raises TrainError; `run()` loads the model and trains.
+
+    `suite` and `specs` may be given as objects instead of names (tests shrink harness rules
+    this way); the recorded config then holds their names and the specs' full content.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        out: str | os.PathLike,
+        *,
+        resume: bool = False,
+        suite: Suite | None = None,
+        specs: list[HarnessSpec] | None = None,
+        progress: bool = True,
+        console=None,
+    ):
+        from harnessrl.harness.registry import resolve_harnesses
+        from harnessrl.harness.spec import SpecError
+        from harnessrl.tasks import get_suite
+
+        _check_options(config)
+        try:
+            self.suite = suite if suite is not None else get_suite(config.suite)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+        try:
+            self.specs = list(specs) if specs is not None else resolve_harnesses(list(config.harnesses))
+        except SpecError as e:
+            raise TrainError(str(e)) from None
+        names = [s.name for s in self.specs]
+        if len(set(names)) != len(names):
+            raise TrainError(f"harness names must be unique, got {names}")
+        self.config = config = dataclasses.replace(config, suite=self.suite.name, harnesses=names)
+        try:
+            self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
+        except (ValueError, TypeError) as e:
+            raise TrainError(str(e)) from None
+        for split, wanted, option in (("train", config.tasks_per_step, "--tasks-per-step"), ("dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks")):
+            have = self.suite.split_sizes.get(split, 0)
+            if wanted > have:
+                raise TrainError(f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'")
+        _check_model_spec(config.model)
+
+        self.out = Path(out)
+        self.resume = resume
+        self.progress = progress
+        self.record = {
+            **config.to_dict(),
+            "harness_specs": {s.name: s.to_dict() for s in self.specs},
+            "harnessrl_version": __version__,
+        }
+        self._check_out_folder()
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+        self.step = 0  # optimizer steps completed
+        self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
+        self.spec_by_name = {s.name: s for s in self.specs}
+
+    # -- the run folder -------------------------------------------------------------------------------
+    def _check_out_folder(self) -> None:
+        out, cfg = self.out, self.config
+        if not self.resume:
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):
+                raise TrainError(f"{out} is not empty; use --resume to continue the run there, or choose another --out")
+            return
+        config_path = out / "config.json"
+        if not config_path.is_file():
+            raise TrainError(f"{out} holds no training run to resume (no config.json)")
+        try:
+            old = json.loads(config_path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise TrainError(f"{config_path} is not valid JSON ({e})") from None
+        ignore = {"harnessrl_version", *RESUMABLE_CHANGES}
+        diff = sorted(k for k in set(old) | set(self.record) if k not in ignore and old.get(k) != self.record.get(k))
+        if diff:
+            shown = ", ".join(
+                f"{k} ({'...' if k == 'harness_specs' else old.get(k)!r} -> {'...' if k == 'harness_specs' else self.record.get(k)!r})"
+                for k in diff
+            )
+            raise TrainError(
+                f"--resume with different options than the run in {out}: {shown}. Resume with the same options "
+                f"(only {', '.join('--' + k.replace('_', '-') for k in RESUMABLE_CHANGES)} may change), or start a new --out"
+            )
+
+    # -- setup (slow: the model) ----------------------------------------------------------------------
+    def _setup(self) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        from harnessrl.models import load_policy
+        from harnessrl.models.base import ModelUnavailable, SamplingParams
+        from harnessrl.models.hf import HFPolicy
+        from harnessrl.rollout import Runner
+
+        cfg = self.config
+        try:
+            policy = load_policy(cfg.model)
+        except (ValueError, ModelUnavailable, OSError) as e:
+            raise TrainError(f"cannot load model '{cfg.model}': {e}") from None
+        if not isinstance(policy, HFPolicy):
+            raise TrainError(f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {cfg.model!r}")
+        lora = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=0.0,  # dropout would make training log-probs differ from the rollout's
+            target_modules=list(cfg.lora_targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
+                torch.manual_seed(cfg.seed)
+                self.peft_model = get_peft_model(policy.model, lora)
+        except ValueError as e:
+            raise TrainError(f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}") from None
+        # The LoRA layers are injected into policy.model in place: generation uses the adapter.
+        assert self.peft_model.get_base_model() is policy.model
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.trainable = [p for _, p in lora_parameters(self.peft_model)]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
+        self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=cfg.seed)
+        self.runner = Runner(policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
+        # Evaluation has its own policy object (same model) and so its own sampling-call counter,
+        # reset before every evaluation: evaluations never perturb the training rollouts' noise,
+        # and every evaluation draws the same noise (comparable across steps).
+        self.eval_sampling = SamplingParams(temperature=cfg.eval_temperature, top_p=1.0, seed=cfg.seed)
+        self.eval_policy = HFPolicy(policy.model, policy.tokenizer, name=f"{cfg.model}+lora", default_sampling=self.eval_sampling)
+        self.train_tasks = self.suite.tasks("train")
+
+    def _open_logs(self) -> None:
+        """The rollout store and TensorBoard (only when the tensorboard package is installed)."""
+        import importlib.util
+
+        cfg = self.config
+        self.store = None
+        if cfg.save_rollouts:
+            from harnessrl.store import RunStore
+
+            self.store = RunStore(self.out / "rollouts")
+            self.store.set_meta(
+                "config",
+                {"kind": "train-rollouts", "suite": cfg.suite, "split": "train", "model": cfg.model, "seed": cfg.seed, "attempts": cfg.group_size},
+            )
+            self.runner.on_episode = self.store.add
+        self.tb = None
+        if importlib.util.find_spec("tensorboard") is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.out / "tensorboard"))
+            except Exception:  # noqa: BLE001 - logging extras must never stop training
+                self.tb = None
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """OUT/checkpoint, written in a temporary folder then renamed into place (state.json last)."""
+        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=self.out))
+        final, old = self.out / "checkpoint", self.out / ".checkpoint-old"
+        try:
+            self.peft_model.save_pretrained(str(tmp / "adapter"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+            _write_json(
+                tmp / "state.json",
+                {
+                    "step": self.step,
+                    "scheduler": self.scheduler.state_dict(),
+                    "task_rng": _rng_state(self.task_rng),
+                    "generate_calls": self.policy.generate_calls,
+                },
+            )
+            if old.exists():
+                shutil.rmtree(old)
+            if final.exists():
+                os.rename(final, old)  # a crash right here leaves .checkpoint-old, which resume uses
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def _checkpoint_folder(self) -> Path | None:
+        for folder in (self.out / "checkpoint", self.out / ".checkpoint-old"):
+            if (folder / "state.json").is_file():
+                return folder
+        return None
+
+    def load_checkpoint(self) -> bool:
+        """Restore adapter, optimizer, scheduler, RNGs and step; False when there is none yet."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = self._checkpoint_folder()
+        if folder is None:
+            return False
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        weights = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.peft_model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise TrainError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        torch.set_rng_state(torch.load(folder / "rng.pt", weights_only=True)["torch"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(self.task_rng, state["task_rng"])
+        self.policy.generate_calls = int(state["generate_calls"])
+        self.step = int(state["step"])
+        return True
+
+    def save_adapter(self) -> Path:
+        """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model."""
+        base = self.config.model
+        if base.startswith("hf:"):
+            base = "hf:" + str(Path(base[3:]).expanduser().resolve())
+        tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=self.out))
+        final = self.out / "adapter"
+        try:
+            self.peft_model.save_pretrained(str(tmp))
+            _write_json(
+                tmp / ADAPTER_META,
+                {
+                    "base_model": base,
+                    "trained_by": "harnessrl train grpo",
+                    "harnessrl_version": __version__,
+                    "steps": self.step,
+                    "suite": self.config.suite,
+                    "harnesses": self.config.harnesses,
+                    "scheduler": self.config.scheduler,
+                },
+            )
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    # -- one step -------------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step (or a logged skip). Returns the metrics record of the step."""
+        from harnessrl.rollout import Job
+
+        cfg, step = self.config, self.step
+        G = cfg.group_size
+        t_start = time.perf_counter()
+
+        # 1. the scheduler chooses who collects the batch
+        probabilities = self.scheduler.probabilities()
+        selection = self.scheduler.select(step)
+        t_sched = time.perf_counter() - t_start
+        counts = allocate_tasks(selection.shares, cfg.tasks_per_step, step)
+
+        # 2. tasks (seeded sample of the train split), each to one harness; G attempts each.
+        # Attempt numbers are unique over the run (step * G + i): unique episode ids and store keys.
+        picked = iter(self.task_rng.sample(range(len(self.train_tasks)), cfg.tasks_per_step))
+        assignment = [(self.train_tasks[next(picked)], self.spec_by_name[h]) for h, c in counts.items() for _ in range(c)]
+        jobs = [Job(task, spec, step * G + i) for task, spec in assignment for i in range(G)]
+        t0 = time.perf_counter()
+        trajectories = self.runner.run(jobs)
+        t_rollout = time.perf_counter() - t0
+
+        # 3. advantages per group (one task under one harness)
+        by_group: dict[tuple[str, str], list] = defaultdict(list)
+        for traj in trajectories:
+            by_group[(traj.task_id, traj.harness)].append(traj)
+        advantage_of: dict[str, float] = {}
+        adv_by_harness: dict[str, list[float]] = defaultdict(list)
+        rewards_by_harness: dict[str, list[float]] = defaultdict(list)
+        trained = []
+        n_groups = n_flat = n_too_small = n_infra = 0
+        for task, spec in assignment:
+            group = sorted(by_group[(task.id, spec.name)], key=lambda t: t.attempt)
+            valid = [t for t in group if not t.is_infra_error and t.grade is not None]
+            n_infra += len(group) - len(valid)
+            scores = [t.grade.score for t in valid]
+            rewards_by_harness[spec.name].extend(scores)
+            if len(valid) < 2:
+                n_too_small += 1
+                continue
+            A = group_advantages(torch.tensor([scores], dtype=torch.float64), scale=cfg.scale_advantages)[0].tolist()
+            n_groups += 1
+            n_flat += all(a == 0 for a in A)
+            for traj, a in zip(valid, A):
+                advantage_of[traj.episode_id] = a
+                adv_by_harness[spec.name].append(a)
+                trained.append(traj)
+        units = units_from_trajectories(trained, advantage_of)
+        all_adv = [a for values in adv_by_harness.values() for a in values]
+        all_rewards = [r for values in rewards_by_harness.values() for r in values]
+        signal = any(u.advantage != 0 for u in units)
+
+        # 4. loss and gradient, accumulated over micro-batches
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_stats: dict[str, float | None] = {"loss": None, "clip_fraction": None, "ratio_mean": None, "kl": None}
+        t_backward = t_sketch = t_opt = 0.0
+        sketch = None
+        grad_norm = None
+        units_trained = padded_tokens = 0
+        if signal:
+            t0 = time.perf_counter()
+            loss_stats, units_trained, padded_tokens = self._accumulate_gradient(units)
+            t_backward = time.perf_counter() - t0
+
+            # 5. the sketch of this update's gradient, before the optimizer touches anything
+            t0 = time.perf_counter()
+            sketch = self.sketcher.sketch_model(self.peft_model)
+            t_sketch = time.perf_counter() - t0
+
+            # 6. the update
+            t0 = time.perf_counter()
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(f"step {step + 1}: the gradient norm is {grad_norm}")
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            t_opt = time.perf_counter() - t0
+
+        # 7. the scheduler learns from this update
+        t0 = time.perf_counter()
+        transfer: dict[str, float] = {}
+        sketch_avg = getattr(self.scheduler, "sketch_avg", None)
+        if sketch is not None and selection.harness is not None and sketch_avg is not None:
+            transfer = {o: cosine(sketch, avg) for o, avg in sketch_avg.items() if o != selection.harness}
+        for h in counts:
+            if adv_by_harness.get(h):  # a harness whose groups were all too small has nothing to report
+                self.scheduler.observe(h, adv_by_harness[h], sketch)
+        t_sched += time.perf_counter() - t0
+
+        self.step += 1
+        completion_tokens = sum(len(u.completion_ids) for u in units)
+        return {
+            "step": self.step,
+            "harness": selection.harness or "mixed",
+            "shares": {h: c / cfg.tasks_per_step for h, c in counts.items() if c},
+            "episodes": len(trajectories),
+            "infra_errors": n_infra,
+            "reward_mean": _mean(all_rewards),
+            "reward_by_harness": {h: _mean(v) for h, v in rewards_by_harness.items()},
+            "adv_abs_mean": _mean([abs(a) for a in all_adv]),
+            "groups": n_groups,
+            "groups_too_small": n_too_small,
+            "zero_std_frac": n_flat / n_groups if n_groups else None,
+            "probabilities": probabilities,
+            "transfer": transfer,
+            "units": len(units),
+            "units_trained": units_trained,
+            "completion_tokens": completion_tokens,
+            "padded_tokens": padded_tokens,
+            **loss_stats,
+            "grad_norm": grad_norm,
+            "optimizer_step": signal,
+            "skipped": None if signal else ("all advantages are zero" if units else "no training units"),
+            "lr": cfg.lr,
+            "time": {
+                "rollout": t_rollout,
+                "backward": t_backward,
+                "sketch": t_sketch,
+                "optimizer": t_opt,
+                "scheduler": t_sched,
+                "total": time.perf_counter() - t_start,
+            },
+        }
+
+    def _accumulate_gradient(self, units: list[TrainingUnit]) -> tuple[dict[str, float], int, int]:
+        """Backward of the GRPO loss of the whole batch, one micro-batch at a time.
+
+        The micro-batch loss is weighted by its share of the batch (completion tokens for
+        token-mean, sequences for seq-mean), so the accumulated gradient is the full batch's.
+        """
+        cfg = self.config
+        total_tokens = sum(len(u.completion_ids) for u in units)
+        total_units = len(units)
+        active = units if cfg.kl_coef > 0 else [u for u in units if u.advantage != 0]
+        pad_id = self.policy.pad_id
+        sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+        active_tokens = sum(len(u.completion_ids) for u in active)
+        padded = 0
+        self.peft_model.train()
+        try:
+            for mb in micro_batches(active, cfg.micro_batch):
+                batch = pad_units(mb, pad_id)
+                padded += batch["input_ids"].numel()
+                logprobs = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
+                ref = None
+                if cfg.kl_coef > 0:
+                    with torch.no_grad(), self.peft_model.disable_adapter():
+                        ref = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
+                loss, stats = grpo_loss(
+                    logprobs,
+                    batch["old_logprobs"],
+                    batch["advantages"],
+                    batch["completion_mask"],
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    aggregation=cfg.aggregation,
+                    ref_logprobs=ref,
+                    kl_coef=cfg.kl_coef,
+                )
+                if not torch.isfinite(loss):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise TrainingDiverged(f"step {self.step + 1}: the loss is {float(loss.detach())}")
+                mb_tokens = sum(len(u.completion_ids) for u in mb)
+                weight = mb_tokens / total_tokens if cfg.aggregation == "token-mean" else len(mb) / total_units
+                (loss * weight).backward()
+                sums["loss"] += float(loss.detach()) * weight
+                share = mb_tokens / active_tokens  # the per-token stats, over the trained tokens
+                for key in ("clip_fraction", "ratio_mean", "kl"):
+                    sums[key] += stats[key] * share
+        finally:
+            self.peft_model.eval()
+        return sums, len(active), padded
+
+    # -- evaluation -----------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Mean score of every harness on the first eval_tasks dev tasks (one attempt each)."""
+        from harnessrl.metrics import summarize_harness
+        from harnessrl.rollout import Runner, make_jobs
+
+        cfg = self.config
+        t0 = time.perf_counter()
+        tasks = self.suite.tasks("dev", cfg.eval_tasks)
+        self.eval_policy.generate_calls = 0
+        runner = Runner(self.eval_policy, self.eval_sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
+        trajectories = runner.run(make_jobs(tasks, self.specs, 1))
+        summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
+        scores = {h: m["mean_score"] for h, m in summaries.items()}
+        known = [v for v in scores.values() if v is not None]
+        return {
+            "step": self.step,
+            "temperature": cfg.eval_temperature,
+            "tasks": len(tasks),
+            "mean_score": scores,
+            "pass_at_1": {h: (m["pass_at_k"] or {}).get("1") for h, m in summaries.items()},
+            "delivery_rate": {h: m["delivery_rate"] for h, m in summaries.items()},
+            "average": _mean(known),
+            "seconds": time.perf_counter() - t0,
+        }
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Train until config.steps; returns a short summary. Raises TrainingDiverged on NaN."""
+        cfg = self.config
+        self._setup()
+        self.out.mkdir(parents=True, exist_ok=True)
+        metrics_path, eval_path = self.out / "metrics.jsonl", self.out / "eval.jsonl"
+        if self.resume and self.load_checkpoint():
+            self._say(f"resuming {self.out} from step {self.step}")
+        elif self.resume:
+            self._say(f"{self.out} has no checkpoint yet: starting from step 0")
+        if self.resume:
+            _truncate_jsonl(metrics_path, self.step)
+            _truncate_jsonl(eval_path, self.step)
+        _write_json(self.out / "config.json", self.record)  # steps / checkpoint_every may have changed
+        self._open_logs()
+
+        if cfg.eval_every and self.step == 0:
+            self._log_eval(eval_path, self.evaluate())
+        last: dict[str, Any] = {}
+        with _StepProgress(self.console, cfg.steps, self.step, enabled=self.progress) as bar:
+            while self.step < cfg.steps:
+                try:
+                    record = self.train_step()
+                except TrainingDiverged as e:
+                    folder = self._checkpoint_folder()
+                    at = json.loads((folder / "state.json").read_text())["step"] if folder else None
+                    where = (
+                        f"the last checkpoint ({self.out / 'checkpoint'}, step {at}) is intact: continue with --resume"
+                        if at is not None
+                        else "no checkpoint was written yet"
+                    )
+                    _append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
+                    raise TrainingDiverged(f"{e}: training stopped; {where} (perhaps with a lower --lr in a new run)") from None
+                _append_jsonl(metrics_path, record)
+                self._tensorboard(record)
+                bar.update(record)
+                last = record
+                if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+                    self._log_eval(eval_path, self.evaluate())
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+        if not (self.out / "checkpoint").exists():
+            self.save_checkpoint()
+        adapter = self.save_adapter()
+        if self.tb is not None:
+            self.tb.close()
+        if self.store is not None:
+            self.store.close()
+        return {"steps": self.step, "adapter": str(adapter), "last": last}
+
+    def _log_eval(self, path: Path, record: dict[str, Any]) -> None:
+        _append_jsonl(path, record)
+        if self.tb is not None:
+            for h, v in record["mean_score"].items():
+                if v is not None:
+                    self.tb.add_scalar(f"eval/{h}", v, record["step"])
+        scores = "  ".join(f"{h} {v:.3f}" for h, v in record["mean_score"].items() if v is not None)
+        self._say(f"eval at step {record['step']}: {scores}")
+
+    def _tensorboard(self, r: dict[str, Any]) -> None:
+        if self.tb is None:
+            return
+        for key in ("reward_mean", "adv_abs_mean", "zero_std_frac", "loss", "clip_fraction", "kl", "grad_norm"):
+            if r.get(key) is not None:
+                self.tb.add_scalar(f"train/{key}", r[key], r["step"])
+        for h, p in r["probabilities"].items():
+            self.tb.add_scalar(f"probability/{h}", p, r["step"])
+        for h, c in r["transfer"].items():
+            self.tb.add_scalar(f"transfer/{r['harness']}_vs_{h}", c, r["step"])
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            self.console.print(text, highlight=False, markup=False)
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class _StepProgress:
+    """A rich bar on a terminal; a plain line per step otherwise (CI logs, `| tee`)."""
+
+    def __init__(self, console, total: int, done: int, enabled: bool):
+        self.console, self.total, self.enabled = console, total, enabled
+        self.live = enabled and console.is_terminal
+        self.bar = None
+        self.done = done
+
+    def __enter__(self):
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn("[bold]step"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[harness]}"),
+                TextColumn("reward {task.fields[reward]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("train", total=self.total, completed=self.done, harness="-", reward="-")
+        return self
+
+    def update(self, r: dict[str, Any]) -> None:
+        reward = "-" if r["reward_mean"] is None else f"{r['reward_mean']:.3f}"
+        if self.bar is not None:
+            self.bar.update(self.task, completed=r["step"], harness=r["harness"], reward=reward)
+        elif self.enabled:
+            loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
+            adv = "-" if r["adv_abs_mean"] is None else f"{r['adv_abs_mean']:.3f}"
+            self.console.print(
+                f"step {r['step']}/{self.total}  {r['harness']}  reward {reward}  |A| {adv}  loss {loss}  "
+                f"{'update' if r['optimizer_step'] else 'skipped'}  {r['time']['total']:.1f} s",
+                highlight=False,
+                markup=False,
+            )
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False
+
+
+# ------------------------------------------------------------------------------------- validation
+
+
+def _check_options(c: TrainConfig) -> None:
+    """Every numeric / enumerated option, with the command-line name in the message."""
+    checks = [
+        (c.steps >= 1, "--steps must be >= 1"),
+        (c.tasks_per_step >= 1, "--tasks-per-step must be >= 1"),
+        (c.group_size >= 2, "--group-size must be >= 2 (GRPO compares the attempts at one task with each other)"),
+        (c.lr > 0 and math.isfinite(c.lr), "--lr must be > 0"),
+        (c.weight_decay >= 0, "--weight-decay must be >= 0"),
+        (c.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0 = no clipping)"),
+        (c.lora_r >= 1, "--lora-r must be >= 1"),
+        (c.lora_alpha > 0, "--lora-alpha must be > 0"),
+        (bool(c.lora_targets), "--lora-targets must name at least one module"),
+        (c.temperature > 0, "--temperature must be > 0 (GRPO needs different attempts at one task)"),
+        (c.micro_batch >= 1, "--micro-batch must be >= 1 (tokens)"),
+        (c.aggregation in ("token-mean", "seq-mean"), "--aggregation must be token-mean or seq-mean"),
+        (0 <= c.clip_low < 1, "--clip-low must be in [0, 1)"),
+        (c.clip_high >= 0, "--clip-high must be >= 0"),
+        (c.kl_coef >= 0, "--kl-coef must be >= 0"),
+        (c.sketch_dim >= 1, "--sketch-dim must be >= 1"),
+        (c.sketch_kind in ("countsketch", "gaussian"), "--sketch-kind must be countsketch or gaussian"),
+        (c.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
+        (c.eval_every >= 0, "--eval-every must be >= 0 (0 = off)"),
+        (c.eval_tasks >= 1 or c.eval_every == 0, "--eval-tasks must be >= 1"),
+        (c.eval_temperature >= 0, "--eval-temperature must be >= 0"),
+        (c.max_in_flight >= 1, "--max-in-flight must be >= 1"),
+        (c.retries >= 0, "--retries must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise TrainError(message)
+
+
+def _check_model_spec(model: str) -> None:
+    from harnessrl.models import MODEL_NAMES
+
+    if model in MODEL_NAMES:
+        return
+    if model.startswith("hf:"):
+        if not model[3:] or not Path(model[3:]).expanduser().exists():
+            raise TrainError(f"model path '{model[3:]}' does not exist")
+        return
+    raise TrainError(f"cannot train '{model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)")

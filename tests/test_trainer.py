@@ -1,0 +1,404 @@
+"""The GRPO trainer end to end with the tiny random model and tiny budgets: logs, adapter, skip
+on flat batches, exact resume, refused resumes, NaN stop, CLI errors, and the gradient itself.
+
+Reward signal from a random model: the test suite `textscore` asks for any text and grades its
+length parity (harnesses shrunk to one plain-text step), so groups of 2 often disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from harnessrl.harness.registry import load_harness
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.tasks.base import Suite
+from harnessrl.train import trainer as trainer_module
+from harnessrl.train.command import train_app
+from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
+from harnessrl.train.trainer import (
+    Trainer,
+    TrainConfig,
+    TrainError,
+    TrainingDiverged,
+    allocate_tasks,
+    micro_batches,
+)
+
+METRIC_KEYS = {
+    "step", "harness", "shares", "episodes", "infra_errors", "reward_mean", "reward_by_harness", "adv_abs_mean",
+    "groups", "groups_too_small", "zero_std_frac", "probabilities", "transfer", "units", "units_trained",
+    "completion_tokens", "padded_tokens", "loss", "clip_fraction", "ratio_mean", "kl", "grad_norm",
+    "optimizer_step", "skipped", "lr", "time",
+}
+
+
+class TextScore(Suite):
+    """Test-only suite: any text is an answer; the score is its length parity (1 or 0)."""
+
+    name = "textscore"
+    split_sizes = {"train": 16, "dev": 4, "test": 4}
+    needs_workspace = False
+
+    def families(self):
+        def say(rng):
+            n = rng.randint(0, 10**6)
+            return {
+                "instruction": f"Say anything ({n}).",
+                "setup": lambda env: None,
+                "check": lambda env: {"answer": float(len(env.answer or "") % 2)},
+                "data": {"n": n},
+            }
+
+        return {"say": say}
+
+    def base_tools(self):
+        return []
+
+
+def shrink(name: str, system_prompt: str | None = None, **rules) -> HarnessSpec:
+    data = load_harness(name).to_dict()
+    data["rules"].update(rules)
+    if system_prompt is not None:
+        data["system_prompt"] = system_prompt
+    return HarnessSpec.model_validate(data)
+
+
+# Short prompts keep the full-vocabulary log-softmax of the backward pass cheap.
+SPECS = [
+    shrink(n, system_prompt="Reply with any text.", max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+    for n in ("json-tools", "react")
+]
+BASE = TrainConfig(
+    model="tiny-random", scheduler="harness-bandit", steps=3, tasks_per_step=2, group_size=2, lora_r=4, lora_alpha=8,
+    checkpoint_every=5, eval_every=2, eval_tasks=2,
+)
+
+
+def trainer(out, config=BASE, resume=False, suite=None, specs=SPECS) -> Trainer:
+    return Trainer(config, out, resume=resume, suite=suite or TextScore(), specs=specs, progress=False)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to share: on a busy 2-core machine two OpenMP threads
+    make this file several times slower than one."""
+    from harnessrl.models.hf import configure_threads
+
+    before = configure_threads()  # HFPolicy would otherwise reset the count on first use
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """3 uninterrupted steps (the reference for resume)."""
+    out = tmp_path_factory.mktemp("train") / "full"
+    t = trainer(out)
+    t.run()
+    return out, t
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """The same run, 2 steps then --resume to 3."""
+    out = tmp_path_factory.mktemp("train") / "resumed"
+    trainer(out, dataclasses.replace(BASE, steps=2)).run()
+    first = lines(out / "metrics.jsonl")
+    trainer(out, resume=True).run()
+    return out, first
+
+
+# --------------------------------------------------------------------------------- runs and files
+
+
+def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tokenizer):
+    out, t = full_run
+    records = lines(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert set(r) == METRIC_KEYS
+        assert r["harness"] in ("json-tools", "react") and r["episodes"] == 4
+        assert set(r["probabilities"]) == {"json-tools", "react"} and math.isclose(sum(r["probabilities"].values()), 1.0)
+        assert set(r["time"]) == {"rollout", "backward", "sketch", "optimizer", "scheduler", "total"}
+    updated = [r for r in records if r["optimizer_step"]]
+    assert updated, "no step had a nonzero advantage: pick another seed for this test"
+    for r in updated:
+        assert r["adv_abs_mean"] > 0 and r["units_trained"] > 0 and math.isfinite(r["loss"]) and r["grad_norm"] > 0
+    assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 2, 3]
+    assert set(lines(out / "eval.jsonl")[0]["mean_score"]) == {"json-tools", "react"}
+    config = json.loads((out / "config.json").read_text())
+    assert config["lr"] == BASE.lr and set(config["harness_specs"]) == {"json-tools", "react"}
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and state["scheduler"]["total"] >= 3
+    from harnessrl.store import RunStore
+
+    with RunStore(out / "rollouts") as store:  # every training episode is stored
+        assert len(list(store.trajectories(with_tokens=False))) == 12
+
+    # the adapter: a standard peft folder, LoRA B moved away from its zero init
+    adapter = out / "adapter"
+    assert json.loads((adapter / "harnessrl.json").read_text())["base_model"] == "tiny-random"
+    weights = adapter_weights(adapter)
+    assert any("lora_B" in k and v.abs().max() > 0 for k, v in weights.items())
+    from peft import PeftModel
+
+    from harnessrl.models import load_policy
+    from harnessrl.models.embedded import tiny_random_model
+
+    peft_model = PeftModel.from_pretrained(tiny_random_model(), str(adapter))
+    policy = load_policy(f"hf:{adapter}")  # what `harnessrl eval --model hf:OUT/adapter` does
+    ids = torch.tensor([tokenizer.encode("Say anything (42).")])
+    with torch.no_grad():
+        trained, merged, reloaded = (m(input_ids=ids).logits for m in (t.peft_model, policy.model, peft_model))
+        base = tiny_random_model()(input_ids=ids).logits
+    assert torch.allclose(trained, reloaded, atol=1e-5) and torch.allclose(trained, merged, atol=1e-4)
+    assert not torch.allclose(trained, base, atol=1e-6)
+
+
+def test_all_zero_advantages_skip_the_optimizer_step(tmp_path, tokenizer):
+    """toolcalc through strict one-step harnesses: the random model never scores, every group is flat."""
+    from harnessrl.tasks import get_suite
+
+    specs = [shrink(n, max_steps=1, max_new_tokens=8) for n in ("json-tools", "react")]
+    config = dataclasses.replace(BASE, suite="toolcalc", steps=1, eval_every=0, save_rollouts=False)
+    t = trainer(tmp_path / "flat", config, suite=get_suite("toolcalc"), specs=specs)
+    t.run()
+    (r,) = lines(tmp_path / "flat" / "metrics.jsonl")
+    assert r["optimizer_step"] is False and r["skipped"] == "all advantages are zero"
+    assert r["adv_abs_mean"] == 0.0 and r["zero_std_frac"] == 1.0 and r["loss"] is None
+    assert not t.optimizer.state  # AdamW never stepped
+    assert all(v.abs().max() == 0 for k, v in adapter_weights(tmp_path / "flat" / "adapter").items() if "lora_B" in k)
+    # the scheduler still learned that this harness had no signal
+    assert t.scheduler.total == 1 and list(t.scheduler.l_window) == [0.0]
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(full_run, resumed_run):
+    full, _ = full_run
+    resumed, first_part = resumed_run
+    assert [r["step"] for r in first_part] == [1, 2]
+    a, b = lines(full / "metrics.jsonl"), lines(resumed / "metrics.jsonl")
+    keys = ("step", "harness", "probabilities", "reward_mean", "adv_abs_mean", "optimizer_step", "units", "transfer")
+    assert [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+    assert [e["mean_score"] for e in lines(full / "eval.jsonl")] == [e["mean_score"] for e in lines(resumed / "eval.jsonl")]
+    sa = json.loads((full / "checkpoint" / "state.json").read_text())
+    sb = json.loads((resumed / "checkpoint" / "state.json").read_text())
+    assert sa == sb  # scheduler (incl. its RNG and sketch averages), task RNG, sampling counter
+    wa, wb = adapter_weights(full / "adapter"), adapter_weights(resumed / "adapter")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert json.loads((resumed / "config.json").read_text())["steps"] == 3
+
+
+def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(full_run, tmp_path):
+    out, _ = full_run
+    with pytest.raises(TrainError, match=r"different options.*lr \(0.0001 -> 0.0002\)"):
+        trainer(out, dataclasses.replace(BASE, lr=2e-4), resume=True)
+    with pytest.raises(TrainError, match="harness_specs"):
+        trainer(out, resume=True, specs=[shrink("json-tools", max_steps=2), SPECS[1]])
+    with pytest.raises(TrainError, match="not empty; use --resume"):
+        trainer(out)
+    with pytest.raises(TrainError, match="no training run to resume"):
+        trainer(tmp_path / "nothing", resume=True)
+
+
+def test_nan_loss_stops_cleanly_and_the_checkpoint_resumes(full_run, tmp_path, monkeypatch):
+    out = tmp_path / "nan"
+    t = trainer(out, dataclasses.replace(BASE, checkpoint_every=1, eval_every=0))
+
+    def nan_after_step_one(*args, **kwargs):
+        loss, stats = grpo_loss(*args, **kwargs)
+        return (loss * math.nan if t.step >= 1 else loss), stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", nan_after_step_one)
+    with pytest.raises(TrainingDiverged, match=r"loss is nan: training stopped; the last checkpoint .* is intact"):
+        t.run()
+    stopped = lines(out / "metrics.jsonl")[-1]
+    assert "stopped" in stopped and stopped["step"] >= 2
+    saved = json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    assert saved == stopped["step"] - 1 and not (out / "adapter").exists()
+
+    monkeypatch.undo()
+    trainer(out, dataclasses.replace(BASE, checkpoint_every=1, eval_every=0), resume=True).run()
+    records = lines(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3] and not any("stopped" in r for r in records)
+    full = lines(full_run[0] / "metrics.jsonl")
+    assert [r["harness"] for r in records] == [r["harness"] for r in full]
+
+
+# ---------------------------------------------------------------------------- the gradient itself
+
+
+def _units(t: Trainer, n: int = 6) -> list[TrainingUnit]:
+    """Random prompts/completions with old log-probs from the current model (ratio 1)."""
+    g = torch.Generator().manual_seed(0)
+    units = []
+    for i in range(n):
+        prompt = torch.randint(0, 1000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        completion = torch.randint(0, 1000, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+        units.append(TrainingUnit(prompt, completion, [0.0] * len(completion), [1.0, -1.0, 0.0][i % 3], "json-tools", f"e{i}"))
+    batch = pad_units(units, t.policy.pad_id)
+    with torch.no_grad():
+        old = token_logprobs(t.peft_model, batch, t.config.temperature)
+    for row, u in enumerate(units):
+        p = len(u.prompt_ids)
+        u.old_logprobs = old[row, p : p + len(u.completion_ids)].tolist()
+    return units
+
+
+@pytest.fixture(scope="module")
+def ready(tmp_path_factory):
+    t = trainer(tmp_path_factory.mktemp("grad") / "out")
+    t._setup()
+    with torch.no_grad():  # move LoRA B off zero so that LoRA A gets gradient too
+        g = torch.Generator().manual_seed(1)
+        for name, p in t.peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return t
+
+
+def _grads(t: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in t.peft_model.named_parameters() if p.grad is not None}
+
+
+def test_grpo_gradient_flows_only_into_lora_parameters(ready):
+    t = ready
+    t.optimizer.zero_grad(set_to_none=True)
+    t._accumulate_gradient(_units(t))
+    for name, p in t.peft_model.named_parameters():
+        if "lora_" in name:
+            assert p.requires_grad and p.grad is not None and p.grad.abs().max() > 0, name
+        else:
+            assert not p.requires_grad and p.grad is None, name
+    t.optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
+def test_micro_batches_and_skipped_zero_advantage_units_give_the_full_batch_gradient(ready, aggregation):
+    t = ready
+    units = _units(t)
+    grads = []
+    for micro_batch in (1, 10_000):  # one unit per micro-batch / everything at once
+        t.config = dataclasses.replace(t.config, micro_batch=micro_batch, aggregation=aggregation)
+        t.optimizer.zero_grad(set_to_none=True)
+        t._accumulate_gradient(units)
+        grads.append(_grads(t))
+    # reference: every unit (zero advantages included) in one batch, straight through grpo_loss
+    t.optimizer.zero_grad(set_to_none=True)
+    batch = pad_units(units, t.policy.pad_id)
+    loss, _ = grpo_loss(token_logprobs(t.peft_model, batch, 1.0), batch["old_logprobs"], batch["advantages"], batch["completion_mask"], aggregation=aggregation)
+    loss.backward()
+    reference = _grads(t)
+    t.optimizer.zero_grad(set_to_none=True)
+    for got in grads:
+        assert got.keys() == reference.keys()
+        for k in reference:
+            assert (got[k] - reference[k]).abs().max() <= 1e-4 * reference[k].abs().max() + 1e-7, k
+
+
+# ------------------------------------------------------------------------------------ pure pieces
+
+
+def test_allocate_tasks_by_shares_rotates_the_remainder():
+    six = {h: 1 / 6 for h in "abcdef"}
+    assert allocate_tasks(six, 8, 0) == {"a": 2, "b": 2, "c": 1, "d": 1, "e": 1, "f": 1}
+    assert allocate_tasks(six, 8, 1) == {"a": 1, "b": 2, "c": 2, "d": 1, "e": 1, "f": 1}
+    assert allocate_tasks({"a": 1.0}, 8, 3) == {"a": 8}
+    assert allocate_tasks({"a": 0.5, "b": 0.5}, 8, 0) == {"a": 4, "b": 4}
+    assert sum(allocate_tasks(six, 2, 5).values()) == 2
+
+
+def test_micro_batches_respect_the_token_budget():
+    units = [TrainingUnit([1] * n, [2] * 2, [0.0] * 2, 1.0, "h", str(n)) for n in (10, 3, 7, 1, 30)]
+    batches = micro_batches(units, 40)
+    assert sorted(len(u.prompt_ids) for b in batches for u in b) == [1, 3, 7, 10, 30]
+    for b in batches:
+        width = max(len(u.prompt_ids) + len(u.completion_ids) for u in b)
+        assert len(b) == 1 or width * len(b) <= 40
+    assert [len(b) for b in micro_batches(units, 1)] == [1] * 5
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _cli():
+    app = typer.Typer()
+    app.add_typer(train_app, name="train")
+
+    @app.command()
+    def version() -> None:  # a second command, so that `train` stays a sub-command
+        pass
+
+    return app
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--harnesses", "json-tools,nope"], "unknown harness 'nope'"),
+        (["--scheduler", "best"], "unknown scheduler 'best'"),
+        (["--group-size", "1"], "--group-size must be >= 2"),
+        (["--harnesses", "json-tools"], "needs at least 2 harnesses"),
+        (["--tasks-per-step", "0"], "--tasks-per-step must be >= 1"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--scheduler-option", "floor"], "KEY=VALUE"),
+        (["--scheduler-option", "speed=3"], "has no option(s) speed"),
+        (["--suite", "nope"], "unknown suite 'nope'"),
+        (["--model", "hf:/no/such/folder"], "does not exist"),
+        (["--resume"], "no training run to resume"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_a_message(args, message, tmp_path):
+    r = CliRunner().invoke(_cli(), ["train", "grpo", "--model", "tiny-random", "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_cli_mixed_run_end_to_end_and_diverged_exit_code(tmp_path, monkeypatch):
+    paths = []
+    for spec in SPECS:
+        strict = shrink(spec.name, max_steps=1, max_new_tokens=4, demonstrations=[])
+        paths.append(tmp_path / f"{spec.name}.yaml")
+        paths[-1].write_text(strict.to_yaml())
+    args = ["train", "grpo", "--model", "tiny-random", "--suite", "toolcalc", "--harnesses", ",".join(map(str, paths)),
+            "--scheduler", "mixed", "--steps", "1", "--tasks-per-step", "2", "--group-size", "2", "--lora-r", "2",
+            "--no-progress", "--out", str(tmp_path / "mixed")]
+    r = CliRunner().invoke(_cli(), args)
+    assert r.exit_code == 0, r.output
+    assert "hf:" in r.output and "adapter" in r.output
+    (rec,) = lines(tmp_path / "mixed" / "metrics.jsonl")
+    assert rec["harness"] == "mixed" and rec["shares"] == {"json-tools": 0.5, "react": 0.5}
+
+    def diverge(self):
+        raise TrainingDiverged("step 1: the loss is nan: training stopped")
+
+    monkeypatch.setattr(Trainer, "run", diverge)
+    r = CliRunner().invoke(_cli(), [*args[:-1], str(tmp_path / "other")])
+    assert r.exit_code == 1 and "loss is nan" in r.output and "Traceback" not in r.output
+
+
+def test_adapter_folder_without_a_local_base_is_a_clear_error(tmp_path):
+    from harnessrl.models import load_policy
+    from harnessrl.models.base import ModelUnavailable
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
+    with pytest.raises(ModelUnavailable, match="not a local folder"):
+        load_policy(f"hf:{tmp_path}")
