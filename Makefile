@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 demo: install
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/harnessrl eval --suite toolcalc --split dev --harness all --model $(DEMO_MODEL) \
-		--tasks 2 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
+		--tasks 1 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
 
 test: install
 	$(PY) -m pytest
