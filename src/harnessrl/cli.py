@@ -22,6 +22,10 @@ app.add_typer(harness_app, name="harness")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(models_app, name="models")
 
+from harnessrl.train.command import train_app  # noqa: E402  (a sub-app: GRPO across harnesses)
+
+app.add_typer(train_app, name="train")
+
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
 out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)

@@ -663,6 +663,8 @@ class Trainer:
             self._say(f"resuming {self.out} from step {self.step}")
         elif self.resume:
             self._say(f"{self.out} has no checkpoint yet: starting from step 0")
+        if self.step > cfg.steps:
+            raise TrainError(f"--steps {cfg.steps} is below the checkpoint's step {self.step}; give --steps {self.step} or more")
         if self.resume:
             _truncate_jsonl(metrics_path, self.step)
             _truncate_jsonl(eval_path, self.step)
