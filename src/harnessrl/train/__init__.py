@@ -1,6 +1,6 @@
 """Training across harnesses (HarnessBandit multi-harness GRPO).
 
-What exists so far, one idea per file:
+One idea per file:
 
   grpo.py        group advantages, training units (one per model call), padding,
                  teacher-forced token log-probs and the clipped GRPO/DAPO loss
@@ -8,6 +8,9 @@ What exists so far, one idea per file:
   schedulers.py  which harness collects the next batch: mixed, uniform, round-robin, single:NAME,
                  harness-bandit (and its learnability-only / transfer-only ablations)
 
-The trainer (the loop scheduler -> runner -> loss -> sketch -> scheduler) and `harnessrl train`
-are not written yet. See docs/training.md.
+  trainer.py     the loop: scheduler -> runner -> GRPO loss -> backward -> sketch -> optimizer ->
+                 scheduler.observe, with LoRA, checkpoints and resume
+  command.py     `harnessrl train grpo`
+
+See docs/training.md.
 """
