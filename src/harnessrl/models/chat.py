@@ -125,3 +125,18 @@ def cut_at_stop_strings(
     if cut is None:  # decoding was not prefix-monotone here; keep everything, cut the text
         lo, text, cut = len(ids), full, first_stop(full)
     return ids[:lo], logprobs[:lo], text[:cut], True
+
+
+def finish_call(tokenizer, request, prompt_ids: list[int], ids: list[int], logprobs: list[float], finish: str):
+    """The ModelCall of one request: cut at its stop strings, decoded, with the finish reason."""
+    from harnessrl.types import ModelCall
+
+    ids, logprobs, text, stopped = cut_at_stop_strings(tokenizer, ids, logprobs, request.stop)
+    return ModelCall(
+        prompt_ids=prompt_ids,
+        completion_ids=ids,
+        logprobs=logprobs,
+        text=text,
+        finish_reason="stop" if stopped else finish,
+        messages=list(request.messages),
+    )

@@ -276,17 +276,7 @@ class HFPolicy(Policy):
         outputs = self.generate_ids(prompts, [r.max_new_tokens for r in requests], sampling)
         calls = []
         for request, prompt, (ids, logprobs, finish) in zip(requests, prompts, outputs):
-            ids, logprobs, text, stopped = chat.cut_at_stop_strings(self.tokenizer, ids, logprobs, request.stop)
-            calls.append(
-                ModelCall(
-                    prompt_ids=prompt,
-                    completion_ids=ids,
-                    logprobs=logprobs,
-                    text=text,
-                    finish_reason="stop" if stopped else finish,
-                    messages=list(request.messages),
-                )
-            )
+            calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
         return calls
 
     def generate_ids(

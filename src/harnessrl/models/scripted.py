@@ -76,15 +76,5 @@ class ScriptedPolicy(Policy):
             if len(ids) > request.max_new_tokens:
                 ids, finish = ids[: request.max_new_tokens], "length"
             logprobs = [0.0] * len(ids)
-            ids, logprobs, text, stopped = chat.cut_at_stop_strings(self.tokenizer, ids, logprobs, request.stop)
-            calls.append(
-                ModelCall(
-                    prompt_ids=prompt,
-                    completion_ids=ids,
-                    logprobs=logprobs,
-                    text=text,
-                    finish_reason="stop" if stopped else finish,
-                    messages=list(request.messages),
-                )
-            )
+            calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
         return calls

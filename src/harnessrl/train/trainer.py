@@ -60,7 +60,7 @@ from harnessrl import __version__
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, group_advantages, pad_units, token_logprobs, units_from_trajectories
-from harnessrl.train.schedulers import make_scheduler
+from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch, cosine
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
@@ -191,16 +191,6 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _rng_state(rng: random.Random) -> list:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
-
-
-def _set_rng_state(rng: random.Random, state: list) -> None:
-    version, internal, gauss = state
-    rng.setstate((version, tuple(internal), gauss))
 
 
 # ------------------------------------------------------------------------------------- the trainer
