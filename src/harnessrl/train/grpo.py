@@ -161,11 +161,19 @@ def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0)
     input_ids = batch["input_ids"].to(next(model.parameters()).device)
     attention_mask = batch["attention_mask"].to(input_ids.device)
     completion_mask = batch["completion_mask"].to(input_ids.device)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
-    targets = input_ids[:, 1:]
+    B, T = input_ids.shape
+    # Only positions from just before the earliest completion token on predict completion tokens:
+    # ask the model for those logits alone (prompts are most of the sequence, and a [B, T, V]
+    # logits tensor over a 49k vocabulary is most of the memory of a backward pass).
+    has_completion = completion_mask.any(dim=0)
+    first = int(has_completion.float().argmax()) if bool(has_completion.any()) else T - 1
+    first = max(first, 1)  # position 0 is never a completion token (prompts are non-empty)
+    keep = T - first + 1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    logits = logits[:, -keep:-1].float() / temperature  # predicts tokens first .. T-1
+    targets = input_ids[:, first:]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    # Position 0 is never a completion token (prompts are non-empty), so prepend a zero column.
-    logp = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    logp = torch.cat([torch.zeros_like(input_ids[:, :first], dtype=picked.dtype), picked], dim=1)
     return logp * completion_mask
 
 
