@@ -1,0 +1,323 @@
+"""Run an untrusted command (an agent's shell call, a third-party grader) inside limits.
+
+Two isolation levels, chosen once per process by `isolation_available()`:
+
+- "bwrap": bubblewrap builds a new mount namespace whose root is the host filesystem read-only
+  (every top-level entry bind-mounted read-only, so a mount point such as `/workspace` can be
+  created even where the host has none), a fresh tmpfs `/tmp`, fresh `/dev` and `/proc`, the
+  workspace folder(s) bound read-write, and new user, pid, ipc, uts and (unless network=True)
+  network namespaces. Killing the outer bwrap process tears down the whole pid namespace.
+- "rlimits-only": bubblewrap is missing or does not work here. The command runs directly, in its
+  own session, with the same resource limits and no filesystem or network isolation.
+
+Resource limits are rlimits: CPU seconds, address space, file size, and the process count.
+RLIMIT_NPROC is never enforced for uid 0 (the kernel exempts root even inside a user namespace
+mapped to root), so when we run as root the child drops to the unprivileged uid/gid 65534
+("nobody") before bwrap starts, and the folders it may write are chowned to that uid. Inside
+bwrap the process limit is set by `prlimit` *after* the user namespace exists, so it counts the
+processes of this one sandbox only (a limit set before would also count every other process of
+uid 65534, e.g. sandboxes running side by side). Measured here (kernel 6.18, bwrap 0.8, root):
+a fork bomb under processes=16 stays at 16 processes and the call returns at the wall limit.
+In rlimits-only mode the process limit is set before exec and counts all processes of the uid.
+
+The wall clock kills the whole process group (and with bwrap the pid namespace) with SIGKILL.
+Both output pipes are drained by reader threads, so a chatty command never blocks; only the first
+`output_bytes` of each stream are kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SANDBOX_UID = 65534  # "nobody": the uid a sandboxed command runs as when we are root
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_MB = 1024 * 1024
+_READ_CHUNK = 65536
+# Paths bwrap provides itself; they are not bound from the host.
+_FRESH_ROOT_ENTRIES = ("proc", "dev", "tmp")
+
+
+@dataclass(frozen=True)
+class ExecLimits:
+    wall_s: float = 30.0  # wall clock; the whole process tree is killed at the limit
+    cpu_s: int = 30  # RLIMIT_CPU
+    memory_mb: int = 1024  # RLIMIT_AS
+    file_size_mb: int = 64  # RLIMIT_FSIZE
+    processes: int = 64  # process count limit
+    output_bytes: int = 1_000_000  # stdout/stderr kept (each); more is cut and flagged
+
+
+@dataclass
+class ExecResult:
+    returncode: int | None  # None when killed by the wall clock
+    stdout: str
+    stderr: str
+    timed_out: bool
+    output_truncated: bool
+    duration_s: float
+    isolation: str  # "bwrap" or "rlimits-only"
+    reason: str = ""  # why it was killed / limited, human readable, "" when clean
+
+
+def isolation_description(isolation: str) -> str:
+    """How a run config states the isolation level to a reader."""
+    return "bwrap" if isolation == "bwrap" else "rlimits-only: no filesystem isolation"
+
+
+@functools.cache
+def isolation_available() -> str:
+    """"bwrap" if bubblewrap works here (probed once with a real sandboxed `true`), else "rlimits-only"."""
+    if shutil.which("bwrap") is None:
+        return "rlimits-only"
+    probe_dir = Path(tempfile.mkdtemp(prefix="harnessrl-bwrap-probe-"))
+    try:
+        result = _run(["true"], workdir=probe_dir, mounts=None, env=None, limits=ExecLimits(wall_s=10.0),
+                      network=False, stdin=None, cwd_in_sandbox=None, isolation="bwrap")
+        return "bwrap" if result.returncode == 0 else "rlimits-only"
+    except OSError:
+        return "rlimits-only"
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+def run_sandboxed(
+    argv: list[str],
+    *,
+    workdir: Path,
+    mounts: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
+    limits: ExecLimits = ExecLimits(),
+    network: bool = False,
+    stdin: str | None = None,
+    cwd_in_sandbox: str | None = None,
+) -> ExecResult:
+    """Run argv under `limits`, writable only in `workdir` (or the `mounts`), and wait for it.
+
+    `mounts` maps absolute sandbox paths to host folders, each bound read-write; without it
+    `workdir` is bound at its own path. The command starts in `cwd_in_sandbox`, by default where
+    `workdir` appears in the sandbox. Its environment is PATH, HOME (= that folder), LANG, plus
+    `env`; nothing is inherited from this process.
+
+    Raises ValueError for arguments that cannot be honoured (an empty argv, a relative or
+    impossible mount point, a folder the sandbox user cannot reach) and, in rlimits-only mode,
+    for mounts at a path other than their host path (they need bubblewrap).
+    """
+    return _run(argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=network,
+                stdin=stdin, cwd_in_sandbox=cwd_in_sandbox, isolation=isolation_available())
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation) -> ExecResult:
+    if not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    workdir = Path(workdir).resolve()
+    binds = _check_mounts({str(workdir): workdir} if mounts is None else mounts)
+    cwd = cwd_in_sandbox or next((dst for dst, src in binds.items() if src == workdir), next(iter(binds)))
+    if isolation != "bwrap":
+        moved = [dst for dst, src in binds.items() if Path(dst) != src]
+        if moved:
+            raise ValueError(f"mounts at {moved} need bubblewrap, which does not work here (isolation: rlimits-only)")
+    as_root = os.geteuid() == 0
+    if as_root:
+        for src in binds.values():
+            _hand_over(src)
+    child_env = {"PATH": SANDBOX_PATH, "HOME": cwd, "LANG": "C.UTF-8", **(env or {})}
+    nproc_in_sandbox = isolation == "bwrap" and shutil.which("prlimit") is not None
+    if isolation == "bwrap":
+        command = _bwrap_argv(binds, cwd, network) + (
+            ["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else []
+        ) + list(argv)
+        host_cwd = None
+    else:
+        command, host_cwd = list(argv), cwd
+
+    def limit_child() -> None:  # runs in the child between fork and exec
+        # The CPU hard limit is one second above the soft one, so a busy command gets SIGXCPU
+        # (reported as a CPU limit) and only one that ignores it gets SIGKILL.
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        for res, value in (
+            (resource.RLIMIT_AS, limits.memory_mb * _MB),
+            (resource.RLIMIT_FSIZE, limits.file_size_mb * _MB),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            resource.setrlimit(res, (value, value))
+        if not nproc_in_sandbox:
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+        if as_root:
+            os.setgroups([])
+            os.setgid(SANDBOX_UID)
+            os.setuid(SANDBOX_UID)
+
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=child_env,
+        cwd=host_cwd,
+        start_new_session=True,
+        preexec_fn=limit_child,
+    )
+    out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
+    if stdin is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    # Kill what is left either way: at the wall limit the whole tree, after a clean exit any
+    # background process that would otherwise keep running and hold the output pipes open.
+    _kill_group(proc.pid)
+    proc.wait()
+    duration = time.monotonic() - start
+    for reader in (out, err):
+        reader.join(timeout=2.0)
+    truncated = out.truncated or err.truncated
+    returncode = None if timed_out else proc.returncode
+    return ExecResult(
+        returncode=returncode,
+        stdout=out.text(),
+        stderr=err.text(),
+        timed_out=timed_out,
+        output_truncated=truncated,
+        duration_s=duration,
+        isolation=isolation,
+        reason=_reason(returncode, timed_out, limits, out, err),
+    )
+
+
+def _check_mounts(mounts: dict[str, Path]) -> dict[str, Path]:
+    """Validate sandbox mount points; returns {sandbox path: resolved host folder}."""
+    binds: dict[str, Path] = {}
+    for dst, src in mounts.items():
+        if not isinstance(dst, str) or not dst.startswith("/"):
+            raise ValueError(f"sandbox mount point must be an absolute path, got {dst!r}")
+        norm = os.path.normpath(dst)
+        top = norm.strip("/").split("/")[0]
+        if norm == "/" or top in ("proc", "dev"):
+            raise ValueError(f"cannot mount a folder at {dst}")
+        host = Path(src).resolve()
+        if not host.is_dir():
+            raise ValueError(f"mount source {src} is not a folder")
+        # The root is the host's, read-only: a mount point can be created only in a top-level
+        # entry that does not exist on the host, under the fresh /tmp, or where a folder exists.
+        if top != "tmp" and os.path.lexists("/" + top) and not os.path.isdir(norm):
+            raise ValueError(
+                f"cannot mount at {dst}: /{top} exists on this machine but {norm} does not, and the "
+                "read-only root cannot get a new folder there; choose a path under a new top-level folder"
+            )
+        binds[norm] = host
+    return binds
+
+
+def _hand_over(folder: Path) -> None:
+    """Give a folder to the sandbox uid (we are root), after checking that uid can reach it."""
+    for parent in folder.parents:
+        if not os.stat(parent).st_mode & 0o001:
+            raise ValueError(f"the sandbox user (uid {SANDBOX_UID}) cannot reach {folder}: {parent} is not searchable by others")
+    for root, dirs, files in os.walk(folder):
+        os.lchown(root, SANDBOX_UID, SANDBOX_UID)
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), SANDBOX_UID, SANDBOX_UID)
+
+
+def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
+    args = ["bwrap"]
+    for entry in sorted(os.listdir("/")):
+        if entry in _FRESH_ROOT_ENTRIES:
+            continue
+        path = "/" + entry
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += ["--ro-bind", path, path]
+    args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for dst, src in binds.items():
+        args += ["--bind", str(src), dst]
+    args += ["--remount-ro", "/", "--chdir", cwd]
+    args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    if not network:
+        args.append("--unshare-net")
+    args += ["--die-with-parent", "--new-session", "--"]
+    return args
+
+
+class _CappedReader:
+    """Drains one pipe on a thread; keeps the first `cap` bytes and counts the rest."""
+
+    def __init__(self, pipe, cap: int):
+        self.cap = cap
+        self.kept = bytearray()
+        self.total = 0
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        fd = self._pipe.fileno()
+        while chunk := os.read(fd, _READ_CHUNK):
+            self.total += len(chunk)
+            room = self.cap - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+        self._pipe.close()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.cap
+
+    def text(self) -> str:
+        return bytes(self.kept).decode("utf-8", "replace")
+
+
+def _feed(pipe, text: str) -> None:
+    try:
+        pipe.write(text.encode("utf-8"))
+        pipe.close()
+    except (BrokenPipeError, OSError):  # the command exited without reading all of it
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reason(returncode: int | None, timed_out: bool, limits: ExecLimits, out: _CappedReader, err: _CappedReader) -> str:
+    parts = []
+    if timed_out:
+        parts.append(f"killed at the wall-clock limit of {limits.wall_s:g} s")
+    elif returncode is not None:
+        # A signal death shows as -N from Popen, or 128+N when reported by bwrap or a shell.
+        sig = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else 0
+        if sig == signal.SIGXCPU:
+            parts.append(f"CPU time limit of {limits.cpu_s} s exceeded")
+        elif sig == signal.SIGXFSZ:
+            parts.append(f"file size limit of {limits.file_size_mb} MB exceeded")
+        elif sig == signal.SIGKILL:
+            parts.append("killed by SIGKILL (out of memory, or past the CPU hard limit)")
+        elif returncode < 0:
+            parts.append(f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}")
+    for name, reader in (("stdout", out), ("stderr", err)):
+        if reader.truncated:
+            parts.append(f"{name} cut at {limits.output_bytes} bytes of {reader.total}")
+    return "; ".join(parts)

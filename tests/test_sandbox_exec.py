@@ -1,0 +1,222 @@
+"""The sandboxed command runner: escapes fail, limits hold, output is capped, calls always return.
+
+Every limit here is small (processes=16, wall_s=3) so a containment bug cannot hurt the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from harnessrl.tasks import sandbox_exec
+from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available, run_sandboxed
+
+SMALL = ExecLimits(wall_s=3.0, cpu_s=3, memory_mb=256, file_size_mb=1, processes=16, output_bytes=10_000)
+needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap is missing or does not work here")
+
+
+@pytest.fixture
+def workdir():
+    # Not pytest's tmp_path: that lives under a 0700 folder the unprivileged sandbox uid cannot reach.
+    path = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sh(command: str, workdir: Path, limits: ExecLimits = SMALL, **kwargs):
+    return run_sandboxed(["bash", "-c", command], workdir=workdir, limits=limits, **kwargs)
+
+
+def test_clean_command_returns_output_and_exit_code(workdir):
+    result = sh("echo out; echo err >&2; pwd; exit 3", workdir)
+    assert result.returncode == 3
+    assert result.stdout.splitlines() == ["out", str(workdir.resolve())]
+    assert result.stderr == "err\n"
+    assert not result.timed_out and not result.output_truncated and result.reason == ""
+    assert result.isolation == isolation_available()
+
+
+def test_stdin_is_passed(workdir):
+    assert sh("tr a-z A-Z", workdir, stdin="hello").stdout == "HELLO"
+
+
+def test_workspace_is_writable_and_writes_land_on_the_host(workdir):
+    result = sh("echo data > made.txt && mkdir sub && echo x > sub/y", workdir)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "made.txt").read_text() == "data\n"
+    assert (workdir / "sub" / "y").read_text() == "x\n"
+
+
+@needs_bwrap
+def test_writing_outside_the_workspace_fails(workdir):
+    repo_file = Path(__file__).resolve().parents[1] / "sandbox-escape-probe"
+    result = sh(f"touch /etc/harnessrl-escape; touch {repo_file}; touch /harnessrl-escape; echo done", workdir)
+    assert result.stdout == "done\n"
+    assert result.stderr.count("Read-only file system") == 3, result.stderr
+    assert not os.path.exists("/etc/harnessrl-escape")
+    assert not repo_file.exists()
+    assert not os.path.exists("/harnessrl-escape")
+
+
+@needs_bwrap
+def test_tmp_is_fresh_and_private(workdir):
+    marker = Path(tempfile.mkdtemp(prefix="harnessrl-test-host-tmp-"))
+    try:
+        result = sh(f"test -e {marker} && echo visible; echo x > /tmp/inside && cat /tmp/inside", workdir)
+        assert result.stdout == "x\n"
+        assert not Path("/tmp/inside").exists()
+    finally:
+        shutil.rmtree(marker)
+
+
+@pytest.fixture
+def listening_port():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.sendall(b"hello\n")
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@needs_bwrap
+def test_network_is_unreachable_unless_asked_for(workdir, listening_port):
+    probe = f"exec 3<>/dev/tcp/127.0.0.1/{listening_port} && head -n1 <&3"
+    cut_off = sh(probe, workdir)
+    assert cut_off.returncode != 0 and "hello" not in cut_off.stdout
+    connected = sh(probe, workdir, network=True)
+    assert connected.returncode == 0 and connected.stdout == "hello\n", connected.stderr
+
+
+def test_fork_bomb_is_contained_and_returns_within_the_wall_limit(workdir):
+    # Each bomb process sleeps, so without a process limit they would pile up by the thousand.
+    result = sh("bomb() { bomb & bomb & sleep 5.4321; }; bomb", workdir)
+    assert result.timed_out and result.duration_s < SMALL.wall_s + 2
+    assert "fork" in result.stderr and "Resource temporarily unavailable" in result.stderr
+    assert _processes_running("sleep 5.4321") == []
+
+
+def _processes_running(command_line: str) -> list[int]:
+    """Pids whose command line is exactly `command_line` (none may outlive a sandbox)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if fh.read().replace(b"\0", b" ").strip() == command_line.encode():
+                    alive.append(int(pid))
+        except OSError:
+            continue
+    return alive
+
+
+def test_sleep_forever_is_killed_at_the_wall_limit(workdir):
+    result = sh("echo started; sleep 1000", workdir, limits=ExecLimits(wall_s=1.0, processes=16))
+    assert result.timed_out and result.returncode is None
+    assert 1.0 <= result.duration_s < 3.0
+    assert result.stdout == "started\n"
+    assert "wall-clock limit of 1 s" in result.reason
+
+
+def test_background_processes_do_not_outlive_the_call(workdir):
+    result = sh("sleep 1000 & echo left", workdir)
+    assert result.returncode == 0 and result.stdout == "left\n"
+    assert result.duration_s < 2.0
+
+
+def test_huge_output_is_truncated_without_hanging(workdir):
+    result = sh("head -c 50000000 /dev/zero | tr '\\0' a; echo tail >&2", workdir)
+    assert result.returncode == 0
+    assert result.output_truncated
+    assert result.stdout == "a" * SMALL.output_bytes
+    assert result.stderr == "tail\n"
+    assert "stdout cut at 10000 bytes of 50000000" in result.reason
+
+
+def test_memory_hog_fails(workdir):
+    result = sh("x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}", workdir)
+    assert result.returncode != 0
+    assert "400000000" not in result.stdout
+    assert "allocate" in result.stderr
+
+
+def test_file_size_hog_fails(workdir):
+    result = sh("head -c 5000000 /dev/zero > big.bin", workdir)
+    assert result.returncode != 0
+    assert "file size limit of 1 MB exceeded" in result.reason
+    assert (workdir / "big.bin").stat().st_size <= 1024 * 1024
+
+
+def test_cpu_hog_is_stopped(workdir):
+    result = sh("while :; do :; done", workdir, limits=ExecLimits(wall_s=6.0, cpu_s=1, processes=16))
+    assert not result.timed_out, "the CPU limit, not the wall clock, should stop a busy loop"
+    assert "CPU time limit of 1 s exceeded" in result.reason
+
+
+def test_environment_is_clean(workdir, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_SECRET_TOKEN", "leak-me")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-leak")
+    result = sh("env", workdir, env={"EXTRA": "1"})
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines()}
+    assert "leak" not in result.stdout
+    assert names <= {"PATH", "HOME", "LANG", "EXTRA", "PWD", "SHLVL", "_"}
+    assert f"HOME={workdir.resolve()}" in result.stdout and "EXTRA=1" in result.stdout
+
+
+@needs_bwrap
+def test_mounts_map_a_host_folder_to_a_chosen_path(workdir):
+    (workdir / "task.txt").write_text("given\n")
+    result = sh("pwd; cat task.txt; echo made > /workspace/out.txt; echo $HOME", workdir, mounts={"/workspace": workdir})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "/workspace\ngiven\n/workspace\n"
+    assert (workdir / "out.txt").read_text() == "made\n"
+    other = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
+    try:
+        both = sh("ls /data/in; touch /workspace/a /data/in/b", workdir,
+                  mounts={"/workspace": workdir, "/data/in": other}, cwd_in_sandbox="/data/in")
+        assert both.returncode == 0, both.stderr
+        assert (workdir / "a").exists() and (other / "b").exists()
+    finally:
+        shutil.rmtree(other)
+
+
+def test_impossible_mounts_are_refused_clearly(workdir):
+    with pytest.raises(ValueError, match="absolute path"):
+        sh("true", workdir, mounts={"workspace": workdir})
+    with pytest.raises(ValueError, match="read-only root"):
+        sh("true", workdir, mounts={"/etc/harnessrl-nowhere": workdir})
+    with pytest.raises(ValueError, match="not a folder"):
+        sh("true", workdir, mounts={"/workspace": workdir / "missing"})
+    with pytest.raises(ValueError, match="non-empty list"):
+        run_sandboxed([], workdir=workdir)
+
+
+def test_fallback_without_bubblewrap_says_so_and_still_limits(workdir, monkeypatch):
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    result = sh("echo hi; sleep 1000", workdir, limits=ExecLimits(wall_s=1.0, processes=16))
+    assert result.isolation == "rlimits-only"
+    assert result.timed_out and result.stdout == "hi\n"
+    with pytest.raises(ValueError, match="need bubblewrap"):
+        sh("true", workdir, mounts={"/workspace": workdir})
+    assert sandbox_exec.isolation_description("rlimits-only") == "rlimits-only: no filesystem isolation"
+    assert sandbox_exec.isolation_description("bwrap") == "bwrap"
