@@ -148,6 +148,23 @@ def test_token_logprobs_match_a_hand_loop():
     assert model.model.embed_tokens.weight.grad is not None
 
 
+def test_token_logprobs_head_only_path_equals_the_models_own_forward():
+    # The fast path (decoder, then the output head on completion positions only) must give what
+    # the model's full forward gives; a config flag that marks post-processed logits selects the
+    # full forward (Llama ignores the flag itself, so both paths must agree exactly here).
+    model = _tiny_llama()
+    units = [
+        TrainingUnit([5, 6, 7, 3, 4], [8, 9], [0.0, 0.0], 1.0, "h", "e1"),
+        TrainingUnit([11], [12, 13, 14], [0.0] * 3, -1.0, "h", "e2"),
+    ]
+    batch = pad_units(units, pad_id=0)
+    fast = token_logprobs(model, batch, temperature=0.9)
+    model.config.final_logit_softcapping = 30.0
+    full = token_logprobs(model, batch, temperature=0.9)
+    assert torch.allclose(fast, full, atol=1e-6)
+    assert (fast * batch["completion_mask"]).ne(0).sum() == 5
+
+
 # ---------------------------------------------------------------------------------- loss
 
 

@@ -162,19 +162,29 @@ def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0)
     attention_mask = batch["attention_mask"].to(input_ids.device)
     completion_mask = batch["completion_mask"].to(input_ids.device)
     B, T = input_ids.shape
-    # Only positions from just before the earliest completion token on predict completion tokens:
-    # ask the model for those logits alone (prompts are most of the sequence, and a [B, T, V]
-    # logits tensor over a 49k vocabulary is most of the memory of a backward pass).
-    has_completion = completion_mask.any(dim=0)
-    first = int(has_completion.float().argmax()) if bool(has_completion.any()) else T - 1
-    first = max(first, 1)  # position 0 is never a completion token (prompts are non-empty)
-    keep = T - first + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
-    logits = logits[:, -keep:-1].float() / temperature  # predicts tokens first .. T-1
-    targets = input_ids[:, first:]
+    # Logits are needed only where a completion token is predicted: run the decoder, then the
+    # output head on those positions alone. Prompts are most of each sequence, and [B, T, V]
+    # logits over a 49k vocabulary would be most of the memory and time of a backward pass.
+    rows, cols = completion_mask[:, 1:].nonzero(as_tuple=True)  # hidden state at cols predicts cols + 1
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
+    if _plain_output_head(base):
+        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = base.get_output_embeddings()(hidden[rows, cols]).float() / temperature
+    else:  # a model that post-processes its logits (soft-capping, scaling): use its own forward
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[rows, cols].float() / temperature
+    targets = input_ids[rows, cols + 1]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    logp = torch.cat([torch.zeros_like(input_ids[:, :first], dtype=picked.dtype), picked], dim=1)
+    logp = torch.zeros((B, T), dtype=picked.dtype, device=input_ids.device).index_put((rows, cols + 1), picked)
     return logp * completion_mask
+
+
+def _plain_output_head(model) -> bool:
+    """True when logits = output_embeddings(decoder(x)) with nothing applied after (Llama, Qwen,
+    SmolLM2, Mistral...); False for models that soft-cap or scale their logits."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return False
+    return hasattr(model, "get_decoder") and model.get_output_embeddings() is not None
 
 
 def grpo_loss(
