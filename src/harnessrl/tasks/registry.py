@@ -20,10 +20,16 @@ def list_suites() -> list[str]:
 
 
 def get_suite(name: str) -> Suite:
-    """A suite by name; a ValueError that lists the known names for an unknown one."""
+    """A suite by name, or a task folder as `clawgym:PATH`, `pinchbench:PATH`, `harbor:PATH`
+    (read afresh at every call); a ValueError that lists the known names for an unknown one."""
+    from harnessrl.tasks.importers import IMPORTERS, load_imported_suite
+
+    if name.partition(":")[0] in IMPORTERS:
+        return load_imported_suite(name)
     suites = _builtin()
     if name not in suites:
-        raise ValueError(f"unknown suite '{name}' (known: {', '.join(sorted(suites))})")
+        forms = ", ".join(f"{k}:PATH" for k in IMPORTERS)
+        raise ValueError(f"unknown suite '{name}' (known: {', '.join(sorted(suites))}; task folders: {forms})")
     if name not in _instances:
         _instances[name] = suites[name]()
     return _instances[name]

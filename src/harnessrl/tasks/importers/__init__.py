@@ -1,0 +1,33 @@
+"""Suites loaded from task folders in other benchmarks' formats: `clawgym:PATH`,
+`pinchbench:PATH`, `harbor:PATH`. See docs/importers.md for the layouts and how each is graded."""
+
+from __future__ import annotations
+
+from harnessrl.tasks.importers.clawgym import ClawGymSuite
+from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoadError
+from harnessrl.tasks.importers.harbor import HarborSuite
+from harnessrl.tasks.importers.pinchbench import PinchBenchSuite
+
+IMPORTERS: dict[str, type[ImportedSuite]] = {"clawgym": ClawGymSuite, "pinchbench": PinchBenchSuite, "harbor": HarborSuite}
+
+
+def load_imported_suite(name: str) -> ImportedSuite:
+    """The suite for `KIND:PATH`; ValueError for an unknown kind, a missing folder or no tasks."""
+    kind, _, path = name.partition(":")
+    if kind not in IMPORTERS:
+        raise ValueError(f"unknown task folder format '{kind}' (known: {', '.join(f'{k}:PATH' for k in IMPORTERS)})")
+    if not path:
+        raise ValueError(f"'{name}': give the folder after the colon, e.g. {kind}:path/to/tasks")
+    return IMPORTERS[kind](path)
+
+
+__all__ = [
+    "IMPORTERS",
+    "ClawGymSuite",
+    "GraderError",
+    "HarborSuite",
+    "ImportedSuite",
+    "PinchBenchSuite",
+    "TaskLoadError",
+    "load_imported_suite",
+]

@@ -1,0 +1,365 @@
+"""What the three importers share: the imported suite, broken-task records, the transcript, and
+running a third-party grader in the sandbox.
+
+An imported folder is a fixed list of tasks, not a generator: every task is in every split
+(`train`, `dev` and `test` each hold all of them, in the folder's sorted order), because a folder
+of benchmark tasks has no split of its own and inventing one would silently drop tasks from an
+evaluation. Task ids are `<kind>/<split>/<native id>`.
+
+A task whose files are missing or malformed, or that cannot run here (a Harbor task that needs
+its Docker image), is still listed: its environment setup raises `TaskLoadError`, so the runner
+records it as an infrastructure error with that reason before any model call, and the other tasks
+run. A grader that crashes, hangs or prints something that is not a score raises `GraderError`
+from `Task.grade`, which the runner records as an infrastructure error too (never as a zero).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from harnessrl.tasks.base import SPLITS, SUBMIT_TOOL, Environment, Suite, Task, Tool
+from harnessrl.tasks.workspace import WORKSPACE_TOOLS
+from harnessrl.types import Grade
+
+if TYPE_CHECKING:  # the sandbox module is imported when a grader runs
+    from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult
+
+MAX_REASON_CHARS = 600  # of grader output quoted in an error
+PYTHON = "python3"  # Python graders run on the system interpreter (stdlib only), as at home
+# Top-level folders a sandbox may show a scratch copy in place of (see `workspace_mounts`).
+# Home and data folders only: what a grader runs with (/usr, /opt, /etc, ...) must stay visible.
+SHADOWABLE_TOP_LEVEL = ("root", "home", "srv", "mnt")
+
+
+class TaskLoadError(Exception):
+    """A task folder that cannot be turned into a runnable task (missing/malformed file, refused)."""
+
+
+class GraderError(Exception):
+    """A task's own grader crashed, hung or printed something that is not a score."""
+
+
+@dataclass
+class ImportedTask(Task):
+    """A Task whose grade comes from the task's own grader (a subprocess in the sandbox)."""
+
+    grader: Callable[[Environment], Grade] | None = None
+
+    def grade(self, env: Environment) -> Grade:
+        if self.grader is None:
+            raise GraderError(f"task {self.id} has no grader")
+        return self.grader(env)
+
+
+@dataclass
+class TaskEntry:
+    """One task of a folder as the importer read it: the parts of a Task minus its split.
+
+    `error` set means the folder could not be loaded; the task is kept so that the run reports
+    it as an infrastructure error with this reason.
+    """
+
+    native_id: str
+    family: str
+    instruction: str = ""
+    setup: Callable[[Environment], None] | None = None
+    grader: Callable[[Environment], Grade] | None = None
+    pass_threshold: float = 1.0
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def _refuse_setup(reason: str) -> Callable[[Environment], None]:
+    def setup(env: Environment) -> None:
+        raise TaskLoadError(reason)
+
+    return setup
+
+
+def _never_checked(env: Environment) -> dict[str, float]:  # ImportedTask.grade replaces check
+    raise GraderError("imported tasks are graded by their own grader")
+
+
+def agent_tools() -> list[Tool]:
+    """The workspace file tools and submit (a harness adds `shell`: imported tasks offer it)."""
+    return list(WORKSPACE_TOOLS) + [SUBMIT_TOOL]
+
+
+class ImportedSuite(Suite):
+    """A folder of tasks in a foreign format, every task in every split."""
+
+    kind: str = ""  # clawgym | pinchbench | harbor
+    offers_shell = True  # real benchmark tasks expect to run commands
+
+    def __init__(self, path: str | Path, grader_limits: "ExecLimits | None" = None):
+        super().__init__()
+        self.path = Path(path).expanduser()
+        if not self.path.is_dir():
+            raise ValueError(f"{self.kind}: '{path}' is not a folder")
+        self.path = self.path.resolve()
+        self.grader_limits = grader_limits
+        self.name = self.kind
+        self.skipped: dict[str, str] = {}  # native id -> why it is not part of the suite
+        self.entries: list[TaskEntry] = self.load_entries()
+        if not self.entries:
+            extra = f" ({len(self.skipped)} left out: {'; '.join(self.skipped.values())})" if self.skipped else ""
+            raise ValueError(f"{self.kind}: no tasks found in '{self.path}'{extra}; expected layout: {self.layout}")
+        ids = [e.native_id for e in self.entries]
+        if len(set(ids)) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"{self.kind}: task ids occur more than once in '{self.path}': {', '.join(dup)}")
+        self.split_sizes = {s: len(self.entries) for s in SPLITS}
+        broken = sum(e.error is not None for e in self.entries)
+        self.description = f"{len(self.entries)} tasks from {self.path}" + (f", {broken} not runnable" if broken else "")
+        if self.skipped:
+            self.description += f", {len(self.skipped)} left out"
+
+    # -- to implement -------------------------------------------------------------------------
+    layout: str = ""  # one line saying what folder layout the importer accepts
+
+    def load_entries(self) -> list[TaskEntry]:
+        raise NotImplementedError
+
+    # -- Suite API ------------------------------------------------------------------------------
+    def family_names(self) -> list[str]:
+        return sorted({e.family for e in self.entries})
+
+    def _task(self, entry: TaskEntry, split: str) -> Task:
+        task = ImportedTask(
+            id=f"{self.name}/{split}/{entry.native_id}",
+            suite=self.name,
+            family=entry.family,
+            split=split,
+            seed=0,
+            instruction=entry.instruction or f"(task {entry.native_id} could not be loaded)",
+            tools=agent_tools(),
+            setup=_refuse_setup(entry.error) if entry.error is not None else (entry.setup or (lambda env: None)),
+            check=_never_checked,
+            pass_threshold=entry.pass_threshold,
+            needs_workspace=True,
+            data={"source": str(self.path), "native_id": entry.native_id, **entry.data},
+            grader=entry.grader,
+        )
+        task.offers_shell = self.offers_shell
+        return task
+
+    def _generate(self, split: str, n: int, taken: set[str]) -> list[Task]:
+        # Suite.tasks checks the split and n; every split holds the same tasks, so `taken` (the
+        # instances of earlier splits) does not apply.
+        return [self._task(e, split) for e in self.entries[:n]]
+
+    def task(self, task_id: str) -> Task:
+        kind, _, rest = task_id.partition("/")
+        split, _, native = rest.partition("/")
+        if kind != self.name or not native:
+            raise ValueError(f"task id '{task_id}' is not of the form {self.name}/<split>/<task id>")
+        for entry in self.entries:
+            if entry.native_id == native:
+                if split not in self.split_sizes:
+                    raise ValueError(f"unknown split '{split}' for suite '{self.name}'")
+                return self._task(entry, split)
+        raise ValueError(f"no task '{native}' in {self.path}")
+
+    # -- grader limits --------------------------------------------------------------------------
+    def limits_for(self, own_wall_s: float | None, memory_mb: int | None = None) -> "ExecLimits":
+        """The suite's grader limits when given, else the sandbox defaults with the wall clock (and
+        memory) the task format itself allows its grader."""
+        from harnessrl.tasks.sandbox_exec import ExecLimits
+
+        if self.grader_limits is not None:
+            return self.grader_limits
+        base = ExecLimits()
+        wall = float(own_wall_s) if own_wall_s else base.wall_s
+        return replace(base, wall_s=wall, cpu_s=max(base.cpu_s, int(wall)), memory_mb=max(base.memory_mb, memory_mb or 0))
+
+
+def broken(native_id: str, family: str, reason: str, instruction: str = "") -> TaskEntry:
+    return TaskEntry(native_id=native_id, family=family, instruction=instruction, error=reason)
+
+
+# ----------------------------------------------------------------------------------------------
+# Files
+
+
+def read_text(path: Path, what: str) -> str:
+    """A required text file, or TaskLoadError saying which one is missing or unreadable."""
+    if not path.is_file():
+        raise TaskLoadError(f"missing {what}: {path}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskLoadError(f"cannot read {what} {path}: {e}") from None
+
+
+def copy_tree_into(source: Path, target: Path) -> None:
+    """Copy the contents of `source` into `target` (merging, like `cp -r source/. target`)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for child in sorted(source.iterdir()):
+        dest = target / child.name
+        if child.is_dir():
+            shutil.copytree(child, dest, dirs_exist_ok=True, symlinks=True)
+        else:
+            shutil.copy2(child, dest)
+
+
+def relative_inside(path: str, what: str) -> PurePosixPath:
+    """A task-given relative path that stays inside the workspace, or TaskLoadError."""
+    p = PurePosixPath(path)
+    if not path or p.is_absolute() or ".." in p.parts:
+        raise TaskLoadError(f"{what} '{path}' must be a relative path inside the workspace")
+    return p
+
+
+def working_directory_note(path: str) -> str:
+    """Appended to an instruction: the task's files refer to this absolute working directory."""
+    return f"\n\n(Your working directory is {path}; the file tools take paths relative to it.)"
+
+
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for grader files; searchable by others, because a sandboxed command
+    runs as an unprivileged user when this process is root."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as name:
+        os.chmod(name, 0o755)
+        yield Path(name)
+
+
+def mount_point_problem(at: str) -> str | None:
+    """Why the sandbox cannot show a workspace at the absolute path `at`, or None."""
+    p = PurePosixPath(at)
+    if not p.is_absolute() or ".." in p.parts or len(p.parts) < 2:
+        return f"'{at}' is not an absolute path below /"
+    top = p.parts[1]
+    if top in ("proc", "dev") or at in ("/tests", "/logs"):
+        return f"'{at}' is a reserved path"
+    if top == "tmp" or not os.path.lexists("/" + top) or os.path.isdir(at) or top in SHADOWABLE_TOP_LEVEL:
+        return None
+    return f"'{at}' lies in /{top}, a folder of this machine that the read-only sandbox cannot add it to"
+
+
+def workspace_mounts(at: str, workspace: Path, scratch: Path) -> dict[str, Path]:
+    """Sandbox mounts that show `workspace` at the absolute path `at`.
+
+    The sandbox's root is this machine's, read-only, so a folder can be mounted where the machine
+    has none at the top level (/app), under the fresh /tmp, or where the folder already exists.
+    A path inside an existing home or data folder (/root/.openclaw/workspace, /srv/app) gets a scratch folder shown
+    in place of that top-level folder, holding a copy of the workspace at the path; the grader reads
+    a copy, which is all it needs after the episode.
+    """
+    problem = mount_point_problem(at)
+    if problem:
+        raise GraderError(f"cannot show the workspace to the grader: {problem}")
+    p = PurePosixPath(at)
+    top = p.parts[1]
+    if top == "tmp" or not os.path.lexists("/" + top) or os.path.isdir(at):
+        return {at: workspace}
+    shadow = scratch / "shadow" / top
+    shutil.copytree(workspace, shadow.joinpath(*p.parts[2:]), symlinks=True)
+    return {"/" + top: shadow}
+
+
+# ----------------------------------------------------------------------------------------------
+# The transcript a grader sees
+
+
+def openclaw_transcript(env: Environment, instruction: str, cwd: str) -> list[dict[str, Any]]:
+    """The episode as OpenClaw session events (the JSONL that ClawGym and PinchBench graders read).
+
+    A `session` header, the user's instruction, then for every executed tool call an assistant
+    message with one `toolCall` item (its arguments under both `arguments`, OpenClaw's key, and
+    `params`, which several graders read) and a `toolResult` message; the submitted answer ends it
+    as an assistant `text` item. Only executed calls are recorded by the environment, so refused
+    calls and the model's prose between calls are not part of it.
+    """
+    now = time.time()
+    events: list[dict[str, Any]] = [
+        {"type": "session", "version": 3, "id": "harnessrl", "timestamp": _iso(now), "cwd": cwd}
+    ]
+
+    def message(role: str, content: list[dict[str, Any]], **extra: Any) -> None:
+        n = len(events)
+        events.append(
+            {
+                "type": "message",
+                "id": f"m{n:04d}",
+                "parentId": events[-1].get("id"),
+                "timestamp": _iso(now),
+                "message": {"role": role, "content": content, "timestamp": int(now * 1000), **extra},
+            }
+        )
+
+    message("user", [{"type": "text", "text": instruction}])
+    for i, (name, args, output) in enumerate(env.calls):
+        if name == SUBMIT_TOOL.name:
+            continue
+        call_id = f"call_{i:04d}"
+        message("assistant", [{"type": "toolCall", "id": call_id, "name": name, "arguments": dict(args), "params": dict(args)}])
+        message("toolResult", [{"type": "text", "text": output}], toolCallId=call_id, toolName=name, isError=False)
+    if env.answer:
+        message("assistant", [{"type": "text", "text": env.answer}])
+    return events
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+# ----------------------------------------------------------------------------------------------
+# Running a grader
+
+
+def run_grader(
+    argv: list[str],
+    *,
+    workdir: Path,
+    mounts: dict[str, Path],
+    cwd: str,
+    env: dict[str, str],
+    limits: "ExecLimits",
+) -> "ExecResult":
+    """Run a task's grader in the sandbox; GraderError when it did not run to completion."""
+    from harnessrl.tasks.sandbox_exec import run_sandboxed
+
+    try:
+        result = run_sandboxed(argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=False, cwd_in_sandbox=cwd)
+    except ValueError as e:  # a mount the sandbox cannot make here
+        raise GraderError(f"the sandbox cannot run the grader: {e}") from None
+    if result.timed_out:
+        raise GraderError(f"grader hung: no result within {limits.wall_s:g} s{output_tail(result)}")
+    if result.returncode is None:
+        raise GraderError(f"grader did not run: {result.reason or 'no exit status'}{output_tail(result)}")
+    return result
+
+
+def output_tail(result: "ExecResult") -> str:
+    text = (result.stderr.strip() or result.stdout.strip())[-MAX_REASON_CHARS:]
+    return f"; output: {text}" if text else ""
+
+
+def grader_failed(what: str, result: "ExecResult") -> GraderError:
+    return GraderError(f"{what} (exit status {result.returncode}){output_tail(result)}")
+
+
+def parse_unit_float(text: str, what: str) -> float:
+    """A score in [0, 1] from a grader's text, or GraderError quoting what it printed instead."""
+    shown = text.strip()[:200] or "(nothing)"
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise GraderError(f"{what} is not a number: {shown!r}") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise GraderError(f"{what} {value!r} is outside [0, 1]")
+    return value
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
