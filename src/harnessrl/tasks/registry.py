@@ -6,10 +6,11 @@ from harnessrl.tasks.base import Suite
 
 
 def _builtin() -> dict[str, type[Suite]]:
+    from harnessrl.tasks.suites.planning import PlanningSuite
     from harnessrl.tasks.suites.toolcalc import ToolcalcSuite
     from harnessrl.tasks.suites.workspace import WorkspaceSuite
 
-    return {"workspace": WorkspaceSuite, "toolcalc": ToolcalcSuite}
+    return {"workspace": WorkspaceSuite, "toolcalc": ToolcalcSuite, "planning": PlanningSuite}
 
 
 _instances: dict[str, Suite] = {}
