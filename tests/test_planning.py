@@ -191,6 +191,8 @@ def test_parse_is_lenient_where_meaning_is_clear():
     plan = parse_itinerary('Here it is: {"days": [{"day": 1.0, "travel": "t123", "hotel": "", "visits": [{"id": "a1", "time": "9:05"}]}], "total_cost": "12"}')
     assert plan.days[0].travel == ["T123"] and plan.days[0].hotel is None and plan.days[0].meals == []
     assert plan.days[0].visits[0].time == 9 * 60 + 5 and plan.total_cost == 12.0
+    wrapped = parse_itinerary({"itinerary": {"days": [{"day": 1}], "total_cost": 0}})
+    assert wrapped.days[0].day == 1 and wrapped.total_cost == 0.0
     with pytest.raises(PlanFormatError, match="no JSON itinerary"):
         parse_itinerary("day 1: fly to Oslo")
 

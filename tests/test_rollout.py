@@ -29,7 +29,7 @@ def run(policy, specs, tasks, attempts=1, **kw):
 
 
 @pytest.mark.parametrize("harness", builtin_names())
-@pytest.mark.parametrize("suite", ["workspace", "toolcalc"])
+@pytest.mark.parametrize("suite", ["workspace", "toolcalc", "browse"])
 def test_oracle_passes_every_family_through_every_harness(harness, suite, tokenizer):
     """A policy that plays the known solution in the harness's own format gets full marks:
     protocol rendering and parsing, tool dispatch, the loop and the graders all agree."""
@@ -145,6 +145,30 @@ def test_history_window_keeps_last_exchanges(tokenizer):
     (t,) = run(replies_policy(['{"tool": "list_dir", "arguments": {}}'], tokenizer), [spec], [task])
     n_msgs = [len(s.model_call.messages) for s in t.steps]
     assert n_msgs == [2, 4, 6, 6, 6, 6]  # system + task, then at most 2 exchanges
+
+
+def test_observation_window_elides_old_tool_results_and_composes_with_history_window(tokenizer):
+    task = _task()
+    reply = '{"tool": "list_dir", "arguments": {"path": "."}}'
+    spec = with_rules(load_harness("json-tools"), observation_window=2, demonstrations=[], max_steps=5)
+    (t,) = run(replies_policy([reply], tokenizer), [spec], [task])
+    last = t.steps[-1].model_call.messages
+    assert [m.role for m in last[2:]] == ["assistant", "tool"] * 4  # every reply stays
+    tools = [m.content for m in last if m.role == "tool"]
+    assert tools[:2] == ['[observation elided: list_dir path="."]'] * 2
+    assert all(m.startswith("Result of list_dir:") for m in tools[2:])
+    # with a history window of 3 exchanges, the oldest kept one is elided, the last two are not
+    both = with_rules(spec, history_window=3)
+    (t,) = run(replies_policy([reply], tokenizer), [both], [task])
+    tools = [m.content for m in t.steps[-1].model_call.messages if m.role == "tool"]
+    assert len(tools) == 3 and tools[0].startswith("[observation elided") and "elided" not in tools[1] + tools[2]
+    # feedback for a malformed reply is not a tool observation: it is neither counted nor elided
+    mixed = with_rules(spec, observation_window=1)
+    (t,) = run(replies_policy([reply, "no call here", reply, reply], tokenizer), [mixed], [task])
+    kept = [(m.role, m.content[:24]) for m in t.steps[-1].model_call.messages[2:] if m.role != "assistant"]
+    assert [r for r, _ in kept] == ["tool", "user", "tool", "tool"]
+    assert kept[0][1].startswith("[observation elided") and kept[2][1].startswith("[observation elided")
+    assert kept[1][1].startswith("Your reply could not") and kept[3][1].startswith("Result of list_dir")
 
 
 def test_max_tokens_and_timeout(tokenizer):

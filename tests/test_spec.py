@@ -103,3 +103,15 @@ def test_json_schema_describes_axes():
     schema = spec_json_schema()
     assert {"system_prompt", "protocol", "loop", "rules", "bootstrap"} <= set(schema["properties"])
     HarnessSpec.model_validate(_base())
+
+
+def test_observation_window_is_optional_and_at_least_one(tmp_path):
+    assert all(load_harness(n).rules.observation_window is None for n in BUILTINS)  # built-ins keep every page
+    data = _base()
+    data["rules"]["observation_window"] = 2
+    assert parse_spec(data).rules.observation_window == 2
+    data["rules"]["observation_window"] = 0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"rules.observation_window: .*greater than or equal to 1"):
+        load_spec(path)

@@ -58,6 +58,7 @@ class Episode:
         self._t0 = time.monotonic()
         self.steps: list[Step] = []
         self.exchanges: list[list[Message]] = []
+        self.observation_placeholders: list[str] = []  # one per exchange, for rules.observation_window
         self.memory: list[str] = []
         self.plan: list[Message] = []
         self.done = False
@@ -130,7 +131,8 @@ class Episode:
             msgs.append(Message(role="user", content=self.spec.loop.plan_prompt))
             return msgs
         msgs.extend(self.plan)
-        msgs.extend(R.windowed(self.exchanges, self.rules.history_window))
+        exchanges = R.elide_observations(self.exchanges, self.observation_placeholders, self.rules.observation_window)
+        msgs.extend(R.windowed(exchanges, self.rules.history_window))
         return msgs
 
     def request(self) -> GenerationRequest:
@@ -253,6 +255,7 @@ class Episode:
                 Message(role="tool" if step.tool_results else "user", content=observation, name=None),
             ]
         )
+        self.observation_placeholders.append(R.observation_placeholder(step))
 
     def _execute(self, tc: ToolCall) -> ToolResult:
         tool = next((t for t in self.tools if t.name == tc.name), None)

@@ -48,6 +48,41 @@ def windowed(exchanges: list[list[Message]], window: int | None) -> list[Message
     return [m for ex in kept for m in ex]
 
 
+def observation_placeholder(step: Step) -> str:
+    """What stands in for an elided tool observation: the calls that produced it, in short.
+
+    The model's own reply stays in the history too; this line only says that a result was here
+    and which call it answered (e.g. `[observation elided: open url="/products?category=garden"]`).
+    """
+    shown = []
+    for call in step.tool_calls:
+        args = " ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)[:60]}" for k, v in call.arguments.items())
+        shown.append(f"{call.name} {args}".strip())
+    return "[observation elided: " + ("; ".join(shown) or "no tool call") + "]"
+
+
+def elide_observations(
+    exchanges: list[list[Message]], placeholders: list[str], window: int | None
+) -> list[list[Message]]:
+    """Keep the last `window` tool observations verbatim; older ones become their placeholder.
+
+    Only tool results are elided (an exchange ending in a `tool` message): the model's replies
+    and feedback messages stay. `placeholders[i]` stands in for exchange i. Composes with
+    `windowed` (which drops whole exchanges): the most recent observations are the same either way.
+    """
+    if window is None:
+        return exchanges
+    observed = [i for i, ex in enumerate(exchanges) if ex and ex[-1].role == "tool"]
+    old = set(observed[:-window])
+    out = []
+    for i, ex in enumerate(exchanges):
+        if i in old:
+            label = placeholders[i] if i < len(placeholders) else "[observation elided]"
+            ex = [*ex[:-1], Message(role="tool", content=label, name=ex[-1].name)]
+        out.append(ex)
+    return out
+
+
 def malformed_feedback(rules: RulesSpec, reason: str, format_reminder: str) -> str:
     if not rules.feedback.malformed:
         return "No valid tool call was found in your reply."

@@ -99,6 +99,8 @@ class RulesSpec(_Spec):
     max_total_tokens: int | None = Field(None, ge=1)  # completion tokens over the whole episode
     timeout_s: float | None = Field(None, gt=0)  # wall clock per episode
     history_window: int | None = Field(None, ge=1)  # keep the last N exchanges verbatim; None = all
+    # keep the last N tool observations verbatim, older ones become a one-line placeholder; None = all
+    observation_window: int | None = Field(None, ge=1)
     plain_text_answer: bool = False  # a reply with no tool call is taken as the final answer
     demonstrations: list[Demonstration] = Field(default_factory=list)
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec)

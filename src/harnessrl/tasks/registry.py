@@ -6,11 +6,12 @@ from harnessrl.tasks.base import Suite
 
 
 def _builtin() -> dict[str, type[Suite]]:
+    from harnessrl.tasks.suites.browse import BrowseSuite
     from harnessrl.tasks.suites.planning import PlanningSuite
     from harnessrl.tasks.suites.toolcalc import ToolcalcSuite
     from harnessrl.tasks.suites.workspace import WorkspaceSuite
 
-    return {"workspace": WorkspaceSuite, "toolcalc": ToolcalcSuite, "planning": PlanningSuite}
+    return {"workspace": WorkspaceSuite, "toolcalc": ToolcalcSuite, "browse": BrowseSuite, "planning": PlanningSuite}
 
 
 _instances: dict[str, Suite] = {}

@@ -123,10 +123,13 @@ def _number(value: Any, where: str) -> float:
 def parse_itinerary(value: Any) -> Itinerary:
     """An Itinerary from the submitted object (or JSON text); PlanFormatError when malformed.
 
-    Unknown keys are ignored; missing lists count as empty; a lone travel id may be a string.
+    Unknown keys are ignored; missing lists count as empty; a lone travel id may be a string; an
+    object wrapped once more as {"itinerary": {...}} is unwrapped.
     """
     if isinstance(value, str):
         value = _json_object_in(value)
+    if isinstance(value, dict) and "days" not in value and isinstance(value.get("itinerary"), dict):
+        value = value["itinerary"]  # {"itinerary": {...}} wrapped once more
     if not isinstance(value, dict):
         raise PlanFormatError(f"the itinerary must be an object with 'days' and 'total_cost', got {type(value).__name__}")
     days = value.get("days")
@@ -163,10 +166,14 @@ def parse_itinerary(value: Any) -> Itinerary:
     return Itinerary(parsed, _number(value["total_cost"], "total_cost"))
 
 
+MAX_JSON_STARTS = 20  # braces tried as the start of the itinerary (bounds the work on odd text)
+
+
 def _json_object_in(text: str) -> Any:
     """The first JSON object written in a text (a plain-text final answer may wrap it in prose)."""
     decoder = json.JSONDecoder()
-    for start in (m.start() for m in re.finditer(r"\{", text[:100_000])):
+    starts = [m.start() for m in re.finditer(r"\{", text[:100_000])][:MAX_JSON_STARTS]
+    for start in starts:
         try:
             obj, _ = decoder.raw_decode(text, start)
         except (ValueError, RecursionError):
