@@ -221,6 +221,12 @@ def test_bad_addresses_links_and_pages_are_tool_failures(suite):
     assert use(task, env, "click", link=2).startswith("Page: /product/")  # a number, not a string
     assert "page 1 of 2" in use(task, env, "open", url=f"/products?category={cat}")
     assert use(task, env, "click", link=name.upper()) == use(task, env, "open", url=_product_url(env, name))
+    page2 = use(task, env, "open", url=f"/products?category={cat}&page=2")
+    name2 = re.search(r"^\[1\] (.+?) - ", page2, re.M).group(1)
+    assert use(task, env, "click", link=name2[1:]) == use(task, env, "open", url=_product_url(env, name2))  # a part
+    use(task, env, "open", url=f"/products?category={cat}&page=2")
+    with pytest.raises(ToolFailed, match="no link '9'"):
+        use(task, env, "click", link=9)  # a number is never matched inside a link's text
 
 
 def _product_url(env: Environment, name: str) -> str:

@@ -459,12 +459,15 @@ def _search(env: Environment, query: str) -> str:
 
 
 def _resolve_link(page: Page, link: Any) -> str:
-    """A link of the page by key ("3", "[3]", "next"), else by its exact text, else by a unique part."""
+    """A link of the page by key ("3", "[3]", "next"), else by its exact text, else by a unique part
+    of its text (three characters or more, not a bare number: "7" must not open "Order #4721")."""
     key = str(link).strip().strip("[]").strip().lower()
     if key in page.links:
         return page.links[key]
     exact = [k for k, label in page.labels.items() if label.lower() == key]
-    partial = [k for k, label in page.labels.items() if key and key in label.lower()]
+    partial = []
+    if len(key) >= 3 and not key.isdigit():
+        partial = [k for k, label in page.labels.items() if key in label.lower()]
     for found in (exact, partial):
         if len(found) == 1:
             return page.links[found[0]]
