@@ -1,0 +1,335 @@
+"""Controlled comparison of the training schedulers at an equal step budget.
+
+    .venv/bin/python bench/scheduler_sweep.py --seeds 5 --steps 16 --out runs/sweep
+
+Setup (everything runs through the real trainer, runner, harnesses and GRPO loss):
+
+* Policy: a small Llama (2 layers, hidden 64) over the real SmolLM2 tokenizer, randomly
+  initialised per seed, then *warm-started* by a short supervised pass on oracle replies
+  (next-token loss on the completion tokens) through only SOME harnesses, with different
+  amounts of data: the harnesses start at different competence, which is what the schedulers
+  are meant to exploit. The warm start is shared by every scheduler of a seed (paired design).
+* Suite `codeword`: "what is the code word for KEY?"; the answer is a fixed word per key
+  (16 keys). Scored 1 when the submitted answer is the key's word. The same content skill
+  under every harness, different formats: learning the mapping in one harness can transfer,
+  learning a format can interfere.
+* Harnesses: the built-ins, shrunk to a 2-step budget and 32 new tokens per reply, without
+  demonstrations. Five train; `workspace-agent` is held out of training (never seen, not even
+  in the warm start) and only evaluated: the ClawEval-style new-harness test.
+* Schedulers: harness-bandit, mixed, uniform, learnability-only, transfer-only; the same
+  steps, tasks per step and group size for each.
+* Evaluation after training: `--eval-tasks` test-split tasks x `--eval-attempts` attempts at
+  T=0.7 under every harness. Reported per scheduler, over seeds: the mean test score under the
+  training harnesses, the score under the held-out harness, both with a 95% t-interval over
+  seeds, and the paired difference to `mixed` (same seed, same warm start) with its 95% interval.
+
+Writes OUT/results.jsonl (one line per seed x scheduler, appended as runs finish, so a killed
+sweep keeps what it measured and `--resume` skips those) and OUT/summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.registry import load_harness
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.metrics import summarize_harness
+from harnessrl.models.embedded import END_OF_TURN, load_tokenizer
+from harnessrl.models.base import SamplingParams
+from harnessrl.models.hf import HFPolicy
+from harnessrl.models.scripted import ScriptedPolicy
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.tasks.base import Environment, Suite
+from harnessrl.train.grpo import pad_units, token_logprobs, units_from_trajectories
+from harnessrl.train.trainer import Trainer, TrainConfig
+from harnessrl.types import Message, ToolCall
+
+TRAIN_HARNESSES = ["json-tools", "xml-tags", "react", "code-act", "plan-execute"]
+# Held out of training and of the warm start, evaluated only: a new wording of the JSON protocol
+# (what a user's new harness often is) and the built-in workspace-agent (new prompt, bootstrap
+# files, a memory tool).
+HELD_OUT_HARNESSES = ["json-variant", "workspace-agent"]
+SCHEDULERS = ["harness-bandit", "mixed", "uniform", "learnability-only", "transfer-only"]
+N_KEYS = 6  # keys in use (of the 16 below): few enough for a small model to learn from ~100 examples
+# Oracle examples per harness in the warm start: strong, medium, weak, none.
+WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
+
+KEYS = ["river", "stone", "cloud", "apple", "tiger", "candle", "garden", "silver",
+        "winter", "pepper", "rocket", "violin", "forest", "mirror", "coffee", "ladder"]
+WORDS = ["blue", "seven", "north", "happy", "green", "music", "paper", "light",
+         "table", "sugar", "horse", "dance", "water", "smile", "train", "money"]
+
+
+def _words(text: str | None) -> list[str]:
+    return "".join(c.lower() if c.isalnum() else " " for c in (text or "")).split()
+
+
+class CodewordSuite(Suite):
+    """Bench-only suite: a fixed key -> word mapping, asked under many phrasings."""
+
+    name = "codeword"
+    split_sizes = {"train": 400, "dev": 16, "test": 48}
+    needs_workspace = False
+
+    def families(self):
+        def codeword(rng: random.Random):
+            k = rng.randrange(N_KEYS)
+            n = rng.randrange(10_000)
+            word = WORDS[k]
+
+            def check(env: Environment) -> dict[str, float]:
+                return {"answer": float(_words(env.answer)[:1] == [word])}
+
+            return {
+                "instruction": f"Request {n}: what is the code word for {KEYS[k]}? Submit only the code word.",
+                "setup": lambda env: None,
+                "check": check,
+                "data": {"key": KEYS[k], "n": n},
+                "solution": [{"name": "submit", "arguments": {"answer": word}}],
+            }
+
+        return {"codeword": codeword}
+
+    def base_tools(self):
+        return []
+
+
+def shrunk_spec(name: str) -> HarnessSpec:
+    if name == "json-variant":
+        data = load_harness("json-tools").to_dict()
+        data.update(name="json-variant", description="json-tools with a different system prompt")
+        data["system_prompt"] = "Answer by calling a tool.\n{tools}\nWrite exactly one JSON tool call per reply; submit ends the task.\n"
+    else:
+        data = load_harness(name).to_dict()
+    data["rules"].update(max_steps=2, max_new_tokens=32, max_total_tokens=None, demonstrations=[], timeout_s=None)
+    data["rules"]["budget_notice"]["enabled"] = False
+    return HarnessSpec.model_validate(data)
+
+
+def small_model(seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, initializer_range=0.02, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.convert_tokens_to_ids(END_OF_TURN), pad_token_id=tok.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model, tok
+
+
+def oracle_units(suite: Suite, spec: HarnessSpec, n: int, tok) -> list:
+    """Training units of an oracle (plan turn + the submit call in the harness's own format)."""
+    if n == 0:
+        return []
+    tasks = suite.tasks("train", n)
+    by_instruction = {t.instruction: t for t in tasks}
+    proto = get_protocol(spec.protocol.format, lenient=spec.protocol.lenient)
+
+    def script(messages: list[Message]) -> str:
+        if messages[-1].role == "user" and messages[-1].content == spec.loop.plan_prompt:
+            return "1. Submit the code word."
+        task = next(by_instruction[m.content] for m in messages if m.role == "user" and m.content in by_instruction)
+        call = task.solution[0]
+        return proto.render_call(ToolCall(name=call["name"], arguments=call["arguments"]))
+
+    runner = Runner(ScriptedPolicy(script, tokenizer=tok), SamplingParams(temperature=1.0), progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    return units_from_trajectories(trajectories, {t.episode_id: 1.0 for t in trajectories})
+
+
+def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: Path, epochs: int) -> dict:
+    """Supervised next-token pass on oracle replies; saves a transformers folder at `folder`."""
+    model, tok = small_model(seed)
+    units = []
+    for name, n in WARM_EXAMPLES.items():
+        units += oracle_units(suite, specs[name], n, tok)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    t0 = time.perf_counter()
+    losses = []
+    for _ in range(epochs):
+        rng.shuffle(units)
+        for i in range(0, len(units), 16):
+            batch = pad_units(units[i : i + 16], tok.pad_token_id)
+            logp = token_logprobs(model, batch)
+            loss = -(logp.sum() / batch["completion_mask"].sum())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+    model.eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {"units": len(units), "final_loss": statistics.mean(losses[-5:]), "seconds": time.perf_counter() - t0}
+
+
+def evaluate(model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int) -> dict[str, float]:
+    sampling = SamplingParams(temperature=0.7, top_p=1.0, seed=seed)
+    policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
+    runner = Runner(policy, sampling, max_in_flight=64, progress=False)
+    trajectories = runner.run(make_jobs(suite.tasks("test", n_tasks), specs, attempts))
+    return {
+        s.name: summarize_harness([t for t in trajectories if t.harness == s.name], attempts)["mean_score"] or 0.0
+        for s in specs
+    }
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval half-width (two-sided) over seeds."""
+    from statistics import mean, stdev
+
+    T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+    m = mean(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    half = T975.get(len(xs) - 1, 1.96) * stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def run_one(seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str, HarnessSpec], args, out: Path) -> dict:
+    train_specs = [specs[n] for n in TRAIN_HARNESSES]
+    config = TrainConfig(
+        model=f"hf:{warm}", scheduler=scheduler, steps=args.steps, tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size, lr=args.lr, lora_r=8, lora_alpha=16,
+        lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        temperature=1.0, checkpoint_every=args.steps, eval_every=0, save_rollouts=False, seed=seed,
+    )
+    folder = out / "runs" / f"seed{seed}-{scheduler}"
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    t0 = time.perf_counter()
+    trainer = Trainer(config, folder, suite=suite, specs=train_specs, progress=False)
+    trainer.run()
+    train_s = time.perf_counter() - t0
+    steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    picks: dict[str, float] = {}
+    for r in steps:
+        for h, share in (r.get("shares") or {}).items():
+            picks[h] = picks.get(h, 0.0) + share
+    scores = evaluate(trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed)
+    return {
+        "seed": seed, "scheduler": scheduler, "steps": args.steps, "train_seconds": round(train_s, 1),
+        "seconds": round(time.perf_counter() - t0, 1), "scores": scores,
+        "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
+        "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES}, "harness_steps": picks, "skipped_steps": sum(1 for r in steps if r.get("skipped")),
+        "reward_mean": statistics.mean(r["reward_mean"] for r in steps if r.get("reward_mean") is not None),
+    }
+
+
+def summarize(results: list[dict], schedulers: list[str]) -> str:
+    """One row per scheduler: mean [95% CI over seeds] of each measure, and paired differences to mixed."""
+    by = {(r["seed"], r["scheduler"]): r for r in results}
+    seeds = sorted({r["seed"] for r in results})
+    measures = {"train harnesses": lambda r: r["train_mean"]}
+    for h in HELD_OUT_HARNESSES:
+        measures[f"held-out {h}"] = lambda r, h=h: r["held_out"][h]
+
+    def fmt(xs: list[float]) -> str:
+        if not xs:
+            return "-"
+        m, lo, hi = t_interval(xs)
+        return f"{m:.3f} [{lo:+.3f}, {hi:+.3f}]".replace("[+", "[") if not math.isnan(lo) else f"{m:.3f}"
+
+    head = ["scheduler", "seeds"] + [f"{k}: test score" for k in measures] + [f"{k}: minus mixed" for k in measures] + ["steps per harness (mean over seeds)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in ["warm-start"] + schedulers:
+        rows = [by[(seed, s)] for seed in seeds if (seed, s) in by]
+        if not rows:
+            continue
+        cells = [s, str(len(rows))]
+        cells += [fmt([get(r) for r in rows]) for get in measures.values()]
+        for get in measures.values():
+            pairs = [get(r) - get(by[(r["seed"], "mixed")]) for r in rows if (r["seed"], "mixed") in by]
+            cells.append(fmt(pairs) if s not in ("mixed", "warm-start") else "-")
+        if s == "warm-start":
+            cells.append("-")
+        else:
+            cells.append(", ".join(f"{h} {statistics.mean(r['harness_steps'].get(h, 0.0) for r in rows):.1f}" for h in TRAIN_HARNESSES))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--tasks-per-step", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warm-epochs", type=int, default=15)
+    p.add_argument("--eval-tasks", type=int, default=24)
+    p.add_argument("--eval-attempts", type=int, default=2)
+    p.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    p.add_argument("--out", default="runs/scheduler-sweep")
+    p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HARNESSRL_THREADS", "1")
+    torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
+    schedulers = args.schedulers.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    results = [json.loads(line) for line in results_path.read_text().splitlines()] if args.resume and results_path.exists() else []
+    if not args.resume:
+        results_path.write_text("")
+    done = {(r["seed"], r["scheduler"]) for r in results}
+    suite = CodewordSuite()
+    specs = {n: shrunk_spec(n) for n in TRAIN_HARNESSES + HELD_OUT_HARNESSES}
+    t_start = time.perf_counter()
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        warm = out / "warm" / f"seed{seed}"
+        if not (warm / "config.json").exists():
+            info = warm_start(seed, suite, specs, warm, args.warm_epochs)
+            print(f"seed {seed}: warm start {info}", flush=True)
+        if (seed, "warm-start") not in done:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(warm).eval()
+            scores = evaluate(model, load_tokenizer(), suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed)
+            record = {"seed": seed, "scheduler": "warm-start", "scores": scores,
+                      "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
+                      "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES}}
+            results.append(record)
+            with results_path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        for scheduler in schedulers:
+            if (seed, scheduler) in done:
+                continue
+            record = run_one(seed, scheduler, warm, suite, specs, args, out)
+            results.append(record)
+            with results_path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            print(f"seed {seed} {scheduler:18s} train {record['train_mean']:.3f} held-out {record['held_out']} "
+                  f"({record['seconds']:.0f} s; elapsed {time.perf_counter() - t_start:.0f} s)", flush=True)
+    table = summarize(results, schedulers)
+    header = (f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, {args.steps} steps x {args.tasks_per_step} tasks x "
+              f"group {args.group_size}, lr {args.lr}, eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
+              f"wall {time.perf_counter() - t_start:.0f} s\n\n")
+    (out / "summary.md").write_text(header + table + "\n")
+    print(header + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
