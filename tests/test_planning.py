@@ -178,6 +178,7 @@ def test_submit_refuses_malformed_itineraries_without_submitting(sample):
         ({"days": [{"day": 1, "meals": [{"id": "R1", "time": "25:00"}]}], "total_cost": 1}, "not a time"),
         ({"days": [{"day": 1, "meals": "R1"}], "total_cost": 1}, "list of"),
         ({"days": [{"day": 1}], "total_cost": "lots"}, "expected a number"),
+        ({"days": [{"day": 1, "travel": ["F1"] * 41}], "total_cost": 1}, "at most 40"),
     ]
     for itinerary, message in bad:
         env = task.make_env()

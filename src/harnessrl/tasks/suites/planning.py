@@ -81,6 +81,12 @@ class Itinerary:
 
 _TIME = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*$")
 MAX_PLAN_DAYS = 31
+MAX_ITEMS_PER_LIST = 40  # per day and list: far more than a day holds, and it bounds the overlap check
+
+
+def _not_too_long(items: list[Any], where: str) -> None:
+    if len(items) > MAX_ITEMS_PER_LIST:
+        raise PlanFormatError(f"{where}: {len(items)} entries; at most {MAX_ITEMS_PER_LIST} per day")
 
 
 def _time(value: Any, where: str) -> int:
@@ -101,6 +107,7 @@ def _bookings(value: Any, where: str) -> list[Booking]:
         return []
     if not isinstance(value, list):
         raise PlanFormatError(f"{where}: expected a list of {{\"id\": ..., \"time\": \"HH:MM\"}}")
+    _not_too_long(value, where)
     out = []
     for i, b in enumerate(value):
         if not isinstance(b, dict):
@@ -153,6 +160,7 @@ def parse_itinerary(value: Any) -> Itinerary:
         travel = [travel] if isinstance(travel, str) else travel
         if not isinstance(travel, list):
             raise PlanFormatError(f"{where}.travel: expected a list of flight/train ids")
+        _not_too_long(travel, f"{where}.travel")
         hotel = d.get("hotel")
         parsed.append(
             PlanDay(
