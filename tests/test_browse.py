@@ -195,6 +195,7 @@ def test_bad_addresses_links_and_pages_are_tool_failures(suite):
         ("next_page", {}, "no page is open"),
         ("click", {"link": "1"}, "no page is open"),
         ("open", {"url": "/nowhere"}, "no page at '/nowhere'"),
+        ("open", {"url": "http://[shop/"}, "not a valid address"),
         ("open", {"url": "/products?category=socks"}, "no category 'socks'"),
         ("open", {"url": f"/products?category={cat}&page=9"}, "there is no page 9 (pages 1-2)"),
         ("open", {"url": f"/products?category={cat}&page=two"}, "page must be a number"),
@@ -286,3 +287,27 @@ def test_tiny_random_model_browses_without_crashing(tiny_policy):
         assert t.termination in {Termination.max_steps, Termination.submitted, Termination.max_tokens,
                                  Termination.loop_guard}, (t.termination, t.infra_error)
         assert t.grade is not None
+
+
+def test_odd_input_never_crashes_a_tool(suite):
+    """Whatever a model sends, a tool answers with a page or a ToolFailed."""
+    import random
+
+    rng = random.Random(7)
+    odd = ["", " ", "/", "//", "?", "&&", "%zz", "/products?category=", "/thread/1?page=-1", "/order/#1",
+           "javascript:alert(1)", "http://", "http://[", "/product/1/2", "ñ/ü", "\x00", "[]", "[", "0", "-1", "1e9",
+           None, 3.5, True, [], {}, "x" * 5000]
+    odd += ["".join(rng.choice("/?&=#[]:%.-_ aZ09") for _ in range(rng.randint(1, 30))) for _ in range(200)]
+    for task in [by_family(suite, f)[0] for f in sorted(FAMILIES)]:
+        env = task.make_env()
+        use(task, env, "open", url="/")
+        for value in odd:
+            for name, arg in [("open", "url"), ("search", "query"), ("click", "link")]:
+                tool = task.tool(name)
+                args, err = validate_arguments(tool.parameters, {arg: value})
+                if err:
+                    continue  # the runner blocks it before the tool runs
+                try:
+                    assert isinstance(tool.fn(env, **args), str)
+                except ToolFailed:
+                    pass

@@ -124,9 +124,6 @@ class SiteBuilder:
         for name in self.product_names(category, n):
             self.add_product(category, name)
 
-    def product(self, name: str) -> dict:
-        return next(p for p in self.products if p["name"] == name)
-
     # people and orders
     def add_customers(self, n: int) -> list[str]:
         taken = {c["user"] for c in self.customers}
@@ -402,7 +399,10 @@ PAGE_HELP = "pages: /, /products?category=NAME, /product/ID, /customer/NAME, /or
 def render(site: dict, url: str) -> Page:
     """The page at an address (leading `http://host` and a missing leading `/` are forgiven)."""
     raw = str(url).strip().strip("'\"")
-    parts = urlsplit(raw if "://" in raw else "//x/" + raw.lstrip("/"))
+    try:
+        parts = urlsplit(raw if "://" in raw else "//x/" + raw.lstrip("/"))
+    except ValueError as e:  # e.g. an unclosed [ in the host part
+        raise ToolFailed(f"not a valid address '{raw}' ({e}); {PAGE_HELP}") from None
     path = "/" + parts.path.strip("/")
     q = parse_qs(parts.query)
     shown = path + ("?" + parts.query if parts.query else "")
@@ -597,7 +597,7 @@ def top_poster(rng: random.Random) -> dict[str, Any]:
     authors, top = _top_poster_authors(rng, posters)
     title = rng.choice([t for t in TOPICS if all(t != th["title"] for th in b.threads)])
     thread = b.add_thread(title, [b.chatter(a) for a in authors])
-    rng.shuffle(b.threads)
+    rng.shuffle(b.threads)  # the thread asked about is not always the last one
     for i, t in enumerate(b.threads, 1):
         t["id"] = i
     site = b.site()
