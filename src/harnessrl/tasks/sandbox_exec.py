@@ -161,16 +161,23 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
             os.setuid(SANDBOX_UID)
 
     start = time.monotonic()
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=child_env,
-        cwd=host_cwd,
-        start_new_session=True,
-        preexec_fn=limit_child,
-    )
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_env,
+            cwd=host_cwd,
+            start_new_session=True,
+            preexec_fn=limit_child,
+        )
+    except BlockingIOError as e:  # EAGAIN at exec: the uid is already at the process limit
+        who = f"uid {SANDBOX_UID}" if as_root else "this user"
+        raise OSError(
+            e.errno, f"cannot start {argv[0]!r}: {who} already has {limits.processes} processes "
+            f"(the process limit); in {isolation} mode the limit counts every process of that uid"
+        ) from None
     out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
