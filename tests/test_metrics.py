@@ -151,7 +151,7 @@ def test_summarize_hand_values():
     s = summarize_harness(_three_tasks(), attempts=3)
     assert set(s) == {
         "n_tasks", "attempts", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k",
-        "delivery_rate", "n_episodes", "n_infra_errors", "k_notes",
+        "delivery_rate", "mean_subscores", "n_episodes", "n_infra_errors", "k_notes",
     }
     assert s["n_tasks"] == 3
     assert s["attempts"] == 3
@@ -281,3 +281,23 @@ def test_paired_difference_removes_task_difficulty():
     lo, hi = bootstrap_ci(list(a.values()))
     assert hi - lo > 0.1
     assert math.isfinite(d["ci95"][0])
+
+
+def test_grader_can_mark_a_submission_undelivered_and_shared_subscores_are_averaged():
+    def graded(task, attempt, subscores, score):
+        t = _traj(task, attempt, score, score == 1.0)
+        t.grade.subscores.update(subscores)
+        return t
+
+    trajs = [
+        graded("a", 0, {"commonsense": 1.0, "personalised": 1.0, "delivered": 1.0, "only_here": 1.0}, 1.0),
+        graded("a", 1, {"commonsense": 0.5, "personalised": 0.0, "delivered": 1.0}, 0.25),
+        # a prose answer with no plan in it: submitted, but the grader says nothing was delivered
+        graded("b", 0, {"commonsense": 0.0, "personalised": 0.0, "delivered": 0.0}, 0.0),
+        graded("b", 1, {"commonsense": 0.75, "personalised": 1.0, "delivered": 1.0}, 0.875),
+    ]
+    s = summarize_harness(trajs, 2)
+    assert s["delivery_rate"] == pytest.approx(3 / 4)
+    assert s["mean_subscores"] == pytest.approx({"commonsense": 2.25 / 4, "personalised": 0.5, "delivered": 0.75})
+    # no `delivered` sub-score: submitting is delivering
+    assert summarize_harness([_traj("a", 0, 0.0, False)], 1)["delivery_rate"] == 1.0

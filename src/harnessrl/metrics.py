@@ -120,6 +120,11 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def episode_delivered(t: Trajectory) -> bool:
+    """Submitted an answer, and the grader did not mark it undelivered (`delivered` sub-score 0)."""
+    return t.submitted and not (t.grade is not None and t.grade.subscores.get("delivered") == 0.0)
+
+
 def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
     """Headline numbers for one harness on one set of tasks.
 
@@ -127,7 +132,13 @@ def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
         mean_score_ci95 = bootstrap_ci over the T per-task scores
         pass_at_k[k]   = (1/T) * sum_tasks pass_at_k(n_t, c_t, k)
         pass_hat_k[k]  = (1/T) * sum_tasks pass_hat_k(n_t, c_t, k)
-        delivery_rate  = (# valid episodes with submitted) / (# valid episodes)
+        delivery_rate  = (# valid episodes delivered) / (# valid episodes)
+        mean_subscores[name] = mean of grade.subscores[name] over valid graded episodes, for the
+                         sub-score names every such episode has (e.g. planning's commonsense
+                         and personalised scores)
+
+An episode is *delivered* when it submitted an answer, unless its grader says otherwise with a
+`delivered` sub-score of 0 (a planning answer in prose with no itinerary in it, say).
 
     n_t is task t's number of valid attempts and c_t how many passed (grade.passed).
     Episodes with termination == error are excluded from every denominator and only counted
@@ -157,6 +168,7 @@ def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
             "pass_at_k": {str(k): None for k in ks},
             "pass_hat_k": {str(k): None for k in ks},
             "delivery_rate": None,
+            "mean_subscores": {},
             "n_episodes": 0,
             "n_infra_errors": n_infra,
             "k_notes": {str(k): reason for k in ks},
@@ -180,7 +192,10 @@ def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
         at_k[str(k)] = fsum(pass_at_k(n, c, k) for n, c in counts) / n_tasks
         hat_k[str(k)] = fsum(pass_hat_k(n, c, k) for n, c in counts) / n_tasks
 
-    delivered = sum(1 for eps in by_task.values() for t in eps if t.submitted)
+    valid = [t for eps in by_task.values() for t in eps]
+    delivered = sum(1 for t in valid if episode_delivered(t))
+    graded = [t.grade.subscores for t in valid if t.grade is not None]
+    shared = set.intersection(*(set(g) for g in graded)) if graded else set()
     return {
         "n_tasks": n_tasks,
         "attempts": attempts,
@@ -189,6 +204,7 @@ def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
         "pass_at_k": at_k,
         "pass_hat_k": hat_k,
         "delivery_rate": delivered / n_episodes,
+        "mean_subscores": {name: fsum(g[name] for g in graded) / len(graded) for name in sorted(shared)},
         "n_episodes": n_episodes,
         "n_infra_errors": n_infra,
         "k_notes": notes,
