@@ -115,3 +115,106 @@ def test_observation_window_is_optional_and_at_least_one(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match=r"rules.observation_window: .*greater than or equal to 1"):
         load_spec(path)
+
+
+# -- capabilities: ledger, experiences, helper tools; the submit checkpoint -------------------------
+
+
+def _capability_task():
+    from harnessrl.tasks.base import SUBMIT_TOOL, Task, Tool
+
+    def get(env, key: str) -> str:
+        if key not in env.state:
+            from harnessrl.tasks.base import ToolFailed
+
+            raise ToolFailed(f"no key {key}")
+        return env.state[key]
+
+    tool = Tool("get", "Read a value.", {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}, get)
+    return Task(
+        id="cap/dev/00000", suite="cap", family="cap", split="dev", seed=0, instruction="Submit the value of a plus b.",
+        tools=[tool, SUBMIT_TOOL], setup=lambda env: env.state.update(a="1", b="2"),
+        check=lambda env: {"answer": float(env.answer == "12")}, needs_workspace=False,
+    )
+
+
+def _run_capabilities(tokenizer, capabilities, replies, **rules):
+    from harnessrl.harness.loops import Episode
+    from harnessrl.rollout import Runner, make_jobs
+
+    from helpers import replies_policy
+
+    data = _base()
+    data.update(name="cap", capabilities=capabilities)
+    data["rules"].update(demonstrations=[], max_steps=6, **rules)
+    spec = parse_spec(data)
+    prompts = []
+    policy = replies_policy(replies, tokenizer)
+    inner = policy.script
+
+    def script(messages):
+        prompts.append(messages[0].content)
+        return inner(messages)
+
+    policy.script = script
+    (traj,) = Runner(policy, progress=False).run(make_jobs([_capability_task()], [spec], 1))
+    return traj, prompts, Episode(_capability_task(), spec, 0)
+
+
+def _react(name, args):
+    return f"Thought: go\nAction: {name}\nAction Input: {json.dumps(args)}"
+
+
+def test_capabilities_default_off_and_validate():
+    assert all(load_harness(n).capabilities.model_dump() == {"ledger": {"enabled": False, "max_entries": 10}, "experiences": [], "helper_tools": []} for n in BUILTINS)
+    data = _base()
+    data["capabilities"] = {"helper_tools": [{"name": "h", "description": "d", "calls": [{"tool": "get", "arguments": {"key": "{missing}"}}]}]}
+    with pytest.raises(SpecError, match="unknown parameter '{missing}'"):
+        parse_spec(data)
+    data["capabilities"] = {"helper_tools": [{"name": "h", "description": "d", "calls": [{"tool": "submit"}]}]}
+    with pytest.raises(SpecError, match="submit"):
+        parse_spec(data)
+    data["capabilities"] = {"experiences": ["x" * 401]}
+    with pytest.raises(SpecError, match="at most 400"):
+        parse_spec(data)
+
+
+def test_ledger_and_experiences_are_shown_in_the_system_prompt(tokenizer):
+    caps = {"ledger": {"enabled": True, "max_entries": 1}, "experiences": ["Read both values first."]}
+    replies = [_react("get", {"key": "a"}), _react("get", {"key": "zz"}), _react("submit", {"answer": "12"})]
+    traj, prompts, _ = _run_capabilities(tokenizer, caps, replies)
+    assert traj.grade.passed
+    assert all("## Lessons from earlier attempts\n- Read both values first." in p for p in prompts)
+    assert "## Ledger: what you have done so far\n- (nothing done yet)" in prompts[0] or "(nothing done yet)" in prompts[0]
+    assert '- step 1: get(key="a") -> ok: 1' in prompts[1]
+    # only the last max_entries are shown, with a count of the others
+    assert "(1 earlier entries not shown)" in prompts[2] and 'step 2: get(key="zz") -> failed: error: no key zz' in prompts[2]
+
+
+def test_helper_tool_calls_the_task_tools_in_order(tokenizer):
+    helper = {
+        "name": "get_two",
+        "description": "Read two values at once.",
+        "parameters": {"first": "a key", "second": "another key"},
+        "calls": [{"tool": "get", "arguments": {"key": "{first}"}}, {"tool": "get", "arguments": {"key": "{second}"}}],
+    }
+    replies = [_react("get_two", {"first": "a", "second": "b"}), _react("get_two", {"first": "a", "second": "nope"}), _react("submit", {"answer": "12"})]
+    traj, prompts, episode = _run_capabilities(tokenizer, {"helper_tools": [helper]}, replies)
+    assert "get_two" in {t.name for t in episode.tools} and "get_two" in prompts[0]
+    ok, failed = traj.steps[0].tool_results[0], traj.steps[1].tool_results[0]
+    assert ok.ok and ok.output == "[get]\n1\n[get]\n2"
+    assert not ok.blocked and not failed.ok and "get: error: no key nope" in failed.output
+    # a helper whose tools the task lacks is not offered (harnesses know no suite)
+    helper["calls"][1]["tool"] = "read_file"
+    _, _, episode = _run_capabilities(tokenizer, {"helper_tools": [helper]}, replies)
+    assert "get_two" not in {t.name for t in episode.tools}
+
+
+def test_submit_checkpoint_holds_back_the_first_submit_once(tokenizer):
+    replies = [_react("submit", {"answer": "3"}), _react("get", {"key": "a"}), _react("submit", {"answer": "12"})]
+    traj, _, _ = _run_capabilities(tokenizer, {}, replies, submit_checkpoint={"enabled": True})
+    assert traj.submitted and traj.answer == "12" and len(traj.steps) == 3
+    held = traj.steps[0].tool_results[0]
+    assert held.name == "submit" and held.ok and "Checkpoint before submitting" in held.output
+    traj, _, _ = _run_capabilities(tokenizer, {}, replies)  # off by default: the first submit ends it
+    assert traj.answer == "3" and len(traj.steps) == 1

@@ -26,6 +26,10 @@ from harnessrl.train.command import train_app  # noqa: E402  (a sub-app: GRPO ac
 
 app.add_typer(train_app, name="train")
 
+from harnessrl.evolve.command import evolve_cmd  # noqa: E402  (harness evolution)
+
+app.command("evolve")(evolve_cmd)
+
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
 out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)

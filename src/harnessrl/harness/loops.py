@@ -61,6 +61,8 @@ class Episode:
         self.observation_placeholders: list[str] = []  # one per exchange, for rules.observation_window
         self.memory: list[str] = []
         self.plan: list[Message] = []
+        self.ledger: list[str] = []  # capabilities.ledger: one line per tool call so far
+        self.checkpoint_done = False  # rules.submit_checkpoint fires once per episode
         self.done = False
         self.termination: Termination | None = None
         self.detail = ""
@@ -79,6 +81,33 @@ class Episode:
 
     # -- harness-provided tools -------------------------------------------------------------------
     def _harness_tools(self) -> list[Tool]:
+        return self._memory_tools() + self._helper_tools()
+
+    def _helper_tools(self) -> list[Tool]:
+        """capabilities.helper_tools whose every call names a tool of the task."""
+        task_tools = {t.name: t for t in self.task.tools}
+        return [
+            Tool(h.name, h.description, R.helper_parameters(h), self._helper_fn(h, task_tools))
+            for h in self.spec.capabilities.helper_tools
+            if all(c.tool in task_tools for c in h.calls)
+        ]
+
+    def _helper_fn(self, helper: Any, task_tools: dict[str, Tool]):
+        def run(env: Environment, **args: Any) -> str:
+            outputs = []
+            for call in helper.calls:
+                tc = ToolCall(name=call.tool, arguments=R.fill_helper_arguments(call.arguments, args))
+                result = self._execute(tc, list(task_tools.values()))
+                if result.blocked is not None:
+                    raise ToolBlocked(f"{call.tool}: {result.output}", result.blocked.value)
+                if not result.ok:
+                    raise ToolFailed(f"{call.tool}: {result.output}")
+                outputs.append(f"[{call.tool}]\n{result.output}")
+            return "\n".join(outputs)
+
+        return run
+
+    def _memory_tools(self) -> list[Tool]:
         if not self.spec.bootstrap.memory_tool:
             return []
 
@@ -101,7 +130,7 @@ class Episode:
     def _system_prompt(self) -> str:
         boot = "\n".join(f"## {name}\n{text.rstrip()}" for name, text in self.spec.bootstrap.files.items())
         memory = "\n".join(f"- {m}" for m in self.memory) or "(none yet)"
-        return self.spec.system_prompt.format_map(
+        prompt = self.spec.system_prompt.format_map(
             {
                 "tools": self.protocol.render_tools(self.schemas),
                 "max_steps": self.rules.max_steps,
@@ -109,6 +138,8 @@ class Episode:
                 "memory": memory,
             }
         ).strip()
+        extra = R.capability_sections(self.spec.capabilities, self.ledger)
+        return prompt + ("\n\n" + extra if extra else "")
 
     def _demonstrations(self) -> list[Message]:
         available = {t.name for t in self.tools}
@@ -201,8 +232,15 @@ class Episode:
         else:
             step.tool_calls = parsed.calls
             for tc in parsed.calls:
+                if tc.name == "submit" and self.rules.submit_checkpoint.enabled and not self.checkpoint_done:
+                    # held back once: the reminder is the submit's result, the episode goes on
+                    self.checkpoint_done = True
+                    step.tool_results.append(ToolResult(name="submit", output=self.rules.submit_checkpoint.message))
+                    break
                 result = self._execute(tc)
                 step.tool_results.append(result)
+                if self.spec.capabilities.ledger.enabled:
+                    self.ledger.append(R.ledger_entry(len(self.steps) + 1, tc, result))
                 if result.blocked is not None:
                     notes_for = R.blocked_feedback(
                         self.rules, result.output, self._format_reminder, result.blocked == BlockReason.invalid_arguments
@@ -257,10 +295,11 @@ class Episode:
         )
         self.observation_placeholders.append(R.observation_placeholder(step))
 
-    def _execute(self, tc: ToolCall) -> ToolResult:
-        tool = next((t for t in self.tools if t.name == tc.name), None)
+    def _execute(self, tc: ToolCall, tools: list[Tool] | None = None) -> ToolResult:
+        tools = self.tools if tools is None else tools
+        tool = next((t for t in tools if t.name == tc.name), None)
         if tool is None:
-            names = ", ".join(t.name for t in self.tools)
+            names = ", ".join(t.name for t in tools)
             return ToolResult(name=tc.name, output=f"unknown tool '{tc.name}' (available: {names})", ok=False, blocked=BlockReason.unknown_tool)
         args, err = validate_arguments(tool.parameters, tc.arguments)
         if err:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 
-from harnessrl.harness.spec import RulesSpec
-from harnessrl.types import ActionKind, Message, Step
+from typing import Any
+
+from harnessrl.harness.spec import CapabilitiesSpec, HelperToolSpec, RulesSpec
+from harnessrl.types import ActionKind, Message, Step, ToolCall, ToolResult
 
 
 def action_signature(step: Step) -> str:
@@ -99,3 +101,61 @@ def blocked_feedback(rules: RulesSpec, message: str, format_reminder: str, inval
     if invalid_arguments and rules.feedback.show_format:
         text += "\n" + format_reminder
     return text
+
+
+# -- capabilities ------------------------------------------------------------------------------------
+LEDGER_OUTPUT_CHARS = 80  # what a ledger line keeps of a tool's output
+
+
+def ledger_entry(step_number: int, call: ToolCall, result: ToolResult) -> str:
+    """One ledger line: step, call, outcome and the start of the output."""
+    args = ", ".join(f"{k}={json.dumps(v, default=str)[:40]}" for k, v in call.arguments.items())
+    if result.blocked is not None:
+        outcome = "refused"
+    elif not result.ok:
+        outcome = "failed"
+    else:
+        outcome = "ok"
+    text = " ".join(result.output.split())
+    if len(text) > LEDGER_OUTPUT_CHARS:
+        text = text[: LEDGER_OUTPUT_CHARS - 3] + "..."
+    return f"step {step_number}: {call.name}({args}) -> {outcome}: {text}"
+
+
+def capability_sections(caps: CapabilitiesSpec, ledger: list[str]) -> str:
+    """The system prompt sections of the capabilities: lessons, then the ledger."""
+    parts = []
+    if caps.experiences:
+        parts.append("## Lessons from earlier attempts\n" + "\n".join(f"- {e.strip()}" for e in caps.experiences))
+    if caps.ledger.enabled:
+        shown = ledger[-caps.ledger.max_entries :]
+        body = "\n".join(f"- {e}" for e in shown) if shown else "(nothing done yet)"
+        skipped = len(ledger) - len(shown)
+        if skipped:
+            body = f"({skipped} earlier entries not shown)\n" + body
+        parts.append("## Ledger: what you have done so far\n" + body)
+    return "\n\n".join(parts)
+
+
+def helper_parameters(helper: HelperToolSpec) -> dict[str, Any]:
+    """The JSON schema of a helper tool: every parameter a required string."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": desc} for name, desc in helper.parameters.items()},
+        "required": list(helper.parameters),
+    }
+
+
+def fill_helper_arguments(template: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of one helper call: "{param}" placeholders replaced by the helper's arguments."""
+    filled: dict[str, Any] = {}
+    for key, value in template.items():
+        if isinstance(value, str):
+            whole = value[1:-1] if value.startswith("{") and value.endswith("}") else None
+            if whole in args:
+                filled[key] = args[whole]
+            else:
+                filled[key] = value.format_map({k: str(v) for k, v in args.items()})
+        else:
+            filled[key] = value
+    return filled

@@ -93,6 +93,16 @@ class BudgetNoticeSpec(_Spec):
     message: str = "Note: {remaining} step(s) left. Submit your result before the budget runs out."
 
 
+class SubmitCheckpointSpec(_Spec):
+    """Verify before submit: the first `submit` of an episode is held back once with a reminder."""
+
+    enabled: bool = False
+    message: str = (
+        "Checkpoint before submitting: check that you read the files your answer depends on and "
+        "that every file the task asks for has the exact name and content. Then call submit again."
+    )
+
+
 class RulesSpec(_Spec):
     max_steps: int = Field(12, ge=1, le=500)
     max_new_tokens: int = Field(256, ge=1, le=32768)
@@ -106,6 +116,7 @@ class RulesSpec(_Spec):
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec)
     loop_guard: LoopGuardSpec = Field(default_factory=LoopGuardSpec)
     budget_notice: BudgetNoticeSpec = Field(default_factory=BudgetNoticeSpec)
+    submit_checkpoint: SubmitCheckpointSpec = Field(default_factory=SubmitCheckpointSpec)
 
 
 class BootstrapSpec(_Spec):
@@ -113,6 +124,73 @@ class BootstrapSpec(_Spec):
 
     files: dict[str, str] = Field(default_factory=dict)  # name -> content, shown as sections
     memory_tool: bool = False  # offer `remember(note)`; notes appear in {memory}
+
+
+class LedgerSpec(_Spec):
+    """A state ledger: the harness records every tool call and its outcome and shows the list."""
+
+    enabled: bool = False
+    max_entries: int = Field(10, ge=1, le=50)  # the most recent entries shown
+
+
+class HelperCall(_Spec):
+    tool: str = Field(min_length=1)  # a tool of the task (never another helper, never submit)
+    # string values may name the helper's parameters as {param}; a value that is exactly
+    # "{param}" is replaced by the argument itself
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class HelperToolSpec(_Spec):
+    """An extra tool built from the task's own tools: calls them in order, returns all outputs.
+
+    Offered only when every tool it calls exists in the task (harnesses know no suite).
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=40)
+    description: str = Field(min_length=1)
+    parameters: dict[str, str] = Field(default_factory=dict)  # name -> description; strings, required
+    calls: list[HelperCall] = Field(min_length=1, max_length=8)
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> "HelperToolSpec":
+        if self.name == "submit" or any(c.tool == "submit" for c in self.calls):
+            raise ValueError("a helper tool can neither be called submit nor call submit")
+        for c in self.calls:
+            for v in c.arguments.values():
+                if isinstance(v, str):
+                    try:
+                        used = [f for _, f, _, _ in string.Formatter().parse(v) if f is not None]
+                    except ValueError as e:
+                        raise ValueError(f"helper '{self.name}': bad template {v!r} ({e})") from None
+                    unknown = [f for f in used if f not in self.parameters]
+                    if unknown:
+                        raise ValueError(f"helper '{self.name}': argument uses unknown parameter '{{{unknown[0]}}}'")
+        return self
+
+
+class CapabilitiesSpec(_Spec):
+    """What the harness adds to the model's abilities beyond prompts and guards."""
+
+    ledger: LedgerSpec = Field(default_factory=LedgerSpec)
+    # short lessons from earlier failures, shown in the system prompt
+    experiences: list[str] = Field(default_factory=list, max_length=20)
+    helper_tools: list[HelperToolSpec] = Field(default_factory=list, max_length=8)
+
+    @field_validator("experiences")
+    @classmethod
+    def _short_lessons(cls, v: list[str]) -> list[str]:
+        for lesson in v:
+            if not lesson.strip() or len(lesson) > 400:
+                raise ValueError("each experience is a non-empty lesson of at most 400 characters")
+        return v
+
+    @field_validator("helper_tools")
+    @classmethod
+    def _unique_helpers(cls, v: list[HelperToolSpec]) -> list[HelperToolSpec]:
+        names = [h.name for h in v]
+        if len(set(names)) != len(names):
+            raise ValueError("helper tool names must be unique")
+        return v
 
 
 class HarnessSpec(_Spec):
@@ -123,6 +201,7 @@ class HarnessSpec(_Spec):
     loop: LoopSpec = Field(default_factory=LoopSpec)
     rules: RulesSpec = Field(default_factory=RulesSpec)
     bootstrap: BootstrapSpec = Field(default_factory=BootstrapSpec)
+    capabilities: CapabilitiesSpec = Field(default_factory=CapabilitiesSpec)
 
     @field_validator("system_prompt")
     @classmethod

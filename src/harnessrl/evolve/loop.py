@@ -1,0 +1,400 @@
+"""The evolution loop: noise first, then propose -> validate -> measure -> accept, then held-out once.
+
+    noise     seed harness x dev tasks x R rollouts, twice -> threshold (acceptance.py)
+    iteration i = 1..N:
+      re-measure the incumbent on dev (label iNN.incumbent)
+      triage it; the proposer reads the triage and its failing episodes -> candidates
+      each valid candidate: dev run (label iNN.cK) -> paired delta vs THIS iteration's incumbent run
+      the best candidate with delta > threshold becomes the incumbent
+    final     seed and best harness on the held-out test tasks, once; the folder is then locked
+
+Every measurement is a set of runner jobs stored in ONE run database under its own harness label
+(`noise.a`, `i03.incumbent`, `i03.c2`, `test.best`, ...), so a killed loop resumes without
+re-running finished episodes. Proposals are written to `proposals/iNN.json` before they are
+measured (a resumed loop never asks the proposer again for the same iteration), evolution.jsonl
+lines and state.json are written when an iteration completes. Test-split tasks are refused by
+`measure` before the final phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE, acceptance_threshold, compare, estimate_noise
+from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
+from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer
+from harnessrl.harness.spec import HarnessSpec, parse_spec
+from harnessrl.metrics import paired_difference, summarize_harness, task_scores
+from harnessrl.models.base import Policy, SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.store import RunStore
+from harnessrl.tasks.base import Task
+from harnessrl.triage import triage
+from harnessrl.types import Trajectory
+
+STATE = "state.json"
+LOG = "evolution.jsonl"
+BEST = "best_harness.yaml"
+FINAL = "final.json"
+SEED_LABEL = "seed"
+
+
+class EvolveError(RuntimeError):
+    """A user-facing problem with an evolution run folder (finished, mismatched, ...)."""
+
+
+@dataclass
+class EvolveConfig:
+    suite: str
+    seed_harness: str
+    model: str
+    dev_tasks: int
+    test_tasks: int
+    rollouts: int = 4
+    iterations: int = 20
+    candidates: int = 2  # proposals measured per iteration
+    proposer: str = "rules"
+    proposer_model: str | None = None
+    threshold_multiple: float = THRESHOLD_MULTIPLE
+    min_threshold: float = 0.0
+    seed: int = 0
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_in_flight: int = 16
+    retries: int = 2
+
+    def validate(self) -> None:
+        for name in ("dev_tasks", "test_tasks", "rollouts", "iterations", "candidates", "max_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.dev_tasks < 2:
+            raise ValueError("--dev-tasks must be >= 2 (the noise estimate needs a spread over tasks)")
+        if self.retries < 0:
+            raise ValueError("--retries must be >= 0")
+        if self.threshold_multiple < 0 or self.min_threshold < 0:
+            raise ValueError("--threshold-multiple and --min-threshold must be >= 0")
+        if self.proposer not in ("rules", "llm"):
+            raise ValueError(f"unknown proposer '{self.proposer}' (rules or llm)")
+        if self.proposer == "llm" and not self.proposer_model:
+            raise ValueError("--proposer llm needs --proposer-model openai:NAME@URL")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Measurement:
+    label: str
+    trajectories: list[Trajectory]
+    scores: dict[str, float]  # per-task mean score
+    summary: dict[str, Any]
+
+    def dev_record(self) -> dict[str, Any]:
+        s = self.summary
+        return {"label": self.label, "mean": s["mean_score"], "ci95": s["mean_score_ci95"], "n_episodes": s["n_episodes"], "delivery_rate": s["delivery_rate"], "n_infra_errors": s["n_infra_errors"]}
+
+
+@dataclass
+class State:
+    phase: str = "search"  # search -> final -> finished
+    iterations_done: int = 0
+    incumbent: str = SEED_LABEL  # label of the incumbent's spec under harnesses/
+    noise: dict[str, Any] | None = None
+    threshold: float | None = None
+    invalid_proposals: int = 0
+    crashed_candidates: int = 0
+    proposer_errors: int = 0
+    exhausted: bool = False  # the proposer had nothing left to propose
+    elapsed_s: float = 0.0
+    accepted: list[str] = field(default_factory=list)
+
+
+class Evolution:
+    def __init__(
+        self,
+        folder: str | Path,
+        config: EvolveConfig,
+        seed_spec: HarnessSpec,
+        dev_tasks: list[Task],
+        test_tasks: list[Task],
+        policy: Policy,
+        proposer: Proposer,
+        progress: bool = False,
+        log: Callable[[str], None] = lambda _: None,
+    ):
+        config.validate()
+        self.folder = Path(folder)
+        self.config = config
+        self.seed_spec = seed_spec
+        self.dev_tasks = dev_tasks
+        self.test_tasks = test_tasks
+        self.policy = policy
+        self.proposer = proposer
+        self.progress = progress
+        self.log = log
+        if any(t.split == "test" for t in dev_tasks):
+            raise EvolveError("the dev tasks include test-split tasks; held-out tasks are for the final run only")
+
+    # -- files -----------------------------------------------------------------------------------
+    def _path(self, name: str) -> Path:
+        return self.folder / name
+
+    def _write(self, name: str, text: str) -> None:
+        """Atomic write: a kill leaves the old file or the new one, never half of one."""
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _save_state(self, state: State) -> None:
+        now = time.monotonic()
+        state.elapsed_s = round(state.elapsed_s + now - self._mark, 3)
+        self._mark = now
+        self._write(STATE, json.dumps(asdict(state), indent=1) + "\n")
+
+    def _load_state(self) -> State | None:
+        p = self._path(STATE)
+        return State(**json.loads(p.read_text(encoding="utf-8"))) if p.is_file() else None
+
+    def _save_spec(self, label: str, spec: HarnessSpec) -> None:
+        self._write(f"harnesses/{label}.yaml", spec.to_yaml())
+
+    def _load_spec(self, label: str) -> HarnessSpec:
+        p = self._path(f"harnesses/{label}.yaml")
+        return parse_spec(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+
+    def _log_lines(self) -> list[dict[str, Any]]:
+        p = self._path(LOG)
+        if not p.is_file():
+            return []
+        return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    # -- measuring ------------------------------------------------------------------------------------
+    def measure(self, spec: HarnessSpec, label: str, tasks: list[Task], seed: int, phase: str) -> Measurement:
+        """Run spec on tasks x rollouts under `label` (resuming finished episodes) and score it."""
+        if phase != "final" and any(t.split == "test" for t in tasks):
+            raise EvolveError(f"{label}: test-split tasks may only be run in the final phase")
+        run_spec = renamed(spec, label)
+        jobs = make_jobs(tasks, [run_spec], self.config.rollouts)
+        done = self.store.finished_keys()
+        todo = [j for j in jobs if j.key not in done]
+        if todo:
+            self.log(f"{label}: {len(todo)} episodes" + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else ""))
+            sampling = SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p, seed=seed)
+            runner = Runner(self.policy, sampling, max_in_flight=self.config.max_in_flight, max_retries=self.config.retries, on_episode=self.store.add, progress=self.progress)
+            runner.run(todo)
+        trajs = list(self.store.trajectories(harness=label, with_tokens=False))
+        return Measurement(label, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
+
+    def _iteration_seed(self, iteration: int) -> int:
+        # every arm of one iteration samples with the same seed (pairing); iterations differ
+        return self.config.seed + 1000 * iteration
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self._mark = time.monotonic()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state = self._load_state()
+        if state is not None and state.phase == "finished":
+            raise EvolveError(f"{self.folder}: this evolution run is finished and locked (final.json); start a new --out")
+        stored = self._path("config.json")
+        if state is None:
+            if RunStore.exists(self.folder) or stored.is_file():
+                raise EvolveError(f"{self.folder} already holds a run; use --resume to continue it or choose another --out")
+            self._write("config.json", json.dumps(self.config.to_json(), indent=1) + "\n")
+            self._save_spec(SEED_LABEL, self.seed_spec)
+            state = State()
+            self._save_state(state)
+        else:
+            saved = json.loads(stored.read_text(encoding="utf-8"))
+            diff = sorted(k for k in set(saved) | set(self.config.to_json()) if saved.get(k) != self.config.to_json().get(k))
+            if diff:
+                raise EvolveError(f"--resume with a different configuration ({', '.join(diff)} differ from {stored})")
+        self.store = RunStore(self.folder)
+        try:
+            self.store.set_meta("config", {"evolve": self.config.to_json(), "model": self.config.model})
+            # lines of an iteration that did not complete are written again when it completes
+            kept = [line for line in self._log_lines() if line["iteration"] <= state.iterations_done]
+            self._write(LOG, "".join(json.dumps(line) + "\n" for line in kept))
+            if state.threshold is None:
+                self._noise(state)
+            while state.phase == "search" and state.iterations_done < self.config.iterations and not state.exhausted:
+                self._iteration(state, state.iterations_done + 1)
+            state.phase = "final"
+            self._save_state(state)
+            return self._final(state)
+        finally:
+            self.store.close()
+
+    def _noise(self, state: State) -> None:
+        seed_spec = self._load_spec(SEED_LABEL)
+        a = self.measure(seed_spec, "noise.a", self.dev_tasks, self._iteration_seed(0), "search")
+        b = self.measure(seed_spec, "noise.b", self.dev_tasks, self._iteration_seed(0), "search")
+        noise = estimate_noise(a.scores, b.scores)
+        state.noise = noise.to_json() | {"runs": [a.dev_record(), b.dev_record()], "threshold_multiple": self.config.threshold_multiple, "min_threshold": self.config.min_threshold}
+        state.threshold = acceptance_threshold(noise, self.config.threshold_multiple, self.config.min_threshold)
+        self._write("noise.json", json.dumps(state.noise | {"threshold": state.threshold}, indent=1) + "\n")
+        self._write(BEST, seed_spec.to_yaml())
+        self._save_state(state)
+        self.log(f"noise: sd of the dev mean {noise.sd_dev_mean:.4f}, threshold {state.threshold:.4f}")
+
+    def _proposals(self, iteration: int, ctx: ProposalContext) -> list[Proposal]:
+        """This iteration's proposals: from proposals/iNN.json when a killed run left them."""
+        name = f"proposals/i{iteration:02d}.json"
+        if self._path(name).is_file():
+            return [Proposal.from_json(d) for d in json.loads(self._path(name).read_text(encoding="utf-8"))]
+        try:
+            proposals = self.proposer.propose(ctx)
+        except Exception as e:  # a proposer bug or a dead server: recorded, the loop goes on
+            proposals = [Proposal("", "", self.proposer.name, None, error=f"proposer failed: {type(e).__name__}: {e}")]
+        self._write(name, json.dumps([p.to_json() for p in proposals], indent=1) + "\n")
+        return proposals
+
+    def _iteration(self, state: State, it: int) -> None:
+        incumbent = self._load_spec(state.incumbent)
+        seed = self._iteration_seed(it)
+        inc = self.measure(incumbent, f"i{it:02d}.incumbent", self.dev_tasks, seed, "search")
+        tri = triage(inc.trajectories).get(inc.label, {"counts": {}, "episodes": [], "n_passed": 0, "n_valid": 0})
+        failed_ids = {e["episode_id"] for e in tri["episodes"]}
+        history = self._log_lines()
+        tools = {t.name: t.schema for task in self.dev_tasks for t in task.tools}
+        ctx = ProposalContext(
+            iteration=it,
+            incumbent=incumbent,
+            triage=tri,
+            failures=[t for t in inc.trajectories if t.episode_id in failed_ids],
+            history=history,
+            tools=list(tools.values()),
+            n=self.config.candidates,
+            tried={h["spec_fingerprint"] for h in history if h.get("spec_fingerprint")},
+        )
+        proposals = self._proposals(it, ctx)
+        if not proposals:
+            state.exhausted = True
+            self.log(f"iteration {it}: the proposer has nothing left to propose; stopping the search")
+        lines = []
+        for k, p in enumerate(proposals, 1):
+            lines.append(self._candidate(state, it, k, p, incumbent, inc))
+        winners = [line for line in lines if line["beats_threshold"]]
+        if winners:
+            best = max(winners, key=lambda line: line["delta"])
+            best["accepted"] = True
+            state.incumbent = best["candidate"]
+            state.accepted.append(best["candidate"])
+            self._write(BEST, renamed(self._load_spec(best["candidate"]), self._best_name()).to_yaml())
+        with open(self._path(LOG), "a", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        state.iterations_done = it
+        self._save_state(state)
+        self.log(f"iteration {it}: incumbent {inc.summary['mean_score']}, " + ", ".join(f"{line['candidate']} {line['status']} delta={line['delta']}" + (" ACCEPTED" if line["accepted"] else "") for line in lines))
+
+    def _best_name(self) -> str:
+        return f"{self.seed_spec.name}-evolved"[:64]
+
+    def _candidate(self, state: State, it: int, k: int, p: Proposal, incumbent: HarnessSpec, inc: Measurement) -> dict[str, Any]:
+        label = f"i{it:02d}.c{k}"
+        line: dict[str, Any] = {
+            "iteration": it,
+            "candidate": label,
+            "parent": state.incumbent,
+            "proposer": self.proposer.name,
+            "edit": p.edit,
+            "hypothesis": p.hypothesis,
+            "target": p.target,
+            "diff": [],
+            "spec_fingerprint": None,
+            "status": "measured",
+            "error": p.error,
+            "dev": None,
+            "incumbent_dev": inc.dev_record(),
+            "delta": None,
+            "delta_ci95": None,
+            "threshold": state.threshold,
+            "beats_threshold": False,
+            "accepted": False,
+        }
+        if p.spec is None:
+            state.invalid_proposals += 1
+            line["status"] = "invalid"
+            return line
+        line["diff"] = spec_diff(incumbent, p.spec)
+        line["spec_fingerprint"] = spec_fingerprint(p.spec)
+        if not line["diff"]:
+            line["status"] = "no-op"
+            line["error"] = "the candidate is identical to the incumbent"
+            return line
+        self._save_spec(label, p.spec)
+        try:
+            cand = self.measure(p.spec, label, self.dev_tasks, self._iteration_seed(it), "search")
+        except Exception as e:  # a candidate that breaks the runner is skipped, not fatal
+            state.crashed_candidates += 1
+            line["status"] = "crashed"
+            line["error"] = f"{type(e).__name__}: {e}"
+            return line
+        verdict = compare(inc.scores, cand.scores, state.threshold or 0.0)
+        line.update(dev=cand.dev_record(), delta=verdict["delta"], delta_ci95=verdict["delta_ci95"], beats_threshold=verdict["accepted"])
+        return line
+
+    # -- held-out, once -------------------------------------------------------------------------------
+    def _final(self, state: State) -> dict[str, Any]:
+        seed_spec = self._load_spec(SEED_LABEL)
+        best_spec = self._load_spec(state.incumbent)
+        seed = self._iteration_seed(self.config.iterations + 1)
+        seed_run = self.measure(seed_spec, "test.seed", self.test_tasks, seed, "final")
+        # with no accepted edit, best IS the seed: one held-out run serves both sides
+        best_run = seed_run if state.incumbent == SEED_LABEL else self.measure(best_spec, "test.best", self.test_tasks, seed, "final")
+        final = {
+            "suite": self.config.suite,
+            "model": self.config.model,
+            "seed_harness": self.seed_spec.name,
+            "best": state.incumbent,
+            "accepted_edits": state.accepted,
+            "best_diff_vs_seed": spec_diff(seed_spec, best_spec),
+            "iterations_run": state.iterations_done,
+            "proposer_exhausted": state.exhausted,
+            "threshold": state.threshold,
+            "noise": state.noise,
+            "invalid_proposals": state.invalid_proposals,
+            "crashed_candidates": state.crashed_candidates,
+            "seed": self._held_out_record(seed_run),
+            "best_harness": self._held_out_record(best_run),
+            "paired_difference": paired_difference(seed_run.scores, best_run.scores),
+            "config": self.config.to_json(),
+        }
+        self._save_state(state)  # brings elapsed_s up to date
+        final["wall_time_s"] = state.elapsed_s
+        self._write(BEST, renamed(best_spec, self._best_name() if state.accepted else self.seed_spec.name).to_yaml())
+        self._write(FINAL, json.dumps(final, indent=1) + "\n")
+        state.phase = "finished"  # the lock: written last, after final.json
+        self._save_state(state)
+        return final
+
+    def _held_out_record(self, m: Measurement) -> dict[str, Any]:
+        s = m.summary
+        t = triage(m.trajectories).get(m.label, {})
+        return {
+            "label": m.label,
+            "mean_score": s["mean_score"],
+            "mean_score_ci95": s["mean_score_ci95"],
+            "pass_at_k": s["pass_at_k"],
+            "pass_hat_k": s["pass_hat_k"],
+            "delivery_rate": s["delivery_rate"],
+            "n_tasks": s["n_tasks"],
+            "n_episodes": s["n_episodes"],
+            "n_infra_errors": s["n_infra_errors"],
+            "triage": {k: t.get(k) for k in ("n_failed", "counts", "rates", "process_share", "content_share")},
+        }

@@ -1,0 +1,477 @@
+"""Harness evolution: noise threshold, acceptance, re-measured incumbent, held-out discipline,
+resume and lock, proposers (rules catalogue, llm garbage), the evolution.jsonl record.
+
+The agent is a scripted policy whose success rate depends on the harness spec, so the truth is
+known: lessons in the system prompt (capabilities.experiences) raise it from 0.3 to 0.95, every
+other edit changes nothing. Each episode is one reply (submit the right word or a wrong one).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from harnessrl.evolve import EvolveConfig, EvolveError, Evolution
+from harnessrl.evolve.acceptance import acceptance_threshold, compare, estimate_noise
+from harnessrl.evolve.edits import apply_changes, apply_diff, spec_diff, spec_from_text
+from harnessrl.evolve.proposers import RULE_EDITS, LLMProposer, Proposal, ProposalContext, RulesProposer
+from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.registry import load_harness
+from harnessrl.harness.spec import HarnessSpec, SpecError, parse_spec
+from harnessrl.metrics import task_scores
+from harnessrl.models.base import Policy, PolicyError
+from harnessrl.models.scripted import ScriptedPolicy
+from harnessrl.store import RunStore
+from harnessrl.tasks.base import SUBMIT_TOOL, Environment, Task
+from harnessrl.tasks.suites.workspace import WorkspaceSuite
+from harnessrl.triage import CONTENT, PROCESS
+from harnessrl.types import Message, ToolCall
+
+WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "ocean", "amber", "cedar", "delta", "ember", "frost", "grape", "harbor"]
+P_BASE, P_LESSONS = 0.3, 0.95
+LESSONS = "## Lessons from earlier attempts"
+
+SEED = parse_spec(
+    {
+        "name": "one-shot",
+        "system_prompt": "Submit the word the user asks for.\n{tools}",
+        "protocol": {"format": "json"},
+        "rules": {"max_steps": 1, "max_new_tokens": 64},
+    }
+)
+
+
+def say_task(split: str, i: int) -> Task:
+    word = WORDS[i % len(WORDS)]
+
+    def check(env: Environment) -> dict[str, float]:
+        return {"word": float((env.answer or "").strip() == word)}
+
+    return Task(
+        id=f"say/{split}/{i:05d}", suite="say", family="say_word", split=split, seed=i,
+        instruction=f"Submit the word '{word}' (task {split} {i}).", tools=[SUBMIT_TOOL],
+        setup=lambda env: None, check=check, needs_workspace=False, data={"word": word},
+    )
+
+
+def dev_and_test(n_dev: int = 12, n_test: int = 6) -> tuple[list[Task], list[Task]]:
+    return [say_task("dev", i) for i in range(n_dev)], [say_task("test", i) for i in range(n_test)]
+
+
+class _CrashingBackend(Policy):
+    """Raises a non-PolicyError (the runner itself breaks) when a system prompt has `word`."""
+
+    def __init__(self, inner: Policy, word: str | None):
+        self.inner, self.word, self.name = inner, word, inner.name
+
+    def complete(self, requests, sampling=None):
+        if self.word and any(self.word in r.messages[0].content for r in requests):
+            raise SystemError("backend crashed")
+        return self.inner.complete(requests, sampling)
+
+
+class SpecDependentAgent:
+    """Right word with probability P_LESSONS when the prompt has lessons, else P_BASE.
+
+    Draws come from one seeded RNG in call order (the runner's order is deterministic).
+    `kill_at`: raise KeyboardInterrupt on that call (a killed process), once.
+    `crash_word`: a RuntimeError from the backend when the system prompt contains it.
+    """
+
+    def __init__(self, tokenizer, seed: int = 0, kill_at: int | None = None, crash_word: str | None = None):
+        self.rng = random.Random(seed)
+        self.calls = 0
+        self.kill_at = kill_at
+        self.crash_word = crash_word
+        self.proto = get_protocol("json", lenient=True)
+        self.policy = _CrashingBackend(ScriptedPolicy(self.reply, tokenizer=tokenizer, name="spec-dependent"), crash_word)
+
+    def reply(self, messages: list[Message]) -> str:
+        self.calls += 1
+        if self.kill_at is not None and self.calls == self.kill_at:
+            self.kill_at = None
+            raise KeyboardInterrupt
+        system = messages[0].content
+        word = next(m.content.split("'")[1] for m in messages if m.role == "user" and m.content.startswith("Submit the word"))
+        p = P_LESSONS if LESSONS in system else P_BASE
+        answer = word if self.rng.random() < p else "wrong"
+        return self.proto.render_call(ToolCall(name="submit", arguments={"answer": answer}))
+
+
+def config(**kw) -> EvolveConfig:
+    base = dict(suite="say", seed_harness="one-shot", model="scripted", dev_tasks=12, test_tasks=6, rollouts=8, iterations=2, candidates=2)
+    base.update(kw)
+    return EvolveConfig(**base)
+
+
+def evolution(folder: Path, agent: SpecDependentAgent, proposer=None, **kw) -> Evolution:
+    cfg = config(**kw)
+    dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
+    return Evolution(folder, cfg, SEED, dev, test, agent.policy, proposer or RulesProposer())
+
+
+def log_lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "evolution.jsonl").read_text().splitlines()]
+
+
+def test_spec_diff_round_trips_and_invalid_edits_are_refused():
+    react = load_harness("react")
+    new = apply_changes(react, {"rules.loop_guard.repeats": 2, "capabilities.experiences": ["Read first."]})
+    diff = spec_diff(react, new)
+    assert {c["path"]: c["to"] for c in diff} == {"rules.loop_guard.repeats": 2, "capabilities.experiences": ["Read first."]}
+    assert apply_diff(react, diff) == new
+    with pytest.raises(SpecError, match="loop_guard.repeats"):
+        apply_changes(react, {"rules.loop_guard.repeats": 1})
+    with pytest.raises(SpecError, match="not a section"):
+        apply_changes(react, {"system_prompt.x": 1})
+    with pytest.raises(SpecError, match="not valid YAML"):
+        spec_from_text("```yaml\nname: [unclosed\n```")
+
+
+def test_noise_estimate_and_threshold_formula():
+    a = {"t1": 1.0, "t2": 0.5, "t3": 0.0, "t4": 0.5}
+    b = {"t1": 0.5, "t2": 0.5, "t3": 0.5, "t4": 0.5}
+    noise = estimate_noise(a, b)  # d = 0.5, 0, -0.5, 0 -> sd(d) = sqrt(0.5 / 3)
+    sd_d = (0.5 / 3) ** 0.5
+    assert noise.sd_task_difference == pytest.approx(sd_d)
+    assert noise.sd_dev_mean == pytest.approx(sd_d / (2 * 4) ** 0.5)
+    assert noise.sd_paired_difference == pytest.approx(sd_d / 2)
+    assert acceptance_threshold(noise) == pytest.approx(2 * sd_d / 2)
+    assert acceptance_threshold(noise, 2.0, floor=0.9) == 0.9
+    assert compare(b, {k: v + 0.5 for k, v in b.items()}, 0.4)["accepted"]
+    assert not compare(b, {k: v + 0.3 for k, v in b.items()}, 0.4)["accepted"]
+    with pytest.raises(ValueError, match="at least 2 tasks"):
+        estimate_noise({"t1": 1.0}, {"t1": 0.0})
+
+
+class WatchingProposer(RulesProposer):
+    """The rules proposer, plus a look into the run database each time it is asked."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.calls = 0
+        self.test_episodes_seen: list[int] = []
+
+    def propose(self, ctx):
+        self.calls += 1
+        db = sqlite3.connect(self.folder / "run.db")
+        self.test_episodes_seen.append(db.execute("SELECT COUNT(*) FROM episodes WHERE task_id LIKE '%/test/%'").fetchone()[0])
+        db.close()
+        return super().propose(ctx)
+
+
+def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    agent = SpecDependentAgent(tokenizer)
+    watcher = WatchingProposer(folder)
+    final = evolution(folder, agent, watcher).run()
+
+    # threshold from the two seed runs, recomputed from the stored episodes
+    with RunStore(folder) as store:
+        a = task_scores(list(store.trajectories("noise.a", with_tokens=False)))
+        b = task_scores(list(store.trajectories("noise.b", with_tokens=False)))
+        labels = set(store.harnesses())
+        per_label = {h: len(list(store.trajectories(h, with_tokens=False))) for h in labels}
+    noise = json.loads((folder / "noise.json").read_text())
+    assert noise["threshold"] == pytest.approx(2.0 * estimate_noise(a, b).sd_paired_difference)
+    assert noise["threshold"] > 0
+
+    lines = log_lines(folder)
+    first = [ln for ln in lines if ln["iteration"] == 1]
+    # dominant class is content: lessons (the true fix) first, then the ledger (no effect)
+    assert [ln["edit"] for ln in first] == ["experience-library", "state-ledger"]
+    lessons, ledger = first
+    assert lessons["accepted"] and lessons["delta"] > lessons["threshold"]
+    assert not ledger["accepted"] and ledger["delta"] <= ledger["threshold"]
+    assert all(ln["target"] == "content" for ln in first)
+
+    # the incumbent is re-measured every iteration, and iteration 2 builds on the accepted edit
+    assert {"i01.incumbent", "i02.incumbent"} <= labels
+    assert per_label["i01.incumbent"] == per_label["i02.incumbent"] == 12 * 8
+    second = [ln for ln in lines if ln["iteration"] == 2]
+    assert second and all(ln["parent"] == "i01.c1" for ln in second)
+    assert all(ln["incumbent_dev"]["label"] == "i02.incumbent" for ln in second)
+
+    # held-out tasks were never run before the final step, and then once per side
+    assert watcher.calls == 2 and watcher.test_episodes_seen == [0, 0]
+    assert {h for h in labels if h.startswith("test.")} == {"test.seed", "test.best"}
+    assert per_label["test.seed"] == per_label["test.best"] == 6 * 8
+
+    assert final["best"] == "i01.c1"
+    assert final["best_harness"]["mean_score"] > final["seed"]["mean_score"]
+    assert final["paired_difference"]["mean_difference"] > 0.4
+    best = parse_spec(__import__("yaml").safe_load((folder / "best_harness.yaml").read_text()))
+    assert best.capabilities.experiences and best.name == "one-shot-evolved"
+    for side in ("seed", "best_harness"):
+        assert set(final[side]["triage"]) == {"n_failed", "counts", "rates", "process_share", "content_share"}
+        assert 0 <= final[side]["delivery_rate"] <= 1
+    assert final["wall_time_s"] > 0
+
+    # a finished folder is locked
+    with pytest.raises(EvolveError, match="finished and locked"):
+        evolution(folder, SpecDependentAgent(tokenizer)).run()
+
+
+LINE_FIELDS = {
+    "iteration", "candidate", "parent", "proposer", "edit", "hypothesis", "target", "diff", "spec_fingerprint",
+    "status", "error", "dev", "incumbent_dev", "delta", "delta_ci95", "threshold", "beats_threshold", "accepted",
+}
+
+
+def test_evolution_lines_have_every_field(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    evolution(folder, SpecDependentAgent(tokenizer), iterations=1).run()
+    lines = log_lines(folder)
+    assert lines
+    for ln in lines:
+        assert set(ln) == LINE_FIELDS
+        assert ln["status"] == "measured" and ln["diff"] and ln["hypothesis"]
+        assert set(ln["dev"]) == {"label", "mean", "ci95", "n_episodes", "delivery_rate", "n_infra_errors"}
+        lo, hi = ln["dev"]["ci95"]
+        assert lo <= ln["dev"]["mean"] <= hi
+        assert len(ln["delta_ci95"]) == 2
+
+
+def test_killed_loop_resumes_without_losing_work(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    # noise 2 x 96 calls, i01.incumbent 96: call 300 is inside the first candidate's run
+    agent = SpecDependentAgent(tokenizer, kill_at=300)
+    first = WatchingProposer(folder)
+    with pytest.raises(KeyboardInterrupt):
+        evolution(folder, agent, first).run()
+    assert first.calls == 1
+    assert (folder / "proposals" / "i01.json").is_file()
+    assert not (folder / "evolution.jsonl").read_text()  # the iteration did not complete
+    with RunStore(folder) as store:
+        stored_at_kill = store.count()
+    assert stored_at_kill >= 3 * 96
+
+    again = SpecDependentAgent(tokenizer, seed=1)
+    second = WatchingProposer(folder)
+    final = evolution(folder, again, second).run()
+    assert second.calls == 1  # iteration 1's proposals came from the folder; only iteration 2 asked
+    with RunStore(folder) as store:
+        total = store.count()
+    assert again.calls == total - stored_at_kill  # nothing finished before the kill ran again
+    assert [ln["iteration"] for ln in log_lines(folder)].count(1) == 2
+    assert final["best"] != "seed" or final["accepted_edits"] == []
+    with pytest.raises(EvolveError, match="finished and locked"):
+        evolution(folder, again).run()
+
+
+def test_resume_with_another_configuration_is_refused(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    with pytest.raises(KeyboardInterrupt):
+        evolution(folder, SpecDependentAgent(tokenizer, kill_at=5)).run()
+    with pytest.raises(EvolveError, match="rollouts"):
+        evolution(folder, SpecDependentAgent(tokenizer), rollouts=4).run()
+
+
+class FixedProposer:
+    name = "fixed"
+
+    def __init__(self, proposals):
+        self.proposals = proposals
+
+    def propose(self, ctx):
+        return list(self.proposals)
+
+
+def test_a_candidate_that_crashes_the_runner_is_recorded_and_skipped(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    crash = apply_changes(SEED, {"capabilities.experiences": ["CRASH the backend"]})
+    good = apply_changes(SEED, {"capabilities.experiences": ["Submit exactly the word asked for."]})
+    proposer = FixedProposer([Proposal("crashes", "content", "x", crash), Proposal("helps", "content", "y", good)])
+    agent = SpecDependentAgent(tokenizer, crash_word="CRASH")
+    final = evolution(folder, agent, proposer, iterations=1).run()
+    crashed, helped = log_lines(folder)
+    assert crashed["status"] == "crashed" and "backend crashed" in crashed["error"] and not crashed["accepted"]
+    assert helped["status"] == "measured" and helped["accepted"]
+    assert final["crashed_candidates"] == 1 and final["best"] == "i01.c2"
+
+
+def test_llm_garbage_is_counted_and_skipped(tmp_path, tokenizer):
+    valid = apply_changes(SEED, {"capabilities.experiences": ["Submit exactly the word asked for."]})
+    replies = [
+        "I think you should add more examples.\n: : [unclosed",  # not YAML
+        "HYPOTHESIS: stop loops\nTARGET: loop\n```yaml\nname: x\nsystem_prompt: hi\nbogus_field: 1\n```",  # invalid spec
+        "HYPOTHESIS: lessons fix wrong answers\nTARGET: content\n```yaml\n" + valid.to_yaml() + "```",
+    ]
+    asked: list[list[Message]] = []
+
+    def proposer_model(messages):
+        asked.append(messages)
+        return replies[(len(asked) - 1) % len(replies)]
+
+    proposer = LLMProposer(ScriptedPolicy(proposer_model, tokenizer=tokenizer, name="proposer"))
+    folder = tmp_path / "evo"
+    final = evolution(folder, SpecDependentAgent(tokenizer), proposer, iterations=1, candidates=3).run()
+    lines = log_lines(folder)
+    assert [ln["status"] for ln in lines] == ["invalid", "invalid", "measured"]
+    assert "not valid YAML" in lines[0]["error"] or "must be a mapping" in lines[0]["error"]
+    assert "bogus_field" in lines[1]["error"]
+    assert lines[2]["target"] == "content" and lines[2]["hypothesis"] == "lessons fix wrong answers"
+    assert lines[2]["accepted"]
+    assert final["invalid_proposals"] == 2
+    # the model saw the spec, and full failing trajectories (every reply and the grade)
+    prompt = asked[0][-1].content
+    assert "system_prompt:" in prompt and "## Failing trajectories (full)" in prompt
+    assert "MODEL: " in prompt and "CALL submit" in prompt and "END: submitted" in prompt
+
+
+def test_llm_proposer_backend_failure_becomes_one_invalid_proposal(tokenizer):
+    def broken(messages):
+        raise PolicyError("server down")
+
+    proposer = LLMProposer(ScriptedPolicy(broken, tokenizer=tokenizer))
+    ctx = ProposalContext(1, SEED, {"counts": {}, "episodes": []}, [], [], [], n=2)
+    (p,) = proposer.propose(ctx)
+    assert p.spec is None and "server down" in p.error
+
+
+def _ctx(cls: str, incumbent: HarnessSpec) -> ProposalContext:
+    tools = [t.schema for t in WorkspaceSuite().base_tools()] + [SUBMIT_TOOL.schema]
+    evidence = {
+        "content": "delivered; score 0.50 < 1.00 (file=1.00, content=0.00)",
+        "insufficient_evidence": "submitted without a successful read_file",
+        "blocked_call": "read_file refused (invalid_arguments): missing required argument 'path'",
+    }.get(cls, "x")
+    episodes = [{"episode_id": f"e{i}", "class": cls, "family": "csv_report", "evidence": evidence, "step": 1} for i in range(3)]
+    other = "loop" if cls != "loop" else "content"
+    episodes.append({"episode_id": "o", "class": other, "family": "f", "evidence": "x", "step": 1})
+    triage = {"counts": {cls: 3, other: 1}, "episodes": episodes, "n_passed": 1, "n_valid": 5}
+    return ProposalContext(1, incumbent, triage, [], [], tools, n=len(RULE_EDITS[cls]))
+
+
+EXPECTED_PATHS = {
+    "malformed_call": {"format-demonstration": {"rules.demonstrations"}, "format-feedback": set()},
+    "blocked_call": {"blocked-feedback": set(), "tool-usage-lesson": {"capabilities.experiences"}},
+    "loop": {"loop-guard": {"rules.loop_guard.repeats"}, "state-ledger": {"capabilities.ledger.enabled"}},
+    "budget_exhausted": {"budget-notice": {"rules.budget_notice.remaining_steps"}, "plan-checkpoint": {"loop.kind"}, "more-steps": {"rules.max_steps", "rules.max_total_tokens"}},
+    "no_delivery": {"submit-lesson": {"capabilities.experiences"}, "budget-notice": {"rules.budget_notice.remaining_steps"}},
+    "insufficient_evidence": {"verify-before-submit": {"rules.submit_checkpoint.enabled"}, "evidence-lesson": {"capabilities.experiences"}},
+    "content": {"experience-library": {"capabilities.experiences"}, "state-ledger": {"capabilities.ledger.enabled"}, "helper-tools": {"capabilities.helper_tools"}},
+}
+
+
+@pytest.mark.parametrize("cls", PROCESS + CONTENT)
+def test_rules_proposer_maps_each_class_to_its_edits(cls):
+    # the feedback edits only apply to a harness that has feedback switched off
+    incumbent = apply_changes(load_harness("react"), {"rules.feedback.show_format": False, "protocol.lenient": False})
+    proposals = RulesProposer().propose(_ctx(cls, incumbent))
+    expected = EXPECTED_PATHS[cls]
+    assert [p.edit for p in proposals] == list(expected)
+    for p in proposals:
+        assert p.target == cls and p.hypothesis and p.spec is not None
+        paths = {c["path"] for c in spec_diff(incumbent, p.spec)}
+        assert paths >= expected[p.edit] and paths
+    if cls == "content":
+        lessons = proposals[0].spec.capabilities.experiences
+        assert any("content" in le and "file" not in le.split("short on:")[1] for le in lessons)
+        assert {h.name for h in proposals[2].spec.capabilities.helper_tools} == {"look_and_read", "write_and_check"}
+    if cls == "malformed_call":
+        demo = proposals[0].spec.rules.demonstrations[-1]
+        assert demo.calls[0].name in {"list_dir", "read_file", "write_file", "append_file", "move_file", "delete_file", "search_text"}
+
+
+def test_rules_proposer_skips_what_was_tried_and_the_dominant_class_comes_first():
+    react = load_harness("react")
+    ctx = _ctx("budget_exhausted", react)
+    ctx.n = 2
+    first = RulesProposer().propose(ctx)
+    assert [p.edit for p in first] == ["budget-notice", "plan-checkpoint"]
+    from harnessrl.evolve.edits import spec_fingerprint
+
+    ctx.tried = {spec_fingerprint(p.spec) for p in first}
+    assert [p.edit for p in RulesProposer().propose(ctx)] == ["more-steps", "loop-guard"]
+
+
+class _CannedChat:
+    """A minimal OpenAI-compatible chat server: answers each request with the next canned reply."""
+
+    def __init__(self, replies: list[str]):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.replies, self.bodies = list(replies), []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.bodies.append(body)
+                text = server.replies[(len(server.bodies) - 1) % len(server.replies)]
+                out = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_llm_proposer_over_an_openai_compatible_server(tokenizer):
+    from harnessrl.models import load_policy
+
+    valid = apply_changes(SEED, {"rules.loop_guard.enabled": True})
+    server = _CannedChat(["no spec here, sorry", "HYPOTHESIS: a guard stops loops\nTARGET: loop\n```yaml\n" + valid.to_yaml() + "```"])
+    try:
+        proposer = LLMProposer(load_policy(f"openai:fake-proposer@{server.url}"))
+        agent = SpecDependentAgent(tokenizer)
+        failing = agent.policy.inner  # one failing episode to show in full
+        from harnessrl.rollout import Runner, make_jobs
+
+        trajs = Runner(failing, progress=False).run(make_jobs([say_task("dev", 0)], [SEED], 3))
+        failures = [t for t in trajs if not t.grade.passed]
+        triage = {"counts": {"content": len(failures)}, "episodes": [{"episode_id": t.episode_id, "class": "content", "family": t.family, "evidence": "delivered; score 0.00 < 1.00", "step": 0} for t in failures]}
+        ctx = ProposalContext(1, SEED, triage, failures, [], [SUBMIT_TOOL.schema], n=2)
+        # the two requests go out concurrently: which one got which reply is not fixed
+        bad, good = sorted(proposer.propose(ctx), key=lambda p: p.spec is not None)
+    finally:
+        server.close()
+    assert bad.spec is None and bad.error and bad.raw == "no spec here, sorry"
+    assert good.spec is not None and good.target == "loop" and spec_diff(SEED, good.spec) == [{"path": "rules.loop_guard.enabled", "from": False, "to": True}]
+    sent = server.bodies[0]["messages"][-1]["content"]
+    assert failures and all(t.episode_id in sent for t in failures[:4])
+
+
+def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from harnessrl.cli import app
+
+    cli = CliRunner()
+
+    def run(*args):
+        return cli.invoke(app, ["evolve", "--model", "tiny-random", "--out", str(tmp_path / "evo"), *args])
+
+    r = run("--proposer", "llm")
+    assert r.exit_code == 2 and "needs --proposer-model" in r.output
+    r = run("--proposer", "llm", "--proposer-model", "smollm2-135m")
+    assert r.exit_code == 2 and "openai:NAME@URL" in r.output
+    r = run("--dev-tasks", "1")
+    assert r.exit_code == 2 and "--dev-tasks must be >= 2" in r.output
+    r = run("--resume")
+    assert r.exit_code == 2 and "holds no evolution run" in r.output
+    folder = tmp_path / "evo"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config().to_json()))
+    r = run()
+    assert r.exit_code == 2 and "already holds a run" in r.output
+    (folder / "state.json").write_text(json.dumps({"phase": "finished"}))
+    r = run("--resume")
+    assert r.exit_code == 2 and "finished and locked" in r.output
