@@ -21,12 +21,14 @@ from harnessrl.tasks.importers import ClawGymSuite, HarborSuite, PinchBenchSuite
 from harnessrl.tasks.importers.common import openclaw_transcript
 from harnessrl.tasks.importers.harbor import dockerfile_instructions
 from harnessrl.tasks.importers.pinchbench import parse_judge_reply
-from harnessrl.tasks.sandbox_exec import ExecLimits
+from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available
 from harnessrl.types import Termination
 
 from helpers import oracle_policy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers"
+# Graders see the workspace at the path they were written for: that needs bubblewrap's mounts.
+needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap does not work here")
 
 
 def _spec() -> HarnessSpec:
@@ -102,6 +104,7 @@ def test_clawgym_loads_the_folder_layout():
         env.close()
 
 
+@needs_bwrap
 def test_clawgym_reward_sh_grades_right_and_wrong_agents(tokenizer):
     suite = ClawGymSuite(FIXTURES / "clawgym")
     right = run_scripted(suite.tasks("dev"), CLAWGYM_RIGHT, tokenizer)
@@ -134,6 +137,7 @@ def test_pinchbench_loads_and_leaves_judge_only_tasks_out_without_a_judge():
     assert len(PinchBenchSuite(FIXTURES / "pinchbench" / "tasks").tasks("dev")) == 2
 
 
+@needs_bwrap
 def test_pinchbench_grade_runs_on_transcript_and_workspace(tokenizer):
     suite = PinchBenchSuite(FIXTURES / "pinchbench")
     summary = [call("write_file", path="summary.txt", content="Meeting moved to Thursday.\nBring the budget sheet.\n"), call("submit")]
@@ -162,6 +166,7 @@ def test_pinchbench_grade_runs_on_transcript_and_workspace(tokenizer):
     assert hybrid.details["ungraded_weight"] == pytest.approx(0.6)
 
 
+@needs_bwrap
 def test_pinchbench_judge_grades_the_judged_parts(tokenizer):
     prompts: list[str] = []
 
@@ -224,6 +229,7 @@ def test_harbor_loads_and_refuses_a_task_that_needs_its_image_built(tokenizer):
     assert out["needs-build"].steps == []
 
 
+@needs_bwrap
 def test_harbor_test_sh_writes_the_reward(tokenizer):
     tasks = [t for t in HarborSuite(FIXTURES / "harbor").tasks("dev") if t.data["native_id"] != "needs-build"]
     right = run_scripted(
@@ -309,6 +315,7 @@ def _clawgym_broken(root: Path) -> Path:
     return root
 
 
+@needs_bwrap
 def test_broken_clawgym_tasks_are_infra_errors_and_the_rest_finishes(tmp_path, tokenizer):
     suite = ClawGymSuite(_clawgym_broken(tmp_path / "clawgym"), grader_limits=ExecLimits(wall_s=2.0, cpu_s=5))
     assert "3 not runnable" in suite.description  # missing file, malformed JSON, no user_query
@@ -329,6 +336,7 @@ def test_broken_clawgym_tasks_are_infra_errors_and_the_rest_finishes(tmp_path, t
 PB_TASK = (FIXTURES / "pinchbench" / "tasks" / "task_01_shout.md").read_text()
 
 
+@needs_bwrap
 def test_broken_pinchbench_tasks_are_infra_errors(tmp_path, tokenizer):
     tasks_dir = tmp_path / "skill" / "tasks"
     tasks_dir.mkdir(parents=True)
@@ -361,6 +369,7 @@ def test_broken_pinchbench_tasks_are_infra_errors(tmp_path, tokenizer):
     run_broken(suite, solution, "task_a", expected, tokenizer)
 
 
+@needs_bwrap
 def test_broken_harbor_tasks_are_infra_errors(tmp_path, tokenizer):
     good = FIXTURES / "harbor" / "json-reward"
     copy_fixture(good, tmp_path / "a_good")

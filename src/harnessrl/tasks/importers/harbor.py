@@ -242,7 +242,7 @@ class HarborSuite(ImportedSuite):
             instruction=instruction + working_directory_note(local.workdir),
             setup=setup,
             grader=grader,
-            data={"task": config.get("task", {}).get("name", name) if isinstance(config.get("task"), dict) else name, "workdir": local.workdir},
+            data={"workdir": local.workdir, "agent_timeout_sec": _table(config, "agent", name).get("timeout_sec")},
         )
 
     def _grade(self, folder: Path, workdir: str, run_env: dict[str, str], timeout: float, memory_mb: int | None, env: Environment) -> Grade:
