@@ -2,6 +2,7 @@
 
     build_report([run])          -> run/report/index.html
     build_report([run_a, run_b]) -> run_a/report/index.html, with paired per-task differences
+    build_report([evolve_run])   -> also the evolution section (report/evolution.py)
 
 One pass over each run, one harness at a time (memory stays flat): metrics per harness
 (`summarize_harness`, attempts from the run config), triage (`triage`, also written to the run
@@ -19,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from harnessrl.metrics import paired_difference, summarize_harness, task_scores
-from harnessrl.report import plots
+from harnessrl.report import evolution, plots
 from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
 from harnessrl.store import DB_NAME, RunStore, StoreError
@@ -258,6 +259,11 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
             figs["pass_k"] = _rel(plots.pass_k_chart(scored, r.attempts, out_dir / "plots" / f"pass_k{sfx}.svg", colors), out_dir)
             figs["triage"] = _rel(plots.triage_chart(r.triage, list(scored), out_dir / "plots" / f"triage{sfx}.svg"), out_dir)
         figures[r.label] = figs
+    evolution_html = ""
+    if len(runs) == 1 and evolution.is_evolution_folder(runs[0].folder):
+        evo = evolution.load_evolution(runs[0].folder)
+        evolution.write_figures(evo, out_dir / "plots", out_dir)
+        evolution_html = evolution.render_section(evo)
     comparison = None
     if len(runs) == 2:
         comparison = _comparison(*runs)
@@ -274,7 +280,9 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     }
     index = out_dir / "index.html"
     index.write_text(
-        render_index(runs=runs, figures=figures, comparison=comparison, viewer=viewer, built_s=time.monotonic() - t0),
+        render_index(
+            runs=runs, figures=figures, comparison=comparison, viewer=viewer, built_s=time.monotonic() - t0, evolution=evolution_html
+        ),
         encoding="utf-8",
     )
     return index

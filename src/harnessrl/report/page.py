@@ -188,13 +188,16 @@ _VIEWER = """
 """
 
 
-def render_index(runs: list["RunData"], figures: dict, comparison: dict | None, viewer: dict, built_s: float) -> str:
+def render_index(
+    runs: list["RunData"], figures: dict, comparison: dict | None, viewer: dict, built_s: float, evolution: str = ""
+) -> str:
     several = len(runs) > 1
     title = "harnessrl comparison" if several else f"harnessrl report: {runs[0].title}"
     nav = ['<a href="#comparison">comparison</a>'] if comparison else []
+    nav += ['<a href="#evolution">evolution</a>'] if evolution else []
     nav += [f'<a href="#run-{r.label}">run {r.label}</a>' for r in runs] if several else ['<a href="#overview">overview</a>']
     nav.append('<a href="#episodes">episodes</a>')
-    sections = (_comparison_section(comparison, runs) if comparison else "") + "".join(
+    sections = (_comparison_section(comparison, runs) if comparison else "") + evolution + "".join(
         _run_section(r, figures.get(r.label, {}), several) for r in runs
     )
     summary_json = json.dumps(viewer, separators=(",", ":")).replace("</", "<\\/")
