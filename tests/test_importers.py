@@ -20,7 +20,7 @@ from harnessrl.tasks import get_suite
 from harnessrl.tasks.importers import ClawGymSuite, HarborSuite, PinchBenchSuite, TaskLoadError
 from harnessrl.tasks.importers.common import openclaw_transcript
 from harnessrl.tasks.importers.harbor import dockerfile_instructions
-from harnessrl.tasks.importers.pinchbench import parse_judge_reply
+from harnessrl.tasks.importers.pinchbench import parse_judge_reply, policy_judge
 from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available
 from harnessrl.types import Termination
 
@@ -191,6 +191,20 @@ def test_pinchbench_judge_grades_the_judged_parts(tokenizer):
         parse_judge_reply("looks fine to me")
 
 
+def test_a_model_as_judge(tokenizer):
+    from harnessrl.models.scripted import ScriptedPolicy
+
+    seen = []
+
+    def reply(messages):
+        seen.append(messages[-1].content)
+        return '{"scores": {"quality": 0.25, "tides": 0.75}, "notes": "ok"}'
+
+    judge = policy_judge(ScriptedPolicy(reply, tokenizer=tokenizer))
+    assert parse_judge_reply(judge("grade this")) == (0.5, {"quality": 0.25, "tides": 0.75}, "ok")
+    assert seen == ["grade this"]
+
+
 def test_transcript_is_openclaw_session_events():
     from harnessrl.tasks.base import Environment
 
@@ -351,6 +365,7 @@ def test_broken_pinchbench_tasks_are_infra_errors(tmp_path, tokenizer):
         "task_f.md": body + "def grade(transcript, workspace_path):\n    return 'perfect'\n```\n",
         "task_g.md": PB_TASK.replace("source: greeting.txt", "source: missing.txt"),
         "task_h.md": PB_TASK.replace("```python", "```text"),
+        "task_i.md": PB_TASK.replace("id: task_01_shout", "id: task_a"),  # task_a.md's id again
     }
     for name, text in files.items():
         text = text.replace("id: task_01_shout", f"id: {name[:-3]}").replace("## Prompt\n", f"## Prompt\n({name})")
@@ -365,6 +380,7 @@ def test_broken_pinchbench_tasks_are_infra_errors(tmp_path, tokenizer):
         "task_f": "grade() returned str, not a dict",
         "task_g": "workspace file source not found",
         "task_h": "needs a ```python block",
+        "task_a-2": "task id 'task_a' occurs more than once",
     }
     run_broken(suite, solution, "task_a", expected, tokenizer)
 

@@ -72,7 +72,6 @@ class TaskEntry:
     instruction: str = ""
     setup: Callable[[Environment], None] | None = None
     grader: Callable[[Environment], Grade] | None = None
-    pass_threshold: float = 1.0
     data: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
@@ -108,14 +107,10 @@ class ImportedSuite(Suite):
         self.grader_limits = grader_limits
         self.name = self.kind
         self.skipped: dict[str, str] = {}  # native id -> why it is not part of the suite
-        self.entries: list[TaskEntry] = self.load_entries()
+        self.entries: list[TaskEntry] = _unique_ids(self.load_entries(), self.path)
         if not self.entries:
             extra = f" ({len(self.skipped)} left out: {'; '.join(self.skipped.values())})" if self.skipped else ""
             raise ValueError(f"{self.kind}: no tasks found in '{self.path}'{extra}; expected layout: {self.layout}")
-        ids = [e.native_id for e in self.entries]
-        if len(set(ids)) != len(ids):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"{self.kind}: task ids occur more than once in '{self.path}': {', '.join(dup)}")
         self.split_sizes = {s: len(self.entries) for s in SPLITS}
         broken = sum(e.error is not None for e in self.entries)
         self.description = f"{len(self.entries)} tasks from {self.path}" + (f", {broken} not runnable" if broken else "")
@@ -143,7 +138,6 @@ class ImportedSuite(Suite):
             tools=agent_tools(),
             setup=_refuse_setup(entry.error) if entry.error is not None else (entry.setup or (lambda env: None)),
             check=_never_checked,
-            pass_threshold=entry.pass_threshold,
             needs_workspace=True,
             data={"source": str(self.path), "native_id": entry.native_id, **entry.data},
             grader=entry.grader,
@@ -181,8 +175,21 @@ class ImportedSuite(Suite):
         return replace(base, wall_s=wall, cpu_s=max(base.cpu_s, int(wall)), memory_mb=max(base.memory_mb, memory_mb or 0))
 
 
-def broken(native_id: str, family: str, reason: str, instruction: str = "") -> TaskEntry:
-    return TaskEntry(native_id=native_id, family=family, instruction=instruction, error=reason)
+def broken(native_id: str, family: str, reason: str) -> TaskEntry:
+    return TaskEntry(native_id=native_id, family=family, error=reason)
+
+
+def _unique_ids(entries: list[TaskEntry], path: Path) -> list[TaskEntry]:
+    """A task id used again (two PinchBench files with one `id`) makes the later task a broken
+    one under a numbered id: the run keys episodes by task id."""
+    seen: dict[str, int] = {}
+    out = []
+    for entry in entries:
+        n = seen[entry.native_id] = seen.get(entry.native_id, 0) + 1
+        if n > 1:
+            entry = broken(f"{entry.native_id}-{n}", entry.family, f"task id '{entry.native_id}' occurs more than once in {path}")
+        out.append(entry)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ process in the sandbox, with the workspace at `/tmp/pinchbench/harnessrl/agent_w
 path is passed to it, as PinchBench does) and the transcript in OpenClaw's session format.
 
 LLM-judge parts are graded only when the suite has a judge (`PinchBenchSuite(path, judge=fn)`,
-`fn(prompt) -> reply text`). Without one, a hybrid task is scored on its automated part alone and
+`fn(prompt) -> reply text`; `policy_judge(policy)` makes one from any harnessrl model). Without one, a hybrid task is scored on its automated part alone and
 its Grade says so (`details.partially_graded`, `details.ungraded_weight`); a task that is judged
 only cannot be scored at all and is left out of the suite (listed in `suite.skipped`), never
 counted as a zero.
@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
@@ -52,6 +52,9 @@ WORKSPACE = "/tmp/pinchbench/harnessrl/agent_workspace"
 GRADER_DIR = "/tmp/pinchbench/harnessrl/grader"
 GRADING_TYPES = ("automated", "llm_judge", "hybrid")
 DEFAULT_WEIGHTS = {"automated": 0.5, "llm_judge": 0.5}
+
+if TYPE_CHECKING:
+    from harnessrl.models.base import Policy
 
 Judge = Callable[[str], str]
 
@@ -315,6 +318,19 @@ def judge_prompt(task_prompt: str, expected: str, transcript: list, rubric: str)
         "Score each criterion from 0.0 to 1.0. Reply exactly in this form:\n"
         '{"scores": {"criterion_name": 0.0}, "total": 0.0, "notes": "brief justification"}'
     )
+
+
+def policy_judge(policy: "Policy", max_new_tokens: int = 1024) -> Judge:
+    """A judge from any harnessrl model (`OpenAIPolicy`, a local HF model, ...), greedy."""
+    from harnessrl.models.base import GenerationRequest, SamplingParams
+    from harnessrl.types import Message
+
+    def judge(prompt: str) -> str:
+        request = GenerationRequest(messages=[Message(role="user", content=prompt)], max_new_tokens=max_new_tokens)
+        (call,) = policy.complete([request], SamplingParams(temperature=0.0))
+        return call.text
+
+    return judge
 
 
 def parse_judge_reply(reply: str) -> tuple[float, dict[str, float], str]:
