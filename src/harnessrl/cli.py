@@ -307,6 +307,10 @@ def eval_cmd(
         "max_retries": retries,
         "api_key_env": api_key_env,  # the variable's name only, never the key
     }
+    if any(s.rules.shell.enabled for s in specs) and any(t.offers_shell for t in task_list):
+        from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
+
+        config["shell_isolation"] = isolation_description(isolation_available())
     exists = RunStore.exists(out_dir)
     if exists and not resume:
         fail(f"{out_dir} already holds a run; use --resume to continue it or choose another --out")

@@ -21,7 +21,9 @@ from harnessrl.harness import rules as R
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models.base import GenerationRequest
-from harnessrl.tasks.base import Environment, Task, Tool, ToolBlocked, ToolFailed, validate_arguments
+from harnessrl.tasks.base import Environment, Task, Tool, ToolBlocked, ToolFailed, ToolOutput, validate_arguments
+from harnessrl.tasks.sandbox_exec import ExecLimits
+from harnessrl.tasks.shell import shell_tool
 from harnessrl.types import (
     ActionKind,
     BlockReason,
@@ -69,7 +71,7 @@ class Episode:
         self.infra_error: str | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.tools: list[Tool] = list(task.tools) + self._harness_tools()
+        self.tools: list[Tool] = list(task.tools) + self._harness_tools() + self._shell_tools()
         self.schemas = [t.schema for t in self.tools]
         self._format_reminder = self.protocol.format_reminder(self.schemas)
         self.needs_plan = spec.loop.kind == "plan-execute"
@@ -125,6 +127,21 @@ class Episode:
                 remember,
             )
         ]
+
+    def _shell_tools(self) -> list[Tool]:
+        """rules.shell, for a task that offers a shell (a harness knows no suite: the task says)."""
+        shell = self.rules.shell
+        if not (shell.enabled and self.task.offers_shell):
+            return []
+        limits = ExecLimits(
+            wall_s=shell.wall_s,
+            cpu_s=shell.cpu_s,
+            memory_mb=shell.memory_mb,
+            file_size_mb=shell.file_size_mb,
+            processes=shell.processes,
+            output_bytes=shell.stored_bytes,
+        )
+        return [shell_tool(limits, shell.shown_chars)]
 
     # -- prompt -----------------------------------------------------------------------------------
     def _system_prompt(self) -> str:
@@ -313,6 +330,10 @@ class Episode:
             return ToolResult(name=tc.name, output=f"error: {e}", ok=False)
         except Exception as e:
             raise InfraError(f"tool '{tc.name}' crashed: {_short_tb(e)}") from e
+        if isinstance(output, ToolOutput):  # the tool chose what the model sees; the store keeps it all
+            self.env.calls.append((tc.name, args, output.full))
+            full = None if output.full == output.shown else output.full
+            return ToolResult(name=tc.name, output=output.shown, ok=output.ok, full_output=full)
         output = str(output)
         self.env.calls.append((tc.name, args, output))
         if len(output) > MAX_OBSERVATION_CHARS:

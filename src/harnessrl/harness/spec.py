@@ -103,6 +103,22 @@ class SubmitCheckpointSpec(_Spec):
     )
 
 
+class ShellSpec(_Spec):
+    """The sandboxed `shell(command)` tool and its limits (see docs/suites.md, "Sandboxed shell").
+
+    Offered only when it is enabled here AND the task offers a shell (`Task.offers_shell`).
+    """
+
+    enabled: bool = False
+    wall_s: float = Field(30.0, gt=0, le=600)  # wall clock per command; the whole process tree is killed
+    cpu_s: int = Field(30, ge=1, le=3600)  # CPU seconds per command
+    memory_mb: int = Field(1024, ge=64, le=65536)  # address space per process
+    file_size_mb: int = Field(64, ge=1, le=4096)  # largest file a command may write
+    processes: int = Field(64, ge=4, le=4096)  # processes per command (contains fork bombs)
+    shown_chars: int = Field(4000, ge=200, le=100_000)  # what the model sees of one output (head and tail)
+    stored_bytes: int = Field(1_000_000, ge=1000, le=100_000_000)  # kept per stream in the run store
+
+
 class RulesSpec(_Spec):
     max_steps: int = Field(12, ge=1, le=500)
     max_new_tokens: int = Field(256, ge=1, le=32768)
@@ -116,6 +132,7 @@ class RulesSpec(_Spec):
     feedback: FeedbackSpec = Field(default_factory=FeedbackSpec)
     loop_guard: LoopGuardSpec = Field(default_factory=LoopGuardSpec)
     budget_notice: BudgetNoticeSpec = Field(default_factory=BudgetNoticeSpec)
+    shell: ShellSpec = Field(default_factory=ShellSpec)  # opt-in sandboxed shell tool
     submit_checkpoint: SubmitCheckpointSpec = Field(default_factory=SubmitCheckpointSpec)
 
 

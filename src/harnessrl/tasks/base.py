@@ -34,12 +34,25 @@ class ToolFailed(Exception):
     """
 
 
+@dataclass(frozen=True)
+class ToolOutput:
+    """A tool's answer when the model is shown less than what happened.
+
+    `shown` goes to the model, `full` to the run store (e.g. a long command output cut for the
+    model); `ok` is False for a failure the model should see (a command that exited non-zero).
+    """
+
+    shown: str
+    full: str
+    ok: bool = True
+
+
 @dataclass
 class Tool:
     """A tool: what the model is shown (name, description, JSON-schema arguments) and its code.
 
-    `fn(env, **arguments) -> str`. It raises ToolBlocked / ToolFailed for refusals and ordinary
-    failures; any other exception is an infrastructure error of the episode.
+    `fn(env, **arguments) -> str | ToolOutput`. It raises ToolBlocked / ToolFailed for refusals
+    and ordinary failures; any other exception is an infrastructure error of the episode.
     """
 
     name: str
@@ -152,6 +165,9 @@ class Task:
     # A known-good sequence of tool calls [{"name": ..., "arguments": {...}}, ...] ending with
     # submit; scripted policies and tests use it to check the grader gives full credit.
     solution: list[dict[str, Any]] = field(default_factory=list)
+    # The environment supports the sandboxed `shell` tool (a harness turns it on with
+    # rules.shell); a task knows no harness, so it only says that it can host one.
+    offers_shell: bool = False
 
     def make_env(self) -> Environment:
         from harnessrl.tasks.workspace import Workspace
@@ -214,6 +230,7 @@ class Suite:
     split_sizes: dict[str, int] = {"train": 2000, "dev": 48, "test": 72}
     pass_threshold: float = 1.0
     needs_workspace: bool = True
+    offers_shell: bool = False  # its tasks can host the sandboxed shell (see Task.offers_shell)
 
     def __init__(self) -> None:
         self._cache: dict[str, list[Task]] = {}
@@ -255,6 +272,7 @@ class Suite:
             required_observations=parts.get("required_observations", []),
             data=parts.get("data", {"instruction": parts["instruction"]}),
             solution=parts.get("solution", []),
+            offers_shell=self.offers_shell,
         )
 
     def _generate(self, split: str, n: int, taken: set[str]) -> list[Task]:
