@@ -277,6 +277,7 @@ def test_harbor_test_sh_writes_the_reward(tokenizer):
         ("FROM a\nCOPY --from=build /x /app/x\n", "another image"),
         ("FROM a\nWORKDIR /app\nCOPY data.txt /etc/data.txt\n", "outside the working directory"),
         ("FROM a\nADD https://example.com/x.tar /app/\n", "downloads"),
+        ("FROM a\nWORKDIR /app\nADD data.tar.gz /app/\n", "unpacks the archive"),
         ("FROM a\n# comment\nRUN echo \\\n  hi\n", "line 3: RUN echo"),
         ("FROM a\nWORKDIR /usr/src/app\n", "cannot run in the sandbox"),
     ],

@@ -17,11 +17,13 @@ Without Docker the task runs on this machine's own tools in the sandbox, so a ta
 environment cannot exist without building or pulling an image is refused, with the reason:
 - `environment.docker_image` is set (a pre-built image), or `environment/docker-compose.y[a]ml`
   exists (services);
-- its Dockerfile has any instruction other than FROM (one stage), WORKDIR (absolute), COPY/ADD of
-  build-context files to a path inside the WORKDIR, ENV, ARG, LABEL, USER, EXPOSE, CMD,
-  ENTRYPOINT, MAINTAINER, SHELL, STOPSIGNAL, HEALTHCHECK, VOLUME. A RUN step installs or builds
-  something only the image would have. FROM is not honoured: the base image's tools are this
-  machine's. COPY'd files are copied into the workspace.
+- its Dockerfile has any instruction other than FROM (one stage), WORKDIR, COPY/ADD of
+  build-context files (not archives, which ADD unpacks) to a path inside the WORKDIR, ENV, ARG,
+  LABEL, USER, EXPOSE, CMD, ENTRYPOINT, MAINTAINER, SHELL, STOPSIGNAL, HEALTHCHECK, VOLUME. A RUN
+  step installs or builds something only the image would have.
+FROM is not honoured: the base image's tools are this machine's. COPY'd files are copied into the
+workspace. A working directory the read-only sandbox cannot create (under /usr, /opt, ...) is
+refused as well.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def local_environment(task_dir: Path, name: str) -> LocalEnvironment:
         elif word == "ENV":
             local.env.update(_env_pairs(args, where))
         elif word in ("COPY", "ADD"):
-            local.copies.extend(_copies(env_dir, args, local.workdir, where, name))
+            local.copies.extend(_copies(env_dir, word, args, local.workdir, where, name))
         elif word not in HARMLESS:
             raise _refuse(name, where)
     return local
@@ -140,7 +142,7 @@ def _env_pairs(args: str, where: str) -> dict[str, str]:
     return pairs
 
 
-def _copies(context: Path, args: str, workdir: str, where: str, name: str) -> list[tuple[Path, PurePosixPath]]:
+def _copies(context: Path, word: str, args: str, workdir: str, where: str, name: str) -> list[tuple[Path, PurePosixPath]]:
     try:
         words = json.loads(args) if args.startswith("[") else shlex.split(args)
     except (ValueError, json.JSONDecodeError) as e:
@@ -161,6 +163,8 @@ def _copies(context: Path, args: str, workdir: str, where: str, name: str) -> li
     for src in sources:
         if "://" in src:
             raise _refuse(name, f"{where} (downloads {src})")
+        if word == "ADD" and re.search(r"\.(tar|tgz|tbz2|txz)(\.\w+)?$", src):
+            raise _refuse(name, f"{where} (ADD unpacks the archive {src})")
         source = (context / src).resolve()
         if context.resolve() not in source.parents and source != context.resolve() or not source.exists():
             raise TaskLoadError(f"{where}: {src} is not a file of environment/")
