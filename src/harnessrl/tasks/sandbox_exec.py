@@ -43,6 +43,10 @@ SANDBOX_UID = 65534  # "nobody": the uid a sandboxed command runs as when we are
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MB = 1024 * 1024
 _READ_CHUNK = 65536
+# The sandbox's pid 1: a shell that runs the command as its child and exits with its status.
+# The command must not be pid 1 itself: the kernel drops signals such as SIGXCPU and SIGTERM
+# sent to a namespace's init that has no handler for them. (`; exit $?` keeps sh from exec'ing.)
+_SANDBOX_INIT = ["sh", "-c", '"$@"; exit $?', "sandbox-init"]
 # Paths bwrap provides itself; they are not bound from the host.
 _FRESH_ROOT_ENTRIES = ("proc", "dev", "tmp")
 
@@ -138,7 +142,7 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
     if isolation == "bwrap":
         command = _bwrap_argv(binds, cwd, network) + (
             ["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else []
-        ) + list(argv)
+        ) + _SANDBOX_INIT + list(argv)
         host_cwd = None
     else:
         command, host_cwd = list(argv), cwd
@@ -259,7 +263,10 @@ def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not network:
         args.append("--unshare-net")
-    args += ["--die-with-parent", "--new-session", "--"]
+    # --as-pid-1: no bwrap reaper inside. That reaper outlives the outer bwrap process and is
+    # left as a zombie for the host's init to collect (slowly or never in a container), so the
+    # namespace's init is _SANDBOX_INIT instead; its exit tears the namespace down.
+    args += ["--die-with-parent", "--new-session", "--as-pid-1", "--"]
     return args
 
 
