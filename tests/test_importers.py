@@ -17,9 +17,9 @@ from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks import get_suite
-from harnessrl.tasks.importers import ClawGymSuite, HarborSuite, PinchBenchSuite, TaskLoadError
+from harnessrl.tasks.importers import ClawGymSuite, GraderError, HarborSuite, PinchBenchSuite, TaskLoadError
 from harnessrl.tasks.importers.common import openclaw_transcript
-from harnessrl.tasks.importers.harbor import dockerfile_instructions
+from harnessrl.tasks.importers.harbor import dockerfile_instructions, resolve_verifier_env
 from harnessrl.tasks.importers.pinchbench import parse_judge_reply, policy_judge
 from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available
 from harnessrl.types import Termination
@@ -303,6 +303,15 @@ def test_harbor_refuses_prebuilt_images_and_compose(tmp_path):
     errors = {e.native_id: e.error for e in HarborSuite(tmp_path).entries}
     assert "pre-built image" in errors["image"]
     assert "docker-compose.yaml defines services" in errors["compose"]
+
+
+def test_harbor_verifier_env_takes_variables_from_this_process(monkeypatch):
+    monkeypatch.setenv("HARNESSRL_FIXTURE_KEY", "k-123")
+    monkeypatch.delenv("HARNESSRL_FIXTURE_UNSET", raising=False)
+    env = {"A": "plain", "B": "${HARNESSRL_FIXTURE_KEY}", "C": "${HARNESSRL_FIXTURE_UNSET:-fallback}", "D": 3}
+    assert resolve_verifier_env(env, "t") == {"A": "plain", "B": "k-123", "C": "fallback", "D": "3"}
+    with pytest.raises(GraderError, match=r"needs \$\{HARNESSRL_FIXTURE_UNSET\}, which is not set"):
+        resolve_verifier_env({"E": "${HARNESSRL_FIXTURE_UNSET}"}, "t")
 
 
 def test_dockerfile_continuations_and_comments():

@@ -9,9 +9,11 @@ Layout: PATH is one task folder or a folder of task folders, each with
 
 As Harbor does: the agent works in the image's WORKDIR (default here: /app); after the episode
 `tests/` is copied to `/tests`, `/logs/verifier/` and `/logs/agent/` exist and are writable, and
-`bash /tests/test.sh` runs from the working directory with `[verifier].env` (and the Dockerfile's
-ENV) set, within `[verifier].timeout_sec` (default 600 s). The score is `reward.txt` (one number),
-else `reward.json`: its `reward` key, or its only value. Its exit status is not the score.
+`/tests/test.sh` is executed from the working directory (its output going to
+/logs/verifier/test-stdout.txt) with `[verifier].env` (`${VAR}` values taken from this process)
+and the Dockerfile's ENV set, within `[verifier].timeout_sec` (default 600 s). The score is
+`reward.txt` (one number), else `reward.json`: its `reward` key, or its only value. The exit
+status of test.sh is not the score.
 
 Without Docker the task runs on this machine's own tools in the sandbox, so a task whose
 environment cannot exist without building or pulling an image is refused, with the reason:
@@ -29,6 +31,7 @@ refused as well.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -45,7 +48,7 @@ from harnessrl.tasks.importers.common import (
     TaskLoadError,
     broken,
     copy_tree_into,
-    output_tail,
+    MAX_REASON_CHARS,
     parse_unit_float,
     read_text,
     run_grader,
@@ -58,6 +61,7 @@ from harnessrl.types import Grade
 
 DEFAULT_WORKDIR = "/app"
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
+TEST_OUTPUT = "test-stdout.txt"  # where Harbor keeps test.sh's output, in /logs/verifier/
 # Dockerfile instructions that need no image build here (metadata, or files we copy ourselves).
 HARMLESS = {"ARG", "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER", "SHELL", "STOPSIGNAL", "HEALTHCHECK", "VOLUME"}
 
@@ -237,7 +241,7 @@ class HarborSuite(ImportedSuite):
                     shutil.copy2(source, target)
 
         def grader(env: Environment) -> Grade:
-            run_env = {**local.env, **{str(k): str(v) for k, v in verifier_env.items()}}
+            run_env = {**local.env, **resolve_verifier_env(verifier_env, name)}
             return self._grade(folder, local.workdir, run_env, float(timeout), memory if isinstance(memory, int) else None, env)
 
         return TaskEntry(
@@ -253,10 +257,12 @@ class HarborSuite(ImportedSuite):
         with scratch_folder("harnessrl-harbor-") as scratch:
             tests, logs = scratch / "tests", scratch / "logs"
             shutil.copytree(folder / "tests", tests)
+            (tests / "test.sh").chmod(0o755)
             (logs / "verifier").mkdir(parents=True)
             (logs / "agent").mkdir()
             result = run_grader(
-                ["bash", "/tests/test.sh"],
+                # as Harbor runs it: executed (its shebang decides), output kept next to the reward
+                ["bash", "-c", f"/tests/test.sh > /logs/verifier/{TEST_OUTPUT} 2>&1"],
                 workdir=scratch,
                 mounts={**workspace_mounts(workdir, env.workspace.root, scratch), "/tests": tests, "/logs": logs},
                 cwd=workdir,
@@ -266,7 +272,8 @@ class HarborSuite(ImportedSuite):
             try:
                 score, rewards = read_reward(logs / "verifier", result.returncode)
             except GraderError as e:
-                raise GraderError(f"{e}{output_tail(result)}") from None
+                output = (logs / "verifier" / TEST_OUTPUT).read_text(encoding="utf-8", errors="replace").strip()
+                raise GraderError(f"{e}; test.sh output: {output[-MAX_REASON_CHARS:] or '(none)'}") from None
         return Grade(
             score=score,
             subscores={"reward": score},
@@ -274,6 +281,23 @@ class HarborSuite(ImportedSuite):
             threshold=1.0,
             details={"rewards": rewards, "test_sh_exit_status": result.returncode},
         )
+
+
+def resolve_verifier_env(env: dict[str, Any], name: str) -> dict[str, str]:
+    """`[verifier].env` with `${VAR}` / `${VAR:-default}` values taken from this process's
+    environment, as Harbor resolves them (a task names a secret its verifier needs)."""
+    out = {}
+    for key, value in env.items():
+        match = re.fullmatch(r"\$\{(\w+)(?::-(.*))?\}", str(value))
+        if match is None:
+            out[str(key)] = str(value)
+        elif match.group(1) in os.environ:
+            out[str(key)] = os.environ[match.group(1)]
+        elif match.group(2) is not None:
+            out[str(key)] = match.group(2)
+        else:
+            raise GraderError(f"verifier.env {key} of {name} needs ${{{match.group(1)}}}, which is not set")
+    return out
 
 
 def read_reward(verifier_dir: Path, returncode: int | None) -> tuple[float, dict[str, float]]:
