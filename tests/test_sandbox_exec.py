@@ -64,6 +64,20 @@ def test_writing_outside_the_workspace_fails(workdir):
     assert not os.path.exists("/harnessrl-escape")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the workspace over to the sandbox uid")
+def test_workspace_is_handed_over_but_hard_links_out_of_it_are_not(workdir):
+    outside = Path(tempfile.mkdtemp(prefix="harnessrl-test-outside-"))
+    try:
+        (outside / "secret").write_text("root only\n")
+        os.link(outside / "secret", workdir / "link")  # as a command could have, in the fallback mode
+        (workdir / "own.txt").write_text("x\n")
+        assert sh("echo more >> own.txt", workdir).returncode == 0
+        assert (workdir / "own.txt").stat().st_uid == sandbox_exec.SANDBOX_UID
+        assert (outside / "secret").stat().st_uid == 0
+    finally:
+        shutil.rmtree(outside)
+
+
 @needs_bwrap
 def test_tmp_is_fresh_and_private(workdir):
     marker = Path(tempfile.mkdtemp(prefix="harnessrl-test-host-tmp-"))

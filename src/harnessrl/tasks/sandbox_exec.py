@@ -32,6 +32,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -243,7 +244,12 @@ def _hand_over(folder: Path) -> None:
     for root, dirs, files in os.walk(folder):
         os.lchown(root, SANDBOX_UID, SANDBOX_UID)
         for name in dirs + files:
-            os.lchown(os.path.join(root, name), SANDBOX_UID, SANDBOX_UID)
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            # A file with several links may be a hard link a command made to a file outside the
+            # folder: chowning it would hand that file over. (Those a command made are its own.)
+            if info.st_uid != SANDBOX_UID and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1):
+                os.lchown(path, SANDBOX_UID, SANDBOX_UID)
 
 
 def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
