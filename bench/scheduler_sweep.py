@@ -173,7 +173,7 @@ def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: P
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
     model.eval()
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
@@ -210,7 +210,7 @@ def run_one(seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str
         model=f"hf:{warm}", scheduler=scheduler, steps=args.steps, tasks_per_step=args.tasks_per_step,
         group_size=args.group_size, lr=args.lr, lora_r=8, lora_alpha=16,
         lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        temperature=1.0, checkpoint_every=args.steps, eval_every=0, save_rollouts=False, seed=seed,
+        temperature=args.temperature, checkpoint_every=args.steps, eval_every=0, save_rollouts=False, seed=seed,
     )
     folder = out / "runs" / f"seed{seed}-{scheduler}"
     if folder.exists():
@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature during training")
     p.add_argument("--warm-epochs", type=int, default=15)
     p.add_argument("--eval-tasks", type=int, default=24)
     p.add_argument("--eval-attempts", type=int, default=2)
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({record['seconds']:.0f} s; elapsed {time.perf_counter() - t_start:.0f} s)", flush=True)
     table = summarize(results, schedulers)
     header = (f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, {args.steps} steps x {args.tasks_per_step} tasks x "
-              f"group {args.group_size}, lr {args.lr}, eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
+              f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
               f"wall {time.perf_counter() - t_start:.0f} s\n\n")
     (out / "summary.md").write_text(header + table + "\n")
     print(header + table)
