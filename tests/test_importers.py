@@ -31,9 +31,11 @@ FIXTURES = Path(__file__).parent / "fixtures" / "importers"
 needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap does not work here")
 
 
-def _spec() -> HarnessSpec:
+def _spec(shell: bool = False) -> HarnessSpec:
     data = load_harness("json-tools").to_dict()
     data["rules"].update(max_steps=8, max_new_tokens=512, max_total_tokens=None)
+    if shell:
+        data["rules"]["shell"] = {"enabled": True, "wall_s": 5.0, "processes": 16, "memory_mb": 256}
     return HarnessSpec.model_validate(data)
 
 
@@ -41,11 +43,11 @@ def call(name: str, **arguments) -> dict:
     return {"name": name, "arguments": arguments}
 
 
-def run_scripted(tasks, solutions: dict[str, list[dict]], tokenizer):
+def run_scripted(tasks, solutions: dict[str, list[dict]], tokenizer, shell: bool = False):
     """Each task replays solutions[native id] through the real runner; {native id: trajectory}."""
     for t in tasks:
         t.solution = solutions.get(t.data["native_id"], [call("submit")])
-    spec = _spec()
+    spec = _spec(shell)
     runner = Runner(oracle_policy(tasks, spec, tokenizer), SamplingParams(temperature=0.0), max_retries=0, progress=False)
     return {t.task_id.rsplit("/", 1)[-1]: t for t in runner.run(make_jobs(tasks, [spec], 1))}
 
@@ -118,6 +120,27 @@ def test_clawgym_reward_sh_grades_right_and_wrong_agents(tokenizer):
     assert wrong["task_note"].grade.score == 0.0  # graded from the payload's final_message
 
 
+@needs_bwrap
+def test_clawgym_shell_works_at_the_absolute_workspace_path_and_the_grader_sees_its_writes(tokenizer):
+    ws = "/root/.openclaw/workspace"
+    suite = ClawGymSuite(FIXTURES / "clawgym")
+    (task,) = [t for t in suite.tasks("dev") if t.data["native_id"] == "task_sum"]
+    assert task.workspace_mount == ws
+    solution = [
+        call("shell", command="pwd"),
+        call("shell", command=f"cd / && mkdir -p {ws}/output && awk '{{s += $1}} END {{print s}}' {ws}/input/numbers.txt > {ws}/output/total.txt"),
+        call("read_file", path="output/total.txt"),
+        call("submit"),
+    ]
+    traj = run_scripted([task], {"task_sum": solution}, tokenizer, shell=True)["task_sum"]
+    assert traj.infra_error is None and traj.termination == Termination.submitted
+    pwd, write, read = (s.tool_results[0] for s in traj.steps[:3])
+    assert pwd.output == f"{ws}\n[exit code 0]"  # commands start in the workspace, at its own path
+    assert write.ok, write.output
+    assert read.ok and read.output.strip().startswith("12"), read.output  # the file tools see the write
+    assert traj.grade.score == 1.0 and traj.grade.passed  # and so does reward.sh
+
+
 # -- PinchBench -----------------------------------------------------------------------------------
 
 SHOUT = "HELLO FROM THE FIXTURE"
@@ -131,6 +154,8 @@ def test_pinchbench_loads_and_leaves_judge_only_tasks_out_without_a_judge():
     env = suite.tasks("dev")[0].make_env()
     try:  # workspace_files: source in assets/ -> dest in the workspace
         assert env.workspace.read("input/greeting.txt") == "hello from the fixture\n"
+        # the shell sees the workspace where PinchBench's graders are told it is
+        assert env.workspace_mount == "/tmp/pinchbench/harnessrl/agent_workspace"
     finally:
         env.close()
     # the tasks folder itself works too (assets/ next to it)
@@ -269,6 +294,22 @@ def test_harbor_test_sh_writes_the_reward(tokenizer):
     assert wrong["json-reward"].grade.score == 0.5
 
 
+@needs_bwrap
+def test_harbor_shell_starts_in_the_working_directory(tokenizer):
+    (task,) = [t for t in HarborSuite(FIXTURES / "harbor").tasks("dev") if t.data["native_id"] == "copy-config"]
+    assert task.workspace_mount == "/app"
+    solution = [
+        call("shell", command="pwd; ls"),
+        call("shell", command="sed -n 's/^port = //p' service.ini > /app/port.txt"),
+        call("submit"),
+    ]
+    traj = run_scripted([task], {"copy-config": solution}, tokenizer, shell=True)["copy-config"]
+    assert traj.infra_error is None, traj.infra_error
+    listing = traj.steps[0].tool_results[0]
+    assert listing.output == "/app\nservice.ini\n[exit code 0]"
+    assert traj.grade.score == 1.0  # test.sh reads /app/port.txt
+
+
 @pytest.mark.parametrize(
     "dockerfile, refused",
     [
@@ -280,6 +321,8 @@ def test_harbor_test_sh_writes_the_reward(tokenizer):
         ("FROM a\nWORKDIR /app\nADD data.tar.gz /app/\n", "unpacks the archive"),
         ("FROM a\n# comment\nRUN echo \\\n  hi\n", "line 3: RUN echo"),
         ("FROM a\nWORKDIR /usr/src/app\n", "cannot run in the sandbox"),
+        ("FROM a\nWORKDIR /home/dev/app\n", None),  # /home: hidden behind a fresh tmpfs
+        ("FROM a\nWORKDIR /logs/app\n", "reserved path"),
     ],
 )
 def test_harbor_dockerfile_rule(tmp_path, dockerfile, refused):
@@ -289,7 +332,8 @@ def test_harbor_dockerfile_rule(tmp_path, dockerfile, refused):
     (task / "environment" / "data.txt").write_text("x")
     (entry,) = HarborSuite(task).entries
     if refused is None:
-        assert entry.error is None and entry.data["workdir"] == "/srv/app"
+        workdir = dockerfile.split("WORKDIR ")[1].split("\n")[0]
+        assert entry.error is None and entry.data["workdir"] == workdir and entry.workspace_mount == workdir
     else:
         assert entry.error is not None and refused in entry.error
 

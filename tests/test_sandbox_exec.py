@@ -214,11 +214,40 @@ def test_mounts_map_a_host_folder_to_a_chosen_path(workdir):
         shutil.rmtree(other)
 
 
+@needs_bwrap
+def test_a_mount_inside_an_existing_home_folder_hides_that_folder_and_writes_land(workdir):
+    (workdir / "task.txt").write_text("given\n")
+    result = sh("pwd; cat task.txt; ls -A /root; echo made > /root/.openclaw/workspace/out.txt; "
+                "echo scratch > /root/harnessrl-shadow-probe && cat /root/harnessrl-shadow-probe; ls -A /home", workdir,
+                mounts={"/root/.openclaw/workspace": workdir, "/home/agent/app": workdir})
+    assert result.returncode == 0, result.stderr
+    # /root holds only the mount: the machine's own /root (and /home) are hidden, not shown read-only
+    assert result.stdout == "/root/.openclaw/workspace\ngiven\n.openclaw\nscratch\nagent\n"
+    assert (workdir / "out.txt").read_text() == "made\n"
+    assert not Path("/root/harnessrl-shadow-probe").exists()  # the fresh /root was the sandbox's own
+
+
+@needs_bwrap
+def test_a_mount_inside_another_mount_is_made_after_it(workdir):
+    inner = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
+    try:
+        # the inner mount point is listed first: it must not be covered by the outer one
+        result = sh("echo in > /srv/app/data/x; ls /srv/app", workdir,
+                    mounts={"/srv/app/data": inner, "/srv/app": workdir}, cwd_in_sandbox="/srv/app")
+        assert result.returncode == 0, result.stderr
+        assert (inner / "x").read_text() == "in\n" and "data" in result.stdout
+    finally:
+        shutil.rmtree(inner)
+
+
 def test_impossible_mounts_are_refused_clearly(workdir):
     with pytest.raises(ValueError, match="absolute path"):
         sh("true", workdir, mounts={"workspace": workdir})
-    with pytest.raises(ValueError, match="read-only root"):
-        sh("true", workdir, mounts={"/etc/harnessrl-nowhere": workdir})
+    for system in ("/", "/etc/harnessrl-nowhere", "/usr/src/app", "/usr", "/proc/x", "/dev/shm/x", "/bin/x"):
+        with pytest.raises(ValueError, match="system files|whole file system"):
+            sh("true", workdir, mounts={system: workdir})
+    with pytest.raises(ValueError, match="/opt stays visible in the sandbox.*must be at a folder that exists"):
+        sh("true", workdir, mounts={"/opt/harnessrl-nowhere": workdir})
     with pytest.raises(ValueError, match="not a folder"):
         sh("true", workdir, mounts={"/workspace": workdir / "missing"})
     with pytest.raises(ValueError, match="non-empty list"):

@@ -170,6 +170,68 @@ def test_the_run_config_records_the_shell_isolation(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "on" / "summary.json").read_text())["suite"] == "shellcheck"
 
 
+@pytest.mark.skipif(isolation_available() != "bwrap", reason="a workspace at a fixed path needs bubblewrap's mounts")
+def test_a_task_with_a_workspace_mount_runs_commands_there(tmp_path, tokenizer):
+    spec = shell_harness()
+    task = ShellSuite().tasks("dev", 1)[0]
+    task.workspace_mount = "/root/harnessrl-task"
+    task.solution = [
+        {"name": "shell", "arguments": {"command": "pwd; ls"}},
+        {"name": "shell", "arguments": {"command": "cd / && wc -l < /root/harnessrl-task/data.txt > /root/harnessrl-task/count.txt"}},
+        {"name": "submit", "arguments": {}},
+    ]
+    (traj,) = Runner(oracle_policy([task], spec, tokenizer), SamplingParams(), progress=False).run(make_jobs([task], [spec], 1))
+    assert traj.infra_error is None and traj.grade.passed  # the write landed in the graded workspace
+    assert traj.steps[0].tool_results[0].output == "/root/harnessrl-task\ndata.txt\n[exit code 0]"
+
+
+def test_a_workspace_mount_the_sandbox_cannot_make_is_an_infra_error_with_the_reason(tokenizer, monkeypatch):
+    from harnessrl.tasks import sandbox_exec
+
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    spec = shell_harness()
+    task = ShellSuite().tasks("dev", 1)[0]
+    task.workspace_mount = "/app"
+    (traj,) = Runner(replies_policy(script_of(spec, ["ls"]), tokenizer), SamplingParams(), max_retries=0,
+                     progress=False).run(make_jobs([task], [spec], 1))
+    assert traj.termination == Termination.error
+    assert "the shell cannot run this task's commands" in traj.infra_error and "need bubblewrap" in traj.infra_error
+
+
+def _submit_only(spec: HarnessSpec, tokenizer):
+    proto = get_protocol(spec.protocol.format, lenient=spec.protocol.lenient)
+    return replies_policy([proto.render_call(ToolCall(name="submit", arguments={}))], tokenizer)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_evolve_run_config_records_the_shell_isolation(tmp_path, tokenizer, enabled):
+    from harnessrl.evolve import EvolveConfig, Evolution
+    from harnessrl.evolve.proposers import RulesProposer
+
+    spec = shell_harness(enabled=enabled)
+    suite = ShellSuite()
+    config = EvolveConfig(suite="shellcheck", seed_harness=spec.name, model="scripted", dev_tasks=2, test_tasks=1,
+                          rollouts=1, iterations=1, candidates=1, max_in_flight=2)
+    Evolution(tmp_path / "evo", config, spec, suite.tasks("dev", 2), suite.tasks("test", 1),
+              _submit_only(spec, tokenizer), RulesProposer()).run()
+    with RunStore(tmp_path / "evo") as store:
+        assert store.config["evolve"]["suite"] == "shellcheck"
+        if enabled:
+            assert store.config["shell_isolation"] == isolation_description(isolation_available())
+        else:
+            assert "shell_isolation" not in store.config
+
+
+def test_the_training_record_holds_the_shell_isolation(tmp_path):
+    from harnessrl.train.trainer import TrainConfig, Trainer
+
+    config = TrainConfig(model="tiny-random", scheduler="single:react-shell", steps=1, tasks_per_step=2, group_size=2, eval_every=0)
+    with_shell = Trainer(config, tmp_path / "on", suite=ShellSuite(), specs=[shell_harness()], progress=False)
+    assert with_shell.record["shell_isolation"] == isolation_description(isolation_available())
+    without = Trainer(config, tmp_path / "off", suite=ShellSuite(), specs=[shell_harness(enabled=False)], progress=False)
+    assert "shell_isolation" not in without.record
+
+
 def harnessrl_app():
     from harnessrl.cli import app
 

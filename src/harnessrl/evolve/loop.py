@@ -186,6 +186,7 @@ class Evolution:
         if phase != "final" and any(t.split == "test" for t in tasks):
             raise EvolveError(f"{label}: test-split tasks may only be run in the final phase")
         run_spec = renamed(spec, label)
+        self._record_shell_isolation(run_spec, tasks)
         jobs = make_jobs(tasks, [run_spec], self.config.rollouts)
         done = self.store.finished_keys()
         todo = [j for j in jobs if j.key not in done]
@@ -196,6 +197,14 @@ class Evolution:
             runner.run(todo)
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
         return Measurement(label, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
+
+    def _record_shell_isolation(self, spec: HarnessSpec, tasks: list[Task]) -> None:
+        """As `harnessrl eval` does: a run whose harness turns the shell on for tasks that offer
+        it states in its config how the commands were isolated."""
+        if spec.rules.shell.enabled and any(t.offers_shell for t in tasks):
+            from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
+
+            self.store.set_meta("config", {**(self.store.config or {}), "shell_isolation": isolation_description(isolation_available())})
 
     def _iteration_seed(self, iteration: int) -> int:
         # every arm of one iteration samples with the same seed (pairing); iterations differ
@@ -223,7 +232,8 @@ class Evolution:
                 raise EvolveError(f"--resume with a different configuration ({', '.join(diff)} differ from {stored})")
         self.store = RunStore(self.folder)
         try:
-            self.store.set_meta("config", {"evolve": self.config.to_json(), "model": self.config.model})
+            recorded = {k: v for k, v in (self.store.config or {}).items() if k == "shell_isolation"}  # from an earlier start
+            self.store.set_meta("config", {"evolve": self.config.to_json(), "model": self.config.model, **recorded})
             # lines of an iteration that did not complete are written again when it completes
             kept = [line for line in self._log_lines() if line["iteration"] <= state.iterations_done]
             self._write(LOG, "".join(json.dumps(line) + "\n" for line in kept))

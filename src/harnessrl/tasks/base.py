@@ -115,6 +115,7 @@ class Environment:
     submitted: bool = False
     answer: str | None = None
     calls: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)  # (tool, args, output)
+    workspace_mount: str | None = None  # where a sandboxed command sees the workspace (Task.workspace_mount)
 
     def close(self) -> None:
         if self.workspace is not None:
@@ -168,11 +169,15 @@ class Task:
     # The environment supports the sandboxed `shell` tool (a harness turns it on with
     # rules.shell); a task knows no harness, so it only says that it can host one.
     offers_shell: bool = False
+    # The absolute path at which a sandboxed command (the `shell` tool) sees the workspace and
+    # starts, for a task written for a fixed path (an imported task: /app, /root/...); None:
+    # the workspace's own temporary path.
+    workspace_mount: str | None = None
 
     def make_env(self) -> Environment:
         from harnessrl.tasks.workspace import Workspace
 
-        env = Environment(workspace=Workspace() if self.needs_workspace else None)
+        env = Environment(workspace=Workspace() if self.needs_workspace else None, workspace_mount=self.workspace_mount)
         try:
             self.setup(env)
         except BaseException:

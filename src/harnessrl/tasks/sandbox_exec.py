@@ -7,6 +7,9 @@ Two isolation levels, chosen once per process by `isolation_available()`:
   created even where the host has none), a fresh tmpfs `/tmp`, fresh `/dev` and `/proc`, the
   workspace folder(s) bound read-write, and new user, pid, ipc, uts and (unless network=True)
   network namespaces. Killing the outer bwrap process tears down the whole pid namespace.
+  A mount point inside an existing home or data folder (`/root/.openclaw/workspace`,
+  `/home/user/app`) gets a fresh tmpfs in place of that top-level folder, like `/tmp`: the host's
+  folder is hidden and the mount is made inside the empty one (see `mount_point_problem`).
 - "rlimits-only": bubblewrap is missing or does not work here. The command runs directly, in its
   own session, with the same resource limits and no filesystem or network isolation.
 
@@ -50,6 +53,12 @@ _READ_CHUNK = 65536
 _SANDBOX_INIT = ["sh", "-c", '"$@"; exit $?', "sandbox-init"]
 # Paths bwrap provides itself; they are not bound from the host.
 _FRESH_ROOT_ENTRIES = ("proc", "dev", "tmp")
+# Top-level folders every command runs on (programs, libraries, configuration, kernel views):
+# nothing is mounted at or inside them.
+SYSTEM_TOP_LEVEL = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr"})
+# Top-level folders that may hold software or state a command needs: they stay visible, so a
+# mount inside one must be at a folder that already exists there (it hides only that folder).
+KEPT_TOP_LEVEL = frozenset({"nix", "opt", "run", "snap", "var"})
 
 
 @dataclass(frozen=True)
@@ -113,9 +122,9 @@ def run_sandboxed(
     `workdir` appears in the sandbox. Its environment is PATH, HOME (= that folder), LANG, plus
     `env`; nothing is inherited from this process.
 
-    Raises ValueError for arguments that cannot be honoured (an empty argv, a relative or
-    impossible mount point, a folder the sandbox user cannot reach) and, in rlimits-only mode,
-    for mounts at a path other than their host path (they need bubblewrap).
+    Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
+    point or one `mount_point_problem` refuses, a folder the sandbox user cannot reach) and, in
+    rlimits-only mode, for mounts at a path other than their host path (they need bubblewrap).
     """
     return _run(argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=network,
                 stdin=stdin, cwd_in_sandbox=cwd_in_sandbox, isolation=isolation_available())
@@ -212,28 +221,57 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
     )
 
 
+def mount_point_problem(dst: str) -> str | None:
+    """Why a folder cannot be mounted at the absolute sandbox path `dst` on this machine, or None.
+
+    Possible: a path under /tmp (fresh in the sandbox), under a top-level folder this machine
+    lacks (/app, /workspace: made in the sandbox), at an existing folder inside /opt, /var, /run
+    (binding over it hides only it), and anywhere at or inside another existing top-level folder
+    (/root/..., /home/..., /srv/..., /mnt/...): a mount strictly inside one gets a fresh tmpfs in
+    place of that folder. Refused: `/` and the system folders (SYSTEM_TOP_LEVEL).
+    """
+    if not isinstance(dst, str) or not dst.startswith("/"):
+        return f"the mount point must be an absolute path, got {dst!r}"
+    norm = os.path.normpath(dst)
+    top = norm.strip("/").split("/")[0]
+    if norm == "/":
+        return "cannot mount a folder at /: it would replace the whole file system"
+    if top in SYSTEM_TOP_LEVEL:
+        return (f"cannot mount at {dst}: /{top} holds this machine's system files, which every command "
+                "in the sandbox runs on; choose a path such as /app, /workspace, /root/... or /tmp/...")
+    if top == "tmp" or not os.path.lexists("/" + top):
+        return None
+    if not os.path.isdir("/" + top):
+        return f"cannot mount at {dst}: /{top} exists on this machine and is not a folder"
+    if top in KEPT_TOP_LEVEL and (norm == "/" + top or not os.path.isdir(norm)):
+        return (f"cannot mount at {dst}: /{top} stays visible in the sandbox (it may hold software or state "
+                "commands use), so a mount there must be at a folder that exists inside it; choose a path such "
+                "as /app, /workspace, /root/... or /tmp/...")
+    return None
+
+
 def _check_mounts(mounts: dict[str, Path]) -> dict[str, Path]:
     """Validate sandbox mount points; returns {sandbox path: resolved host folder}."""
     binds: dict[str, Path] = {}
     for dst, src in mounts.items():
-        if not isinstance(dst, str) or not dst.startswith("/"):
-            raise ValueError(f"sandbox mount point must be an absolute path, got {dst!r}")
-        norm = os.path.normpath(dst)
-        top = norm.strip("/").split("/")[0]
-        if norm == "/" or top in ("proc", "dev"):
-            raise ValueError(f"cannot mount a folder at {dst}")
+        problem = mount_point_problem(dst)
+        if problem:
+            raise ValueError(problem)
         host = Path(src).resolve()
         if not host.is_dir():
             raise ValueError(f"mount source {src} is not a folder")
-        # The root is the host's, read-only: a mount point can be created only in a top-level
-        # entry that does not exist on the host, under the fresh /tmp, or where a folder exists.
-        if top != "tmp" and os.path.lexists("/" + top) and not os.path.isdir(norm):
-            raise ValueError(
-                f"cannot mount at {dst}: /{top} exists on this machine but {norm} does not, and the "
-                "read-only root cannot get a new folder there; choose a path under a new top-level folder"
-            )
-        binds[norm] = host
+        binds[os.path.normpath(dst)] = host
     return binds
+
+
+def _shadowed_top_level(binds: dict[str, Path]) -> set[str]:
+    """Existing top-level folders that get a fresh tmpfs because a mount point lies inside one."""
+    tops = set()
+    for dst in binds:
+        top, _, rest = dst.strip("/").partition("/")
+        if rest and top != "tmp" and top not in KEPT_TOP_LEVEL and os.path.lexists("/" + top):
+            tops.add(top)
+    return tops
 
 
 def _hand_over(folder: Path) -> None:
@@ -254,8 +292,9 @@ def _hand_over(folder: Path) -> None:
 
 def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
     args = ["bwrap"]
+    shadowed = _shadowed_top_level(binds)
     for entry in sorted(os.listdir("/")):
-        if entry in _FRESH_ROOT_ENTRIES:
+        if entry in _FRESH_ROOT_ENTRIES or entry in shadowed:
             continue
         path = "/" + entry
         if os.path.islink(path):
@@ -263,7 +302,10 @@ def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
         else:
             args += ["--ro-bind", path, path]
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for dst, src in binds.items():
+    for top in sorted(shadowed):
+        args += ["--tmpfs", "/" + top]
+    # Outer mount points first, so a mount inside another one is not covered by it.
+    for dst, src in sorted(binds.items(), key=lambda item: item[0].count("/")):
         args += ["--bind", str(src), dst]
     args += ["--remount-ro", "/", "--chdir", cwd]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]

@@ -6,6 +6,10 @@ runs through `run_sandboxed`, so it can write only in the workspace and is stopp
 The model sees the head and tail of a long output around a "[... N characters cut ...]" marker;
 the run store keeps all of it (up to the runner's per-stream cap) as `ToolResult.full_output`.
 A command killed by a limit is an ordinary failed call whose output says why.
+
+A task written for a fixed workspace path (`Task.workspace_mount`, e.g. `/app` for a Harbor task)
+gets the live workspace mounted read-write at that path and its commands start there, so
+`cat /app/x` and `echo y > /app/z` act on the files the file tools and the grader see.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ def shell_tool(limits: ExecLimits, shown_chars: int) -> Tool:
         if env.workspace is None:
             raise RuntimeError("the shell tool needs a workspace, and the task has none")
         argv = ["bash", "-c", command] if shutil.which("bash") else ["sh", "-c", command]
-        result = run_sandboxed(argv, workdir=env.workspace.root, limits=limits)
+        root = env.workspace.root
+        mount = env.workspace_mount
+        try:
+            result = run_sandboxed(argv, workdir=root, limits=limits, mounts={mount: root} if mount else None,
+                                   cwd_in_sandbox=mount)
+        except ValueError as e:  # the sandbox cannot show the workspace where the task expects it
+            raise RuntimeError(f"the shell cannot run this task's commands: {e}") from None
         full = render_result(result)
         return ToolOutput(shown=head_and_tail(full, shown_chars), full=full, ok=result.returncode == 0)
 

@@ -250,6 +250,11 @@ class Trainer:
             "harness_specs": {s.name: s.to_dict() for s in self.specs},
             "harnessrl_version": __version__,
         }
+        if any(s.rules.shell.enabled for s in self.specs) and self.suite.offers_shell:
+            from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
+
+            # as `harnessrl eval` records it: how the shell tool's commands were isolated
+            self.record["shell_isolation"] = isolation_description(isolation_available())
         self._check_out_folder()
         if console is None:
             from rich.console import Console
@@ -274,7 +279,7 @@ class Trainer:
             old = json.loads(config_path.read_text(encoding="utf-8"))
         except ValueError as e:
             raise TrainError(f"{config_path} is not valid JSON ({e})") from None
-        ignore = {"harnessrl_version", *RESUMABLE_CHANGES}
+        ignore = {"harnessrl_version", "shell_isolation", *RESUMABLE_CHANGES}  # version and isolation: this machine's, not options
         diff = sorted(k for k in set(old) | set(self.record) if k not in ignore and old.get(k) != self.record.get(k))
         if diff:
             shown = ", ".join(

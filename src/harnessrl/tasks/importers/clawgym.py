@@ -12,7 +12,7 @@ As ClawGym's rollout does: the agent's workspace is `/root/.openclaw/workspace`;
 `<workspace>/reward/`, a payload `{task_id, user_query, metadata, final_message, transcript}` is
 written to `<workspace>/.openclaw_reward_payload.json` and named by `OPENCLAW_REWARD_PAYLOAD`,
 and `bash /root/.openclaw/workspace/reward/reward.sh` runs with HOME=/root, LC_ALL=C.UTF-8 and a
-120 s limit. Unlike ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout
+120 s limit. The sandboxed shell (and the grader) see the live workspace at that path. Unlike ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout
 or a last line that is not a number in [0, 1] is an infrastructure error with the reason.
 """
 
@@ -35,9 +35,7 @@ from harnessrl.tasks.importers.common import (
     parse_unit_float,
     read_text,
     run_grader,
-    scratch_folder,
     working_directory_note,
-    workspace_mounts,
     write_json,
 )
 from harnessrl.types import Grade
@@ -114,6 +112,7 @@ class ClawGymSuite(ImportedSuite):
             setup=setup,
             grader=grader,
             data={"task_id": entry["task_id"], "metadata": entry["metadata"]},
+            workspace_mount=WORKSPACE,
         )
 
     def _grade(self, folder: Path, entry: dict[str, Any], env: Environment) -> Grade:
@@ -132,20 +131,19 @@ class ClawGymSuite(ImportedSuite):
             "transcript": openclaw_transcript(env, entry["user_query"], WORKSPACE),
         }
         write_json(ws / PAYLOAD_NAME, payload)
-        with scratch_folder("harnessrl-clawgym-") as scratch:
-            result = run_grader(
-                ["bash", f"{WORKSPACE}/reward/reward.sh"],
-                workdir=scratch,
-                mounts=workspace_mounts(WORKSPACE, ws, scratch),
-                cwd=WORKSPACE,
-                env={
-                    "OPENCLAW_REWARD_PAYLOAD": f"{WORKSPACE}/{PAYLOAD_NAME}",
-                    "HOME": "/root",
-                    "LC_ALL": "C.UTF-8",
-                    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                },
-                limits=self.limits_for(REWARD_TIMEOUT_S),
-            )
+        result = run_grader(
+            ["bash", f"{WORKSPACE}/reward/reward.sh"],
+            workdir=ws,
+            mounts={WORKSPACE: ws},
+            cwd=WORKSPACE,
+            env={
+                "OPENCLAW_REWARD_PAYLOAD": f"{WORKSPACE}/{PAYLOAD_NAME}",
+                "HOME": "/root",
+                "LC_ALL": "C.UTF-8",
+                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            },
+            limits=self.limits_for(REWARD_TIMEOUT_S),
+        )
         if result.returncode != 0:
             raise grader_failed("reward/reward.sh failed", result)
         lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]

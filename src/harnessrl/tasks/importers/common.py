@@ -34,9 +34,6 @@ if TYPE_CHECKING:  # the sandbox module is imported when a grader runs
 
 MAX_REASON_CHARS = 600  # of grader output quoted in an error
 PYTHON = "python3"  # Python graders run on the system interpreter (stdlib only), as at home
-# Top-level folders a sandbox may show a scratch copy in place of (see `workspace_mounts`).
-# Home and data folders only: what a grader runs with (/usr, /opt, /etc, ...) must stay visible.
-SHADOWABLE_TOP_LEVEL = ("root", "home", "srv", "mnt")
 
 
 class TaskLoadError(Exception):
@@ -74,6 +71,7 @@ class TaskEntry:
     grader: Callable[[Environment], Grade] | None = None
     data: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    workspace_mount: str | None = None  # the absolute path the task's files refer to (Task.workspace_mount)
 
 
 def _refuse_setup(reason: str) -> Callable[[Environment], None]:
@@ -143,6 +141,7 @@ class ImportedSuite(Suite):
             grader=entry.grader,
         )
         task.offers_shell = self.offers_shell
+        task.workspace_mount = entry.workspace_mount
         return task
 
     def _generate(self, split: str, n: int, taken: set[str]) -> list[Task]:
@@ -240,37 +239,16 @@ def scratch_folder(prefix: str) -> Iterator[Path]:
 
 
 def mount_point_problem(at: str) -> str | None:
-    """Why the sandbox cannot show a workspace at the absolute path `at`, or None."""
+    """Why the sandbox cannot show a workspace at the absolute path `at`, or None (the sandbox's
+    own rules, plus the folders a Harbor verifier gets)."""
+    from harnessrl.tasks.sandbox_exec import mount_point_problem as sandbox_problem
+
     p = PurePosixPath(at)
-    if not p.is_absolute() or ".." in p.parts or len(p.parts) < 2:
-        return f"'{at}' is not an absolute path below /"
-    top = p.parts[1]
-    if top in ("proc", "dev") or at in ("/tests", "/logs"):
+    if ".." in p.parts:
+        return f"'{at}' is not a plain absolute path"
+    if p.is_absolute() and len(p.parts) > 1 and p.parts[1] in ("tests", "logs"):
         return f"'{at}' is a reserved path"
-    if top == "tmp" or not os.path.lexists("/" + top) or os.path.isdir(at) or top in SHADOWABLE_TOP_LEVEL:
-        return None
-    return f"'{at}' lies in /{top}, a folder of this machine that the read-only sandbox cannot add it to"
-
-
-def workspace_mounts(at: str, workspace: Path, scratch: Path) -> dict[str, Path]:
-    """Sandbox mounts that show `workspace` at the absolute path `at`.
-
-    The sandbox's root is this machine's, read-only, so a folder can be mounted where the machine
-    has none at the top level (/app), under the fresh /tmp, or where the folder already exists.
-    A path inside an existing home or data folder (/root/.openclaw/workspace, /srv/app) gets a scratch folder shown
-    in place of that top-level folder, holding a copy of the workspace at the path; the grader reads
-    a copy, which is all it needs after the episode.
-    """
-    problem = mount_point_problem(at)
-    if problem:
-        raise GraderError(f"cannot show the workspace to the grader: {problem}")
-    p = PurePosixPath(at)
-    top = p.parts[1]
-    if top == "tmp" or not os.path.lexists("/" + top) or os.path.isdir(at):
-        return {at: workspace}
-    shadow = scratch / "shadow" / top
-    shutil.copytree(workspace, shadow.joinpath(*p.parts[2:]), symlinks=True)
-    return {"/" + top: shadow}
+    return sandbox_problem(at)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,8 +24,9 @@ environment cannot exist without building or pulling an image is refused, with t
   LABEL, USER, EXPOSE, CMD, ENTRYPOINT, MAINTAINER, SHELL, STOPSIGNAL, HEALTHCHECK, VOLUME. A RUN
   step installs or builds something only the image would have.
 FROM is not honoured: the base image's tools are this machine's. COPY'd files are copied into the
-workspace. A working directory the read-only sandbox cannot create (under /usr, /opt, ...) is
-refused as well.
+workspace, which the sandboxed shell and the verifier see at the working directory (the shell's
+commands start there). A working directory the sandbox refuses (`sandbox_exec.mount_point_problem`:
+under /usr, /etc, a new folder in /opt, ...) is refused as well.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ from harnessrl.tasks.importers.common import (
     scratch_folder,
     mount_point_problem,
     working_directory_note,
-    workspace_mounts,
 )
 from harnessrl.types import Grade
 
@@ -251,6 +251,7 @@ class HarborSuite(ImportedSuite):
             setup=setup,
             grader=grader,
             data={"workdir": local.workdir, "agent_timeout_sec": _table(config, "agent", name).get("timeout_sec")},
+            workspace_mount=local.workdir,
         )
 
     def _grade(self, folder: Path, workdir: str, run_env: dict[str, str], timeout: float, memory_mb: int | None, env: Environment) -> Grade:
@@ -264,7 +265,7 @@ class HarborSuite(ImportedSuite):
                 # as Harbor runs it: executed (its shebang decides), output kept next to the reward
                 ["bash", "-c", f"/tests/test.sh > /logs/verifier/{TEST_OUTPUT} 2>&1"],
                 workdir=scratch,
-                mounts={**workspace_mounts(workdir, env.workspace.root, scratch), "/tests": tests, "/logs": logs},
+                mounts={workdir: env.workspace.root, "/tests": tests, "/logs": logs},
                 cwd=workdir,
                 env={"HOME": "/root", "LC_ALL": "C.UTF-8", **run_env},
                 limits=self.limits_for(timeout, memory_mb),

@@ -11,7 +11,8 @@ Grading as PinchBench does: the automated score is the mean of the numeric value
 returns (other values are ignored); a hybrid score is `(auto * w_auto + judge * w_judge) /
 (w_auto + w_judge)` with `grading_weights` (default 0.5 / 0.5). `grade` runs in a separate Python
 process in the sandbox, with the workspace at `/tmp/pinchbench/harnessrl/agent_workspace` (the
-path is passed to it, as PinchBench does) and the transcript in OpenClaw's session format.
+path is passed to it, as PinchBench does) and the transcript in OpenClaw's session format. The
+sandboxed shell sees the live workspace at that path too and starts there.
 
 LLM-judge parts are graded only when the suite has a judge (`PinchBenchSuite(path, judge=fn)`,
 `fn(prompt) -> reply text`; `policy_judge(policy)` makes one from any harnessrl model). Without one, a hybrid task is scored on its automated part alone and
@@ -206,6 +207,7 @@ class PinchBenchSuite(ImportedSuite):
             setup=setup,
             grader=grader,
             data={"grading_type": grading_type, "timeout_seconds": timeout, "grading_weights": weights},
+            workspace_mount=WORKSPACE,
         )
 
     # -- grading --------------------------------------------------------------------------------
