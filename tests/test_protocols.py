@@ -678,7 +678,9 @@ def test_adversarial_texts_never_raise_or_hang(name, lenient):
             res = proto.parse(text, tools)
             elapsed = time.perf_counter() - t0
             assert isinstance(res, ParseResult)
-            assert elapsed < 3.0, (i, elapsed)
+            # A guard against super-linear parsing (a hang), not a speed test: each parse takes
+            # well under a second on an idle machine, but a starved CI runner can stretch that.
+            assert elapsed < 15.0, (i, elapsed)
             assert len(res.calls) <= MAX_CALLS_PER_REPLY + 1
             assert not (res.calls and res.empty)
             for call in res.calls:  # every parsed call serialises
