@@ -475,3 +475,17 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
     (folder / "state.json").write_text(json.dumps({"phase": "finished"}))
     r = run("--resume")
     assert r.exit_code == 2 and "finished and locked" in r.output
+
+
+def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenizer):
+    proto = get_protocol("json", lenient=True)
+    always_wrong = ScriptedPolicy(lambda m: proto.render_call(ToolCall(name="submit", arguments={"answer": "wrong"})), tokenizer=tokenizer)
+    cfg = config(iterations=1, candidates=1, rollouts=2, min_threshold=0.05)
+    dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
+    said: list[str] = []
+    Evolution(tmp_path / "evo", cfg, SEED, dev, test, always_wrong, RulesProposer(), log=said.append).run()
+    noise = json.loads((tmp_path / "evo" / "noise.json").read_text())
+    assert noise["sd_task_difference"] == 0 and noise["threshold"] == 0.05
+    assert any(s.startswith("warning: the two seed runs agree on every dev task") for s in said)
+    (line,) = log_lines(tmp_path / "evo")
+    assert line["delta"] == 0 and not line["accepted"]  # nothing changes an always-wrong agent

@@ -258,6 +258,9 @@ class Evolution:
         self._write(BEST, seed_spec.to_yaml())
         self._save_state(state)
         self.log(f"noise: sd of the dev mean {noise.sd_dev_mean:.4f}, threshold {state.threshold:.4f}")
+        if noise.sd_task_difference == 0:
+            # e.g. greedy decoding, or a few tasks that fail the same way twice: no spread seen
+            self.log("warning: the two seed runs agree on every dev task, so the noise estimate is 0 and the threshold is --min-threshold; use more dev tasks or rollouts, or set --min-threshold")
 
     def _proposals(self, iteration: int, ctx: ProposalContext) -> list[Proposal]:
         """This iteration's proposals: from proposals/iNN.json when a killed run left them."""
