@@ -233,6 +233,7 @@ def run_one(seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str
         "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
         "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES}, "harness_steps": picks, "skipped_steps": sum(1 for r in steps if r.get("skipped")),
         "reward_mean": statistics.mean(r["reward_mean"] for r in steps if r.get("reward_mean") is not None),
+        "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in steps if r.get("zero_std_frac") is not None),
     }
 
 
@@ -244,11 +245,12 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
     for h in HELD_OUT_HARNESSES:
         measures[f"held-out {h}"] = lambda r, h=h: r["held_out"][h]
 
-    def fmt(xs: list[float]) -> str:
+    def fmt(xs: list[float], signed: bool = False) -> str:
         if not xs:
             return "-"
         m, lo, hi = t_interval(xs)
-        return f"{m:.3f} [{lo:+.3f}, {hi:+.3f}]".replace("[+", "[") if not math.isnan(lo) else f"{m:.3f}"
+        f = "+.3f" if signed else ".3f"
+        return f"{m:{f}} [{lo:{f}}, {hi:{f}}]" if not math.isnan(lo) else f"{m:{f}}"
 
     head = ["scheduler", "seeds"] + [f"{k}: test score" for k in measures] + [f"{k}: minus mixed" for k in measures] + ["steps per harness (mean over seeds)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -260,7 +262,7 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
         cells += [fmt([get(r) for r in rows]) for get in measures.values()]
         for get in measures.values():
             pairs = [get(r) - get(by[(r["seed"], "mixed")]) for r in rows if (r["seed"], "mixed") in by]
-            cells.append(fmt(pairs) if s not in ("mixed", "warm-start") else "-")
+            cells.append(fmt(pairs, signed=True) if s not in ("mixed", "warm-start") else "-")
         if s == "warm-start":
             cells.append("-")
         else:
