@@ -110,7 +110,6 @@ class State:
     threshold: float | None = None
     invalid_proposals: int = 0
     crashed_candidates: int = 0
-    proposer_errors: int = 0
     exhausted: bool = False  # the proposer had nothing left to propose
     elapsed_s: float = 0.0
     accepted: list[str] = field(default_factory=list)
@@ -165,7 +164,10 @@ class Evolution:
 
     def _load_state(self) -> State | None:
         p = self._path(STATE)
-        return State(**json.loads(p.read_text(encoding="utf-8"))) if p.is_file() else None
+        if not p.is_file():
+            return None
+        known = set(State.__dataclass_fields__)
+        return State(**{k: v for k, v in json.loads(p.read_text(encoding="utf-8")).items() if k in known})
 
     def _save_spec(self, label: str, spec: HarnessSpec) -> None:
         self._write(f"harnesses/{label}.yaml", spec.to_yaml())
