@@ -228,6 +228,29 @@ def write_summary(store: Any, config: dict[str, Any], folder: Path) -> dict[str,
     return summary
 
 
+def check_model_spec(spec: str, api_key_env: str | None, option: str, key_option: str) -> None:
+    """Fail (exit 2) on a model spec that cannot name a model, before anything slow is loaded.
+    `option` prefixes the messages ("" for --model); `key_option` names the API-key option."""
+    from harnessrl.models import MODEL_NAMES, SPEC_FORMS
+
+    prefix = f"{option}: " if option else ""
+    spec = spec.strip()
+    if spec.startswith("hf:"):
+        if not Path(spec[3:]).exists():
+            fail(f"{prefix}model path '{spec[3:]}' does not exist")
+    elif spec.startswith("openai:"):
+        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
+
+        try:
+            parse_openai_spec(spec)
+        except ValueError as e:
+            fail(f"{prefix}{e}")
+        if api_key_env and not os.environ.get(api_key_env):
+            fail(f"{key_option} {api_key_env}: that environment variable is not set")
+    elif spec not in MODEL_NAMES:
+        fail(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
+
+
 @app.command("eval")
 def eval_cmd(
     suite: Annotated[str, typer.Option(help="suite name (see `harnessrl tasks list`)")] = "workspace",
@@ -245,6 +268,8 @@ def eval_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="continue a run folder, skipping finished episodes")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
     api_key_env: Annotated[Optional[str], typer.Option(help="openai: read the API key from this environment variable (default OPENAI_API_KEY)")] = None,
+    judge_model: Annotated[Optional[str], typer.Option(help="grade the LLM-judge parts of PinchBench tasks with this model (any --model form)")] = None,
+    judge_api_key_env: Annotated[Optional[str], typer.Option(help="openai judge: read its API key from this environment variable (default OPENAI_API_KEY)")] = None,
 ) -> None:
     """Evaluate a model on a suite through one or more harnesses."""
     from harnessrl.harness.registry import resolve_harnesses
@@ -269,29 +294,27 @@ def eval_cmd(
         specs = resolve_harnesses(harness)
     except SpecError as e:
         fail(str(e))
+    judge = None
+    if judge_model is not None:
+        from harnessrl.tasks.importers.pinchbench import ModelJudge
+
+        check_model_spec(judge_model, judge_api_key_env, "--judge-model", "--judge-api-key-env")
+        judge = ModelJudge(judge_model.strip(), api_key_env=judge_api_key_env)
+    elif judge_api_key_env is not None:
+        fail("--judge-api-key-env needs --judge-model")
     try:
-        the_suite = get_suite(suite)
+        the_suite = get_suite(suite) if judge is None else get_suite(suite, judge=judge)
         task_list = the_suite.tasks(split, tasks)
     except ValueError as e:
         fail(str(e))
     if not task_list:
         fail("no tasks selected (--tasks 0?)")
-    from harnessrl.models import MODEL_NAMES, SPEC_FORMS
+    if judge is not None:
+        from harnessrl.tasks.importers.pinchbench import is_judged
 
-    if model.startswith("hf:"):
-        if not Path(model[3:]).exists():
-            fail(f"model path '{model[3:]}' does not exist")
-    elif model.startswith("openai:"):
-        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
-
-        try:
-            parse_openai_spec(model)
-        except ValueError as e:
-            fail(str(e))
-        if api_key_env and not os.environ.get(api_key_env):
-            fail(f"--api-key-env {api_key_env}: that environment variable is not set")
-    elif model not in MODEL_NAMES:
-        fail(f"unknown model '{model}' (known forms: {SPEC_FORMS})")
+        if not any(is_judged(t) for t in task_list):
+            fail(f"--judge-model: no selected task of suite '{suite}' has a part graded by an LLM judge (only PinchBench llm_judge and hybrid tasks do)")
+    check_model_spec(model, api_key_env, "", "--api-key-env")
 
     config = {
         "harnessrl_version": __version__,
@@ -306,6 +329,8 @@ def eval_cmd(
         "harnesses": {s.name: s.to_dict() for s in specs},
         "max_retries": retries,
         "api_key_env": api_key_env,  # the variable's name only, never the key
+        "judge_model": judge_model,
+        "judge_api_key_env": judge_api_key_env,
     }
     if any(s.rules.shell.enabled for s in specs) and any(t.offers_shell for t in task_list):
         from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
@@ -342,6 +367,11 @@ def eval_cmd(
     except (ValueError, RuntimeError, OSError) as e:
         fail(f"cannot load model '{model}': {e}")
     store.set_meta("model", policy.describe())
+    if judge is not None:
+        try:
+            judge.load()
+        except (ValueError, RuntimeError, OSError) as e:
+            fail(f"cannot load judge model '{judge_model}': {e}")
 
     runner = Runner(policy, sampling, max_in_flight=max_in_flight, max_retries=retries, on_episode=store.add, progress=progress)
     try:

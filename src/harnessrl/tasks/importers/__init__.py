@@ -6,18 +6,21 @@ from __future__ import annotations
 from harnessrl.tasks.importers.clawgym import ClawGymSuite
 from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoadError
 from harnessrl.tasks.importers.harbor import HarborSuite
-from harnessrl.tasks.importers.pinchbench import PinchBenchSuite
+from harnessrl.tasks.importers.pinchbench import Judge, PinchBenchSuite
 
 IMPORTERS: dict[str, type[ImportedSuite]] = {"clawgym": ClawGymSuite, "pinchbench": PinchBenchSuite, "harbor": HarborSuite}
 
 
-def load_imported_suite(name: str) -> ImportedSuite:
-    """The suite for `KIND:PATH`; ValueError for an unknown kind, a missing folder or no tasks."""
+def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:
+    """The suite for `KIND:PATH`; ValueError for an unknown kind, a missing folder or no tasks.
+    `judge` goes to the formats with LLM-judge parts (PinchBench); the others ignore it."""
     kind, _, path = name.partition(":")
     if kind not in IMPORTERS:
         raise ValueError(f"unknown task folder format '{kind}' (known: {', '.join(f'{k}:PATH' for k in IMPORTERS)})")
     if not path:
         raise ValueError(f"'{name}': give the folder after the colon, e.g. {kind}:path/to/tasks")
+    if judge is not None and IMPORTERS[kind] is PinchBenchSuite:
+        return PinchBenchSuite(path, judge=judge)
     return IMPORTERS[kind](path)
 
 

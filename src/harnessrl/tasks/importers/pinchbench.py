@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import yaml
 
-from harnessrl.tasks.base import Environment
+from harnessrl.tasks.base import Environment, Task
 from harnessrl.tasks.importers.common import (
     PYTHON,
     GraderError,
@@ -333,6 +333,32 @@ def policy_judge(policy: "Policy", max_new_tokens: int = 1024) -> Judge:
         return call.text
 
     return judge
+
+
+class ModelJudge:
+    """The judge `policy_judge(load_policy(spec))`, its model loaded by `load()` rather than when
+    made: the suite needs the judge when it is built, and a run checks its whole configuration
+    before any slow model loading."""
+
+    def __init__(self, spec: str, api_key_env: str | None = None):
+        self.spec = spec
+        self.api_key_env = api_key_env
+        self._judge: Judge | None = None
+
+    def load(self) -> None:
+        from harnessrl.models import load_policy
+
+        self._judge = policy_judge(load_policy(self.spec, api_key_env=self.api_key_env))
+
+    def __call__(self, prompt: str) -> str:
+        if self._judge is None:
+            raise RuntimeError(f"the judge model '{self.spec}' was never loaded (call load() first)")
+        return self._judge(prompt)
+
+
+def is_judged(task: Task) -> bool:
+    """Whether a task has a part graded by an LLM judge (a PinchBench llm_judge or hybrid task)."""
+    return task.suite == PinchBenchSuite.kind and task.data.get("grading_type") in ("llm_judge", "hybrid")
 
 
 def parse_judge_reply(reply: str) -> tuple[float, dict[str, float], str]:
