@@ -15,7 +15,8 @@ path is passed to it, as PinchBench does) and the transcript in OpenClaw's sessi
 sandboxed shell sees the live workspace at that path too and starts there.
 
 LLM-judge parts are graded only when the suite has a judge (`PinchBenchSuite(path, judge=fn)`,
-`fn(prompt) -> reply text`; `policy_judge(policy)` makes one from any harnessrl model). Without one, a hybrid task is scored on its automated part alone and
+`fn(prompt) -> reply text`; `policy_judge(policy)` makes one from any harnessrl model; from the
+command line, `harnessrl eval --judge-model SPEC`). Without one, a hybrid task is scored on its automated part alone and
 its Grade says so (`details.partially_graded`, `details.ungraded_weight`); a task that is judged
 only cannot be scored at all and is left out of the suite (listed in `suite.skipped`), never
 counted as a zero.
