@@ -9,24 +9,6 @@ from typing import Annotated, Optional
 import typer
 
 
-def _check_model(spec: str, option: str) -> None:
-    from harnessrl.cli import fail as _fail
-    from harnessrl.models import MODEL_NAMES, SPEC_FORMS
-
-    if spec.startswith("hf:"):
-        if not Path(spec[3:]).exists():
-            _fail(f"{option}: model path '{spec[3:]}' does not exist")
-    elif spec.startswith("openai:"):
-        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
-
-        try:
-            parse_openai_spec(spec)
-        except ValueError as e:
-            _fail(f"{option}: {e}")
-    elif spec not in MODEL_NAMES:
-        _fail(f"{option}: unknown model '{spec}' (known forms: {SPEC_FORMS})")
-
-
 def evolve_cmd(
     suite: Annotated[str, typer.Option(help="suite whose dev split drives the search and whose test split confirms")] = "workspace",
     seed_harness: Annotated[str, typer.Option(help="built-in harness name or spec path to start from")] = "react",
@@ -96,11 +78,13 @@ def evolve_cmd(
         test = the_suite.tasks("test", config.test_tasks)
     except ValueError as e:
         _fail(str(e))
-    _check_model(config.model, "--model")
+    from harnessrl.cli import check_model_spec
+
+    check_model_spec(config.model, api_key_env, "--model", "--api-key-env")
     if config.proposer_model:
         if not config.proposer_model.startswith("openai:"):
             _fail("--proposer-model must be openai:NAME@URL (an OpenAI-compatible server)")
-        _check_model(config.proposer_model, "--proposer-model")
+        check_model_spec(config.proposer_model, api_key_env, "--proposer-model", "--api-key-env")
 
     from harnessrl.evolve.proposers import LLMProposer, RulesProposer
     from harnessrl.models import load_policy
