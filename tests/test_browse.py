@@ -268,8 +268,9 @@ def test_cancel_changes_the_site_state_and_is_graded_on_it(suite):
         use(task, env, "open", url=f"/order/{done[0]['id']}")
         with pytest.raises(ToolFailed, match="no link 'cancel'"):
             use(task, env, "click", link="cancel")
-        # a fresh environment starts from the generated state again
-        assert task.grade(task.make_env()).subscores == {"cancelled": 0.0, "others_unchanged": 1.0}
+        # a fresh environment starts from the generated state again, and doing nothing scores 0
+        fresh = task.grade(task.make_env())
+        assert fresh.subscores == {"cancelled": 0.0, "others_unchanged": 0.0} and fresh.score == 0.0
 
 
 def test_tiny_random_model_browses_without_crashing(tiny_policy):

@@ -673,8 +673,11 @@ def cancel_order(rng: random.Random) -> dict[str, Any]:
 
     def check(env: Environment) -> dict[str, float]:
         now = {o["id"]: o["status"] for o in env.state["site"]["orders"]}
-        kept = all(now[i] == s for i, s in before.items() if i != target["id"])
-        return {"cancelled": float(now[target["id"]] == "cancelled"), "others_unchanged": float(kept)}
+        cancelled = now[target["id"]] == "cancelled"
+        # Leaving the other orders alone earns credit only with the job done: doing nothing at
+        # all must not score.
+        kept = cancelled and all(now[i] == s for i, s in before.items() if i != target["id"])
+        return {"cancelled": float(cancelled), "others_unchanged": float(kept)}
 
     url = f"/thread/{thread['id']}"
     return {
