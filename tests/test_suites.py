@@ -137,6 +137,8 @@ def test_untouched_environment_fails(suites, name):
         grade, _ = run(task, [{"name": "submit", "arguments": {"answer": ""}}])
         assert grade.score < 1.0 and not grade.passed, (task.id, grade.subscores)
         assert grade.subscores and all(0.0 <= v <= 1.0 for v in grade.subscores.values())
+        # doing nothing earns nothing: files left alone only count alongside real progress
+        assert grade.score == 0.0, (task.id, grade.subscores)
 
 
 @pytest.mark.parametrize("name", SUITES)

@@ -128,8 +128,14 @@ def _frac(flags: list[bool]) -> float:
     return sum(1.0 for f in flags if f) / len(flags) if flags else 1.0
 
 
+# Checks that the agent left something alone. They earn credit only alongside progress on the
+# task itself: an agent that does nothing keeps every file intact, and must not score for it.
+PRESERVATION_CHECKS = frozenset({"kept", "others_kept", "source_kept", "others_unchanged"})
+
+
 def _run_checks(checks: dict[str, Callable[[], float | bool]]) -> dict[str, float]:
-    """Evaluate named checks; one that raises (garbled state) scores 0, values are clamped."""
+    """Evaluate named checks; one that raises (garbled state) scores 0, values are clamped.
+    Preservation checks count only when some other check has credit."""
     out: dict[str, float] = {}
     for name, fn in checks.items():
         try:
@@ -137,6 +143,8 @@ def _run_checks(checks: dict[str, Callable[[], float | bool]]) -> dict[str, floa
         except Exception:
             value = 0.0
         out[name] = min(1.0, max(0.0, value)) if value == value else 0.0
+    if not any(v > 0 for k, v in out.items() if k not in PRESERVATION_CHECKS):
+        out.update({k: 0.0 for k in out if k in PRESERVATION_CHECKS})
     return out
 
 
