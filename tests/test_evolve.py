@@ -489,3 +489,32 @@ def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenize
     assert any(s.startswith("warning: the two seed runs agree on every dev task") for s in said)
     (line,) = log_lines(tmp_path / "evo")
     assert line["delta"] == 0 and not line["accepted"]  # nothing changes an always-wrong agent
+
+
+def test_format_demonstration_replays_a_solved_train_task_with_real_results():
+    from harnessrl.evolve.proposers import ProposalContext, RulesProposer, worked_example
+    from harnessrl.tasks import get_suite
+
+    suite = get_suite("workspace")
+    train = suite.tasks("train", 8)
+    example = worked_example(train)
+    task = next(t for t in train if t.instruction == example["instruction"])
+    assert task.split == "train" and 2 <= len(example["calls"]) <= 4
+    assert [c["name"] for c in example["calls"]] == [c["name"] for c in task.solution]
+    assert example["calls"][-1]["name"] == "submit"
+    looked = [c for c in example["calls"][:-1] if c["result"]]
+    assert looked and not any(c["result"].startswith("error:") for c in looked)  # real tool output
+
+    spec = load_harness("react")
+    ctx = ProposalContext(
+        iteration=1, incumbent=spec, triage={"counts": {"malformed_call": 3}, "episodes": []}, failures=[], history=[],
+        tools=[t.schema for t in task.tools], n=1, worked_example=example,
+    )
+    (proposal,) = RulesProposer().propose(ctx)
+    assert proposal.edit == "format-demonstration"
+    demos = proposal.spec.rules.demonstrations
+    assert len(demos) == len(spec.rules.demonstrations) + 1 and demos[-1].instruction == task.instruction
+    # an example must not come from the tasks the loop decides or reports on
+    with pytest.raises(EvolveError, match="train split"):
+        Evolution(Path("/nonexistent"), EvolveConfig(suite="workspace", seed_harness="react", model="tiny-random", dev_tasks=2, test_tasks=2), spec,
+                  suite.tasks("dev", 2), suite.tasks("test", 2), None, RulesProposer(), example_tasks=suite.tasks("dev", 1))

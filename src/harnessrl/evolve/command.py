@@ -98,7 +98,12 @@ def evolve_cmd(
     except (ValueError, RuntimeError, OSError) as e:
         _fail(f"cannot load a model: {e}")
 
-    evo = Evolution(out_dir, config, seed_spec, dev, test, policy, the_proposer, progress=progress, log=lambda m: _err.print(m, highlight=False, markup=False))
+    # Solved train tasks (never decision or held-out ones) for the rules proposer's worked example.
+    examples = the_suite.tasks("train", min(8, the_suite.split_sizes.get("train", 0)))
+    evo = Evolution(
+        out_dir, config, seed_spec, dev, test, policy, the_proposer, progress=progress,
+        log=lambda m: _err.print(m, highlight=False, markup=False), example_tasks=examples,
+    )
     try:
         final = evo.run()
     except EvolveError as e:

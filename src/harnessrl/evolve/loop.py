@@ -29,7 +29,7 @@ import yaml
 
 from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE, acceptance_threshold, compare, estimate_noise
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
-from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer
+from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
 from harnessrl.harness.spec import HarnessSpec, parse_spec
 from harnessrl.metrics import paired_difference, summarize_harness, task_scores
 from harnessrl.models.base import Policy, SamplingParams
@@ -127,6 +127,7 @@ class Evolution:
         proposer: Proposer,
         progress: bool = False,
         log: Callable[[str], None] = lambda _: None,
+        example_tasks: list[Task] | None = None,
     ):
         config.validate()
         self.folder = Path(folder)
@@ -138,6 +139,9 @@ class Evolution:
         self.proposer = proposer
         self.progress = progress
         self.log = log
+        if any(t.split != "train" for t in example_tasks or []):
+            raise EvolveError("worked examples for the proposer must come from the train split")
+        self.example_tasks = list(example_tasks or [])
         if any(t.split == "test" for t in dev_tasks):
             raise EvolveError("the dev tasks include test-split tasks; held-out tasks are for the final run only")
 
@@ -293,6 +297,7 @@ class Evolution:
             tools=list(tools.values()),
             n=self.config.candidates,
             tried={h["spec_fingerprint"] for h in history if h.get("spec_fingerprint")},
+            worked_example=worked_example(self.example_tasks),
         )
         proposals = self._proposals(it, ctx)
         if not proposals:

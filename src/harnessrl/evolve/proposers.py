@@ -61,6 +61,9 @@ class ProposalContext:
     tools: list[ToolSchema]  # the tools of the dev tasks (demonstrations and helpers must fit them)
     n: int  # how many candidates to propose
     tried: set[str] = field(default_factory=set)  # fingerprints of specs already evaluated
+    # A solved train task replayed for real (see `worked_example`): a demonstration of the whole
+    # path of a task, with the tools' actual results, rather than a generic call-then-submit.
+    worked_example: dict[str, Any] | None = None
 
 
 class Proposer(Protocol):
@@ -94,8 +97,44 @@ def _example_value(name: str, schema: dict[str, Any]) -> Any:
     return "example"
 
 
+def worked_example(tasks: list, max_calls: int = 4, max_result_chars: int = 300) -> dict[str, Any] | None:
+    """A demonstration built by replaying the known solution of the first suitable task (train
+    split: never a decision or held-out task) in a fresh environment: its instruction, every call
+    with the result the tool really gave, and the final submit. None when no task fits."""
+    from harnessrl.tasks.base import ToolBlocked, ToolFailed
+
+    for task in tasks:
+        sol = list(getattr(task, "solution", None) or [])
+        if not sol or len(sol) > max_calls or sol[-1].get("name") != "submit":
+            continue
+        env = task.make_env()
+        try:
+            calls = []
+            for call in sol:
+                result = ""
+                if call["name"] != "submit":
+                    tool = task.tool(call["name"])
+                    if tool is None:
+                        break
+                    try:
+                        result = str(tool.fn(env, **call.get("arguments", {})))
+                    except (ToolBlocked, ToolFailed) as e:
+                        result = f"error: {e}"
+                calls.append({"thought": "", "name": call["name"], "arguments": dict(call.get("arguments", {})), "result": result[:max_result_chars]})
+            else:
+                return {"instruction": task.instruction, "calls": calls}
+        finally:
+            env.close()
+    return None
+
+
 def _format_demonstration(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, Any]:
-    """A worked example of the exact call format with a tool the tasks have, then submit."""
+    """A worked example in the exact call format: a solved task replayed for real when the loop
+    has one (it shows looking before submitting), else one tool call the tasks have, then submit."""
+    current = [d.model_dump(mode="json") for d in spec.rules.demonstrations]
+    example = ctx.worked_example
+    if example and example["instruction"] not in {d.instruction for d in spec.rules.demonstrations}:
+        return {"rules.demonstrations": current + [example]}
     shown = {c.name for d in spec.rules.demonstrations for c in d.calls}
     for tool in ctx.tools:
         if tool.name == "submit" or tool.name in shown:
