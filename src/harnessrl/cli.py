@@ -55,16 +55,28 @@ def harness_list() -> None:
     for name in builtin_names():
         s = load_harness(name)
         r = s.rules
-        guards = [g for g, on in (("loop", r.loop_guard.enabled), ("budget", r.budget_notice.enabled), ("memory", s.bootstrap.memory_tool)) if on]
+        c = s.capabilities
+        guards = [
+            g
+            for g, on in (
+                ("loop", r.loop_guard.enabled), ("budget", r.budget_notice.enabled), ("memory", s.bootstrap.memory_tool),
+                ("verify", r.submit_checkpoint.enabled), ("shell", r.shell.enabled), ("ledger", c.ledger.enabled),
+                ("lessons", bool(c.experiences)), ("helpers", bool(c.helper_tools)),
+            )
+            if on
+        ]
+        history = "all" if r.history_window is None else f"last {r.history_window}"
+        if r.observation_window is not None:
+            history += f", {r.observation_window} obs."
         table.add_row(
             s.name,
             s.protocol.format + ("" if s.protocol.lenient else " (strict)"),
             s.loop.kind,
             str(r.max_steps),
-            "all" if r.history_window is None else f"last {r.history_window}",
+            history,
             str(len(r.demonstrations)),
             ",".join(guards) or "-",
-            " ".join(s.description.split())[:70],
+            " ".join(s.description.split()),  # the table wraps it; a cut mid-word reads badly
         )
     out.print(table)
 
