@@ -135,6 +135,15 @@ def test_no_delivery():
     assert cls(t) == ("no_delivery", 0)
 
 
+def test_submission_the_grader_marks_undelivered_is_no_delivery():
+    # a planning reply in prose with no itinerary: submitted, but nothing was delivered
+    t = traj([step(0, call("submit", answer="a nice trip"))], submitted=True, termination=Termination.submitted)
+    t.grade.subscores["delivered"] = 0.0
+    assert cls(t) == ("no_delivery", 0)
+    t.grade.subscores["delivered"] = 1.0
+    assert cls(t) == ("content", 0)
+
+
 def test_insufficient_evidence():
     t = traj([step(0, call("submit", answer="42"))], submitted=True, termination=Termination.submitted, required=["read_file"])
     v = first_failure_signal(t)

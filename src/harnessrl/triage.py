@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 from harnessrl.harness.rules import action_signature, observation_signature
+from harnessrl.metrics import episode_delivered
 from harnessrl.types import ActionKind, Step, Termination, Trajectory
 
 PROCESS = ("malformed_call", "blocked_call", "loop", "budget_exhausted", "no_delivery", "insufficient_evidence")
@@ -135,6 +136,8 @@ def first_failure_signal(traj: Trajectory) -> Verdict | None:
             return verdict("loop", last, "the harness's loop guard stopped the episode")
         term = traj.termination.value if traj.termination else "unknown"
         return verdict("no_delivery", last, f"ended ({term}) without a submission")
+    if not episode_delivered(traj):  # the same definition as the delivery rate
+        return verdict("no_delivery", last, "submitted, but the grader found no answer in it (delivered = 0)")
     score = traj.grade.score if traj.grade else 0.0
     threshold = traj.grade.threshold if traj.grade else 1.0
     subs = ", ".join(f"{k}={v:.2f}" for k, v in (traj.grade.subscores.items() if traj.grade else []))
