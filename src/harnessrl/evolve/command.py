@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
+
 
 def evolve_cmd(
     suite: Annotated[str, typer.Option(help="suite whose dev split drives the search and whose test split confirms")] = "workspace",
@@ -20,7 +22,7 @@ def evolve_cmd(
     candidates: Annotated[int, typer.Option(help="candidates proposed and measured per iteration")] = 2,
     proposer: Annotated[str, typer.Option(help="rules (offline, triage-driven) or llm")] = "rules",
     proposer_model: Annotated[Optional[str], typer.Option(help="llm proposer's model: openai:NAME@URL")] = None,
-    threshold_multiple: Annotated[float, typer.Option(help="threshold = this x SD of a paired difference of dev means")] = 2.0,
+    threshold_multiple: Annotated[float, typer.Option(help="threshold = this x SD of a paired difference of dev means")] = THRESHOLD_MULTIPLE,
     min_threshold: Annotated[float, typer.Option(help="the threshold is never below this")] = 0.0,
     seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
     temperature: Annotated[float, typer.Option(help="the agent's sampling temperature")] = 0.7,

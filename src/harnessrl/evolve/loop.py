@@ -141,7 +141,7 @@ class Evolution:
         self.log = log
         if any(t.split != "train" for t in example_tasks or []):
             raise EvolveError("worked examples for the proposer must come from the train split")
-        self.example_tasks = list(example_tasks or [])
+        self._worked_example = worked_example(list(example_tasks or []))  # replayed once, shown every iteration
         if any(t.split == "test" for t in dev_tasks):
             raise EvolveError("the dev tasks include test-split tasks; held-out tasks are for the final run only")
 
@@ -297,7 +297,7 @@ class Evolution:
             tools=list(tools.values()),
             n=self.config.candidates,
             tried={h["spec_fingerprint"] for h in history if h.get("spec_fingerprint")},
-            worked_example=worked_example(self.example_tasks),
+            worked_example=self._worked_example,
         )
         proposals = self._proposals(it, ctx)
         if not proposals:
