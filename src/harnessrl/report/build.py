@@ -15,7 +15,6 @@ import json
 import shutil
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from harnessrl.metrics import paired_difference, summarize_harness, task_scores
 from harnessrl.report import evolution, plots
 from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
+from harnessrl.report.rundata import RunData
 from harnessrl.store import DB_NAME, RunStore, StoreError
 from harnessrl.triage import CLASSES, triage, write_triage
 
@@ -32,33 +32,6 @@ STATIC_FILES = ("report.css", "viewer.js")
 
 class ReportError(Exception):
     """Bad input for a report: not a run folder, no episodes to compare, ..."""
-
-
-@dataclass
-class RunData:
-    folder: Path
-    label: str  # "" for a single run, "A" / "B" in a comparison
-    config: dict
-    attempts: int
-    harnesses: list[str]
-    summaries: dict[str, dict] = field(default_factory=dict)
-    triage: dict[str, dict] = field(default_factory=dict)
-    task_scores: dict[str, dict[str, float]] = field(default_factory=dict)
-    families: set[str] = field(default_factory=set)
-    n_found: int = 0
-    n_planned: int | None = None
-    has_summary: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def partial(self) -> bool:
-        return self.n_planned is not None and self.n_found < self.n_planned
-
-    @property
-    def title(self) -> str:
-        c = self.config
-        parts = [str(c[k]) for k in ("suite", "split", "model") if c.get(k) is not None]
-        return " / ".join(parts) or self.folder.name
 
 
 def _open_run(folder: Path) -> RunStore:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import time
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harnessrl import __version__
 from harnessrl.report.plots import CLASS_COLORS, class_kind
+from harnessrl.report.rundata import RunData
 from harnessrl.triage import CLASSES, CONTENT, PROCESS
-
-if TYPE_CHECKING:
-    from harnessrl.report.build import RunData
 
 
 def _num(x: Any, fmt: str = ".3f") -> str:
@@ -28,7 +26,7 @@ def _pct(x: Any) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _metrics_table(run: "RunData") -> str:
+def _metrics_table(run: RunData) -> str:
     k = run.attempts
     head = (
         "<tr><th>harness</th><th>tasks</th><th>episodes</th><th>mean score</th><th>95% CI</th><th>pass@1</th>"
@@ -68,7 +66,7 @@ def _class_head(cls: str) -> str:
     return f'<th class="cls {class_kind(cls)}"><span class="swatch" style="background:{CLASS_COLORS[cls]}"></span>{escape(cls)}</th>'
 
 
-def _triage_table(run: "RunData") -> str:
+def _triage_table(run: RunData) -> str:
     groups = (
         f'<tr><th></th><th colspan="2"></th><th colspan="{len(PROCESS)}" class="group process">process: fix the harness</th>'
         f'<th colspan="{len(CONTENT)}" class="group content">content: fix the weights</th><th class="group infra"></th><th></th></tr>'
@@ -96,7 +94,7 @@ def _figure(src: str | None, alt: str) -> str:
     return f'<figure><img src="{escape(src)}" alt="{escape(alt)}" loading="lazy"></figure>'
 
 
-def _config_block(run: "RunData") -> str:
+def _config_block(run: RunData) -> str:
     c = dict(run.config)
     if not c:
         return ""
@@ -108,7 +106,7 @@ def _config_block(run: "RunData") -> str:
     return f"<details class=\"config\"><summary>Run configuration</summary><pre>{escape(json.dumps(shown, indent=2))}</pre></details>"
 
 
-def _run_section(run: "RunData", figs: dict[str, str], several: bool) -> str:
+def _run_section(run: RunData, figs: dict[str, str], several: bool) -> str:
     name = f"Run {run.label}: " if several else ""
     anchor = f"run-{run.label}" if run.label else "overview"
     found = f"{run.n_found} episodes" + (f" of {run.n_planned} planned" if run.n_planned is not None else "")
@@ -137,7 +135,7 @@ def _run_section(run: "RunData", figs: dict[str, str], several: bool) -> str:
     )
 
 
-def _comparison_section(cmp: dict, runs: list["RunData"]) -> str:
+def _comparison_section(cmp: dict, runs: list[RunData]) -> str:
     rows = []
     for r in cmp["rows"]:
         ci = r["ci95"]
@@ -189,7 +187,7 @@ _VIEWER = """
 
 
 def render_index(
-    runs: list["RunData"], figures: dict, comparison: dict | None, viewer: dict, built_s: float, evolution: str = ""
+    runs: list[RunData], figures: dict, comparison: dict | None, viewer: dict, built_s: float, evolution: str = ""
 ) -> str:
     several = len(runs) > 1
     title = "harnessrl comparison" if several else f"harnessrl report: {runs[0].title}"
