@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import time
 from importlib import resources
 from pathlib import Path
@@ -45,23 +44,6 @@ def _open_run(folder: Path) -> RunStore:
         raise ReportError(str(e)) from None
 
 
-def _completion_lengths(store: RunStore, harness: str) -> dict[str, dict[int, int]]:
-    """Completion length of every model call of a harness, counted inside SQLite (JSON1) so the
-    token arrays never come into Python. Empty when this SQLite has no json_array_length."""
-    out: dict[str, dict[int, int]] = {}
-    try:
-        rows = store.db.execute(
-            "SELECT m.episode_id, m.step, json_array_length(m.completion_ids) FROM model_calls m "
-            "JOIN episodes e ON e.episode_id = m.episode_id WHERE e.harness = ?",
-            (harness,),
-        )
-        for eid, step, n in rows:
-            out.setdefault(eid, {})[step] = n
-    except sqlite3.OperationalError:
-        pass
-    return out
-
-
 def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
     store = _open_run(folder)
     try:
@@ -71,8 +53,8 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
         if config.get("attempts"):
             attempts = int(config["attempts"])
         else:
-            row = store.db.execute("SELECT MAX(attempt) FROM episodes").fetchone()
-            attempts = int(row[0]) + 1 if row and row[0] is not None else 1
+            last = store.max_attempt()
+            attempts = last + 1 if last is not None else 1
             notes.append(f"The run database holds no config: attempts ({attempts}) inferred from the episodes.")
         planned_harnesses = list(config.get("harnesses") or {})
         harnesses = planned_harnesses + [h for h in found_harnesses if h not in planned_harnesses]
@@ -99,7 +81,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             }  # fmt: skip
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
-            lengths = _completion_lengths(store, h)
+            lengths = store.completion_lengths(h)
             for t in trajs:
                 data.families.add(t.family)
                 v = verdicts.get(t.episode_id)
