@@ -5,7 +5,7 @@
     build_report([evolve_run])   -> also the evolution section (report/evolution.py)
 
 One pass over each run, one harness at a time (memory stays flat): metrics per harness
-(`summarize_harness`, attempts from the run config), triage (`triage`, also written to the run
+(`harness_summary`, attempts from the run config), triage (`triage`, also written to the run
 folder as triage.json), per-task scores for the paired comparison, and the viewer's episode files.
 """
 
@@ -17,7 +17,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from harnessrl.metrics import paired_difference, summarize_harness, task_scores
+from harnessrl.metrics import harness_summary, paired_difference, task_scores
 from harnessrl.report import evolution, plots
 from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
@@ -73,7 +73,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             )
         for h in harnesses:
             trajs = list(store.trajectories(harness=h, with_tokens=False))
-            data.summaries[h] = summarize_harness(trajs, attempts)
+            data.summaries[h] = harness_summary(trajs, attempts)
             tri = triage(trajs).get(h)
             data.triage[h] = tri or {
                 "n_episodes": 0, "n_valid": 0, "n_passed": 0, "n_failed": 0,
@@ -208,7 +208,7 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     for r in runs:
         sfx = f"-{r.label}" if r.label else ""
         figs = {}
-        scored = {h: m for h, m in r.summaries.items() if m["n_episodes"]}
+        scored = {h: m for h, m in r.summaries.items() if m.n_episodes}
         if scored:
             figs["mean_score"] = _rel(plots.mean_score_chart(scored, out_dir / "plots" / f"mean_score{sfx}.svg", colors), out_dir)
             figs["pass_k"] = _rel(plots.pass_k_chart(scored, r.attempts, out_dir / "plots" / f"pass_k{sfx}.svg", colors), out_dir)

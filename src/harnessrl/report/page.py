@@ -36,28 +36,28 @@ def _metrics_table(run: RunData) -> str:
     rows = []
     for h in run.harnesses:
         m, t = run.summaries[h], run.triage[h]
-        ci = m.get("mean_score_ci95")
-        notes = m.get("k_notes") or {}
+        ci = m.mean_score_ci95
+        notes = m.k_notes
 
-        def k_cell(key: str, kk: int) -> str:
-            v = (m.get(key) or {}).get(str(kk))
+        def k_cell(rates: dict[str, float | None], kk: int) -> str:
+            v = rates.get(str(kk))
             note = notes.get(str(kk))
             return f'<td class="num" title="{escape(note)}">-*</td>' if v is None and note else f'<td class="num">{_num(v)}</td>'
 
         rows.append(
             "<tr>"
             f'<th class="harness"><a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}">{escape(h)}</a></th>'
-            f'<td class="num">{m["n_tasks"]}</td><td class="num">{m["n_episodes"]}</td>'
-            f'<td class="num strong">{_num(m["mean_score"])}</td>'
+            f'<td class="num">{m.n_tasks}</td><td class="num">{m.n_episodes}</td>'
+            f'<td class="num strong">{_num(m.mean_score)}</td>'
             f'<td class="num">{"-" if not ci else f"{ci[0]:.3f} to {ci[1]:.3f}"}</td>'
-            + k_cell("pass_at_k", 1)
-            + (k_cell("pass_at_k", k) + k_cell("pass_hat_k", k) if k > 1 else "")
-            + f'<td class="num">{_num(m["delivery_rate"])}</td><td class="num">{m["n_infra_errors"]}</td>'
+            + k_cell(m.pass_at_k, 1)
+            + (k_cell(m.pass_at_k, k) + k_cell(m.pass_hat_k, k) if k > 1 else "")
+            + f'<td class="num">{_num(m.delivery_rate)}</td><td class="num">{m.n_infra_errors}</td>'
             f'<td class="num">{t["n_failed"]}</td><td class="num">{_pct(t["process_share"])}</td>'
             "</tr>"
         )
     foot = ""
-    if any((run.summaries[h].get("k_notes") or {}) for h in run.harnesses):
+    if any(run.summaries[h].k_notes for h in run.harnesses):
         foot = '<p class="note">-* : not estimated (hover for the reason): some task has fewer valid attempts than k.</p>'
     return f'<table class="metrics"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>{foot}'
 

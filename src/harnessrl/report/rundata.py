@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.metrics import HarnessSummary
+
 
 @dataclass
 class RunData:
@@ -15,7 +17,7 @@ class RunData:
     config: dict
     attempts: int
     harnesses: list[str]
-    summaries: dict[str, dict] = field(default_factory=dict)
+    summaries: dict[str, HarnessSummary] = field(default_factory=dict)
     triage: dict[str, dict] = field(default_factory=dict)
     task_scores: dict[str, dict[str, float]] = field(default_factory=dict)
     families: set[str] = field(default_factory=set)
