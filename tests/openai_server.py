@@ -138,7 +138,8 @@ class OpenAITestServer:
         o = self.options
         if o.delay_s:
             time.sleep(o.delay_s)
-        matching = o.fail_matching is not None and any(o.fail_matching in str(m.get("content")) for m in body["messages"])
+        texts = [str(m.get("content")) for m in body["messages"]]
+        matching = o.fail_matching is not None and any(o.fail_matching in t for t in texts)
         if o.always_fail or n <= o.fail_first or matching:
             handler._send(o.fail_status, {"error": {"message": f"injected failure {o.fail_status}", "type": "server_error"}})
             return

@@ -281,7 +281,8 @@ def test_runner_fails_only_the_episode_whose_request_fails(make_server):
     server = make_server(fail_matching=tasks[0].instruction)
     policy = policy_for(server, max_retries=1)
     spec = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
-    trajs = {t.task_id: t for t in Runner(policy, GREEDY, progress=False, max_retries=1).run(make_jobs(tasks, [spec], 1))}
+    runner = Runner(policy, GREEDY, progress=False, max_retries=1)
+    trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
     bad = trajs[tasks[0].id]
     assert bad.termination == Termination.error and bad.retries == 1 and "HTTP 500" in bad.infra_error
     for task in tasks[1:]:

@@ -365,7 +365,9 @@ def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, 
             return '{"tool": "work", "arguments": {"seconds": 0}}'
         return '{"tool": "submit", "arguments": {}}'
 
-    spec = with_rules(load_harness("json-tools"), timeout_s=1.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False})
+    spec = with_rules(
+        load_harness("json-tools"), timeout_s=1.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
+    )
     with RunStore(tmp_path / "run") as store:
         runner = Runner(ScriptedPolicy(script, tokenizer=tokenizer), SamplingParams(temperature=0.0), progress=False,
                         max_in_flight=4, on_episode=store.add)
@@ -379,7 +381,8 @@ def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, 
         assert slow.own_s > 1.0 and len(slow.steps) == 2
         # both clocks are kept by the store
         back = {t.task_id: t for t in store.trajectories(with_tokens=False)}
-        assert {k: (t.own_s, t.duration_s) for k, t in back.items()} == {k: (t.own_s, t.duration_s) for k, t in trajs.items()}
+        clocks = {k: (t.own_s, t.duration_s) for k, t in trajs.items()}
+        assert {k: (t.own_s, t.duration_s) for k, t in back.items()} == clocks
     # a record written before own time was kept still loads
     old = slow.model_dump(mode="json")
     del old["own_s"]

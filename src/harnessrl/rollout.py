@@ -186,8 +186,8 @@ class Runner:
             outcomes = self.policy.complete_each(requests, self.sampling)
             if len(outcomes) != len(requests):
                 raise PolicyError(f"backend returned {len(outcomes)} outcomes for {len(requests)} requests")
-        except Exception as e:  # noqa: BLE001 - a broken backend fails this turn's requests, not the run
-            outcomes = [e if isinstance(e, PolicyError) else PolicyError(f"{type(e).__name__}: {e}")] * len(requests)
+        except PolicyError as e:  # the backend could not say which request failed: all of them did
+            outcomes = [e] * len(requests)
         latency = time.monotonic() - t0
         self.stats.generate_s += latency
         self.stats.batches += 1

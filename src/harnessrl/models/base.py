@@ -80,27 +80,26 @@ class Policy(ABC):
     ) -> list[ModelCall | PolicyError]:
         """One outcome per request, same order: its ModelCall, or the PolicyError that request got.
 
-        This default runs the batch through `complete`; if that fails on more than one request, it
-        asks again one request at a time, so only the request(s) that fail on their own fail. (A
-        request with a seed gets the same sample alone as in the batch.) Any other exception a
-        backend raises counts as a PolicyError of the request(s) it came from. Backends that serve
+        This default runs the batch through `complete`; if that raises PolicyError on more than
+        one request, it asks again one request at a time, so only the request(s) that fail on
+        their own fail. (A request with a seed gets the same sample alone as in the batch.) Any
+        other exception is a bug, not a backend failure, and propagates. Backends that serve
         requests independently (openai), or whose answer depends on how often they were asked
         (scripted), override this with one outcome per request directly.
         """
         if not requests:
             return []
         try:
-            calls = _checked(self.complete(requests, sampling), len(requests))
-            return list(calls)
-        except Exception as exc:  # noqa: BLE001 - a backend failure, whatever the backend raised
+            return list(_checked(self.complete(requests, sampling), len(requests)))
+        except PolicyError as exc:
             if len(requests) == 1:
-                return [_as_policy_error(exc, self.name)]
+                return [exc]
         outcomes: list[ModelCall | PolicyError] = []
         for request in requests:
             try:
                 outcomes.append(_checked(self.complete([request], sampling), 1)[0])
-            except Exception as exc:  # noqa: BLE001
-                outcomes.append(_as_policy_error(exc, self.name))
+            except PolicyError as exc:
+                outcomes.append(exc)
         return outcomes
 
     def describe(self) -> dict:
@@ -112,14 +111,6 @@ def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:
     if len(calls) != n:
         raise PolicyError(f"backend returned {len(calls)} completions for {n} requests")
     return calls
-
-
-def _as_policy_error(exc: Exception, name: str) -> PolicyError:
-    if isinstance(exc, PolicyError):
-        return exc
-    error = PolicyError(f"{name}: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error
 
 
 class ModelUnavailable(RuntimeError):

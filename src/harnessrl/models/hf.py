@@ -13,7 +13,8 @@ on the next step), so memory stays O(batch x vocab) instead of keeping every ste
 Sampling and seeds. Every row samples with its own torch.Generator, seeded from its request's
 `seed` (the runner sets one per request: see `harnessrl.models.base.request_seed`), so a row's
 completion depends on its own prompt and seed only: the same request gives the same sample alone
-or in any batch, and a resumed process replays it. A request without a seed (a library caller of
+or in any batch (up to float rounding of batched arithmetic, which could flip a near-tie), and a
+resumed process replays it. A request without a seed (a library caller of
 `complete`) gets a hash of (sampling.seed, number of previous generate calls on this policy,
 row): a fresh policy replays the same sequence of calls, successive calls draw fresh noise, and
 identical requests in one batch get different samples. The sampling happens in a logits
@@ -301,7 +302,8 @@ class HFPolicy(Policy):
             prompts = [self.prompt_ids(r) for r in requests]
         except Exception as exc:  # noqa: BLE001
             raise PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}") from exc
-        outputs = self.generate_ids(prompts, [r.max_new_tokens for r in requests], sampling, seeds=[r.seed for r in requests])
+        limits, seeds = [r.max_new_tokens for r in requests], [r.seed for r in requests]
+        outputs = self.generate_ids(prompts, limits, sampling, seeds=seeds)
         calls = []
         for request, prompt, (ids, logprobs, finish) in zip(requests, prompts, outputs):
             calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
