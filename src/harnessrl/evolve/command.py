@@ -35,9 +35,9 @@ def evolve_cmd(
     api_key_env: Annotated[Optional[str], typer.Option(help="openai: the environment variable with the API key")] = None,
 ) -> None:
     """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks."""
-    from harnessrl.cli import err as _err
-    from harnessrl.cli import fail as _fail
-    from harnessrl.cli import out as _out
+    from harnessrl.cli.common import err as _err
+    from harnessrl.cli.common import fail as _fail
+    from harnessrl.cli.common import out as _out
     from harnessrl.evolve.loop import STATE, EvolveConfig, EvolveError, Evolution
     from harnessrl.harness.spec import SpecError
     from harnessrl.tasks import get_suite
@@ -80,7 +80,7 @@ def evolve_cmd(
         test = the_suite.tasks("test", config.test_tasks)
     except ValueError as e:
         _fail(str(e))
-    from harnessrl.cli import check_model_spec
+    from harnessrl.cli.common import check_model_spec
 
     check_model_spec(config.model, api_key_env, "--model", "--api-key-env")
     if config.proposer_model:
