@@ -105,6 +105,33 @@ def test_json_schema_describes_axes():
     HarnessSpec.model_validate(_base())
 
 
+def test_protocol_format_is_a_registered_protocol(monkeypatch):
+    """The spec accepts exactly the registry's formats, and its schema and errors list them."""
+    from harnessrl.harness.protocols import PROTOCOL_CLASSES, JsonProtocol, get_protocol
+
+    def fmt_schema() -> dict:
+        schema = spec_json_schema()
+        return schema["$defs"]["ProtocolSpec"]["properties"]["format"]
+
+    assert fmt_schema()["enum"] == ["json", "xml", "react", "code"]
+    data = _base()
+    data["protocol"]["format"] = "json-copy"
+    with pytest.raises(SpecError, match=r"unknown format 'json-copy'; known formats: json, xml, react, code"):
+        parse_spec(data)
+    data["protocol"]["format"] = ["json"]
+    with pytest.raises(SpecError, match=r"protocol.format: expected the name of a format, one of: json, xml"):
+        parse_spec(data)
+
+    class JsonCopy(JsonProtocol):
+        name = "json-copy"
+
+    monkeypatch.setitem(PROTOCOL_CLASSES, "json-copy", JsonCopy)
+    data["protocol"]["format"] = "json-copy"
+    assert parse_spec(data).protocol.format == "json-copy"
+    assert fmt_schema()["enum"] == ["json", "xml", "react", "code", "json-copy"]
+    assert isinstance(get_protocol("json-copy"), JsonCopy)
+
+
 def test_observation_window_is_optional_and_at_least_one(tmp_path):
     assert all(load_harness(n).rules.observation_window is None for n in BUILTINS)  # built-ins keep every page
     data = _base()

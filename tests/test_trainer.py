@@ -1,5 +1,6 @@
 """The GRPO trainer end to end with the tiny random model and tiny budgets: logs, adapter, skip
-on flat batches, exact resume, refused resumes, NaN stop, CLI errors, and the gradient itself.
+on flat batches, exact resume, refused resumes, NaN stop, CLI errors, the gradient itself, and
+the optimizer steps of one batch (passes, mini-batches, the clip).
 
 Reward signal from a random model: the test suite `textscore` asks for any text and grades its
 length parity (harnesses shrunk to one plain-text step), so groups of 2 often disagree.
@@ -30,13 +31,15 @@ from harnessrl.train.trainer import (
     TrainingDiverged,
     allocate_tasks,
     micro_batches,
+    sampling_seed,
+    split_mini_batches,
 )
 
 METRIC_KEYS = {
     "step", "harness", "shares", "episodes", "infra_errors", "reward_mean", "reward_by_harness", "adv_abs_mean",
     "groups", "groups_too_small", "zero_std_frac", "probabilities", "transfer", "units", "units_trained",
-    "completion_tokens", "padded_tokens", "loss", "clip_fraction", "ratio_mean", "kl", "grad_norm",
-    "optimizer_step", "skipped", "lr", "time",
+    "completion_tokens", "padded_tokens", "loss", "clip_fraction", "clip_fraction_by_epoch", "ratio_mean", "kl",
+    "grad_norm", "optimizer_step", "optimizer_steps", "sampling_seed", "skipped", "lr", "time",
 }
 
 
@@ -76,9 +79,11 @@ SPECS = [
     shrink(n, system_prompt="Reply with any text.", max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
     for n in ("json-tools", "react")
 ]
+# T=1.0 (not the default 0.7): the random model's groups then disagree at each of the 3 steps of seed 0,
+# so every step of the reference run updates (the resume and NaN tests need updates after step 1).
 BASE = TrainConfig(
     model="tiny-random", scheduler="harness-bandit", steps=3, tasks_per_step=2, group_size=2, lora_r=4, lora_alpha=8,
-    checkpoint_every=5, eval_every=2, eval_tasks=2,
+    temperature=1.0, checkpoint_every=5, eval_every=2, eval_tasks=2,
 )
 
 
@@ -143,6 +148,11 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
     assert updated, "no step had a nonzero advantage: pick another seed for this test"
     for r in updated:
         assert r["adv_abs_mean"] > 0 and r["units_trained"] > 0 and math.isfinite(r["loss"]) and r["grad_norm"] > 0
+        # one pass, one mini-batch: one optimizer step at the sampling policy, nothing clipped
+        assert r["optimizer_steps"] == 1 and r["clip_fraction_by_epoch"] == [0.0] and r["clip_fraction"] == 0.0
+    for r in records:
+        if not r["optimizer_step"]:
+            assert r["optimizer_steps"] == 0 and r["clip_fraction_by_epoch"] is None
     assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 2, 3]
     assert set(lines(out / "eval.jsonl")[0]["mean_score"]) == {"json-tools", "react"}
     config = json.loads((out / "config.json").read_text())
@@ -207,6 +217,63 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(full_run, resumed_ru
     assert json.loads((resumed / "config.json").read_text())["steps"] == 3
 
 
+def _stored(out: Path) -> list[tuple]:
+    from harnessrl.store import RunStore
+
+    with RunStore(out / "rollouts") as store:
+        episodes = store.trajectories(with_tokens=False)
+        return sorted((t.task_id, t.harness, t.attempt, t.grade and t.grade.score) for t in episodes)
+
+
+def test_a_resumed_run_keeps_no_episode_of_the_killed_attempt(full_run, tmp_path, monkeypatch):
+    """Killed after step 3's rollouts were stored but before its checkpoint: resuming from step 2
+    deletes them, so the store holds exactly the episodes the resumed run's updates used."""
+    out = tmp_path / "killed"
+    save = Trainer.save_checkpoint
+
+    def killed_at_step_3(self):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return save(self)
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", killed_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        trainer(out, dataclasses.replace(BASE, checkpoint_every=1)).run()
+    assert len(_stored(out)) == 12  # 3 steps x 2 tasks x 2 attempts, the third without a checkpoint
+    monkeypatch.undo()
+
+    trainer(out, dataclasses.replace(BASE, checkpoint_every=1, steps=2), resume=True).run()  # nothing to re-run
+    stored = _stored(out)
+    assert len(stored) == 8 and all(attempt < 2 * BASE.group_size for _, _, attempt, _ in stored)
+    trainer(out, dataclasses.replace(BASE, checkpoint_every=1), resume=True).run()
+    assert _stored(out) == _stored(full_run[0])
+
+
+def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_path, monkeypatch):
+    """A per-step seed, from the run seed and the step: the rollouts of the same task and attempt
+    number at two steps never replay one random stream, and a resumed step samples the same."""
+    from harnessrl.models.hf import HFPolicy
+
+    seen: list[tuple[str, int]] = []
+    complete = HFPolicy.complete
+
+    def spy(self, requests, sampling=None):
+        seen.append(("eval" if "+lora" in self.name else "train", sampling.seed))
+        return complete(self, requests, sampling)
+
+    monkeypatch.setattr(HFPolicy, "complete", spy)
+    trainer(tmp_path / "seeds", dataclasses.replace(BASE, steps=2, eval_every=1, seed=5)).run()
+    assert {s for kind, s in seen if kind == "train"} == {sampling_seed(5, step, "train") for step in (0, 1)}
+    assert {s for kind, s in seen if kind == "eval"} == {sampling_seed(5, step, "eval") for step in (0, 1, 2)}
+    assert len({sampling_seed(5, step, kind) for step in range(50) for kind in ("train", "eval")}) == 100
+    assert sampling_seed(5, 1, "train") != sampling_seed(6, 1, "train")
+    # the seeds are in the logs, and those of the uninterrupted and the resumed run agree (stateless)
+    out, _ = full_run
+    train_seeds = [r["sampling_seed"] for r in lines(out / "metrics.jsonl")]
+    assert train_seeds == [sampling_seed(0, s, "train") for s in range(3)]
+    assert [e["sampling_seed"] for e in lines(out / "eval.jsonl")] == [sampling_seed(0, s, "eval") for s in (0, 2, 3)]
+
+
 def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(full_run, tmp_path):
     out, _ = full_run
     with pytest.raises(TrainError, match=r"different options.*lr \(0.0001 -> 0.0002\)"):
@@ -263,9 +330,8 @@ def _units(t: Trainer, n: int = 6) -> list[TrainingUnit]:
     return units
 
 
-@pytest.fixture(scope="module")
-def ready(tmp_path_factory):
-    t = trainer(tmp_path_factory.mktemp("grad") / "out")
+def _set_up(out: Path, config: TrainConfig = BASE) -> Trainer:
+    t = trainer(out, config)
     t._setup()
     with torch.no_grad():  # move LoRA B off zero so that LoRA A gets gradient too
         g = torch.Generator().manual_seed(1)
@@ -273,6 +339,11 @@ def ready(tmp_path_factory):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
     return t
+
+
+@pytest.fixture(scope="module")
+def ready(tmp_path_factory):
+    return _set_up(tmp_path_factory.mktemp("grad") / "out")
 
 
 def _grads(t: Trainer) -> dict[str, torch.Tensor]:
@@ -314,7 +385,94 @@ def test_micro_batches_and_skipped_zero_advantage_units_give_the_full_batch_grad
             assert (got[k] - reference[k]).abs().max() <= 1e-4 * reference[k].abs().max() + 1e-7, k
 
 
+def _lora(t: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in t.peft_model.named_parameters() if p.requires_grad}
+
+
+def test_one_pass_one_mini_batch_is_one_adamw_step_on_the_full_batch_gradient(tmp_path):
+    config = dataclasses.replace(BASE, lr=1e-2)
+    t, ref = _set_up(tmp_path / "a", config), _set_up(tmp_path / "b", config)
+    units = _units(t)
+    update = t._update(units, 0)
+    assert update["optimizer_steps"] == 1 and update["clip_fraction_by_epoch"] == [0.0]
+    assert update["units_trained"] == 4  # the two zero-advantage units are not forwarded
+    # by hand: every unit in one batch through grpo_loss, backward, clip, AdamW
+    batch = pad_units(units, ref.policy.pad_id)
+    logprobs = token_logprobs(ref.peft_model, batch, ref.config.temperature)
+    loss, _ = grpo_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["completion_mask"])
+    loss.backward()
+    sketch = ref.sketcher.sketch_model(ref.peft_model)
+    norm = torch.nn.utils.clip_grad_norm_(ref.trainable, ref.config.max_grad_norm)
+    ref.optimizer.step()
+    assert math.isclose(update["loss"], float(loss.detach()), rel_tol=1e-5)
+    assert math.isclose(update["grad_norm"], float(norm), rel_tol=1e-4)
+    assert torch.allclose(update["sketch"], sketch, rtol=1e-4, atol=1e-6)
+    got, want = _lora(t), _lora(ref)
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+
+
+@pytest.mark.parametrize("epochs, minis", [(2, 1), (1, 2), (2, 3)])
+def test_later_mini_steps_see_ratios_away_from_1_and_the_clip_acts(tmp_path, monkeypatch, epochs, minis):
+    """ppo_epochs > 1 or mini_batches > 1: the old log-probs stay the rollout's, so from the second
+    mini-step on the ratio differs from 1, and with a large step some tokens are clipped."""
+    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, lr=5e-2, ppo_epochs=epochs, mini_batches=minis))
+    units = _units(t)
+    ratios: list[torch.Tensor] = []
+
+    def recording(logprobs, old_logprobs, advantages, completion_mask, **kwargs):
+        ratios.append(torch.exp(logprobs.detach() - old_logprobs)[completion_mask > 0])
+        return grpo_loss(logprobs, old_logprobs, advantages, completion_mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", recording)
+    before = _lora(t)
+    update = t._update(units, 0)
+    assert len(ratios) == update["optimizer_steps"] >= 2  # one micro-batch per mini-step here
+    assert torch.allclose(ratios[0], torch.ones_like(ratios[0]), atol=1e-5)  # the sampling policy itself
+    assert all((r - 1).abs().max() > 1e-3 for r in ratios[1:])
+    assert len(update["clip_fraction_by_epoch"]) == epochs
+    assert update["clip_fraction"] > 0 and max(update["clip_fraction_by_epoch"]) > 0
+    if epochs > 1:
+        assert update["clip_fraction_by_epoch"][1] > 0
+    assert update["units_trained"] == 4 and update["sketch"].abs().max() > 0
+    after = _lora(t)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_loss_is_computed_without_dropout(tmp_path):
+    """A model with attention dropout and LoRA dropout configured: two loss computations on the
+    same batch give the same loss and gradient (dropout would make the log-probs random)."""
+    t = _set_up(tmp_path / "out")
+    assert not t.peft_model.training
+    for module in t.peft_model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5
+        if hasattr(module, "lora_dropout"):
+            for key in module.lora_dropout:
+                module.lora_dropout[key] = torch.nn.Dropout(0.5)  # a new module: in train mode
+    units = _units(t)
+    results = []
+    for _ in range(2):
+        t.optimizer.zero_grad(set_to_none=True)
+        stats, *_ = t._accumulate_gradient(units)
+        results.append((stats, _grads(t)))
+    (s1, g1), (s2, g2) = results
+    assert s1 == s2 and g1.keys() == g2.keys() and all(torch.equal(g1[k], g2[k]) for k in g1)
+    assert not t.peft_model.training
+
+
 # ------------------------------------------------------------------------------------ pure pieces
+
+
+def test_split_mini_batches_covers_every_unit_once_deterministically():
+    units = [TrainingUnit([1], [2], [0.0], 1.0, "h", str(i)) for i in range(7)]
+    assert split_mini_batches(units, 1, "s") == [units]  # one mini-batch: the batch as it is
+    parts = split_mini_batches(units, 3, "s")
+    assert sorted(len(p) for p in parts) == [2, 2, 3]
+    assert sorted(u.episode_id for p in parts for u in p) == sorted(u.episode_id for u in units)
+    assert parts == split_mini_batches(units, 3, "s")
+    other_seed = split_mini_batches(units, 3, "t")
+    assert [u.episode_id for p in other_seed for u in p] != [u.episode_id for p in parts for u in p]
+    assert [len(p) for p in split_mini_batches(units, 20, "s")] == [1] * 7
 
 
 def test_allocate_tasks_by_shares_rotates_the_remainder():
@@ -359,6 +517,8 @@ def _cli():
         (["--harnesses", "json-tools"], "needs at least 2 harnesses"),
         (["--tasks-per-step", "0"], "--tasks-per-step must be >= 1"),
         (["--steps", "0"], "--steps must be >= 1"),
+        (["--ppo-epochs", "0"], "--ppo-epochs must be >= 1"),
+        (["--mini-batches", "0"], "--mini-batches must be >= 1"),
         (["--scheduler-option", "floor"], "KEY=VALUE"),
         (["--scheduler-option", "speed=3"], "has no option(s) speed"),
         (["--suite", "nope"], "unknown suite 'nope'"),
@@ -402,3 +562,35 @@ def test_adapter_folder_without_a_local_base_is_a_clear_error(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
     with pytest.raises(ModelUnavailable, match="not a local folder"):
         load_policy(f"hf:{tmp_path}")
+
+
+def test_cli_options_match_the_config_defaults_and_the_docs():
+    """Every TrainConfig field is a command-line option with the same default, and every option
+    (and nothing else) is in the options table of docs/training.md."""
+    import re
+
+    command = typer.main.get_command(_cli()).commands["train"].commands["grpo"]
+    options = {p.name: p for p in command.params}
+    cli_only = {"out", "resume", "progress"}
+    renamed = {"scheduler_option": "scheduler_options"}
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    assert {renamed.get(n, n) for n in options} - cli_only == set(fields)
+    defaults = TrainConfig()
+    for name, param in options.items():
+        if name in cli_only:
+            continue
+        default = param.default
+        if name in ("harnesses", "lora_targets"):  # comma-separated text on the command line
+            default = [x for item in ([default] if isinstance(default, str) else default) for x in item.split(",")]
+        elif name == "scheduler_option":
+            default = {}
+        assert default == getattr(defaults, renamed.get(name, name)), name
+
+    docs = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    section = docs[docs.index("## The trainer"):docs.index("### The run folder")]
+    table = [line for line in section.splitlines() if line.startswith("| `--")]
+    documented = {flag for line in table for flag in re.findall(r"`(--[a-z-]+)", line.split("|")[1])}
+    flags = {flag for p in command.params for flag in (*p.opts, *p.secondary_opts) if flag.startswith("--")}
+    assert documented <= flags, documented - flags
+    for name, param in options.items():
+        assert documented & {*param.opts, *param.secondary_opts}, f"{param.opts[0]} is not in docs/training.md"

@@ -7,6 +7,7 @@ from harnessrl.types import (
     ActionKind,
     BlockReason,
     Grade,
+    InnerCall,
     Intervention,
     ModelCall,
     Step,
@@ -151,6 +152,35 @@ def test_insufficient_evidence():
     # a failed read is not evidence
     t = traj([step(0, call("read_file", output="no such file", ok=False, path="x")), step(1, call("submit"))], submitted=True,
              termination=Termination.submitted, required=["read_file"])
+    assert cls(t) == ("insufficient_evidence", 1)
+
+
+def test_a_submit_held_back_by_the_checkpoint_is_not_the_submission():
+    checkpoint = Intervention(kind="submit_checkpoint", message="Check first.")
+    held = step(0, call("submit", output="Check first.", answer="41"), interventions=[checkpoint])
+    steps = [held, step(1, call("read_file", path="a")), step(2, call("submit", answer="41"))]
+    t = traj(steps, submitted=True, termination=Termination.submitted, required=["read_file"])
+    assert cls(t) == ("content", 2)
+    # a record without the intervention (written before held-back submits were marked): the
+    # episode went on after that submit, so it was not the submission either
+    held.interventions = []
+    assert cls(t) == ("content", 2)
+    # evidence is judged at the submission that ended the episode
+    t.steps[1] = step(1, call("list_dir"))
+    assert cls(t) == ("insufficient_evidence", 2)
+
+
+def test_calls_inside_a_successful_helper_are_observations():
+    read = InnerCall(
+        call=ToolCall(name="read_file", arguments={"path": "a"}), result=ToolResult(name="read_file", output="x")
+    )
+    helper_call, helper_result = call("read_it", output="[read_file]\nx", path="a")
+    helper_result.inner_calls = [read]
+    t = traj([step(0, (helper_call, helper_result)), step(1, call("submit"))], submitted=True,
+             termination=Termination.submitted, required=["read_file"])
+    assert cls(t) == ("content", 1)
+    # a failed helper showed the model only its error, whatever its first calls returned
+    helper_result.ok, helper_result.output = False, "error: list_dir: boom"
     assert cls(t) == ("insufficient_evidence", 1)
 
 

@@ -13,7 +13,9 @@ Process classes (fix them in the harness):
 - `budget_exhausted`: the step, token or time budget ran out before submission.
 - `no_delivery`: the episode ended without a submission for any other reason.
 - `insufficient_evidence`: the agent submitted without ever successfully calling the tools whose
-  output the task declares necessary (`required_observations`).
+  output the task declares necessary (`required_observations`). The submission is the submit that
+  ended the episode: one held back by the harness's submit checkpoint is not. The calls a helper
+  tool made inside a successful call count as observations of their own tools.
 Content class (fix it in the weights):
 - `content`: delivered, no process signal, but the score is below the pass threshold.
 And `infra`: an infrastructure error (excluded from every rate).
@@ -31,7 +33,14 @@ from typing import Iterable
 
 from harnessrl.harness.rules import action_signature, observation_signature
 from harnessrl.metrics import episode_delivered
-from harnessrl.types import ActionKind, Step, Termination, Trajectory
+from harnessrl.types import (
+    ActionKind,
+    Step,
+    Termination,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+)
 
 PROCESS = ("malformed_call", "blocked_call", "loop", "budget_exhausted", "no_delivery", "insufficient_evidence")
 CONTENT = ("content",)
@@ -87,6 +96,26 @@ def _loop_at(acting: list[Step], i: int) -> str | None:
     return None
 
 
+def _observed_tools(call: ToolCall, result: ToolResult) -> list[str]:
+    """The tools whose output the model saw in one result: the call's own and, for a helper tool,
+    each call made inside it (the model sees those outputs only when the helper succeeded)."""
+    if not result.ok:
+        return []
+    return [call.name] + [inner.call.name for inner in result.inner_calls if inner.result.ok]
+
+
+def _is_submission(step: Step, last: bool) -> bool:
+    """Whether the step delivered the episode's answer: a prose answer or a submit that ended it.
+
+    A submit the harness held back (rules.submit_checkpoint, recorded as the intervention
+    `submit_checkpoint`) is not the submission; the later one is. Nor is any other submit the
+    episode went on after, which also covers records written before held-back submits were marked.
+    """
+    if not last or any(iv.kind == "submit_checkpoint" for iv in step.interventions):
+        return False
+    return step.action == ActionKind.text or any(c.name == "submit" for c in step.tool_calls)
+
+
 def _short(text: str, n: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -119,10 +148,8 @@ def first_failure_signal(traj: Trajectory) -> Verdict | None:
         for call, res in zip(s.tool_calls, s.tool_results):
             if res.blocked is not None:
                 return verdict("blocked_call", s.index, _short(f"{call.name} refused ({res.blocked.value}): {res.output}"))
-            if res.ok:
-                observed.add(call.name)
-        submitted_here = s.action == ActionKind.text or any(c.name == "submit" for c in s.tool_calls)
-        if submitted_here and traj.submitted:
+            observed.update(_observed_tools(call, res))
+        if traj.submitted and _is_submission(s, last=i == len(acting) - 1):
             missing = [r for r in traj.meta.get("required_observations", []) if r not in observed]
             if missing:
                 return verdict("insufficient_evidence", s.index, f"submitted without a successful {', '.join(missing)}")

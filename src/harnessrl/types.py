@@ -55,6 +55,19 @@ class ToolResult(_Record):
     ok: bool = True
     blocked: BlockReason | None = None  # set when the call was refused before or while running
     full_output: str | None = None  # untruncated output when `output` was shortened for the model
+    # A helper tool's own calls of the task's tools, in order, up to the first refused or failed
+    # one; empty for every other tool.
+    inner_calls: list[InnerCall] = Field(default_factory=list)
+
+
+class InnerCall(_Record):
+    """One call a helper tool (capabilities.helper_tools) made, with what came back."""
+
+    call: ToolCall
+    result: ToolResult
+
+
+ToolResult.model_rebuild()
 
 
 class ModelCall(_Record):
@@ -90,6 +103,7 @@ class Intervention(_Record):
         "budget_notice",
         "history_truncated",
         "plan",
+        "submit_checkpoint",  # a submit held back once (rules.submit_checkpoint): not the submission
     ]
     message: str = ""
 

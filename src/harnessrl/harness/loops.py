@@ -27,6 +27,7 @@ from harnessrl.tasks.shell import shell_tool
 from harnessrl.types import (
     ActionKind,
     BlockReason,
+    InnerCall,
     Intervention,
     Message,
     ModelCall,
@@ -65,6 +66,7 @@ class Episode:
         self.plan: list[Message] = []
         self.ledger: list[str] = []  # capabilities.ledger: one line per tool call so far
         self.checkpoint_done = False  # rules.submit_checkpoint fires once per episode
+        self._helper_inner: list[InnerCall] = []  # the calls of the helper tool that ran last
         self.done = False
         self.termination: Termination | None = None
         self.detail = ""
@@ -97,14 +99,20 @@ class Episode:
     def _helper_fn(self, helper: Any, task_tools: dict[str, Tool]):
         def run(env: Environment, **args: Any) -> str:
             outputs = []
-            for call in helper.calls:
-                tc = ToolCall(name=call.tool, arguments=R.fill_helper_arguments(call.arguments, args))
-                result = self._execute(tc, list(task_tools.values()))
-                if result.blocked is not None:
-                    raise ToolBlocked(f"{call.tool}: {result.output}", result.blocked.value)
-                if not result.ok:
-                    raise ToolFailed(f"{call.tool}: {result.output}")
-                outputs.append(f"[{call.tool}]\n{result.output}")
+            inner: list[InnerCall] = []
+            try:
+                for call in helper.calls:
+                    tc = ToolCall(name=call.tool, arguments=R.fill_helper_arguments(call.arguments, args))
+                    result = self._execute(tc, list(task_tools.values()))
+                    inner.append(InnerCall(call=tc, result=result))
+                    if result.blocked is not None:
+                        raise ToolBlocked(f"{call.tool}: {result.output}", result.blocked.value)
+                    if not result.ok:
+                        raise ToolFailed(f"{call.tool}: {result.output}")
+                    outputs.append(f"[{call.tool}]\n{result.output}")
+            finally:
+                # set after the inner calls (each _execute clears it); the helper's _execute reads it
+                self._helper_inner = inner
             return "\n".join(outputs)
 
         return run
@@ -252,7 +260,9 @@ class Episode:
                 if tc.name == "submit" and self.rules.submit_checkpoint.enabled and not self.checkpoint_done:
                     # held back once: the reminder is the submit's result, the episode goes on
                     self.checkpoint_done = True
-                    step.tool_results.append(ToolResult(name="submit", output=self.rules.submit_checkpoint.message))
+                    message = self.rules.submit_checkpoint.message
+                    step.tool_results.append(ToolResult(name="submit", output=message))
+                    step.interventions.append(Intervention(kind="submit_checkpoint", message=message))
                     break
                 result = self._execute(tc)
                 step.tool_results.append(result)
@@ -321,6 +331,13 @@ class Episode:
         args, err = validate_arguments(tool.parameters, tc.arguments)
         if err:
             return ToolResult(name=tc.name, output=f"invalid arguments for {tc.name}: {err}", ok=False, blocked=BlockReason.invalid_arguments)
+        self._helper_inner = []
+        result = self._run_tool(tool, tc, args)
+        # a helper tool leaves its calls there, whatever their outcome; any other tool leaves it empty
+        result.inner_calls, self._helper_inner = self._helper_inner, []
+        return result
+
+    def _run_tool(self, tool: Tool, tc: ToolCall, args: dict[str, Any]) -> ToolResult:
         try:
             output = tool.fn(self.env, **args)
         except ToolBlocked as e:

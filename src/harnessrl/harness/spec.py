@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harnessrl.harness.protocols import PROTOCOLS
+from harnessrl.harness.protocols import PROTOCOL_CLASSES, protocol_names
 
 # Placeholders a system prompt template may use.
 PROMPT_FIELDS = {
@@ -33,10 +33,25 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _list_formats(schema: dict[str, Any]) -> None:
+    schema["enum"] = list(protocol_names())
+
+
 class ProtocolSpec(_Spec):
-    format: Literal["json", "xml", "react", "code"] = "json"
+    # a registered tool-call format (harness/protocols/registry.py); the JSON schema lists them
+    format: str = Field("json", json_schema_extra=_list_formats)
     lenient: bool = True  # accept near-misses (extra keys, alias names, fences, prose around calls)
     native_tools: bool = False  # json only: use the server's native function calling when it has one
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _registered_format(cls, v: Any) -> Any:
+        known = ", ".join(protocol_names())
+        if not isinstance(v, str):
+            raise ValueError(f"expected the name of a format, one of: {known}")
+        if v not in PROTOCOL_CLASSES:
+            raise ValueError(f"unknown format {v!r}; known formats: {known}")
+        return v
 
     @model_validator(mode="after")
     def _native_only_json(self) -> "ProtocolSpec":
@@ -277,5 +292,3 @@ def load_spec(path: str | Path) -> HarnessSpec:
 def spec_json_schema() -> dict[str, Any]:
     return HarnessSpec.model_json_schema()
 
-
-assert set(PROTOCOLS) >= {"json", "xml", "react", "code"}

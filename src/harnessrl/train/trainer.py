@@ -1,31 +1,42 @@
 """The GRPO trainer: one LoRA-adapted model, several harnesses, a scheduler choosing who collects each batch.
 
-One optimizer step, read top to bottom in `Trainer.train_step`:
+One training step, read top to bottom in `Trainer.train_step`:
 
     scheduler.select(step)                 one harness (HarnessBandit, ...) or a mixture with shares
     sample tasks from the train split      tasks_per_step tasks (seeded); each goes to one harness
     runner.run(jobs)                       group_size episodes per task, generated with the CURRENT
-                                           adapter (the policy wraps the very model being trained)
+                                           adapter (the policy wraps the very model being trained),
+                                           sampled with this step's own seed (run seed, step)
     group advantages from grade.score      per (task, harness) group; infrastructure errors left out;
                                            a group with < 2 valid episodes gives no units
     units_from_trajectories                one training unit per model call
-    micro-batches -> token_logprobs -> grpo_loss -> backward       (gradient accumulation)
-    GradientSketch of the LoRA gradient    BEFORE the optimizer step (the scheduler's transfer signal)
-    clip, AdamW step
+    ppo_epochs passes over the units, each split into mini_batches; per mini-batch:
+        micro-batches -> token_logprobs -> grpo_loss -> backward     (gradient accumulation)
+        GradientSketch of the LoRA gradient (first pass only), BEFORE the optimizer step
+        clip, AdamW step
     scheduler.observe(harness, advantages, sketch)
 
-Gradient accumulation reproduces the full-batch loss exactly: each micro-batch's loss (a mean
-over its own tokens, or sequences for "seq-mean") is weighted by its share of the whole batch's
+The old log-probs of the ratio are the rollout's (recorded by the policy as it sampled), so the
+first mini-step has ratio 1 (up to numerics) and the clip is inert there; from the second
+mini-step on (ppo_epochs > 1 or mini_batches > 1) the weights have moved and the clip acts.
+With one pass and one mini-batch the step is a single on-policy update.
+
+Gradient accumulation reproduces the mini-batch loss exactly: each micro-batch's loss (a mean
+over its own tokens, or sequences for "seq-mean") is weighted by its share of the mini-batch's
 completion tokens (or sequences). With the KL term off, units whose advantage is exactly 0 have
 zero gradient, so they are not forwarded at all; they still count in the normaliser, so the
 gradient is the same as if they had been.
+
+The loss is computed with the model in eval mode (autograd does not need train mode): dropout,
+of the base model or of LoRA, would make the training log-probs differ from the rollout's and
+from one computation to the next.
 
 A step whose advantages are all 0 (every group flat) has no signal: no backward and no optimizer
 step, but the scheduler still observes the zero advantages (with no sketch), which is exactly
 what tells HarnessBandit that this harness is not learnable right now.
 
-A mixed step (scheduler "mixed") has one batch and one gradient: its sketch is observed once per
-harness present, each with that harness's own advantages.
+A mixed step (scheduler "mixed") has one batch and one sketch: it is observed once per harness
+present, each with that harness's own advantages.
 
 Files in the run folder OUT:
     config.json        every option (a resume with different options is refused, except
@@ -36,12 +47,15 @@ Files in the run folder OUT:
                        written into a temporary folder and renamed into place
     adapter/           the final peft adapter (+ harnessrl.json naming the base model), loadable
                        with `--model hf:OUT/adapter`
-    rollouts/run.db    every training episode (a RunStore: triage and reports work on it)
+    rollouts/run.db    every training episode (a RunStore: triage and reports work on it); a resumed
+                       run first deletes the episodes of the steps after its checkpoint, so every
+                       stored step holds exactly the episodes its update was computed from
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -97,7 +111,12 @@ class TrainConfig:
     lora_r: int = 16
     lora_alpha: float = 32.0
     lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-    temperature: float = 1.0  # rollout sampling temperature (also used for the training log-probs)
+    # Rollout sampling temperature (also used for the training log-probs). GRPO learns only from
+    # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
+    # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
+    temperature: float = 0.7
+    ppo_epochs: int = 1  # passes over each rollout batch
+    mini_batches: int = 1  # optimizer steps per pass (the batch's units split into this many parts)
     micro_batch: int = 2048  # tokens (rows x padded length) per forward/backward
     aggregation: str = "token-mean"
     clip_low: float = 0.2
@@ -159,6 +178,55 @@ def micro_batches(units: list[TrainingUnit], max_tokens: int) -> list[list[Train
     if current:
         batches.append(current)
     return batches
+
+
+def split_mini_batches(units: list[TrainingUnit], n: int, seed: str) -> list[list[TrainingUnit]]:
+    """The units of one pass in n mini-batches (one optimizer step each), sizes differing by at most 1.
+
+    One mini-batch is the units as given. Several: the units are shuffled by a generator seeded
+    with `seed` first, so each pass mixes groups and harnesses differently; a string seed keeps
+    this independent of any RNG state (a resumed run splits exactly as an uninterrupted one).
+    More mini-batches than units gives one unit each.
+    """
+    if n <= 1 or len(units) <= 1:
+        return [list(units)]
+    order = list(units)
+    random.Random(seed).shuffle(order)
+    n = min(n, len(order))
+    size, extra = divmod(len(order), n)
+    batches, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
+def sampling_seed(seed: int, step: int, purpose: str) -> int:
+    """The SamplingParams.seed of the rollouts of step `step` (purpose "train") or of the
+    evaluation after `step` optimizer steps ("eval").
+
+    A function of the run seed and the step only: every step samples afresh (the same task and
+    attempt number never replay one random stream) and a resumed step samples what the
+    uninterrupted run would have.
+    """
+    digest = hashlib.sha256(f"harnessrl-train-{purpose}:{seed}:{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a non-negative 63-bit integer
+
+
+def _drop_stored_attempts(store, first_attempt: int) -> int:
+    """Delete every stored episode (and its model calls) whose attempt number is >= first_attempt.
+
+    A resumed run re-runs the steps after its checkpoint; the killed run may have stored episodes
+    of those steps (or of steps the resumed run never reaches), which must not stay beside the
+    re-run's. Returns how many episodes were deleted.
+    """
+    with store.db:
+        rows = store.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))
+        ids = [r[0] for r in rows]
+        store.db.executemany("DELETE FROM model_calls WHERE episode_id = ?", [(i,) for i in ids])
+        store.db.execute("DELETE FROM episodes WHERE attempt >= ?", (first_attempt,))
+    return len(ids)
 
 
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -261,7 +329,7 @@ class Trainer:
 
             console = Console(stderr=True)
         self.console = console
-        self.step = 0  # optimizer steps completed
+        self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
 
@@ -323,17 +391,23 @@ class Trainer:
             raise TrainError(f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}") from None
         # The LoRA layers are injected into policy.model in place: generation uses the adapter.
         assert self.peft_model.get_base_model() is policy.model
+        self.peft_model.eval()  # and it stays so, in training too: no dropout (see the module docstring)
         self.policy = policy
         self.tokenizer = policy.tokenizer
         self.trainable = [p for _, p in lora_parameters(self.peft_model)]
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
-        self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=cfg.seed)
+        # The runner's sampling seed is replaced at every step (`sampling_seed`).
+        self.sampling = SamplingParams(
+            temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train")
+        )
         self.runner = Runner(policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
         # Evaluation has its own policy object (same model) and so its own sampling-call counter,
         # reset before every evaluation: evaluations never perturb the training rollouts' noise,
-        # and every evaluation draws the same noise (comparable across steps).
-        self.eval_sampling = SamplingParams(temperature=cfg.eval_temperature, top_p=1.0, seed=cfg.seed)
+        # and an evaluation's noise depends only on the run seed and the step it follows.
+        self.eval_sampling = SamplingParams(
+            temperature=cfg.eval_temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "eval")
+        )
         self.eval_policy = HFPolicy(policy.model, policy.tokenizer, name=f"{cfg.model}+lora", default_sampling=self.eval_sampling)
         self.train_tasks = self.suite.tasks("train")
 
@@ -351,6 +425,8 @@ class Trainer:
                 "config",
                 {"kind": "train-rollouts", "suite": cfg.suite, "split": "train", "model": cfg.model, "seed": cfg.seed, "attempts": cfg.group_size},
             )
+            # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
+            _drop_stored_attempts(self.store, self.step * cfg.group_size)
             self.runner.on_episode = self.store.add
         self.tb = None
         if importlib.util.find_spec("tensorboard") is not None:
@@ -446,7 +522,8 @@ class Trainer:
 
     # -- one step -------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
-        """One optimizer step (or a logged skip). Returns the metrics record of the step."""
+        """One training step: a rollout batch and its optimizer steps (or a logged skip).
+        Returns the metrics record of the step."""
         from harnessrl.rollout import Job
 
         cfg, step = self.config, self.step
@@ -464,6 +541,8 @@ class Trainer:
         picked = iter(self.task_rng.sample(range(len(self.train_tasks)), cfg.tasks_per_step))
         assignment = [(self.train_tasks[next(picked)], self.spec_by_name[h]) for h, c in counts.items() for _ in range(c)]
         jobs = [Job(task, spec, step * G + i) for task, spec in assignment for i in range(G)]
+        self.sampling = self.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, "train")})
+        self.runner.sampling = self.sampling
         t0 = time.perf_counter()
         trajectories = self.runner.run(jobs)
         t_rollout = time.perf_counter() - t0
@@ -498,33 +577,12 @@ class Trainer:
         all_rewards = [r for values in rewards_by_harness.values() for r in values]
         signal = any(u.advantage != 0 for u in units)
 
-        # 4. loss and gradient, accumulated over micro-batches
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_stats: dict[str, float | None] = {"loss": None, "clip_fraction": None, "ratio_mean": None, "kl": None}
-        t_backward = t_sketch = t_opt = 0.0
-        sketch = None
-        grad_norm = None
-        units_trained = padded_tokens = 0
-        if signal:
-            t0 = time.perf_counter()
-            loss_stats, units_trained, padded_tokens = self._accumulate_gradient(units)
-            t_backward = time.perf_counter() - t0
-
-            # 5. the sketch of this update's gradient, before the optimizer touches anything
-            t0 = time.perf_counter()
-            sketch = self.sketcher.sketch_model(self.peft_model)
-            t_sketch = time.perf_counter() - t0
-
-            # 6. the update
-            t0 = time.perf_counter()
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
-            if not math.isfinite(grad_norm):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(f"step {step + 1}: the gradient norm is {grad_norm}")
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            t_opt = time.perf_counter() - t0
+        # 4.-6. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each
+        update = self._update(units, step) if signal else None
+        t_backward = update["time_backward"] if update else 0.0
+        t_sketch = update["time_sketch"] if update else 0.0
+        t_opt = update["time_optimizer"] if update else 0.0
+        sketch = update["sketch"] if update else None
 
         # 7. the scheduler learns from this update
         t0 = time.perf_counter()
@@ -543,6 +601,7 @@ class Trainer:
             "step": self.step,
             "harness": selection.harness or "mixed",
             "shares": {h: c / cfg.tasks_per_step for h, c in counts.items() if c},
+            "sampling_seed": self.sampling.seed,
             "episodes": len(trajectories),
             "infra_errors": n_infra,
             "reward_mean": _mean(all_rewards),
@@ -554,12 +613,17 @@ class Trainer:
             "probabilities": probabilities,
             "transfer": transfer,
             "units": len(units),
-            "units_trained": units_trained,
+            "units_trained": update["units_trained"] if update else 0,
             "completion_tokens": completion_tokens,
-            "padded_tokens": padded_tokens,
-            **loss_stats,
-            "grad_norm": grad_norm,
+            "padded_tokens": update["padded_tokens"] if update else 0,
+            "loss": update["loss"] if update else None,
+            "clip_fraction": update["clip_fraction"] if update else None,
+            "clip_fraction_by_epoch": update["clip_fraction_by_epoch"] if update else None,
+            "ratio_mean": update["ratio_mean"] if update else None,
+            "kl": update["kl"] if update else None,
+            "grad_norm": update["grad_norm"] if update else None,
             "optimizer_step": signal,
+            "optimizer_steps": update["optimizer_steps"] if update else 0,
             "skipped": None if signal else ("all advantages are zero" if units else "no training units"),
             "lr": cfg.lr,
             "time": {
@@ -572,11 +636,94 @@ class Trainer:
             },
         }
 
-    def _accumulate_gradient(self, units: list[TrainingUnit]) -> tuple[dict[str, float], int, int]:
-        """Backward of the GRPO loss of the whole batch, one micro-batch at a time.
+    def _update(self, units: list[TrainingUnit], step: int) -> dict[str, Any]:
+        """The optimizer steps of one rollout batch: ppo_epochs passes, each of mini_batches mini-steps.
 
-        The micro-batch loss is weighted by its share of the batch (completion tokens for
-        token-mean, sequences for seq-mean), so the accumulated gradient is the full batch's.
+        Every mini-step's loss compares the current log-probs with the rollout's (the policy that
+        sampled the batch), so from the second mini-step on the ratio moves away from 1 and the
+        clip acts. The sketch is of the first pass's gradients, each mini-batch's weighted by its
+        share of the batch: the whole batch's gradient at the sampling policy when there is one
+        mini-batch (each later mini-batch's is taken where the earlier mini-steps left the weights).
+        Mini-batches whose units all have advantage 0 (KL off) have no gradient: no step.
+
+        Returns loss (mean over mini-steps), clip_fraction / ratio_mean / kl (over every trained
+        token of every pass), clip_fraction_by_epoch, grad_norm (mean of the mini-steps' norms
+        before clipping), optimizer_steps, units_trained (first pass), padded_tokens (all passes),
+        the sketch and the time split.
+        """
+        cfg = self.config
+        batch_tokens = sum(len(u.completion_ids) for u in units)
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        sketch = None
+        losses: list[float] = []
+        grad_norms: list[float] = []
+        token_sums = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+        trained_tokens = 0
+        clip_by_epoch: list[float | None] = []
+        units_trained = padded_tokens = 0
+        t_backward = t_sketch = t_opt = 0.0
+        for epoch in range(cfg.ppo_epochs):
+            epoch_clip, epoch_tokens = 0.0, 0
+            split_seed = f"harnessrl-train-minibatches:{cfg.seed}:{step}:{epoch}"
+            for mb in split_mini_batches(units, cfg.mini_batches, split_seed):
+                t0 = time.perf_counter()
+                self.optimizer.zero_grad(set_to_none=True)
+                stats, n_active, active_tokens, padded = self._accumulate_gradient(mb)
+                t_backward += time.perf_counter() - t0
+                if not n_active:
+                    continue
+                padded_tokens += padded
+                losses.append(stats["loss"])
+                for key in token_sums:
+                    token_sums[key] += stats[key] * active_tokens
+                trained_tokens += active_tokens
+                epoch_clip += stats["clip_fraction"] * active_tokens
+                epoch_tokens += active_tokens
+
+                if epoch == 0:  # the scheduler's sketch, before the optimizer touches anything
+                    units_trained += n_active
+                    t0 = time.perf_counter()
+                    part = self.sketcher.sketch_model(self.peft_model)
+                    if len(mb) != len(units):  # its share of the batch's loss normaliser
+                        if cfg.aggregation == "token-mean":
+                            part = part * (sum(len(u.completion_ids) for u in mb) / batch_tokens)
+                        else:
+                            part = part * (len(mb) / len(units))
+                    sketch = part if sketch is None else sketch + part
+                    t_sketch += time.perf_counter() - t0
+
+                t0 = time.perf_counter()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+                if not math.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise TrainingDiverged(f"step {step + 1}: the gradient norm is {grad_norm}")
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(grad_norm)
+                t_opt += time.perf_counter() - t0
+            clip_by_epoch.append(epoch_clip / epoch_tokens if epoch_tokens else None)
+        return {
+            "loss": _mean(losses),
+            **{key: token_sums[key] / trained_tokens if trained_tokens else None for key in token_sums},
+            "clip_fraction_by_epoch": clip_by_epoch,
+            "grad_norm": _mean(grad_norms),
+            "optimizer_steps": len(grad_norms),
+            "units_trained": units_trained,
+            "padded_tokens": padded_tokens,
+            "sketch": sketch,
+            "time_backward": t_backward,
+            "time_sketch": t_sketch,
+            "time_optimizer": t_opt,
+        }
+
+    def _accumulate_gradient(self, units: list[TrainingUnit]) -> tuple[dict[str, float], int, int, int]:
+        """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
+
+        The micro-batch loss is weighted by its share of `units` (completion tokens for
+        token-mean, sequences for seq-mean), so the accumulated gradient is that of the loss of
+        all of `units`. The model stays in eval mode (no dropout). Returns the stats (loss;
+        clip_fraction, ratio_mean, kl over the forwarded tokens), the number of units forwarded,
+        their completion tokens and the padded tokens.
         """
         cfg = self.config
         total_tokens = sum(len(u.completion_ids) for u in units)
@@ -586,40 +733,37 @@ class Trainer:
         sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         active_tokens = sum(len(u.completion_ids) for u in active)
         padded = 0
-        self.peft_model.train()
-        try:
-            for mb in micro_batches(active, cfg.micro_batch):
-                batch = pad_units(mb, pad_id)
-                padded += batch["input_ids"].numel()
-                logprobs = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
-                ref = None
-                if cfg.kl_coef > 0:
-                    with torch.no_grad(), self.peft_model.disable_adapter():
-                        ref = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
-                loss, stats = grpo_loss(
-                    logprobs,
-                    batch["old_logprobs"],
-                    batch["advantages"],
-                    batch["completion_mask"],
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    aggregation=cfg.aggregation,
-                    ref_logprobs=ref,
-                    kl_coef=cfg.kl_coef,
-                )
-                if not torch.isfinite(loss):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    raise TrainingDiverged(f"step {self.step + 1}: the loss is {float(loss.detach())}")
-                mb_tokens = sum(len(u.completion_ids) for u in mb)
-                weight = mb_tokens / total_tokens if cfg.aggregation == "token-mean" else len(mb) / total_units
-                (loss * weight).backward()
-                sums["loss"] += float(loss.detach()) * weight
-                share = mb_tokens / active_tokens  # the per-token stats, over the trained tokens
-                for key in ("clip_fraction", "ratio_mean", "kl"):
-                    sums[key] += stats[key] * share
-        finally:
-            self.peft_model.eval()
-        return sums, len(active), padded
+        self.peft_model.eval()  # whatever mode something left it in: no dropout in these log-probs
+        for mb in micro_batches(active, cfg.micro_batch):
+            batch = pad_units(mb, pad_id)
+            padded += batch["input_ids"].numel()
+            logprobs = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
+            ref = None
+            if cfg.kl_coef > 0:
+                with torch.no_grad(), self.peft_model.disable_adapter():
+                    ref = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
+            loss, stats = grpo_loss(
+                logprobs,
+                batch["old_logprobs"],
+                batch["advantages"],
+                batch["completion_mask"],
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.aggregation,
+                ref_logprobs=ref,
+                kl_coef=cfg.kl_coef,
+            )
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(f"step {self.step + 1}: the loss is {float(loss.detach())}")
+            mb_tokens = sum(len(u.completion_ids) for u in mb)
+            weight = mb_tokens / total_tokens if cfg.aggregation == "token-mean" else len(mb) / total_units
+            (loss * weight).backward()
+            sums["loss"] += float(loss.detach()) * weight
+            share = mb_tokens / active_tokens  # the per-token stats, over the trained tokens
+            for key in ("clip_fraction", "ratio_mean", "kl"):
+                sums[key] += stats[key] * share
+        return sums, len(active), active_tokens, padded
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -631,6 +775,7 @@ class Trainer:
         t0 = time.perf_counter()
         tasks = self.suite.tasks("dev", cfg.eval_tasks)
         self.eval_policy.generate_calls = 0
+        self.eval_sampling = self.eval_sampling.model_copy(update={"seed": sampling_seed(cfg.seed, self.step, "eval")})
         runner = Runner(self.eval_policy, self.eval_sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
         trajectories = runner.run(make_jobs(tasks, self.specs, 1))
         summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
@@ -639,6 +784,7 @@ class Trainer:
         return {
             "step": self.step,
             "temperature": cfg.eval_temperature,
+            "sampling_seed": self.eval_sampling.seed,
             "tasks": len(tasks),
             "mean_score": scores,
             "pass_at_1": {h: (m["pass_at_k"] or {}).get("1") for h, m in summaries.items()},
@@ -792,6 +938,8 @@ def _check_options(c: TrainConfig) -> None:
         (c.lora_alpha > 0, "--lora-alpha must be > 0"),
         (bool(c.lora_targets), "--lora-targets must name at least one module"),
         (c.temperature > 0, "--temperature must be > 0 (GRPO needs different attempts at one task)"),
+        (c.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
+        (c.mini_batches >= 1, "--mini-batches must be >= 1"),
         (c.micro_batch >= 1, "--micro-batch must be >= 1 (tokens)"),
         (c.aggregation in ("token-mean", "seq-mean"), "--aggregation must be token-mean or seq-mean"),
         (0 <= c.clip_low < 1, "--clip-low must be in [0, 1)"),

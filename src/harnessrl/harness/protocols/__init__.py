@@ -1,0 +1,57 @@
+"""Tool-call protocols: how tools are shown to the model and how its replies become ToolCalls.
+
+A protocol is the text format of a tool call. Four are built in:
+
+    json   {"tool": "add", "arguments": {"a": 17, "b": 25}}
+    xml    <tool name="add"><a>17</a><b>25</b></tool>
+    react  Thought: ...\\nAction: add\\nAction Input: {"a": 17, "b": 25}
+    code   ```python\\nadd(a=17, b=25)\\n```          (parsed with `ast`, never executed)
+
+Every protocol renders the tool block of the system prompt, renders a call (for demonstrations
+and feedback), parses a completion and renders a tool result. `parse` never raises and never
+hangs: the text is capped at MAX_SCAN_CHARS, scanners are linear and nesting is bounded.
+
+What a parse means (the harness decides what to do with it):
+- `empty`: the completion is whitespace only;
+- `calls` non-empty, `error` None: the calls, in order;
+- `error` set: the reply tried to call a tool and that attempt could not be parsed (malformed);
+- neither: prose without any attempt at a call.
+
+`lenient=True` accepts near-misses a small model produces (alias keys, Python-ish dicts, bare
+tool names in backticks, unfenced code, ...); `lenient=False` accepts only the documented shape.
+Tool names are not checked against `tools` here (the runner records unknown tools as blocked
+calls); `tools` is only used to convert argument types and to map positional/bare arguments.
+
+Layout: `base` (the Protocol interface and ParseResult), `shared` (argument values, rendering and
+scanners the formats share), one module per format (`json_format`, `xml_format`, `react_format`,
+`code_format`) and `registry` (the formats by name; the harness spec accepts exactly these).
+"""
+
+from harnessrl.harness.protocols.base import (
+    MAX_CALLS_PER_REPLY,
+    MAX_NESTING,
+    MAX_SCAN_CHARS,
+    ParseResult,
+    Protocol,
+)
+from harnessrl.harness.protocols.code_format import CodeProtocol
+from harnessrl.harness.protocols.json_format import JsonProtocol
+from harnessrl.harness.protocols.react_format import ReactProtocol
+from harnessrl.harness.protocols.registry import PROTOCOL_CLASSES, PROTOCOLS, get_protocol, protocol_names
+from harnessrl.harness.protocols.xml_format import XmlProtocol
+
+__all__ = [
+    "MAX_CALLS_PER_REPLY",
+    "MAX_NESTING",
+    "MAX_SCAN_CHARS",
+    "PROTOCOLS",
+    "PROTOCOL_CLASSES",
+    "CodeProtocol",
+    "JsonProtocol",
+    "ParseResult",
+    "Protocol",
+    "ReactProtocol",
+    "XmlProtocol",
+    "get_protocol",
+    "protocol_names",
+]
