@@ -14,11 +14,12 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 
-def cli(*flags: str, bool_flag: bool = False) -> dict[str, Any]:
+def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str, Any]:
     """Command-line details of a field (`Field(json_schema_extra=cli("--out", "-o"))`): its
-    option names (default `--field-name`) and, for a bool, a lone flag (`--resume`) instead of
-    the `--x/--no-x` pair."""
-    return {"cli": {"flags": list(flags), "bool_flag": bool_flag}}
+    option names (default `--field-name`); for a bool, a lone flag (`--resume`) instead of the
+    `--x/--no-x` pair; `repeat`: the option is given as repeatable text values (KEY=VALUE, ...)
+    that the field's own validator turns into its type."""
+    return {"cli": {"flags": list(flags), "bool_flag": bool_flag, "repeat": repeat}}
 
 
 def comma_list(values: Any) -> Any:

@@ -103,9 +103,9 @@ def run_eval(
         "judge_api_key_env": config.judge_api_key_env,
     }
     try:
-        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume)
+        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume).start()
+        store = folder.store(meta_config=folder.config)
         folder.record_shell_isolation(specs, task_list)
-        store = folder.store()
     except RunFolderError as e:
         raise EvalError(str(e)) from None
     with folder:

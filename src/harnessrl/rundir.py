@@ -1,8 +1,10 @@
 """RunFolder: the one way every job (eval, evolve, train, ...) opens its run folder.
 
 A run folder holds one run: `config.json` (the job's full configuration, as recorded when it
-started) and, for jobs that run episodes, a run database (`run.db`, see store.py). Opening one
-answers the same questions for every job, with the same words:
+started) and, for jobs that run episodes, a run database (`run.db`, see store.py). `open()`
+checks a folder against a configuration without writing anything (so every configuration error
+comes before any work), `start()` writes config.json. Opening answers the same questions for
+every job, with the same words:
 
 - a fresh start into a folder that already holds a run is refused (`--resume` continues it);
 - `--resume` into a folder that holds no run is refused;
@@ -73,6 +75,7 @@ class RunFolder:
         self.config = dict(config)
         self.store_dir = store_dir
         self._store: RunStore | None = None
+        self._started = False
 
     # -- opening ------------------------------------------------------------------------------------
     @classmethod
@@ -86,10 +89,10 @@ class RunFolder:
         may_differ: Sequence[str] = (),
         store_dir: str = "",
     ) -> RunFolder:
-        """Check the folder against `config` (see the module docstring) and write config.json.
+        """Check the folder against `config` (see the module docstring); writes nothing.
 
-        On resume the stored values of `may_differ` keys are replaced by the new ones and the
-        recorded machine facts are kept until the job records them again.
+        On resume the stored values of `may_differ` keys are replaced by the new ones (at
+        `start()`) and the recorded machine facts are kept until the job records them again.
         """
         folder = cls(path, kind, {"harnessrl_version": __version__, **config}, store_dir)
         path = folder.path
@@ -116,9 +119,15 @@ class RunFolder:
                     f"same options{f' (only {allowed} may change)' if allowed else ''}, or start a new --out"
                 )
             folder.config = {**{k: old[k] for k in MACHINE_KEYS if k in old}, **folder.config}
-        path.mkdir(parents=True, exist_ok=True)
-        folder._write_config()
         return folder
+
+    def start(self) -> RunFolder:
+        """Create the folder and write config.json (again, on resume: options that may change
+        take their new values)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._started = True
+        self._write_config()
+        return self
 
     def stored_config(self) -> dict[str, Any]:
         """The configuration the run was started with (config.json, else the run database's)."""
@@ -140,18 +149,20 @@ class RunFolder:
             raise RunFolderError(str(e)) from None
 
     def _write_config(self) -> None:
+        if not self._started:
+            return
         p = self.path / CONFIG
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.config, indent=1, default=str) + "\n", encoding="utf-8")
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(json.dumps(self.config, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
         tmp.replace(p)
-        if self._store is not None:
-            self._store.set_meta("config", self.config)
 
     # -- recording ----------------------------------------------------------------------------------
     def record(self, **values: Any) -> None:
-        """Add facts to the recorded configuration (config.json and the run database)."""
+        """Add facts to the recorded configuration (config.json, and the run database's copy)."""
         self.config.update(values)
         self._write_config()
+        if self._store is not None:
+            self._store.set_meta("config", {**(self._store.config or {}), **values})
 
     def record_shell_isolation(self, specs: Iterable[HarnessSpec], tasks: Iterable[Task]) -> None:
         """A run whose harness turns the shell on for tasks that offer it records how the shell's
@@ -162,16 +173,21 @@ class RunFolder:
             self.record(shell_isolation=isolation_description(isolation_available()))
 
     # -- the run database -----------------------------------------------------------------------------
-    def store(self) -> RunStore:
-        """The run database (opened once; it holds a copy of the configuration for its readers)."""
+    def store(self, meta_config: dict[str, Any] | None = None) -> RunStore:
+        """The run database, opened once. `meta_config` is the configuration its readers (summary,
+        report) find in it; the machine facts recorded there before are kept."""
         if self._store is None:
             from harnessrl.store import RunStore, StoreError
 
+            self.start()
             try:
                 self._store = RunStore(self.path / self.store_dir)
             except (StoreError, OSError) as e:
                 raise RunFolderError(str(e)) from None
-            self._store.set_meta("config", self.config)
+        if meta_config is not None:
+            old = self._store.config or {}
+            facts = {k: old[k] for k in MACHINE_KEYS if k in old and k != "harnessrl_version"}
+            self._store.set_meta("config", {**facts, **meta_config})
         return self._store
 
     def todo(self, jobs: Iterable[Job]) -> list[Job]:

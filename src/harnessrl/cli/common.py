@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Callable, TypeVar
+from typing import Annotated, Any, Callable
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
@@ -58,7 +58,7 @@ def validation_message(e: ValidationError) -> str:
 def _parameter(name: str, field: Any) -> inspect.Parameter:
     meta = (field.json_schema_extra or {}).get("cli", {}) if isinstance(field.json_schema_extra, dict) else {}
     flags = list(meta.get("flags") or [])
-    annotation = field.annotation
+    annotation = list[str] if meta.get("repeat") else field.annotation
     if annotation is bool:
         long = flags[0] if flags else option_name(name)
         decls = [long] if meta.get("bool_flag") else [f"{long}/--no-{long[2:]}"]
@@ -66,14 +66,21 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     elif not flags:
         flags = [option_name(name)]
     default = field.get_default(call_default_factory=True)
+    if meta.get("repeat") and isinstance(default, dict):
+        default = [f"{k}={v}" for k, v in default.items()]
     option = typer.Option(*flags, help=field.description or "")
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
 
 
-C = TypeVar("C", bound=BaseModel)
+def config_fields(model: type) -> dict[str, Any]:
+    """name -> FieldInfo of a pydantic model or pydantic dataclass."""
+    fields = getattr(model, "__pydantic_fields__", None)
+    if fields is None:
+        raise TypeError(f"{model.__name__} is not a pydantic model or pydantic dataclass")
+    return dict(fields)
 
 
-def config_command(*models: type[BaseModel]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `fn(config_a, config_b, ...)` into a typer command whose options are the fields of
     the given pydantic models, in order. Values are validated by the models; a bad value exits 2
     with the option's name, never a traceback."""
@@ -81,9 +88,9 @@ def config_command(*models: type[BaseModel]) -> Callable[[Callable[..., Any]], C
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         params, owners = [], []
         for model in models:
-            names = list(model.model_fields)
-            owners.append((model, names))
-            params += [_parameter(n, model.model_fields[n]) for n in names]
+            fields = config_fields(model)
+            owners.append((model, list(fields)))
+            params += [_parameter(n, f) for n, f in fields.items()]
         seen = [p.name for p in params]
         if len(set(seen)) != len(seen):
             raise TypeError(f"{fn.__name__}: option names declared twice across {[m.__name__ for m in models]}")
