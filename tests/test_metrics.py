@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import pytest
 
 from harnessrl.metrics import (
+    HarnessSummary,
     bootstrap_ci,
+    harness_summary,
     paired_difference,
     pass_at_k,
     pass_hat_k,
@@ -240,6 +244,38 @@ def test_summarize_single_task_and_bad_input():
 def test_summary_is_independent_of_trajectory_order():
     trajs = _three_tasks()
     assert summarize_harness(trajs[::-1], 3) == summarize_harness(trajs, 3)
+
+
+# The keys of one harness in summary.json, in their order (README.md documents them).
+SUMMARY_KEYS = [
+    "n_tasks", "attempts", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k",
+    "delivery_rate", "mean_subscores", "n_episodes", "n_infra_errors", "k_notes",
+]
+
+
+def test_harness_summary_record_is_the_summary_json_entry():
+    trajs = _three_tasks()
+    record = harness_summary(trajs, 3)
+    assert isinstance(record, HarnessSummary)
+    assert [f.name for f in dataclasses.fields(HarnessSummary)] == SUMMARY_KEYS
+    entry = record.to_json()
+    assert list(entry) == SUMMARY_KEYS
+    assert entry == summarize_harness(trajs, 3)
+    assert json.loads(json.dumps(entry)) == entry  # plain JSON types only
+    assert record.mean_score == entry["mean_score"] and record.pass_hat_k["2"] == pytest.approx(4 / 9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.n_tasks = 0  # type: ignore[misc]
+
+
+def test_harness_summary_without_valid_episodes_has_the_same_keys():
+    record = harness_summary([_infra("a", 0)], 2)
+    assert list(record.to_json()) == SUMMARY_KEYS
+    assert record == HarnessSummary(
+        n_tasks=0, attempts=2, mean_score=None, mean_score_ci95=None,
+        pass_at_k={"1": None, "2": None}, pass_hat_k={"1": None, "2": None}, delivery_rate=None,
+        mean_subscores={}, n_episodes=0, n_infra_errors=1,
+        k_notes=dict.fromkeys(["1", "2"], "no valid episodes (1 infrastructure errors)"),
+    )
 
 
 # ---------------------------------------------------------------- paired difference

@@ -5,11 +5,14 @@ Every limit here is small (processes=16, wall_s=3) so a containment bug cannot h
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,16 @@ from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available, run_sa
 
 SMALL = ExecLimits(wall_s=3.0, cpu_s=3, memory_mb=256, file_size_mb=1, processes=16, output_bytes=10_000)
 needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap is missing or does not work here")
+
+
+@pytest.fixture(params=["bwrap", "rlimits-only"])
+def isolation(request, monkeypatch):
+    """Runs a test under bubblewrap (where it works here) and under the rlimits-only fallback."""
+    if request.param == "bwrap" and isolation_available() != "bwrap":
+        pytest.skip("bubblewrap is missing or does not work here")
+    if request.param == "rlimits-only":
+        monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    return request.param
 
 
 @pytest.fixture
@@ -33,13 +46,13 @@ def sh(command: str, workdir: Path, limits: ExecLimits = SMALL, **kwargs):
     return run_sandboxed(["bash", "-c", command], workdir=workdir, limits=limits, **kwargs)
 
 
-def test_clean_command_returns_output_and_exit_code(workdir):
+def test_clean_command_returns_output_and_exit_code(workdir, isolation):
     result = sh("echo out; echo err >&2; pwd; exit 3", workdir)
     assert result.returncode == 3
     assert result.stdout.splitlines() == ["out", str(workdir.resolve())]
     assert result.stderr == "err\n"
     assert not result.timed_out and not result.output_truncated and result.reason == ""
-    assert result.isolation == isolation_available()
+    assert result.isolation == isolation
 
 
 def test_stdin_is_passed(workdir):
@@ -68,17 +81,29 @@ def test_writing_outside_the_workspace_fails(workdir):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the workspace over to the sandbox uid")
-def test_workspace_is_handed_over_but_hard_links_out_of_it_are_not(workdir):
+def test_workspace_is_handed_over_but_hard_links_out_of_it_are_not(workdir, isolation):
     outside = Path(tempfile.mkdtemp(prefix="harnessrl-test-outside-"))
     try:
         (outside / "secret").write_text("root only\n")
         os.link(outside / "secret", workdir / "link")  # as a command could have, in the fallback mode
         (workdir / "own.txt").write_text("x\n")
-        assert sh("echo more >> own.txt", workdir).returncode == 0
-        assert (workdir / "own.txt").stat().st_uid == sandbox_exec.SANDBOX_UID
+        result = sh("echo more >> own.txt; id -u", workdir)
+        assert result.returncode == 0, result.stderr
+        assert (workdir / "own.txt").stat().st_uid == int(result.stdout) != 0
         assert (outside / "secret").stat().st_uid == 0
     finally:
         shutil.rmtree(outside)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the workspace over to the sandbox uid")
+def test_files_an_earlier_call_made_stay_writable(workdir, isolation):
+    # In the fallback each call runs as a uid of its own: what one call made, hard links
+    # included, must be handed to the next call's uid.
+    made = sh("echo 1 > a && ln a b && mkdir d && echo 1 > d/c && chmod 700 d", workdir)
+    assert made.returncode == 0, made.stderr
+    again = sh("echo 2 >> a && echo 2 >> d/c && cat b d/c", workdir)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "1\n2\n1\n2\n"
 
 
 @needs_bwrap
@@ -126,9 +151,16 @@ def test_network_is_unreachable_unless_asked_for(workdir, listening_port):
     assert connected.returncode == 0 and connected.stdout == "hello\n", connected.stderr
 
 
-def test_fork_bomb_is_contained_and_returns_within_the_wall_limit(workdir):
+BOMB = "bomb() { bomb & bomb & sleep 5.4321; }; bomb"
+CHATTY = "head -c 50000000 /dev/zero | tr '\\0' a; echo tail >&2"
+
+
+def test_fork_bomb_is_contained_and_returns_within_the_wall_limit(workdir, isolation):
     # Each bomb process sleeps, so without a process limit they would pile up by the thousand.
-    result = sh("bomb() { bomb & bomb & sleep 5.4321; }; bomb", workdir)
+    _assert_bomb_contained(sh(BOMB, workdir))
+
+
+def _assert_bomb_contained(result) -> None:
     assert result.timed_out and result.duration_s < SMALL.wall_s + 2
     assert "fork" in result.stderr and "Resource temporarily unavailable" in result.stderr
     assert _processes_running("sleep 5.4321") == []
@@ -155,23 +187,99 @@ def test_sleep_forever_is_killed_at_the_wall_limit(workdir):
     assert "wall-clock limit of 1 s" in result.reason
 
 
-def test_background_processes_do_not_outlive_the_call(workdir):
+def test_background_processes_do_not_outlive_the_call(workdir, isolation):
     result = sh("sleep 1000 & echo left", workdir)
     assert result.returncode == 0 and result.stdout == "left\n"
     assert result.duration_s < 2.0
 
 
-def test_huge_output_is_truncated_without_hanging(workdir):
-    result = sh("head -c 50000000 /dev/zero | tr '\\0' a; echo tail >&2", workdir)
-    assert result.returncode == 0
+def test_huge_output_is_truncated_without_hanging(workdir, isolation):
+    _assert_chatty_output_cut(sh(CHATTY, workdir))
+
+
+def _assert_chatty_output_cut(result) -> None:
+    assert result.returncode == 0, result.stderr
     assert result.output_truncated
     assert result.stdout == "a" * SMALL.output_bytes
     assert result.stderr == "tail\n"
     assert "stdout cut at 10000 bytes of 50000000" in result.reason
 
 
+@pytest.fixture
+def crowded_uid():
+    """20 long-lived processes (more than SMALL.processes) of the uid a fallback command used to
+    share: the unprivileged sandbox uid 65534 when we are root, else our own."""
+    uid = sandbox_exec.SANDBOX_UID if os.geteuid() == 0 else os.getuid()
+    drop = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+    sleepers = [subprocess.Popen(["sleep", "60.123"], **drop) for _ in range(20)]
+    deadline = time.monotonic() + 5
+    while len(_processes_running("sleep 60.123")) < 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(os.stat(f"/proc/{p.pid}").st_uid == uid for p in sleepers)
+    yield uid
+    for sleeper in sleepers:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_other_processes_of_the_sandbox_uid_do_not_count(workdir, isolation, crowded_uid):
+    result = sh(CHATTY, workdir)
+    assert result.isolation == isolation
+    _assert_chatty_output_cut(result)
+    _assert_bomb_contained(sh(BOMB, workdir))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user every command shares that user's process count")
+def test_fallback_sandboxes_side_by_side_do_not_share_a_process_limit(workdir, monkeypatch):
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    other = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
+    results = {}
+    # The clean command starts first and forks after the bomb has filled its own limit. (Its
+    # wall limit is long, so only a refused fork, not a busy machine, can make it fail.)
+    patient = dataclasses.replace(SMALL, wall_s=20.0)
+    clean = threading.Thread(target=lambda: results.update(clean=sh(f"sleep 1; {CHATTY}", workdir, limits=patient)))
+    try:
+        clean.start()
+        time.sleep(0.3)
+        _assert_bomb_contained(sh(BOMB, other))
+        clean.join()
+    finally:
+        shutil.rmtree(other)
+    _assert_chatty_output_cut(results["clean"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs commands as other uids")
+def test_fallback_without_private_uids_counts_the_limit_from_the_uids_processes(workdir, monkeypatch, crowded_uid):
+    # as in a user namespace that maps no uid of the private pool: the command runs as uid 65534
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    monkeypatch.setattr(sandbox_exec, "_pool_is_mapped", lambda: False)
+    assert sh("id -u", workdir).stdout == f"{sandbox_exec.SANDBOX_UID}\n"
+    _assert_chatty_output_cut(sh(CHATTY, workdir))
+    _assert_bomb_contained(sh(BOMB, workdir))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs commands as other uids")
+def test_fallback_runs_each_command_as_a_uid_no_process_has(workdir, monkeypatch):
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    taken = 1_900_123_456
+    monkeypatch.setattr(sandbox_exec, "PRIVATE_UID_POOL", range(taken, taken + 2))
+    holder = subprocess.Popen(["sleep", "60"], user=taken)
+    try:
+        for _ in range(3):
+            result = sh("id -u; id -g; id -G", workdir)
+            assert result.stdout.split() == [str(taken + 1)] * 3, result.stderr
+        monkeypatch.setattr(sandbox_exec, "PRIVATE_UID_POOL", range(taken, taken + 1))
+        with pytest.raises(OSError, match="no free uid"):
+            sh("true", workdir)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_memory_hog_fails(workdir):
-    result = sh("x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}", workdir)
+    # Copying 256 MB through a pipe takes seconds on a busy machine: the wall clock must not win.
+    result = sh("x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}", workdir,
+                limits=dataclasses.replace(SMALL, wall_s=20.0, cpu_s=20))
     assert result.returncode != 0
     assert "400000000" not in result.stdout
     assert "allocate" in result.stderr
@@ -259,9 +367,7 @@ def test_impossible_mounts_are_refused_clearly(workdir):
 
 def test_fallback_without_bubblewrap_says_so_and_still_limits(workdir, monkeypatch):
     monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
-    # Here the process limit counts every process of the sandbox uid on the machine (sandboxes
-    # that just ended may linger as zombies), so this test leaves it generous.
-    result = sh("echo hi; sleep 1000", workdir, limits=ExecLimits(wall_s=1.0, processes=1024))
+    result = sh("echo hi; sleep 1000", workdir, limits=ExecLimits(wall_s=1.0, processes=16))
     assert result.isolation == "rlimits-only"
     assert result.timed_out and result.stdout == "hi\n"
     with pytest.raises(ValueError, match="need bubblewrap"):

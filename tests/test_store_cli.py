@@ -66,6 +66,32 @@ def test_infra_rows_are_replaced_on_rerun(tmp_path):
         assert store.finished_keys() == {("s/dev/00000", "h", 0)} and store.count() == 1
 
 
+def test_store_max_attempt_and_completion_lengths(tmp_path):
+    from harnessrl.types import ActionKind, ModelCall, Step
+
+    def episode(eid: str, harness: str, attempt: int, completions: list[list[int]]) -> Trajectory:
+        steps = [
+            Step(
+                index=i,
+                action=ActionKind.text,
+                model_call=ModelCall(prompt_ids=[1, 2], completion_ids=c, logprobs=[0.0] * len(c), text=""),
+            )
+            for i, c in enumerate(completions)
+        ]
+        return Trajectory(episode_id=eid, task_id="s/dev/00000", suite="s", family="f", split="dev", harness=harness,
+                          attempt=attempt, instruction="x", steps=steps)
+
+    with RunStore(tmp_path) as store:
+        assert store.max_attempt() is None and store.completion_lengths("h") == {}
+        store.add(episode("e0", "h", 0, [[5, 6, 7], []]))
+        store.add(episode("e2", "h", 2, [[9]]))
+        store.add(episode("g0", "g", 0, [[1, 2, 3, 4]]))
+        assert store.max_attempt() == 2
+        assert store.completion_lengths("h") == {"e0": {0: 3, 1: 0}, "e2": {0: 1}}
+        assert store.completion_lengths("g") == {"g0": {0: 4}}
+        assert store.completion_lengths("absent") == {}
+
+
 def test_cli_eval_end_to_end_and_export(tmp_path):
     spec = small_spec(tmp_path)
     react = small_spec(tmp_path, name="react", base="react")

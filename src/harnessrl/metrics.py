@@ -16,7 +16,9 @@ from the n that were run. See docs/metrics.md for a worked example.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from math import comb, fsum
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +127,33 @@ def episode_delivered(t: Trajectory) -> bool:
     return t.submitted and not (t.grade is not None and t.grade.subscores.get("delivered") == 0.0)
 
 
-def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class HarnessSummary:
+    """Headline numbers for one harness on one set of tasks (see `harness_summary` for the formulas).
+
+    The fields, in this order, are the keys of one harness's entry in summary.json (`to_json`).
+    Rates are None when nothing could be measured; `pass_at_k`, `pass_hat_k` and `k_notes` are
+    keyed by k as a string ("1", "2", ...), the way JSON keys are.
+    """
+
+    n_tasks: int = 0
+    attempts: int
+    mean_score: float | None = None
+    mean_score_ci95: list[float] | None = None  # [lo, hi]
+    pass_at_k: dict[str, float | None]
+    pass_hat_k: dict[str, float | None]
+    delivery_rate: float | None = None
+    mean_subscores: dict[str, float] = field(default_factory=dict)
+    n_episodes: int = 0
+    n_infra_errors: int = 0
+    k_notes: dict[str, str] = field(default_factory=dict)  # why a k is refused (its rates are None)
+
+    def to_json(self) -> dict[str, Any]:
+        """A plain dict with the fields as keys, in field order (what summary.json holds)."""
+        return asdict(self)
+
+
+def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSummary:
     """Headline numbers for one harness on one set of tasks.
 
         mean_score     = (1/T) * sum_tasks score(task)          (see `task_scores`)
@@ -160,19 +188,14 @@ An episode is *delivered* when it submitted an answer, unless its grader says ot
 
     if n_episodes == 0:
         reason = f"no valid episodes ({n_infra} infrastructure errors)"
-        return {
-            "n_tasks": 0,
-            "attempts": attempts,
-            "mean_score": None,
-            "mean_score_ci95": None,
-            "pass_at_k": {str(k): None for k in ks},
-            "pass_hat_k": {str(k): None for k in ks},
-            "delivery_rate": None,
-            "mean_subscores": {},
-            "n_episodes": 0,
-            "n_infra_errors": n_infra,
-            "k_notes": {str(k): reason for k in ks},
-        }
+        keys = [str(k) for k in ks]
+        return HarnessSummary(
+            attempts=attempts,
+            pass_at_k=dict.fromkeys(keys),
+            pass_hat_k=dict.fromkeys(keys),
+            n_infra_errors=n_infra,
+            k_notes=dict.fromkeys(keys, reason),
+        )
 
     scores = list(task_scores(trajectories).values())
     lo, hi = bootstrap_ci(scores)
@@ -196,19 +219,24 @@ An episode is *delivered* when it submitted an answer, unless its grader says ot
     delivered = sum(1 for t in valid if episode_delivered(t))
     graded = [t.grade.subscores for t in valid if t.grade is not None]
     shared = set.intersection(*(set(g) for g in graded)) if graded else set()
-    return {
-        "n_tasks": n_tasks,
-        "attempts": attempts,
-        "mean_score": fsum(scores) / n_tasks,
-        "mean_score_ci95": [lo, hi],
-        "pass_at_k": at_k,
-        "pass_hat_k": hat_k,
-        "delivery_rate": delivered / n_episodes,
-        "mean_subscores": {name: fsum(g[name] for g in graded) / len(graded) for name in sorted(shared)},
-        "n_episodes": n_episodes,
-        "n_infra_errors": n_infra,
-        "k_notes": notes,
-    }
+    return HarnessSummary(
+        n_tasks=n_tasks,
+        attempts=attempts,
+        mean_score=fsum(scores) / n_tasks,
+        mean_score_ci95=[lo, hi],
+        pass_at_k=at_k,
+        pass_hat_k=hat_k,
+        delivery_rate=delivered / n_episodes,
+        mean_subscores={name: fsum(g[name] for g in graded) / len(graded) for name in sorted(shared)},
+        n_episodes=n_episodes,
+        n_infra_errors=n_infra,
+        k_notes=notes,
+    )
+
+
+def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict[str, Any]:
+    """`harness_summary` as the plain dict summary.json holds (`HarnessSummary.to_json`)."""
+    return harness_summary(trajectories, attempts).to_json()
 
 
 def paired_difference(

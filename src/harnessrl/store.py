@@ -156,6 +156,29 @@ class RunStore:
     def harnesses(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT DISTINCT harness FROM episodes ORDER BY harness")]
 
+    def max_attempt(self) -> int | None:
+        """The highest attempt index stored (attempts count from 0); None when there is no episode."""
+        return self.db.execute("SELECT MAX(attempt) FROM episodes").fetchone()[0]
+
+    def completion_lengths(self, harness: str) -> dict[str, dict[int, int]]:
+        """{episode_id: {step: completion tokens}} for every model call of a harness.
+
+        Counted inside SQLite (JSON1's json_array_length), so the token arrays never come into
+        Python. Empty when this SQLite has no json_array_length.
+        """
+        out: dict[str, dict[int, int]] = {}
+        try:
+            rows = self.db.execute(
+                "SELECT m.episode_id, m.step, json_array_length(m.completion_ids) FROM model_calls m "
+                "JOIN episodes e ON e.episode_id = m.episode_id WHERE e.harness = ?",
+                (harness,),
+            )
+            for eid, step, n in rows:
+                out.setdefault(eid, {})[step] = n
+        except sqlite3.OperationalError:
+            pass
+        return out
+
     def trajectories(self, harness: str | None = None, with_tokens: bool = True) -> Iterator[Trajectory]:
         """Every stored episode, in (harness, task, attempt) order, rebuilt losslessly."""
         q = "SELECT episode_id, trajectory FROM episodes"

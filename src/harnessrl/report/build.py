@@ -5,7 +5,7 @@
     build_report([evolve_run])   -> also the evolution section (report/evolution.py)
 
 One pass over each run, one harness at a time (memory stays flat): metrics per harness
-(`summarize_harness`, attempts from the run config), triage (`triage`, also written to the run
+(`harness_summary`, attempts from the run config), triage (`triage`, also written to the run
 folder as triage.json), per-task scores for the paired comparison, and the viewer's episode files.
 """
 
@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import time
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from harnessrl.metrics import paired_difference, summarize_harness, task_scores
+from harnessrl.metrics import harness_summary, paired_difference, task_scores
 from harnessrl.report import evolution, plots
 from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
+from harnessrl.report.rundata import RunData
 from harnessrl.store import DB_NAME, RunStore, StoreError
 from harnessrl.triage import CLASSES, triage, write_triage
 
@@ -32,33 +31,6 @@ STATIC_FILES = ("report.css", "viewer.js")
 
 class ReportError(Exception):
     """Bad input for a report: not a run folder, no episodes to compare, ..."""
-
-
-@dataclass
-class RunData:
-    folder: Path
-    label: str  # "" for a single run, "A" / "B" in a comparison
-    config: dict
-    attempts: int
-    harnesses: list[str]
-    summaries: dict[str, dict] = field(default_factory=dict)
-    triage: dict[str, dict] = field(default_factory=dict)
-    task_scores: dict[str, dict[str, float]] = field(default_factory=dict)
-    families: set[str] = field(default_factory=set)
-    n_found: int = 0
-    n_planned: int | None = None
-    has_summary: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def partial(self) -> bool:
-        return self.n_planned is not None and self.n_found < self.n_planned
-
-    @property
-    def title(self) -> str:
-        c = self.config
-        parts = [str(c[k]) for k in ("suite", "split", "model") if c.get(k) is not None]
-        return " / ".join(parts) or self.folder.name
 
 
 def _open_run(folder: Path) -> RunStore:
@@ -72,23 +44,6 @@ def _open_run(folder: Path) -> RunStore:
         raise ReportError(str(e)) from None
 
 
-def _completion_lengths(store: RunStore, harness: str) -> dict[str, dict[int, int]]:
-    """Completion length of every model call of a harness, counted inside SQLite (JSON1) so the
-    token arrays never come into Python. Empty when this SQLite has no json_array_length."""
-    out: dict[str, dict[int, int]] = {}
-    try:
-        rows = store.db.execute(
-            "SELECT m.episode_id, m.step, json_array_length(m.completion_ids) FROM model_calls m "
-            "JOIN episodes e ON e.episode_id = m.episode_id WHERE e.harness = ?",
-            (harness,),
-        )
-        for eid, step, n in rows:
-            out.setdefault(eid, {})[step] = n
-    except sqlite3.OperationalError:
-        pass
-    return out
-
-
 def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
     store = _open_run(folder)
     try:
@@ -98,8 +53,8 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
         if config.get("attempts"):
             attempts = int(config["attempts"])
         else:
-            row = store.db.execute("SELECT MAX(attempt) FROM episodes").fetchone()
-            attempts = int(row[0]) + 1 if row and row[0] is not None else 1
+            last = store.max_attempt()
+            attempts = last + 1 if last is not None else 1
             notes.append(f"The run database holds no config: attempts ({attempts}) inferred from the episodes.")
         planned_harnesses = list(config.get("harnesses") or {})
         harnesses = planned_harnesses + [h for h in found_harnesses if h not in planned_harnesses]
@@ -118,7 +73,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             )
         for h in harnesses:
             trajs = list(store.trajectories(harness=h, with_tokens=False))
-            data.summaries[h] = summarize_harness(trajs, attempts)
+            data.summaries[h] = harness_summary(trajs, attempts)
             tri = triage(trajs).get(h)
             data.triage[h] = tri or {
                 "n_episodes": 0, "n_valid": 0, "n_passed": 0, "n_failed": 0,
@@ -126,7 +81,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             }  # fmt: skip
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
-            lengths = _completion_lengths(store, h)
+            lengths = store.completion_lengths(h)
             for t in trajs:
                 data.families.add(t.family)
                 v = verdicts.get(t.episode_id)
@@ -253,7 +208,7 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     for r in runs:
         sfx = f"-{r.label}" if r.label else ""
         figs = {}
-        scored = {h: m for h, m in r.summaries.items() if m["n_episodes"]}
+        scored = {h: m for h, m in r.summaries.items() if m.n_episodes}
         if scored:
             figs["mean_score"] = _rel(plots.mean_score_chart(scored, out_dir / "plots" / f"mean_score{sfx}.svg", colors), out_dir)
             figs["pass_k"] = _rel(plots.pass_k_chart(scored, r.attempts, out_dir / "plots" / f"pass_k{sfx}.svg", colors), out_dir)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import time
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harnessrl import __version__
 from harnessrl.report.plots import CLASS_COLORS, class_kind
+from harnessrl.report.rundata import RunData
 from harnessrl.triage import CLASSES, CONTENT, PROCESS
-
-if TYPE_CHECKING:
-    from harnessrl.report.build import RunData
 
 
 def _num(x: Any, fmt: str = ".3f") -> str:
@@ -28,7 +26,7 @@ def _pct(x: Any) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _metrics_table(run: "RunData") -> str:
+def _metrics_table(run: RunData) -> str:
     k = run.attempts
     head = (
         "<tr><th>harness</th><th>tasks</th><th>episodes</th><th>mean score</th><th>95% CI</th><th>pass@1</th>"
@@ -38,28 +36,28 @@ def _metrics_table(run: "RunData") -> str:
     rows = []
     for h in run.harnesses:
         m, t = run.summaries[h], run.triage[h]
-        ci = m.get("mean_score_ci95")
-        notes = m.get("k_notes") or {}
+        ci = m.mean_score_ci95
+        notes = m.k_notes
 
-        def k_cell(key: str, kk: int) -> str:
-            v = (m.get(key) or {}).get(str(kk))
+        def k_cell(rates: dict[str, float | None], kk: int) -> str:
+            v = rates.get(str(kk))
             note = notes.get(str(kk))
             return f'<td class="num" title="{escape(note)}">-*</td>' if v is None and note else f'<td class="num">{_num(v)}</td>'
 
         rows.append(
             "<tr>"
             f'<th class="harness"><a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}">{escape(h)}</a></th>'
-            f'<td class="num">{m["n_tasks"]}</td><td class="num">{m["n_episodes"]}</td>'
-            f'<td class="num strong">{_num(m["mean_score"])}</td>'
+            f'<td class="num">{m.n_tasks}</td><td class="num">{m.n_episodes}</td>'
+            f'<td class="num strong">{_num(m.mean_score)}</td>'
             f'<td class="num">{"-" if not ci else f"{ci[0]:.3f} to {ci[1]:.3f}"}</td>'
-            + k_cell("pass_at_k", 1)
-            + (k_cell("pass_at_k", k) + k_cell("pass_hat_k", k) if k > 1 else "")
-            + f'<td class="num">{_num(m["delivery_rate"])}</td><td class="num">{m["n_infra_errors"]}</td>'
+            + k_cell(m.pass_at_k, 1)
+            + (k_cell(m.pass_at_k, k) + k_cell(m.pass_hat_k, k) if k > 1 else "")
+            + f'<td class="num">{_num(m.delivery_rate)}</td><td class="num">{m.n_infra_errors}</td>'
             f'<td class="num">{t["n_failed"]}</td><td class="num">{_pct(t["process_share"])}</td>'
             "</tr>"
         )
     foot = ""
-    if any((run.summaries[h].get("k_notes") or {}) for h in run.harnesses):
+    if any(run.summaries[h].k_notes for h in run.harnesses):
         foot = '<p class="note">-* : not estimated (hover for the reason): some task has fewer valid attempts than k.</p>'
     return f'<table class="metrics"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>{foot}'
 
@@ -68,7 +66,7 @@ def _class_head(cls: str) -> str:
     return f'<th class="cls {class_kind(cls)}"><span class="swatch" style="background:{CLASS_COLORS[cls]}"></span>{escape(cls)}</th>'
 
 
-def _triage_table(run: "RunData") -> str:
+def _triage_table(run: RunData) -> str:
     groups = (
         f'<tr><th></th><th colspan="2"></th><th colspan="{len(PROCESS)}" class="group process">process: fix the harness</th>'
         f'<th colspan="{len(CONTENT)}" class="group content">content: fix the weights</th><th class="group infra"></th><th></th></tr>'
@@ -96,7 +94,7 @@ def _figure(src: str | None, alt: str) -> str:
     return f'<figure><img src="{escape(src)}" alt="{escape(alt)}" loading="lazy"></figure>'
 
 
-def _config_block(run: "RunData") -> str:
+def _config_block(run: RunData) -> str:
     c = dict(run.config)
     if not c:
         return ""
@@ -108,7 +106,7 @@ def _config_block(run: "RunData") -> str:
     return f"<details class=\"config\"><summary>Run configuration</summary><pre>{escape(json.dumps(shown, indent=2))}</pre></details>"
 
 
-def _run_section(run: "RunData", figs: dict[str, str], several: bool) -> str:
+def _run_section(run: RunData, figs: dict[str, str], several: bool) -> str:
     name = f"Run {run.label}: " if several else ""
     anchor = f"run-{run.label}" if run.label else "overview"
     found = f"{run.n_found} episodes" + (f" of {run.n_planned} planned" if run.n_planned is not None else "")
@@ -137,7 +135,7 @@ def _run_section(run: "RunData", figs: dict[str, str], several: bool) -> str:
     )
 
 
-def _comparison_section(cmp: dict, runs: list["RunData"]) -> str:
+def _comparison_section(cmp: dict, runs: list[RunData]) -> str:
     rows = []
     for r in cmp["rows"]:
         ci = r["ci95"]
@@ -189,7 +187,7 @@ _VIEWER = """
 
 
 def render_index(
-    runs: list["RunData"], figures: dict, comparison: dict | None, viewer: dict, built_s: float, evolution: str = ""
+    runs: list[RunData], figures: dict, comparison: dict | None, viewer: dict, built_s: float, evolution: str = ""
 ) -> str:
     several = len(runs) > 1
     title = "harnessrl comparison" if several else f"harnessrl report: {runs[0].title}"

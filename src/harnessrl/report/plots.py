@@ -16,6 +16,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from harnessrl.metrics import HarnessSummary
 from harnessrl.triage import CLASSES, CONTENT, PROCESS
 
 # Process classes in warm colours (fix the harness), content in blue (fix the weights), infra grey.
@@ -71,14 +72,19 @@ def harness_colors(names: list[str]) -> dict[str, str]:
     return {h: HARNESS_COLORS[i % len(HARNESS_COLORS)] for i, h in enumerate(names)}
 
 
-def mean_score_chart(summaries: dict[str, dict], path: Path, colors: dict[str, str] | None = None, title: str = "Mean score per harness (95% CI)") -> Path:
+def mean_score_chart(
+    summaries: dict[str, HarnessSummary],
+    path: Path,
+    colors: dict[str, str] | None = None,
+    title: str = "Mean score per harness (95% CI)",
+) -> Path:
     """Bars of mean task score with bootstrap CI whiskers; harnesses with no episode are skipped."""
-    names = [h for h, m in summaries.items() if m.get("mean_score") is not None]
+    names = [h for h, m in summaries.items() if m.mean_score is not None]
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(_width(len(names)), 3.4), layout="constrained")
         ax = fig.add_subplot()
-        means = np.array([summaries[h]["mean_score"] for h in names], dtype=float)
-        ci = np.array([summaries[h]["mean_score_ci95"] for h in names], dtype=float).reshape(-1, 2)
+        means = np.array([summaries[h].mean_score for h in names], dtype=float)
+        ci = np.array([summaries[h].mean_score_ci95 for h in names], dtype=float).reshape(-1, 2)
         err = np.vstack([means - ci[:, 0], ci[:, 1] - means]).clip(min=0) if names else None
         x = np.arange(len(names))
         colors = colors or harness_colors(names)
@@ -129,7 +135,9 @@ def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> P
         return _save(fig, path)
 
 
-def pass_k_chart(summaries: dict[str, dict], attempts: int, path: Path, colors: dict[str, str] | None = None) -> Path:
+def pass_k_chart(
+    summaries: dict[str, HarnessSummary], attempts: int, path: Path, colors: dict[str, str] | None = None
+) -> Path:
     """pass@k (at least one of k passes) and pass^k (all k pass) over k = 1..attempts."""
     ks = list(range(1, attempts + 1))
     colors = colors or harness_colors(list(summaries))
@@ -138,7 +146,7 @@ def pass_k_chart(summaries: dict[str, dict], attempts: int, path: Path, colors: 
         axes = fig.subplots(1, 2, sharey=True)
         for ax, key, title in ((axes[0], "pass_at_k", "pass@k: at least one of k attempts passes"), (axes[1], "pass_hat_k", "pass^k: all k attempts pass")):
             for h, m in summaries.items():
-                pts = [(k, (m.get(key) or {}).get(str(k))) for k in ks]
+                pts = [(k, getattr(m, key).get(str(k))) for k in ks]
                 pts = [(k, v) for k, v in pts if v is not None]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", markersize=4, color=colors[h], label=h)

@@ -1,4 +1,4 @@
-"""The Task / Tool / Environment / Suite API.
+"""The Task / Tool / Environment / Suite API, and the Workspace sandbox an environment holds.
 
 A task makes a fresh environment, exposes tools that act on it and grades the final state.
 A suite is a deterministic, seeded generator of tasks, split into train / dev / test with no
@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from harnessrl.types import Grade, ToolSchema
@@ -106,11 +111,77 @@ def validate_arguments(parameters: dict[str, Any], arguments: Any) -> tuple[dict
     return clean, None
 
 
+MAX_WRITE_BYTES = 64 * 1024  # per write; a workspace task never needs more
+MAX_WORKSPACE_BYTES = 4 * 1024 * 1024
+
+
+class Workspace:
+    """A temporary directory that the agent's tools may touch, and nothing else.
+
+    `resolve` refuses absolute paths, `..` components and symlinks that lead outside with
+    ToolBlocked; the byte limits are enforced by the file tools (tasks/workspace.py).
+    """
+
+    def __init__(self, max_write_bytes: int = MAX_WRITE_BYTES, max_total_bytes: int = MAX_WORKSPACE_BYTES):
+        self.root = Path(tempfile.mkdtemp(prefix="harnessrl-ws-")).resolve()
+        self.max_write_bytes = max_write_bytes
+        self.max_total_bytes = max_total_bytes
+
+    # -- path resolution ------------------------------------------------------------------------
+    def resolve(self, path: str) -> Path:
+        """Map a model-given relative path to a real path inside the workspace, or refuse."""
+        if not isinstance(path, str):
+            raise ToolBlocked(f"path must be a string, got {type(path).__name__}", "invalid_arguments")
+        if "\x00" in path:
+            raise ToolBlocked("path contains a NUL byte", "sandbox")
+        p = path.strip()
+        if p in ("", ".", "./"):
+            return self.root
+        if p.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:[\\/]", p):
+            raise ToolBlocked(f"'{path}' is an absolute path; use a path relative to the workspace", "sandbox")
+        parts = re.split(r"[\\/]+", p)
+        if ".." in parts:
+            raise ToolBlocked(f"'{path}' leaves the workspace ('..' is not allowed)", "sandbox")
+        target = self.root.joinpath(*[x for x in parts if x not in ("", ".")])
+        real = Path(os.path.realpath(target))
+        if real != self.root and self.root not in real.parents:
+            raise ToolBlocked(f"'{path}' resolves outside the workspace (symlink)", "sandbox")
+        return target
+
+    def rel(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    # -- helpers used by task setup and graders ---------------------------------------------------
+    def write(self, rel_path: str, content: str) -> None:
+        target = self.root / rel_path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+
+    def read(self, rel_path: str) -> str | None:
+        target = self.root / rel_path
+        if not target.is_file():
+            return None
+        try:
+            return target.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            return target.read_bytes().decode("utf-8", "replace")
+
+    def files(self) -> list[str]:
+        """All regular files, relative, sorted."""
+        return sorted(self.rel(p) for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+
+    def total_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @dataclass
 class Environment:
     """The live state of one episode: a workspace and/or simulated service state."""
 
-    workspace: Any = None  # harnessrl.tasks.workspace.Workspace or None
+    workspace: Workspace | None = None
     state: dict[str, Any] = field(default_factory=dict)
     submitted: bool = False
     answer: str | None = None
@@ -175,8 +246,6 @@ class Task:
     workspace_mount: str | None = None
 
     def make_env(self) -> Environment:
-        from harnessrl.tasks.workspace import Workspace
-
         env = Environment(workspace=Workspace() if self.needs_workspace else None, workspace_mount=self.workspace_mount)
         try:
             self.setup(env)

@@ -15,13 +15,30 @@ Two isolation levels, chosen once per process by `isolation_available()`:
 
 Resource limits are rlimits: CPU seconds, address space, file size, and the process count.
 RLIMIT_NPROC is never enforced for uid 0 (the kernel exempts root even inside a user namespace
-mapped to root), so when we run as root the child drops to the unprivileged uid/gid 65534
-("nobody") before bwrap starts, and the folders it may write are chowned to that uid. Inside
-bwrap the process limit is set by `prlimit` *after* the user namespace exists, so it counts the
-processes of this one sandbox only (a limit set before would also count every other process of
-uid 65534, e.g. sandboxes running side by side). Measured here (kernel 6.18, bwrap 0.8, root):
-a fork bomb under processes=16 stays at 16 processes and the call returns at the wall limit.
-In rlimits-only mode the process limit is set before exec and counts all processes of the uid.
+mapped to root), and it counts the processes of a *uid*, machine-wide, not those of one command.
+So when we are root the command never runs as root, and its uid is chosen so that the count is
+this sandbox's alone:
+
+- bwrap (with `prlimit`): the child drops to the unprivileged uid/gid 65534 ("nobody") before
+  bwrap starts, and `prlimit` sets the process limit *after* the user namespace exists. The
+  kernel then counts the processes of that namespace's uid, i.e. of this one sandbox; other
+  processes of uid 65534 on the machine (sandboxes side by side, a daemon) do not count.
+- rlimits-only (or bwrap without `prlimit`): the limit is set before exec, outside any user
+  namespace, where every process of the uid counts. The command therefore gets a uid (and gid)
+  of its own for the call, drawn from PRIVATE_UID_POOL, one that no process on the machine has
+  and no user account names. A dedicated uid is the one choice that holds as root on any Linux:
+  a limit relative to the uid's current count would let a fork bomb in one sandbox starve the
+  commands of another sharing the uid, and a cgroup pids controller is not writable (or not
+  there) on many machines and containers. The price: the uid has no name (`whoami` fails).
+  Where the pool is not mapped in our user namespace (a rootless container mapping only 0-65535)
+  the command runs as 65534 with the limit set to that uid's current task count plus
+  `processes`, and when we are not root it keeps our uid with the same relative limit: both
+  are approximate, as other processes of the uid that start or end during the call move it.
+
+The folders the command may write are chowned to its uid first. Measured here (kernel 6.18,
+bwrap 0.8, root, 20 other processes of uid 65534 alive): a fork bomb under processes=16 peaks at
+16 live processes rlimits-only and 17 under bwrap (bwrap's own, outside the namespace), and the
+call returns at the wall limit.
 
 The wall clock kills the whole process group (and with bwrap the pid namespace) with SIGKILL.
 Both output pipes are drained by reader threads, so a chatty command never blocks; only the first
@@ -32,7 +49,9 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 import resource
+import secrets
 import shutil
 import signal
 import stat
@@ -43,7 +62,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SANDBOX_UID = 65534  # "nobody": the uid a sandboxed command runs as when we are root
+SANDBOX_UID = 65534  # "nobody": the uid a command runs as under bwrap when we are root
+# The uids (and gids) a command gets one of, for the call, when its process limit must be set
+# outside a user namespace (see the module docstring). 1.9e9 lies in the span no distribution,
+# systemd or container manager assigns: above systemd's container ranges (which end at
+# 1879048191) and below 2**31, from where many programs mishandle uids.
+PRIVATE_UID_POOL = range(1_900_000_000, 1_901_000_000)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MB = 1024 * 1024
 _READ_CHUNK = 65536
@@ -143,20 +167,131 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
         moved = [dst for dst, src in binds.items() if Path(dst) != src]
         if moved:
             raise ValueError(f"mounts at {moved} need bubblewrap, which does not work here (isolation: rlimits-only)")
-    as_root = os.geteuid() == 0
-    if as_root:
-        for src in binds.values():
-            _hand_over(src)
     child_env = {"PATH": SANDBOX_PATH, "HOME": cwd, "LANG": "C.UTF-8", **(env or {})}
     nproc_in_sandbox = isolation == "bwrap" and shutil.which("prlimit") is not None
-    if isolation == "bwrap":
-        command = _bwrap_argv(binds, cwd, network) + (
-            ["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else []
-        ) + _SANDBOX_INIT + list(argv)
-        host_cwd = None
+    if nproc_in_sandbox:
+        identity = _Identity(uid=SANDBOX_UID if os.geteuid() == 0 else None, nproc=None)
     else:
-        command, host_cwd = list(argv), cwd
+        # our reader threads (and the stdin feeder) start after the count and are of our uid
+        identity = _claim_identity(limits.processes, own_threads=2 + (stdin is not None))
+    try:
+        if identity.uid is not None:
+            for src in binds.values():
+                _hand_over(src, identity.uid)
+        if isolation == "bwrap":
+            command = _bwrap_argv(binds, cwd, network) + (
+                ["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else []
+            ) + _SANDBOX_INIT + list(argv)
+            host_cwd = None
+        else:
+            command, host_cwd = list(argv), cwd
+        return _launch(command, argv, env=child_env, cwd=host_cwd, stdin=stdin, limits=limits, identity=identity,
+                       isolation=isolation)
+    finally:
+        identity.release()
 
+
+@dataclass(frozen=True)
+class _Identity:
+    """Who a command runs as, and the RLIMIT_NPROC set before its exec."""
+
+    uid: int | None  # the uid and gid to drop to; None: keep ours (we are not root)
+    nproc: int | None  # None: `prlimit` sets the process limit inside bwrap's user namespace
+    claimed: bool = False  # a uid of PRIVATE_UID_POOL, held for this call
+
+    def release(self) -> None:
+        if self.claimed:
+            with _claimed_lock:
+                _claimed_uids.discard(self.uid)
+
+
+_claimed_uids: set[int] = set()  # private uids of the calls running in this process now
+_claimed_lock = threading.Lock()
+
+
+def _claim_identity(processes: int, own_threads: int) -> _Identity:
+    """The uid and process limit for a command whose limit is set before exec (see the docstring)."""
+    if os.geteuid() == 0:
+        if _pool_is_mapped():
+            return _Identity(uid=_claim_private_uid(), nproc=processes, claimed=True)
+        return _Identity(uid=SANDBOX_UID, nproc=_tasks_of(SANDBOX_UID) + processes)
+    return _Identity(uid=None, nproc=_tasks_of(os.getuid()) + own_threads + processes)
+
+
+def _claim_private_uid() -> int:
+    """A uid of PRIVATE_UID_POOL that no process has, no account names and no other call holds."""
+    in_use = _process_owners()
+    first = secrets.randbelow(len(PRIVATE_UID_POOL))  # random: other harnessrl processes draw too
+    with _claimed_lock:
+        for i in range(len(PRIVATE_UID_POOL)):
+            uid = PRIVATE_UID_POOL[(first + i) % len(PRIVATE_UID_POOL)]
+            if uid in in_use or uid in _claimed_uids or _has_account(uid):
+                continue
+            _claimed_uids.add(uid)
+            return uid
+    raise OSError(f"no free uid for a sandboxed command: every uid of {PRIVATE_UID_POOL} is in use")
+
+
+def _has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+@functools.cache
+def _pool_is_mapped() -> bool:
+    """Whether this user namespace can setuid/setgid to the whole PRIVATE_UID_POOL."""
+    for ids in ("uid_map", "gid_map"):
+        try:
+            lines = Path(f"/proc/self/{ids}").read_text().splitlines()
+        except OSError:
+            return False
+        spans = [tuple(map(int, line.split())) for line in lines if len(line.split()) == 3]
+        if not any(inside <= PRIVATE_UID_POOL.start and PRIVATE_UID_POOL.stop <= inside + count
+                   for inside, _outside, count in spans):
+            return False
+    return True
+
+
+def _process_owners() -> set[int]:
+    """The effective uids of the processes this one can see.
+
+    From the owner of /proc/PID: a tenth of a millisecond per hundred processes, where reading
+    /proc/PID/status (real uids) costs ten. A process that made itself non-dumpable shows as
+    root; if a sandbox's did and outlived its call, a later call that drew its uid again (one
+    chance in len(PRIVATE_UID_POOL)) would count it against its limit: one process too many.
+    """
+    owners = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            owners.add(os.stat(f"/proc/{pid}").st_uid)
+        except OSError:  # it ended meanwhile
+            continue
+    return owners
+
+
+def _tasks_of(uid: int) -> int:
+    """The tasks (processes and threads) whose real uid is `uid`: what RLIMIT_NPROC counts."""
+    tasks = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        real_uid, threads = None, 1
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("Uid:"):
+                        real_uid = int(line.split()[1])
+                    elif line.startswith("Threads:"):
+                        threads = int(line.split()[1])
+        except (OSError, ValueError):  # it ended meanwhile
+            continue
+        if real_uid == uid:
+            tasks += threads
+    return tasks
+
+
+def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Identity, isolation) -> ExecResult:
     def limit_child() -> None:  # runs in the child between fork and exec
         # The CPU hard limit is one second above the soft one, so a busy command gets SIGXCPU
         # (reported as a CPU limit) and only one that ignores it gets SIGKILL.
@@ -167,12 +302,12 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
             (resource.RLIMIT_CORE, 0),
         ):
             resource.setrlimit(res, (value, value))
-        if not nproc_in_sandbox:
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        if as_root:
+        if identity.nproc is not None:
+            resource.setrlimit(resource.RLIMIT_NPROC, (identity.nproc, identity.nproc))
+        if identity.uid is not None:
             os.setgroups([])
-            os.setgid(SANDBOX_UID)
-            os.setuid(SANDBOX_UID)
+            os.setgid(identity.uid)
+            os.setuid(identity.uid)
 
     start = time.monotonic()
     try:
@@ -181,16 +316,16 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=child_env,
-            cwd=host_cwd,
+            env=env,
+            cwd=cwd,
             start_new_session=True,
             preexec_fn=limit_child,
         )
     except BlockingIOError as e:  # EAGAIN at exec: the uid is already at the process limit
-        who = f"uid {SANDBOX_UID}" if as_root else "this user"
+        who = f"uid {identity.uid}" if identity.uid is not None else "this user"
         raise OSError(
-            e.errno, f"cannot start {argv[0]!r}: {who} already has {limits.processes} processes "
-            f"(the process limit); in {isolation} mode the limit counts every process of that uid"
+            e.errno, f"cannot start {argv[0]!r}: {who} already has {identity.nproc} processes "
+            f"(the process limit, counted over every process of that uid; isolation: {isolation})"
         ) from None
     out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
     if stdin is not None:
@@ -274,20 +409,23 @@ def _shadowed_top_level(binds: dict[str, Path]) -> set[str]:
     return tops
 
 
-def _hand_over(folder: Path) -> None:
+def _hand_over(folder: Path, uid: int) -> None:
     """Give a folder to the sandbox uid (we are root), after checking that uid can reach it."""
     for parent in folder.parents:
         if not os.stat(parent).st_mode & 0o001:
-            raise ValueError(f"the sandbox user (uid {SANDBOX_UID}) cannot reach {folder}: {parent} is not searchable by others")
+            raise ValueError(f"the sandbox user (uid {uid}) cannot reach {folder}: "
+                             f"{parent} is not searchable by others")
     for root, dirs, files in os.walk(folder):
-        os.lchown(root, SANDBOX_UID, SANDBOX_UID)
+        os.lchown(root, uid, uid)
         for name in dirs + files:
             path = os.path.join(root, name)
             info = os.lstat(path)
             # A file with several links may be a hard link a command made to a file outside the
-            # folder: chowning it would hand that file over. (Those a command made are its own.)
-            if info.st_uid != SANDBOX_UID and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1):
-                os.lchown(path, SANDBOX_UID, SANDBOX_UID)
+            # folder: chowning it would hand that file over. (Those a command made are its own,
+            # or an earlier call's, whose private uid owned it anyway: they are handed over.)
+            if info.st_uid != uid and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1
+                                       or info.st_uid in PRIVATE_UID_POOL):
+                os.lchown(path, uid, uid)
 
 
 def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:

@@ -1,81 +1,16 @@
-"""The workspace sandbox and the file tools that act on it.
+"""The file tools that act on an episode's workspace.
 
-Every path a tool receives is resolved inside the episode's temporary workspace. Absolute
-paths, `..` components, symlinks that lead outside, and oversize writes are refused with
-ToolBlocked (recorded as a blocked call, with a message the model can act on).
+Every path a tool receives is resolved inside the episode's temporary workspace (`Workspace`,
+the sandbox an `Environment` holds; defined in tasks/base.py and importable from here as well).
+Absolute paths, `..` components, symlinks that lead outside, and oversize writes are refused
+with ToolBlocked (recorded as a blocked call, with a message the model can act on).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import tempfile
-from pathlib import Path
+from harnessrl.tasks.base import Environment, Tool, ToolBlocked, ToolFailed, Workspace
 
-from harnessrl.tasks.base import Environment, Tool, ToolBlocked, ToolFailed
-
-MAX_WRITE_BYTES = 64 * 1024  # per write; a workspace task never needs more
-MAX_WORKSPACE_BYTES = 4 * 1024 * 1024
 MAX_READ_CHARS = 8000  # what the model is shown of one file
-
-
-class Workspace:
-    """A temporary directory that the agent's tools may touch, and nothing else."""
-
-    def __init__(self, max_write_bytes: int = MAX_WRITE_BYTES, max_total_bytes: int = MAX_WORKSPACE_BYTES):
-        self.root = Path(tempfile.mkdtemp(prefix="harnessrl-ws-")).resolve()
-        self.max_write_bytes = max_write_bytes
-        self.max_total_bytes = max_total_bytes
-
-    # -- path resolution ------------------------------------------------------------------------
-    def resolve(self, path: str) -> Path:
-        """Map a model-given relative path to a real path inside the workspace, or refuse."""
-        if not isinstance(path, str):
-            raise ToolBlocked(f"path must be a string, got {type(path).__name__}", "invalid_arguments")
-        if "\x00" in path:
-            raise ToolBlocked("path contains a NUL byte", "sandbox")
-        p = path.strip()
-        if p in ("", ".", "./"):
-            return self.root
-        if p.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:[\\/]", p):
-            raise ToolBlocked(f"'{path}' is an absolute path; use a path relative to the workspace", "sandbox")
-        parts = re.split(r"[\\/]+", p)
-        if ".." in parts:
-            raise ToolBlocked(f"'{path}' leaves the workspace ('..' is not allowed)", "sandbox")
-        target = self.root.joinpath(*[x for x in parts if x not in ("", ".")])
-        real = Path(os.path.realpath(target))
-        if real != self.root and self.root not in real.parents:
-            raise ToolBlocked(f"'{path}' resolves outside the workspace (symlink)", "sandbox")
-        return target
-
-    def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
-
-    # -- helpers used by task setup and graders ---------------------------------------------------
-    def write(self, rel_path: str, content: str) -> None:
-        target = self.root / rel_path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-
-    def read(self, rel_path: str) -> str | None:
-        target = self.root / rel_path
-        if not target.is_file():
-            return None
-        try:
-            return target.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            return target.read_bytes().decode("utf-8", "replace")
-
-    def files(self) -> list[str]:
-        """All regular files, relative, sorted."""
-        return sorted(self.rel(p) for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
-
-    def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------
