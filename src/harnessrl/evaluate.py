@@ -105,7 +105,7 @@ def run_eval(
     try:
         folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume).start()
         store = folder.store(meta_config=folder.config)
-        folder.record_shell_isolation(specs, task_list)
+        folder.record_shell_isolation(specs, any(t.offers_shell for t in task_list))
     except RunFolderError as e:
         raise EvalError(str(e)) from None
     with folder:

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from harnessrl.harness.spec import HarnessSpec
     from harnessrl.rollout import Job
     from harnessrl.store import RunStore
-    from harnessrl.tasks.base import Task
 
 CONFIG = "config.json"
 LOCK = "LOCKED"
@@ -164,10 +163,10 @@ class RunFolder:
         if self._store is not None:
             self._store.set_meta("config", {**(self._store.config or {}), **values})
 
-    def record_shell_isolation(self, specs: Iterable[HarnessSpec], tasks: Iterable[Task]) -> None:
-        """A run whose harness turns the shell on for tasks that offer it records how the shell's
-        commands were isolated on this machine (bubblewrap, or rlimits only)."""
-        if any(s.rules.shell.enabled for s in specs) and any(t.offers_shell for t in tasks):
+    def record_shell_isolation(self, specs: Iterable[HarnessSpec], offers_shell: bool) -> None:
+        """A run whose harness turns the shell on for tasks that offer one (`offers_shell`) records
+        how the shell's commands were isolated on this machine (bubblewrap, or rlimits only)."""
+        if offers_shell and any(s.rules.shell.enabled for s in specs):
             from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 
             self.record(shell_isolation=isolation_description(isolation_available()))

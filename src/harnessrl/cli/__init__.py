@@ -20,7 +20,7 @@ from harnessrl.cli.harness import harness_app
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
 from harnessrl.cli.tasks import models_app, tasks_app
 from harnessrl.evolve.command import evolve_cmd
-from harnessrl.train.command import train_app
+from harnessrl.cli.train import train_app
 
 app = typer.Typer(
     no_args_is_help=True,

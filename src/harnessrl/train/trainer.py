@@ -68,19 +68,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ConfigDict, Field, field_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from harnessrl import __version__
-from harnessrl.config import cli, comma_list
+from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.train.config import DEFAULT_HARNESSES, DEFAULT_LORA_TARGETS, TrainConfig
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, group_advantages, pad_units, token_logprobs, units_from_trajectories
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch, cosine
 
-DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # Options that may change when a run is resumed: neither changes what the next steps compute.
 RESUMABLE_CHANGES = ("steps", "checkpoint_every")
 ADAPTER_META = "harnessrl.json"
@@ -92,97 +89,6 @@ class TrainError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
-
-
-def _scheduler_options(values: Any) -> Any:
-    """--scheduler-option KEY=VALUE (repeated) as a dict; a dict passes through."""
-    if values is None or isinstance(values, dict):
-        return values or {}
-    options = {}
-    for item in [values] if isinstance(values, str) else values:
-        key, sep, value = str(item).partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"wants KEY=VALUE (e.g. floor=0.02), got {item!r}")
-        options[key.strip().replace("-", "_")] = value.strip()
-    return options
-
-
-def _one_of(*allowed: str):
-    def check(value: str) -> str:
-        if value not in allowed:
-            raise ValueError(f"must be {' or '.join(allowed)}")
-        return value
-
-    return check
-
-
-@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
-class TrainConfig:
-    """Every option of a training run (recorded in OUT/config.json), declared once: the command
-    line is generated from these fields. See docs/training.md."""
-
-    model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")
-    suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
-    harnesses: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_HARNESSES),
-        description="harness names, 'all' or spec paths; comma-separate or repeat",
-        json_schema_extra=cli("--harnesses", "-H"),
-    )
-    scheduler: str = Field(
-        "harness-bandit",
-        description="harness-bandit, mixed, uniform, round-robin, single:NAME, learnability-only, transfer-only",
-    )
-    scheduler_options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="KEY=VALUE passed to the scheduler (e.g. floor=0.02); repeat",
-        json_schema_extra=cli("--scheduler-option", repeat=True),
-    )
-    steps: int = Field(150, ge=1, description="training steps (one rollout batch each)")
-    tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step")
-    group_size: int = Field(8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2")
-    # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0 = off)")
-    lora_r: int = Field(16, ge=1, description="LoRA rank")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
-    lora_targets: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
-        min_length=1,
-        description="module names that get LoRA; comma-separate or repeat",
-    )
-    # Rollout sampling temperature (also used for the training log-probs). GRPO learns only from
-    # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
-    # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
-    temperature: float = Field(
-        0.7, gt=0, description="temperature of rollouts and of training log-probs (> 0: GRPO needs different attempts)"
-    )
-    ppo_epochs: int = Field(1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
-    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
-    micro_batch: int = Field(2048, ge=1, description="tokens (rows x padded length) per forward/backward")
-    aggregation: str = Field("token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
-    clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip")
-    clip_high: float = Field(0.28, ge=0, description="upper ratio clip")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)")
-    scale_advantages: bool = Field(True, description="divide advantages by the group std (off: Dr. GRPO)")
-    sketch_dim: int = Field(512, ge=1, description="dimension of the gradient sketch")
-    sketch_kind: str = Field("countsketch", description="countsketch or gaussian")
-    checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
-    eval_every: int = Field(0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
-    eval_tasks: int = Field(8, ge=1, description="first N dev tasks, every harness")
-    eval_temperature: float = Field(0.7, ge=0, description="sampling temperature of evaluations")
-    max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
-    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
-    seed: int = Field(0, description="seed of tasks, scheduler, LoRA init and sampling")
-    save_rollouts: bool = Field(True, description="keep every training episode in OUT/rollouts/run.db")
-
-    _lists = field_validator("harnesses", "lora_targets", mode="before")(comma_list)
-    _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
-    _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
-    _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # ------------------------------------------------------------------------------ small pure pieces
@@ -259,21 +165,6 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
     """
     digest = hashlib.sha256(f"harnessrl-train-{purpose}:{seed}:{step}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # a non-negative 63-bit integer
-
-
-def _drop_stored_attempts(store, first_attempt: int) -> int:
-    """Delete every stored episode (and its model calls) whose attempt number is >= first_attempt.
-
-    A resumed run re-runs the steps after its checkpoint; the killed run may have stored episodes
-    of those steps (or of steps the resumed run never reaches), which must not stay beside the
-    re-run's. Returns how many episodes were deleted.
-    """
-    with store.db:
-        rows = store.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))
-        ids = [r[0] for r in rows]
-        store.db.executemany("DELETE FROM model_calls WHERE episode_id = ?", [(i,) for i in ids])
-        store.db.execute("DELETE FROM episodes WHERE attempt >= ?", (first_attempt,))
-    return len(ids)
 
 
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -359,17 +250,12 @@ class Trainer:
         self.out = Path(out)
         self.resume = resume
         self.progress = progress
-        self.record = {
-            **config.to_dict(),
-            "harness_specs": {s.name: s.to_dict() for s in self.specs},
-            "harnessrl_version": __version__,
-        }
-        if any(s.rules.shell.enabled for s in self.specs) and self.suite.offers_shell:
-            from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
-
-            # as `harnessrl eval` records it: how the shell tool's commands were isolated
-            self.record["shell_isolation"] = isolation_description(isolation_available())
-        self._check_out_folder()
+        record = {**config.to_dict(), "harness_specs": {s.name: s.to_dict() for s in self.specs}}
+        try:
+            self.folder = RunFolder.open(self.out, "training", record, resume=resume, may_differ=RESUMABLE_CHANGES)
+        except RunFolderError as e:
+            raise TrainError(str(e)) from None
+        self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
         if console is None:
             from rich.console import Console
 
@@ -378,32 +264,6 @@ class Trainer:
         self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
-
-    # -- the run folder -------------------------------------------------------------------------------
-    def _check_out_folder(self) -> None:
-        out, cfg = self.out, self.config
-        if not self.resume:
-            if out.exists() and (not out.is_dir() or any(out.iterdir())):
-                raise TrainError(f"{out} is not empty; use --resume to continue the run there, or choose another --out")
-            return
-        config_path = out / "config.json"
-        if not config_path.is_file():
-            raise TrainError(f"{out} holds no training run to resume (no config.json)")
-        try:
-            old = json.loads(config_path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise TrainError(f"{config_path} is not valid JSON ({e})") from None
-        ignore = {"harnessrl_version", "shell_isolation", *RESUMABLE_CHANGES}  # version and isolation: this machine's, not options
-        diff = sorted(k for k in set(old) | set(self.record) if k not in ignore and old.get(k) != self.record.get(k))
-        if diff:
-            shown = ", ".join(
-                f"{k} ({'...' if k == 'harness_specs' else old.get(k)!r} -> {'...' if k == 'harness_specs' else self.record.get(k)!r})"
-                for k in diff
-            )
-            raise TrainError(
-                f"--resume with different options than the run in {out}: {shown}. Resume with the same options "
-                f"(only {', '.join('--' + k.replace('_', '-') for k in RESUMABLE_CHANGES)} may change), or start a new --out"
-            )
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
@@ -472,7 +332,7 @@ class Trainer:
                 {"kind": "train-rollouts", "suite": cfg.suite, "split": "train", "model": cfg.model, "seed": cfg.seed, "attempts": cfg.group_size},
             )
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
-            _drop_stored_attempts(self.store, self.step * cfg.group_size)
+            self.store.delete_attempts_from(self.step * cfg.group_size)
             self.runner.on_episode = self.store.add
         self.tb = None
         if importlib.util.find_spec("tensorboard") is not None:
@@ -855,7 +715,7 @@ class Trainer:
         if self.resume:
             _truncate_jsonl(metrics_path, self.step)
             _truncate_jsonl(eval_path, self.step)
-        _write_json(self.out / "config.json", self.record)  # steps / checkpoint_every may have changed
+        self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
 
         if cfg.eval_every and self.step == 0:
