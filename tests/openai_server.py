@@ -9,6 +9,7 @@ logprob tokens written "token_id:N"). Faults are switched on through `ServerOpti
 
     fail_first / fail_status   the first N completion requests get that status (500, 429, ...)
     always_fail                every completion request gets fail_status
+    fail_matching              every completion request with this text in a message gets fail_status
     malformed                  200 with a body that is not JSON
     no_choices                 200 with {"choices": []}
     no_logprobs                never send logprobs
@@ -39,6 +40,7 @@ class ServerOptions:
     fail_first: int = 0
     fail_status: int = 500
     always_fail: bool = False
+    fail_matching: str | None = None
     malformed: bool = False
     no_choices: bool = False
     no_logprobs: bool = False
@@ -136,7 +138,9 @@ class OpenAITestServer:
         o = self.options
         if o.delay_s:
             time.sleep(o.delay_s)
-        if o.always_fail or n <= o.fail_first:
+        texts = [str(m.get("content")) for m in body["messages"]]
+        matching = o.fail_matching is not None and any(o.fail_matching in t for t in texts)
+        if o.always_fail or n <= o.fail_first or matching:
             handler._send(o.fail_status, {"error": {"message": f"injected failure {o.fail_status}", "type": "server_error"}})
             return
         if o.reject_logprobs and body.get("logprobs"):

@@ -8,6 +8,7 @@ other edit changes nothing. Each episode is one reply (submit the right word or 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sqlite3
@@ -16,8 +17,16 @@ from pathlib import Path
 import pytest
 
 from harnessrl.evolve import EvolveConfig, EvolveError, Evolution
-from harnessrl.evolve.acceptance import acceptance_threshold, compare, estimate_noise
+from harnessrl.evolve.acceptance import (
+    acceptance_threshold,
+    compare,
+    confirmed_choice,
+    estimate_noise,
+    score_resolution,
+    screening_winners,
+)
 from harnessrl.evolve.edits import apply_changes, apply_diff, spec_diff, spec_from_text
+from harnessrl.evolve.loop import episode_scores, stream_seed
 from harnessrl.evolve.proposers import RULE_EDITS, LLMProposer, Proposal, ProposalContext, RulesProposer
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
@@ -146,6 +155,38 @@ def test_noise_estimate_and_threshold_formula():
     assert not compare(b, {k: v + 0.3 for k, v in b.items()}, 0.4)["accepted"]
     with pytest.raises(ValueError, match="at least 2 tasks"):
         estimate_noise({"t1": 1.0}, {"t1": 0.0})
+    assert noise.sd_paired_difference_within_tasks is None
+    assert noise.sd_paired_difference == noise.sd_paired_difference_between_runs
+
+
+def test_the_noise_sd_is_the_larger_of_the_between_run_and_within_task_estimates():
+    # two runs that agree on every task mean, but each task's 2 attempts disagree: no spread between
+    # runs, plenty within tasks (the between-run estimate alone would say 0)
+    a = b = {"t1": 0.5, "t2": 0.5, "t3": 0.5}
+    eps = {"t1": [1.0, 0.0], "t2": [0.0, 1.0], "t3": [1.0, 0.0]}
+    noise = estimate_noise(a, b, eps, eps)
+    var = 1 / 3  # sample variance of [1, 0, 1, 0]
+    within = (3 * var * (1 / 2 + 1 / 2)) ** 0.5 / 3
+    assert noise.sd_paired_difference_between_runs == 0
+    assert noise.sd_paired_difference_within_tasks == pytest.approx(within)
+    assert noise.sd_paired_difference == pytest.approx(within) and noise.sd_dev_mean == pytest.approx(within / 2**0.5)
+    assert not noise.degenerate and noise.to_json()["degenerate"] is False
+    # and when the runs disagree more than the attempts spread, the between-run estimate wins
+    c = {"t1": 1.0, "t2": 0.0, "t3": 1.0}
+    wide = estimate_noise(a, c, eps, {"t1": [1.0, 1.0], "t2": [0.0, 0.0], "t3": [1.0, 1.0]})
+    assert wide.sd_paired_difference == wide.sd_paired_difference_between_runs > wide.sd_paired_difference_within_tasks
+    same, one_each = {"t1": 0.0, "t2": 1.0}, {"t1": [0.0], "t2": [1.0]}
+    flat = estimate_noise(same, same, one_each, one_each)
+    assert flat.degenerate
+    assert score_resolution(12, 8) == pytest.approx(1 / 96)
+    assert acceptance_threshold(flat, 2.0, floor=score_resolution(12, 8)) == pytest.approx(1 / 96)
+
+
+def test_screening_winners_and_the_confirmed_choice():
+    assert screening_winners({"c1": 0.10, "c2": 0.30, "c3": 0.04, "c4": None, "c5": 0.30}, 0.05) == ["c2", "c5", "c1"]
+    assert confirmed_choice({"c2": 0.02, "c1": 0.09, "c5": None}, 0.05) == "c1"
+    assert confirmed_choice({"c2": 0.05}, 0.05) is None  # must exceed, not equal
+    assert confirmed_choice({}, 0.05) is None
 
 
 class WatchingProposer(RulesProposer):
@@ -172,13 +213,14 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
 
     # threshold from the two seed runs, recomputed from the stored episodes
     with RunStore(folder) as store:
-        a = task_scores(list(store.trajectories("noise.a", with_tokens=False)))
-        b = task_scores(list(store.trajectories("noise.b", with_tokens=False)))
+        ta = list(store.trajectories("noise.a", with_tokens=False))
+        tb = list(store.trajectories("noise.b", with_tokens=False))
         labels = set(store.harnesses())
         per_label = {h: len(list(store.trajectories(h, with_tokens=False))) for h in labels}
     noise = json.loads((folder / "noise.json").read_text())
-    assert noise["threshold"] == pytest.approx(2.0 * estimate_noise(a, b).sd_paired_difference)
-    assert noise["threshold"] > 0
+    expected = estimate_noise(task_scores(ta), task_scores(tb), episode_scores(ta), episode_scores(tb))
+    assert noise["threshold"] == pytest.approx(max(2.0 * expected.sd_paired_difference, 1 / (12 * 8)))
+    assert noise["threshold"] > 0 and noise["score_resolution"] == pytest.approx(1 / (12 * 8))
 
     lines = log_lines(folder)
     first = [ln for ln in lines if ln["iteration"] == 1]
@@ -186,7 +228,11 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
     assert [ln["edit"] for ln in first] == ["experience-library", "state-ledger"]
     lessons, ledger = first
     assert lessons["accepted"] and lessons["delta"] > lessons["threshold"]
-    assert not ledger["accepted"] and ledger["delta"] <= ledger["threshold"]
+    # accepted only after it beat the threshold again on fresh samples, against a fresh incumbent run
+    assert lessons["confirmation"]["beats_threshold"] and lessons["confirmation"]["delta"] > lessons["threshold"]
+    assert lessons["confirmation"]["dev"]["label"] == "i01.c1.confirm"
+    assert lessons["confirmation"]["incumbent_dev"]["label"] == "i01.incumbent.confirm"
+    assert not ledger["accepted"] and ledger["delta"] <= ledger["threshold"] and ledger["confirmation"] is None
     assert all(ln["target"] == "content" for ln in first)
 
     # the incumbent is re-measured every iteration, and iteration 2 builds on the accepted edit
@@ -218,8 +264,10 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
 
 LINE_FIELDS = {
     "iteration", "candidate", "parent", "proposer", "edit", "hypothesis", "target", "diff", "spec_fingerprint",
-    "status", "error", "dev", "incumbent_dev", "delta", "delta_ci95", "threshold", "beats_threshold", "accepted",
+    "status", "error", "dev", "incumbent_dev", "delta", "delta_ci95", "threshold", "beats_threshold", "confirmation",
+    "accepted",
 }
+DEV_FIELDS = {"label", "mean", "ci95", "n_episodes", "delivery_rate", "n_infra_errors", "seed"}
 
 
 def test_evolution_lines_have_every_field(tmp_path, tokenizer):
@@ -230,7 +278,11 @@ def test_evolution_lines_have_every_field(tmp_path, tokenizer):
     for ln in lines:
         assert set(ln) == LINE_FIELDS
         assert ln["status"] == "measured" and ln["diff"] and ln["hypothesis"]
-        assert set(ln["dev"]) == {"label", "mean", "ci95", "n_episodes", "delivery_rate", "n_infra_errors"}
+        assert set(ln["dev"]) == set(ln["incumbent_dev"]) == DEV_FIELDS
+        if ln["confirmation"] is not None:
+            assert set(ln["confirmation"]) == {"dev", "incumbent_dev", "delta", "delta_ci95", "beats_threshold",
+                                               "error"}
+            assert set(ln["confirmation"]["dev"]) == DEV_FIELDS
         lo, hi = ln["dev"]["ci95"]
         assert lo <= ln["dev"]["mean"] <= hi
         assert len(ln["delta_ci95"]) == 2
@@ -518,3 +570,178 @@ def test_format_demonstration_replays_a_solved_train_task_with_real_results():
     with pytest.raises(EvolveError, match="train split"):
         Evolution(Path("/nonexistent"), EvolveConfig(suite="workspace", seed_harness="react", model="tiny-random", dev_tasks=2, test_tasks=2), spec,
                   suite.tasks("dev", 2), suite.tasks("test", 2), None, RulesProposer(), example_tasks=suite.tasks("dev", 1))
+
+
+# -- sampling streams, confirmation, exact resume --------------------------------------------------
+
+
+class SeededAgent(Policy):
+    """An agent whose answers depend on the sampling seed of the call, as a model's samples do.
+
+    Each request draws u = sha256(seed, prompt[, n]) in [0, 1) and submits the right word when
+    u < p(system prompt, seed) (default: P_LESSONS with lessons, else P_BASE).
+    `counting=False`: u is a function of (seed, prompt), so a new process answers as the old one.
+    `counting=True`: n counts the requests with this (seed, prompt) that THIS object has answered,
+    like a backend that seeds each call from a counter its process starts at 0.
+    `kill_after`: a KeyboardInterrupt (a killed process) on the first call after that many requests.
+    """
+
+    def __init__(self, tokenizer, p=None, counting: bool = False, kill_after: int | None = None):
+        self.p = p or (lambda system, seed: P_LESSONS if LESSONS in system else P_BASE)
+        self.counting, self.kill_after = counting, kill_after
+        self.seen: dict[tuple[int, str], int] = {}
+        self.served, self.seeds = 0, []
+        self.seed = 0
+        self.proto = get_protocol("json", lenient=True)
+        self.script = ScriptedPolicy(self.reply, tokenizer=tokenizer, name="seeded")
+        self.name = "seeded"
+        self.policy = self  # as SpecDependentAgent: what the loop is given
+
+    def complete(self, requests, sampling=None):
+        if self.kill_after is not None and self.served >= self.kill_after:
+            self.kill_after = None
+            raise KeyboardInterrupt
+        self.served += len(requests)
+        self.seed = sampling.seed
+        self.seeds.append(sampling.seed)
+        return self.script.complete(requests, sampling)
+
+    def reply(self, messages: list[Message]) -> str:
+        prompt = "\n".join(m.content for m in messages)
+        n = self.seen.get((self.seed, prompt), 0)
+        self.seen[(self.seed, prompt)] = n + 1
+        key = f"{self.seed}|{prompt}|{n if self.counting else ''}"
+        u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+        word = next(m.content.split("'")[1] for m in messages
+                    if m.role == "user" and m.content.startswith("Submit the word"))
+        answer = word if u < self.p(messages[0].content, self.seed) else "wrong"
+        return self.proto.render_call(ToolCall(name="submit", arguments={"answer": answer}))
+
+
+def _seeds_by_label(folder: Path) -> dict[str, int]:
+    noise = json.loads((folder / "noise.json").read_text())
+    seeds = {r["label"]: r["seed"] for r in noise["runs"]}
+    for ln in log_lines(folder):
+        confirmation = ln["confirmation"] or {}
+        for rec in (ln["dev"], ln["incumbent_dev"], confirmation.get("dev"), confirmation.get("incumbent_dev")):
+            if rec:
+                seeds[rec["label"]] = rec["seed"]
+    return seeds
+
+
+def test_each_measurement_samples_from_the_stream_its_label_names(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    evolution(folder, SpecDependentAgent(tokenizer), iterations=2, rollouts=4, seed=7).run()
+    seeds = _seeds_by_label(folder)
+    # two looks at the seed harness: two streams
+    assert seeds["noise.a"] != seeds["noise.b"]
+    assert seeds["noise.a"] == stream_seed(7, "noise.a") and seeds["noise.b"] == stream_seed(7, "noise.b")
+    # the arms of one iteration share a stream (paired); iterations and confirmations get their own
+    for it in (1, 2):
+        arms = {seeds[label] for label in seeds if label.startswith(f"i{it:02d}.") and not label.endswith(".confirm")}
+        assert arms == {stream_seed(7, f"i{it:02d}")}
+    assert seeds["i01.incumbent.confirm"] == seeds["i01.c1.confirm"] == stream_seed(7, "i01.confirm")
+    assert len({stream_seed(7, s) for s in ("noise.a", "noise.b", "i01", "i02", "i01.confirm", "test")}) == 6
+    assert stream_seed(7, "i01") != stream_seed(8, "i01")
+    assert 0 <= stream_seed(7, "test") < 2**31
+
+
+def test_a_kill_between_the_noise_runs_does_not_replay_noise_a_as_noise_b(tmp_path, tokenizer):
+    # a backend whose samples come from (seed, a counter of its process): killed right after noise.a
+    # (12 tasks x 4 rollouts), a fresh process would replay noise.a's samples if noise.b had its seed
+    folder = tmp_path / "evo"
+    with pytest.raises(KeyboardInterrupt):
+        evolution(folder, SeededAgent(tokenizer, counting=True, kill_after=12 * 4), iterations=1, rollouts=4).run()
+    with RunStore(folder) as store:
+        assert set(store.harnesses()) == {"noise.a"} and store.count() == 12 * 4
+    evolution(folder, SeededAgent(tokenizer, counting=True), iterations=1, rollouts=4).run()
+    noise = json.loads((folder / "noise.json").read_text())
+    assert noise["sd_task_difference"] > 0 and noise["sd_paired_difference_between_runs"] > 0  # not a replay
+    assert noise["threshold"] > 2 * noise["score_resolution"]
+    a, b = noise["runs"]
+    assert a["seed"] != b["seed"]
+
+
+def test_a_candidate_that_was_lucky_once_is_not_confirmed(tmp_path, tokenizer):
+    # the candidate is better only under iteration 1's sampling stream: a lucky draw, in truth no gain
+    lucky_seed = stream_seed(0, "i01")
+
+    def p(system, seed):
+        return 1.0 if "LUCKY" in system and seed == lucky_seed else P_BASE
+
+    lucky = apply_changes(SEED, {"capabilities.experiences": ["LUCKY"]})
+    said: list[str] = []
+    cfg = config(iterations=1, candidates=1, rollouts=4)
+    dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
+    evo = Evolution(tmp_path / "evo", cfg, SEED, dev, test, SeededAgent(tokenizer, p=p, counting=True),
+                    FixedProposer([Proposal("lucky", "content", "x", lucky)]), log=said.append)
+    final = evo.run()
+    (line,) = log_lines(tmp_path / "evo")
+    assert line["beats_threshold"] and line["delta"] > 0.4  # screening alone would have accepted it
+    conf = line["confirmation"]
+    assert conf["dev"]["label"] == "i01.c1.confirm" and conf["incumbent_dev"]["label"] == "i01.incumbent.confirm"
+    assert not conf["beats_threshold"] and conf["delta"] <= line["threshold"]
+    assert not line["accepted"] and final["best"] == "seed" and final["accepted_edits"] == []
+    assert final["unconfirmed_candidates"] == 1
+    assert json.loads((tmp_path / "evo" / "state.json").read_text())["unconfirmed_candidates"] == 1
+    assert any("not confirmed" in s for s in said)
+
+
+def test_a_resumed_loop_decides_exactly_as_an_uninterrupted_one(tmp_path, tokenizer):
+    # answers are a function of (seed, prompt): a resumed process samples what the killed one would have
+    whole = tmp_path / "whole"
+    evolution(whole, SeededAgent(tokenizer), iterations=2, rollouts=4).run()
+    # noise 2 x 48, i01.incumbent 48, i01.c1 48, i01.c2 48, i01.incumbent.confirm 48: request 310 is in i01.c1.confirm
+    cut = tmp_path / "cut"
+    killed = SeededAgent(tokenizer, kill_after=310)
+    with pytest.raises(KeyboardInterrupt):
+        evolution(cut, killed, iterations=2, rollouts=4).run()
+    with RunStore(cut) as store:
+        assert "i01.c1.confirm" in store.harnesses() and "i01.c2" in store.harnesses()
+        stored_at_kill = store.count()
+    again = SeededAgent(tokenizer)
+    evolution(cut, again, iterations=2, rollouts=4).run()
+    with RunStore(cut) as store:
+        assert again.served == store.count() - stored_at_kill  # nothing finished before the kill ran again
+    assert log_lines(cut) == log_lines(whole)  # every delta, confirmation, verdict and seed
+    assert _seeds_by_label(cut) == _seeds_by_label(whole)
+    for name in ("noise.json", "best_harness.yaml"):
+        assert (cut / name).read_text() == (whole / name).read_text()
+    final_cut, final_whole = (json.loads((f / "final.json").read_text()) for f in (cut, whole))
+    final_cut.pop("wall_time_s"), final_whole.pop("wall_time_s")
+    assert final_cut == final_whole and final_whole["accepted_edits"]
+
+
+def test_a_degenerate_noise_estimate_never_means_a_zero_threshold(tmp_path, tokenizer):
+    proto = get_protocol("json", lenient=True)
+    wrong = proto.render_call(ToolCall(name="submit", arguments={"answer": "wrong"}))
+    always_wrong = ScriptedPolicy(lambda m: wrong, tokenizer=tokenizer)
+    cfg = config(iterations=1, candidates=1, rollouts=2)  # --min-threshold 0 (the default)
+    dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
+    said: list[str] = []
+    Evolution(tmp_path / "evo", cfg, SEED, dev, test, always_wrong, RulesProposer(), log=said.append).run()
+    noise = json.loads((tmp_path / "evo" / "noise.json").read_text())
+    assert noise["degenerate"] and noise["sd_paired_difference"] == 0
+    assert noise["threshold"] == pytest.approx(1 / (12 * 2)) == pytest.approx(noise["score_resolution"])
+    assert any("1/(dev tasks x rollouts) = 0.0417" in s for s in said)
+
+
+def test_useless_edits_are_almost_never_accepted_over_a_whole_search():
+    from harnessrl.evolve.simulate import acceptance_rate
+
+    shape = {"dev_tasks": 24, "rollouts": 4, "iterations": 20, "candidates": 2, "runs": 1000}
+    # the loop's rule: screening + confirmation, noise = max(between runs, within tasks), floor 1/(T R)
+    assert acceptance_rate("loop", **shape) <= 0.05
+    # one stage at 2 SD accepts a useless edit in most searches of 40 candidates
+    assert acceptance_rate("single", **shape) >= 0.3
+    # and a real gain still gets through
+    assert acceptance_rate("loop", **(shape | {"runs": 200}), effect=0.25) >= 0.6
+
+
+def test_the_simulation_command_prints_every_rule(capsys):
+    from harnessrl.evolve.simulate import RULES, main
+
+    main(["--dev-tasks", "6", "--rollouts", "2", "--iterations", "2", "--runs", "5"])
+    out = capsys.readouterr().out
+    assert "6 dev tasks x 2 rollouts, 2 iterations x 2 candidates, 5 searches per rule" in out
+    assert all(f"| {name} | " in out for name in RULES)

@@ -14,16 +14,18 @@ from harnessrl.models import (
     MODEL_NAMES,
     GenerationRequest,
     ModelUnavailable,
+    Policy,
     PolicyError,
     SamplingParams,
     describe_models,
     load_policy,
 )
+from harnessrl.models.base import request_seed
 from harnessrl.models import chat, embedded
 from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy
-from harnessrl.types import Message
+from harnessrl.types import Message, ModelCall
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -75,6 +77,87 @@ def test_same_seed_same_samples_different_seed_differs(tokenizer):
     assert [c.completion_ids for c in first] != [c.completion_ids for c in p3.complete(requests, s6)]
     # the next call of the same policy draws new noise (seed is mixed with a call counter)
     assert [c.completion_ids for c in first] != [c.completion_ids for c in p1.complete(requests, s5)]
+
+
+def test_seeded_request_samples_the_same_alone_or_in_any_batch(tokenizer):
+    """A request's own seed fixes its sample: batch neighbours, batch order and earlier calls of
+    the policy do not matter, and the global RNG is not touched."""
+    sampling = SamplingParams(temperature=1.0, seed=0)
+    seeded = [GenerationRequest(messages=m, max_new_tokens=10, seed=100 + i) for i, m in enumerate(PROMPTS)]
+    policy = fresh_policy(tokenizer)
+    state = torch.get_rng_state()
+    batched = policy.complete(seeded, sampling)
+    assert torch.equal(state, torch.get_rng_state())
+    for request, together in zip(seeded, batched):
+        alone = policy.complete([request], sampling)[0]
+        assert alone.completion_ids == together.completion_ids
+        assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-4)
+    other = GenerationRequest(messages=user("Something else, and longer than the rest."), max_new_tokens=10, seed=7)
+    reordered = policy.complete([other, seeded[2], seeded[0]], sampling)
+    assert [c.completion_ids for c in reordered[1:]] == [batched[2].completion_ids, batched[0].completion_ids]
+    # another seed, another sample
+    reseeded = policy.complete([r.model_copy(update={"seed": r.seed + 1000}) for r in seeded], sampling)
+    assert all(a.completion_ids != b.completion_ids for a, b in zip(batched, reseeded))
+    # without seeds, identical requests of one batch still get different samples
+    twins = policy.complete([GenerationRequest(messages=PROMPTS[0], max_new_tokens=10)] * 2, sampling)
+    assert twins[0].completion_ids != twins[1].completion_ids
+
+
+def test_request_seed_depends_on_run_seed_task_attempt_and_turn():
+    seed = request_seed(0, "toolcalc/dev/00001", 0, 0)
+    assert seed == request_seed(0, "toolcalc/dev/00001", 0, 0) and 0 <= seed < 2**63
+    others = {
+        request_seed(1, "toolcalc/dev/00001", 0, 0),
+        request_seed(0, "toolcalc/dev/00002", 0, 0),
+        request_seed(0, "toolcalc/dev/00001", 1, 0),
+        request_seed(0, "toolcalc/dev/00001", 0, 1),
+    }
+    assert len(others) == 4 and seed not in others
+    with pytest.raises(ValueError):
+        GenerationRequest(messages=user("hi"), seed=-1)
+
+
+class _BatchFailsOnBadRequest(Policy):
+    """All or nothing, like a batched backend: a bad request in the batch fails the whole call."""
+
+    def __init__(self, error: type[Exception] = PolicyError):
+        self.error = error
+        self.calls = 0
+
+    def complete(self, requests, sampling=None):
+        self.calls += 1
+        if any(r.messages[-1].content == "bad" for r in requests):
+            raise self.error("cannot serve 'bad'")
+        texts = [r.messages[-1].content for r in requests]
+        return [ModelCall(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=t) for t in texts]
+
+
+def test_complete_each_fails_only_the_failing_request():
+    policy = _BatchFailsOnBadRequest()
+    requests = [GenerationRequest(messages=user(t)) for t in ("a", "bad", "c")]
+    outcomes = policy.complete_each(requests, GREEDY)
+    assert [o.text for o in (outcomes[0], outcomes[2])] == ["a", "c"]
+    assert isinstance(outcomes[1], PolicyError) and "cannot serve 'bad'" in str(outcomes[1])
+    assert policy.calls == 4  # the batch, then each request alone
+    assert [o.text for o in policy.complete_each([GenerationRequest(messages=user("a"))], GREEDY)] == ["a"]
+    assert policy.calls == 5  # a batch that succeeds is asked once
+    with pytest.raises(ValueError, match="cannot serve"):  # not a backend failure: a bug, raised
+        _BatchFailsOnBadRequest(ValueError).complete_each(requests, GREEDY)
+
+
+def test_scripted_complete_each_asks_the_script_once_per_request(tokenizer):
+    asked = []
+
+    def script(messages):
+        asked.append(messages[-1].content)
+        if messages[-1].content == "bad":
+            raise RuntimeError("no reply for that")
+        return "ok"
+
+    requests = [GenerationRequest(messages=user(t)) for t in ("a", "bad", "c")]
+    outcomes = ScriptedPolicy(script, tokenizer=tokenizer).complete_each(requests)
+    assert [type(o).__name__ for o in outcomes] == ["ModelCall", "PolicyError", "ModelCall"]
+    assert asked == ["a", "bad", "c"]
 
 
 # ------------------------------------------------------------------------- batched generation

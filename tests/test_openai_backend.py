@@ -263,11 +263,46 @@ def test_malformed_bodies():
     assert parse_completion({"choices": [{"message": {"content": None}, "finish_reason": "length"}]})[:2] == ("", "length")
 
 
-def test_one_failed_request_fails_the_batch(make_server):
+def test_one_failed_request_fails_only_itself(make_server):
     server = make_server(fail_first=1, fail_status=400)
+    policy = policy_for(server, max_concurrency=1, logprobs=False)
+    outcomes = policy.complete_each([ask(), ask("b"), ask("c")])
+    assert isinstance(outcomes[0], PolicyError) and "HTTP 400" in str(outcomes[0])
+    assert [o.messages[0].content for o in outcomes[1:]] == ["b", "c"]  # the others completed
+    assert server.completion_requests == 3
+    # complete() is all or nothing: it raises the failed request's error
+    server.options.fail_first = 4
     with pytest.raises(PolicyError, match="HTTP 400"):
-        policy_for(server, max_concurrency=1, logprobs=False).complete([ask(), ask("b"), ask("c")])
-    assert server.completion_requests <= 2  # the rest were cancelled, not sent
+        policy.complete([ask(), ask("b")])
+
+
+def test_runner_fails_only_the_episode_whose_request_fails(make_server):
+    tasks = get_suite("toolcalc").tasks("dev", 3)
+    server = make_server(fail_matching=tasks[0].instruction)
+    policy = policy_for(server, max_retries=1)
+    spec = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
+    runner = Runner(policy, GREEDY, progress=False, max_retries=1)
+    trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
+    bad = trajs[tasks[0].id]
+    assert bad.termination == Termination.error and bad.retries == 1 and "HTTP 500" in bad.infra_error
+    for task in tasks[1:]:
+        t = trajs[task.id]
+        assert t.termination != Termination.error and t.retries == 0 and t.infra_error is None
+        sent = [r for r in server.requests if any(task.instruction in str(m["content"]) for m in r.body["messages"])]
+        assert len(sent) == len(t.steps) > 0  # every turn asked once: the episode was never restarted
+
+
+def test_request_seed_is_sent_as_31_bits(make_server):
+    server = make_server()
+    policy = policy_for(server)
+    seed = 2**40 + 12345
+    policy.complete([ask("a", seed=seed), ask("b", seed=seed), ask("c")])
+    sent = {r.body["messages"][0]["content"]: r.body["seed"] for r in server.requests}
+    assert sent["a"] == sent["b"] == seed & 0x7FFFFFFF
+    assert sent["c"] != seed & 0x7FFFFFFF  # no seed of its own: derived from the policy's counter
+    # the same seeded request sends the same seed again, whatever was sent before
+    policy.complete([ask(seed=seed)])
+    assert server.requests[-1].body["seed"] == seed & 0x7FFFFFFF
 
 
 def test_runner_records_backend_failures_as_infra_errors(make_server):

@@ -3,16 +3,21 @@ and the tiny random model."""
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+
 import pytest
 
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.metrics import summarize_harness
-from harnessrl.models.base import SamplingParams
+from harnessrl.models.base import SamplingParams, request_seed
+from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
+from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 from harnessrl.tasks.base import Suite, Tool
-from harnessrl.types import ActionKind, BlockReason, Termination
+from harnessrl.types import ActionKind, BlockReason, Termination, Trajectory
 
 from helpers import oracle_policy, replies_policy
 
@@ -290,3 +295,126 @@ def test_workspace_agent_memory_tool_and_bootstrap(tokenizer):
     system = t.steps[1].model_call.messages[0].content
     assert "AGENTS.md" in system and "- try add" in system
     assert t.meta["memory"] == ["try add"]
+
+
+# ---------------------------------------------------------------------- seeds, time, failures, stats
+
+
+class _RecordingScript(ScriptedPolicy):
+    """A scripted policy that keeps every request it was asked."""
+
+    def __init__(self, script, tokenizer):
+        super().__init__(script, tokenizer=tokenizer)
+        self.requests = []
+
+    def complete_each(self, requests, sampling=None):
+        self.requests.extend(requests)
+        return super().complete_each(requests, sampling)
+
+
+def test_every_request_carries_its_seed_and_harnesses_share_them(tokenizer):
+    json_a = with_rules(load_harness("json-tools"), max_steps=2, demonstrations=[], loop_guard={"enabled": False})
+    json_b = json_a.model_copy(update={"name": "json-tools-b"})
+    tasks = get_suite("toolcalc").tasks("dev", 2)
+    policy = _RecordingScript(['{"tool": "add", "arguments": {"a": 1, "b": 2}}'] * 2, tokenizer)
+    runner = Runner(policy, SamplingParams(temperature=1.0, seed=5), progress=False, max_in_flight=3)
+    trajs = runner.run(make_jobs(tasks, [json_a, json_b], 2))
+    assert all(len(t.steps) == 2 for t in trajs)
+    seen = Counter(r.seed for r in policy.requests)
+    # one seed per (task, attempt, turn), the same under both harnesses (common random numbers)
+    assert seen == {request_seed(5, t.id, a, turn): 2 for t in tasks for a in range(2) for turn in range(2)}
+
+
+def _slow_suite():
+    class SlowSuite(Suite):
+        """Tasks whose one tool sleeps as long as it is asked to."""
+
+        name = "slow"
+        needs_workspace = False
+        split_sizes = {"train": 1, "dev": 4, "test": 1}
+
+        def families(self):
+            def fam(rng):
+                n = rng.randint(0, 10**9)
+                return {"instruction": f"work, then submit ({n})", "setup": lambda env: None,
+                        "check": lambda env: {"done": float(env.submitted)}, "solution": []}
+
+            return {"only": fam}
+
+        def base_tools(self):
+            def work(env, seconds):
+                time.sleep(seconds)
+                return "worked"
+
+            params = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
+            return [Tool("work", "works for a while", params, work)]
+
+    return SlowSuite()
+
+
+def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, tmp_path):
+    """One episode's slow tool holds the whole lock-step batch back; only that episode times out."""
+    tasks = _slow_suite().tasks("dev", 4)
+    slow_instruction = tasks[0].instruction
+
+    def script(messages):
+        turn = sum(m.role == "assistant" for m in messages)
+        if any(m.content == slow_instruction for m in messages):
+            return '{"tool": "work", "arguments": {"seconds": 0.6}}'
+        if turn < 4:
+            return '{"tool": "work", "arguments": {"seconds": 0}}'
+        return '{"tool": "submit", "arguments": {}}'
+
+    spec = with_rules(
+        load_harness("json-tools"), timeout_s=1.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
+    )
+    with RunStore(tmp_path / "run") as store:
+        runner = Runner(ScriptedPolicy(script, tokenizer=tokenizer), SamplingParams(temperature=0.0), progress=False,
+                        max_in_flight=4, on_episode=store.add)
+        trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
+        for task in tasks[1:]:
+            t = trajs[task.id]
+            assert t.termination == Termination.submitted and len(t.steps) == 5
+            assert t.own_s < 1.0 < t.duration_s  # it waited over a second for its slow neighbour
+        slow = trajs[tasks[0].id]
+        assert slow.termination == Termination.timeout and "own time" in slow.termination_detail
+        assert slow.own_s > 1.0 and len(slow.steps) == 2
+        # both clocks are kept by the store
+        back = {t.task_id: t for t in store.trajectories(with_tokens=False)}
+        clocks = {k: (t.own_s, t.duration_s) for k, t in trajs.items()}
+        assert {k: (t.own_s, t.duration_s) for k, t in back.items()} == clocks
+    # a record written before own time was kept still loads
+    old = slow.model_dump(mode="json")
+    del old["own_s"]
+    assert Trajectory.model_validate(old).own_s == 0.0
+
+
+def test_a_failing_request_fails_only_its_episode(tokenizer):
+    tasks = get_suite("toolcalc").tasks("dev", 3)
+    asked = Counter()
+
+    def script(messages):
+        instruction = next(t.instruction for t in tasks if any(m.content == t.instruction for m in messages))
+        asked[instruction] += 1
+        if instruction == tasks[0].instruction:
+            raise RuntimeError("server cannot serve this one")
+        return '{"tool": "submit", "arguments": {"answer": "1"}}'
+
+    spec = with_rules(load_harness("json-tools"), demonstrations=[])
+    trajs = {t.task_id: t for t in run(ScriptedPolicy(script, tokenizer=tokenizer), [spec], tasks, max_retries=1)}
+    bad = trajs[tasks[0].id]
+    assert bad.termination == Termination.error and bad.retries == 1 and "server cannot serve" in bad.infra_error
+    assert asked[tasks[0].instruction] == 2
+    for task in tasks[1:]:
+        t = trajs[task.id]
+        assert t.termination == Termination.submitted and t.retries == 0 and asked[task.instruction] == 1
+
+
+def test_stats_count_one_run_call(tokenizer):
+    tasks = get_suite("toolcalc").tasks("dev", 2)
+    spec = load_harness("json-tools")
+    runner = Runner(replies_policy(['{"tool": "submit", "arguments": {"answer": "1"}}'], tokenizer), progress=False)
+    for _ in range(2):
+        trajs = runner.run(make_jobs(tasks, [spec], 1))
+        assert runner.stats.episodes == 2 and runner.stats.batches == 1
+        assert runner.stats.completion_tokens == sum(t.completion_tokens for t in trajs) > 0

@@ -1,14 +1,25 @@
 """The runner: many episodes in flight, one batched generation per turn.
 
 At every turn the runner gathers the pending model call of every episode in flight and issues
-ONE batched `Policy.complete`, then steps each episode with its reply. Finished episodes are
+ONE batched `Policy.complete_each`, then steps each episode with its reply. Finished episodes are
 graded, written to the store at once, and replaced by new ones up to `max_in_flight`.
 
+Seeds: every request carries its own sampling seed, `request_seed(sampling.seed, task id,
+attempt, turn)`, so an episode's samples do not depend on its batch neighbours or on how many
+calls came before (a resumed run replays them), and the same task/attempt/turn under two
+harnesses shares its random numbers.
+
+Time: an episode's own time is the latency of the generation calls that served its turns plus
+the time its own steps took (tools); time spent waiting while other episodes of the batch run
+their tools is not its own. `rules.timeout_s` limits own time; the trajectory records both own
+time (`own_s`) and wall time (`duration_s`).
+
 Failures:
-- per-episode limits (steps, tokens, wall clock) end an episode with a termination reason;
-- a crash inside a tool, the environment setup or the grader, or a backend error, is an
-  infrastructure error: the episode is re-run from scratch up to `max_retries` times, then
-  recorded with termination `error` (excluded from metric denominators). The run goes on.
+- per-episode limits (steps, tokens, own time) end an episode with a termination reason;
+- a crash inside a tool, the environment setup or the grader, or a failed model request, is an
+  infrastructure error of that episode alone: it is re-run from scratch up to `max_retries`
+  times, then recorded with termination `error` (excluded from metric denominators). The other
+  episodes of the batch and the run go on.
 """
 
 from __future__ import annotations
@@ -23,9 +34,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harnessrl.harness.loops import Episode, InfraError, _short_tb, episode_id
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.models.base import Policy, PolicyError, SamplingParams
+from harnessrl.models.base import Policy, PolicyError, SamplingParams, request_seed
 from harnessrl.tasks.base import Task
-from harnessrl.types import Termination, Trajectory
+from harnessrl.types import ModelCall, Termination, Trajectory
 
 
 @dataclass
@@ -52,6 +63,9 @@ def make_jobs(tasks: list[Task], harnesses: list[HarnessSpec], attempts: int) ->
 
 @dataclass
 class RunStats:
+    """Counters of one `Runner.run` call (reset at the start of each), so tokens per second is
+    the completion tokens of that call over its own elapsed time."""
+
     episodes: int = 0
     passed: int = 0
     graded: int = 0
@@ -86,6 +100,7 @@ class Runner:
         self.stats = RunStats()
 
     def run(self, jobs: Iterable[Job]) -> list[Trajectory]:
+        self.stats = RunStats()
         pending = deque(jobs)
         total = len(pending)
         results: list[Trajectory] = []
@@ -146,33 +161,10 @@ class Runner:
                 for ep in in_flight:
                     t = ep.rules.timeout_s
                     if not ep.done and t is not None and ep.elapsed() > t:
-                        ep.terminate(Termination.timeout, f"wall clock over {t:g} s")
+                        ep.terminate(Termination.timeout, f"own time (model + tools) over {t:g} s")
                 active = [ep for ep in in_flight if not ep.done]
                 if active:
-                    requests = [ep.request() for ep in active]
-                    t0 = time.monotonic()
-                    try:
-                        calls = self.policy.complete(requests, self.sampling)
-                        if len(calls) != len(requests):
-                            raise PolicyError(f"backend returned {len(calls)} completions for {len(requests)} requests")
-                    except PolicyError as e:
-                        for ep in active:
-                            ep.infra_error = f"model backend failed: {e}"
-                            ep.terminate(Termination.error, "model backend failed")
-                        calls = []
-                    self.stats.generate_s += time.monotonic() - t0
-                    self.stats.batches += 1
-                    for ep, call in zip(active, calls):
-                        self.stats.completion_tokens += call.completion_tokens
-                        try:
-                            ep.consume(call)
-                        except InfraError as e:
-                            ep.infra_error = str(e)
-                            ep.terminate(Termination.error, "infrastructure error")
-                        except Exception as e:  # a bug in a harness hook must not kill the run
-                            ep.infra_error = f"episode crashed: {_short_tb(e)}"
-                            ep.terminate(Termination.error, "infrastructure error")
-
+                    self._turn(active)
                 still: list[Episode] = []
                 for ep in in_flight:
                     if ep.done:
@@ -181,6 +173,39 @@ class Runner:
                         still.append(ep)
                 in_flight = still
         return results
+
+    def _turn(self, active: list[Episode]) -> None:
+        """One batched generation for every active episode, then each episode's own step."""
+        requests = []
+        for ep in active:
+            request = ep.request()
+            request.seed = request_seed(self.sampling.seed, ep.task.id, ep.attempt, len(ep.steps))
+            requests.append(request)
+        t0 = time.monotonic()
+        try:
+            outcomes = self.policy.complete_each(requests, self.sampling)
+            if len(outcomes) != len(requests):
+                raise PolicyError(f"backend returned {len(outcomes)} outcomes for {len(requests)} requests")
+        except PolicyError as e:  # the backend could not say which request failed: all of them did
+            outcomes = [e] * len(requests)
+        latency = time.monotonic() - t0
+        self.stats.generate_s += latency
+        self.stats.batches += 1
+        for ep, outcome in zip(active, outcomes):
+            ep.add_model_time(latency)  # lock-step: the call that served this turn took this long
+            if not isinstance(outcome, ModelCall):
+                ep.infra_error = f"model backend failed: {outcome}"
+                ep.terminate(Termination.error, "model backend failed")
+                continue
+            self.stats.completion_tokens += outcome.completion_tokens
+            try:
+                ep.consume(outcome)
+            except InfraError as e:
+                ep.infra_error = str(e)
+                ep.terminate(Termination.error, "infrastructure error")
+            except Exception as e:  # a bug in a harness hook must not kill the run
+                ep.infra_error = f"episode crashed: {_short_tb(e)}"
+                ep.terminate(Termination.error, "infrastructure error")
 
 
 def _infra_trajectory(job: Job, error: str) -> Trajectory:

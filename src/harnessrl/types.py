@@ -165,7 +165,10 @@ class Trajectory(_Record):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     started_at: float = 0.0
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # wall clock from start to record, waiting for other episodes included
+    # the episode's own time: setup, latency of the model calls that served it, its own tool steps
+    # (what rules.timeout_s limits); 0.0 in records written before it was kept
+    own_s: float = 0.0
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -1,23 +1,40 @@
-"""Noise-aware acceptance: a candidate is kept only if it beats the incumbent by more than noise.
+"""Noise-aware acceptance: a candidate is kept only if it beats the incumbent by more than noise,
+twice.
 
 Noise. Before searching, the seed harness runs twice on the same dev tasks (R rollouts per task
-each time). With per-task mean scores a_t and b_t over T tasks and d_t = a_t - b_t:
+each time, two independent sampling streams). With per-task mean scores a_t and b_t over T tasks
+and d_t = a_t - b_t:
 
-    sd_dev_mean       = sd(d) / sqrt(2 T)     SD of one dev mean under rollout noise
-                                             (Var(mean a - mean b) = Var(d) / T = 2 sd_dev_mean^2)
-    sd_paired_diff    = sqrt(2) sd_dev_mean   SD of the difference of two dev means of two
-                      = sd(d) / sqrt(T)       harnesses that are in truth equally good
-    threshold         = max(THRESHOLD_MULTIPLE * sd_paired_diff, floor)
+    between runs      sd(d) / sqrt(T)                  SD of the paired difference of two dev means
+                                                       of equally good harnesses, seen between runs
+    within tasks      sqrt(sum_t s_t^2 (1/n_a + 1/n_b)) / T
+                                                       the same SD from the spread of each task's
+                                                       2R episode scores (s_t^2, n_a + n_b episodes)
+    sd_paired_diff    max(between runs, within tasks)
+    sd_dev_mean       sd_paired_diff / sqrt(2)         SD of one dev mean under rollout noise
+    threshold         max(THRESHOLD_MULTIPLE * sd_paired_diff, floor)
+
+Both estimates measure the same quantity; the within-task one uses T(2R - 1) degrees of freedom
+instead of T - 1, so it is far steadier, and the larger of the two is kept so that run-level
+effects the between-run estimate sees are not lost. A threshold set from an estimate that came out
+low by chance is what let most false acceptances through (simulate.py). The loop's floor is at
+least one episode's worth of score, 1/(T R): a degenerate estimate (every episode of every task
+scored the same twice) never means a threshold of 0.
 
 THRESHOLD_MULTIPLE = 2: a harness no better than the incumbent clears it by chance about 2-3 %
-of the time per candidate (one-sided normal tail beyond 2 SD). The published rule of thumb (with
-4 rollouts a difference of about 0.035 was real) is what this gives for sd_paired_diff ~ 0.018.
+of the time per comparison (one-sided normal tail beyond 2 SD).
 
-Acceptance. A candidate is compared with the incumbent RE-MEASURED in the same iteration, on the
-same dev tasks and attempt indices with the same sampling seed, task by task:
-delta = mean_t (cand_t - inc_t), CI by bootstrap over tasks; accepted iff delta > threshold.
-Re-measuring matters: the incumbent was itself chosen because it scored high once, and that
-score regresses towards its true mean.
+Acceptance, in two stages. Screening: a candidate is compared with the incumbent RE-MEASURED in
+the same iteration, on the same dev tasks and attempt indices with the same sampling seed, task
+by task: delta = mean_t (cand_t - inc_t), CI by bootstrap over tasks. Confirmation: every
+candidate whose delta beats the threshold is measured again on fresh samples (a new sampling
+stream) against a fresh re-measure of the incumbent, and only one that beats the threshold again
+can become the incumbent (the best confirmation delta wins). Over 20 iterations x 2 candidates a
+single stage accepts a useless edit in most runs; two stages multiply the per-candidate chances
+(about 0.02^2); with the steadier noise estimate this keeps the family-wise rate of a whole search
+under 2 % in simulation (simulate.py; the figures are in docs/evolve.md). Re-measuring matters:
+the incumbent was itself chosen because it scored high once, and that score regresses towards its
+true mean; the confirmation delta is also free of the selection that picked the screening winner.
 """
 
 from __future__ import annotations
@@ -37,15 +54,28 @@ class NoiseEstimate:
     mean_a: float
     mean_b: float
     sd_task_difference: float  # sample SD of d_t over tasks
+    sd_paired_difference_between_runs: float  # sd_task_difference / sqrt(T)
+    sd_paired_difference_within_tasks: float | None  # from the episode scores; None without them
+    sd_paired_difference: float  # the larger of the two: what the threshold uses
     sd_dev_mean: float
-    sd_paired_difference: float
+
+    @property
+    def degenerate(self) -> bool:
+        """No spread seen at all (greedy decoding, or tasks that fail the same way every time)."""
+        return self.sd_paired_difference == 0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"degenerate": self.degenerate}
 
 
-def estimate_noise(scores_a: dict[str, float], scores_b: dict[str, float]) -> NoiseEstimate:
-    """Noise of the dev mean from two runs of the same harness (per-task mean scores)."""
+def estimate_noise(
+    scores_a: dict[str, float],
+    scores_b: dict[str, float],
+    episodes_a: dict[str, list[float]] | None = None,
+    episodes_b: dict[str, list[float]] | None = None,
+) -> NoiseEstimate:
+    """Noise of the dev mean from two runs of the same harness: per-task mean scores, and when
+    given, every episode's score per task (for the within-task estimate)."""
     shared = sorted(set(scores_a) & set(scores_b))
     if len(shared) < 2:
         raise ValueError(f"the noise estimate needs at least 2 tasks scored in both runs, got {len(shared)}")
@@ -53,14 +83,43 @@ def estimate_noise(scores_a: dict[str, float], scores_b: dict[str, float]) -> No
     mean_d = fsum(diffs) / len(diffs)
     sd_d = math.sqrt(fsum((d - mean_d) ** 2 for d in diffs) / (len(diffs) - 1))
     n = len(shared)
+    between = sd_d / math.sqrt(n)
+    within = None
+    if episodes_a is not None and episodes_b is not None:
+        within = _within_tasks(shared, episodes_a, episodes_b)
+    sd_paired = max(between, within or 0.0)
     return NoiseEstimate(
         n_tasks=n,
         mean_a=fsum(scores_a[t] for t in shared) / n,
         mean_b=fsum(scores_b[t] for t in shared) / n,
         sd_task_difference=sd_d,
-        sd_dev_mean=sd_d / math.sqrt(2 * n),
-        sd_paired_difference=sd_d / math.sqrt(n),
+        sd_paired_difference_between_runs=between,
+        sd_paired_difference_within_tasks=within,
+        sd_paired_difference=sd_paired,
+        sd_dev_mean=sd_paired / math.sqrt(2),
     )
+
+
+def _within_tasks(tasks: list[str], episodes_a: dict[str, list[float]], episodes_b: dict[str, list[float]]) -> float:
+    """sqrt(sum_t s_t^2 (1/n_a + 1/n_b)) / T, s_t^2 the sample variance of task t's episode scores
+    of both runs together (a shift between the runs counts as spread: the cautious side)."""
+    total = 0.0
+    for t in tasks:
+        a, b = episodes_a.get(t) or [], episodes_b.get(t) or []
+        if not a or not b:
+            raise ValueError(f"task {t} has a mean score but no episode scores in one of the runs")
+        both = a + b
+        mean = fsum(both) / len(both)
+        var = fsum((x - mean) ** 2 for x in both) / (len(both) - 1)
+        total += var * (1 / len(a) + 1 / len(b))
+    return math.sqrt(total) / len(tasks)
+
+
+def score_resolution(n_tasks: int, rollouts: int) -> float:
+    """One episode's worth of score in a dev mean: 1/(T R). The smallest threshold the loop uses."""
+    if n_tasks < 1 or rollouts < 1:
+        raise ValueError("the score resolution needs at least one task and one rollout")
+    return 1.0 / (n_tasks * rollouts)
 
 
 def acceptance_threshold(noise: NoiseEstimate, multiple: float = THRESHOLD_MULTIPLE, floor: float = 0.0) -> float:
@@ -68,6 +127,18 @@ def acceptance_threshold(noise: NoiseEstimate, multiple: float = THRESHOLD_MULTI
     if multiple < 0 or floor < 0:
         raise ValueError("the threshold multiple and floor must be >= 0")
     return max(multiple * noise.sd_paired_difference, floor)
+
+
+def paired_delta(incumbent: dict[str, float], candidate: dict[str, float]) -> float | None:
+    """Mean over the shared tasks of candidate minus incumbent; None with no shared task."""
+    shared = sorted(set(incumbent) & set(candidate))
+    if not shared:
+        return None
+    return fsum(candidate[t] - incumbent[t] for t in shared) / len(shared)
+
+
+def beats(delta: float | None, threshold: float) -> bool:
+    return delta is not None and delta > threshold
 
 
 def compare(incumbent: dict[str, float], candidate: dict[str, float], threshold: float, seed: int = 0) -> dict:
@@ -79,5 +150,18 @@ def compare(incumbent: dict[str, float], candidate: dict[str, float], threshold:
         "delta_ci95": diff["ci95"],
         "n_tasks": diff["n_tasks"],
         "threshold": threshold,
-        "accepted": delta is not None and delta > threshold,
+        "accepted": beats(delta, threshold),
     }
+
+
+def screening_winners(deltas: dict[str, float | None], threshold: float) -> list[str]:
+    """Candidates whose screening delta beats the threshold, largest delta first (ties: label order):
+    the ones to confirm."""
+    return sorted((k for k, d in deltas.items() if beats(d, threshold)), key=lambda k: (-deltas[k], k))
+
+
+def confirmed_choice(deltas: dict[str, float | None], threshold: float) -> str | None:
+    """Of the confirmation deltas, the candidate to accept: the largest that beats the threshold
+    again, or None."""
+    winners = screening_winners(deltas, threshold)
+    return winners[0] if winners else None

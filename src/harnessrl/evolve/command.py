@@ -22,9 +22,14 @@ def evolve_cmd(
     candidates: Annotated[int, typer.Option(help="candidates proposed and measured per iteration")] = 2,
     proposer: Annotated[str, typer.Option(help="rules (offline, triage-driven) or llm")] = "rules",
     proposer_model: Annotated[Optional[str], typer.Option(help="llm proposer's model: openai:NAME@URL")] = None,
-    threshold_multiple: Annotated[float, typer.Option(help="threshold = this x SD of a paired difference of dev means")] = THRESHOLD_MULTIPLE,
-    min_threshold: Annotated[float, typer.Option(help="the threshold is never below this")] = 0.0,
-    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
+    threshold_multiple: Annotated[float, typer.Option(help=(
+        "threshold = this x SD of a paired difference of dev means; a candidate must beat it twice: "
+        "on its dev run and on a confirmation run with fresh samples"))] = THRESHOLD_MULTIPLE,
+    min_threshold: Annotated[float, typer.Option(help=(
+        "the threshold is never below this, nor below one episode's worth of score, 1/(dev tasks x rollouts)"))] = 0.0,
+    seed: Annotated[int, typer.Option(help=(
+        "run seed: each measurement samples with a seed derived from it and the measurement's stream "
+        "(noise.a, noise.b, iNN, iNN.confirm, test)"))] = 0,
     temperature: Annotated[float, typer.Option(help="the agent's sampling temperature")] = 0.7,
     top_p: Annotated[float, typer.Option(help="nucleus sampling")] = 1.0,
     max_in_flight: Annotated[int, typer.Option(help="episodes in flight (generation batch size)")] = 16,
@@ -127,5 +132,10 @@ def evolve_cmd(
             highlight=False,
         )
     ci = d["ci95"] or [None, None]
-    _out.print(f"  best - seed {fmt(d['mean_difference'])} [{fmt(ci[0])}, {fmt(ci[1])}]; accepted edits: {len(final['accepted_edits'])}", highlight=False)
+    _out.print(
+        f"  best - seed {fmt(d['mean_difference'])} [{fmt(ci[0])}, {fmt(ci[1])}]; accepted edits: "
+        f"{len(final['accepted_edits'])} ({final['unconfirmed_candidates']} more beat the threshold once, "
+        "not on confirmation)",
+        highlight=False,
+    )
     _out.print(f"run folder: {out_dir} (evolution.jsonl, best_harness.yaml, final.json)", highlight=False)

@@ -1,11 +1,14 @@
-"""The evolution loop: noise first, then propose -> validate -> measure -> accept, then held-out once.
+"""The evolution loop: noise first, then propose -> validate -> measure -> confirm -> accept, then
+held-out once.
 
     noise     seed harness x dev tasks x R rollouts, twice -> threshold (acceptance.py)
     iteration i = 1..N:
       re-measure the incumbent on dev (label iNN.incumbent)
       triage it; the proposer reads the triage and its failing episodes -> candidates
       each valid candidate: dev run (label iNN.cK) -> paired delta vs THIS iteration's incumbent run
-      the best candidate with delta > threshold becomes the incumbent
+      candidates with delta > threshold: confirmation runs on fresh samples, the incumbent's
+      (iNN.incumbent.confirm) and each of theirs (iNN.cK.confirm); the best confirmation delta
+      that is again > threshold becomes the incumbent
     final     seed and best harness on the held-out test tasks, once; the folder is then locked
 
 Every measurement is a set of runner jobs stored in ONE run database under its own harness label
@@ -14,20 +17,37 @@ re-running finished episodes. Proposals are written to `proposals/iNN.json` befo
 measured (a resumed loop never asks the proposer again for the same iteration), evolution.jsonl
 lines and state.json are written when an iteration completes. Test-split tasks are refused by
 `measure` before the final phase.
+
+Sampling streams. Each measurement samples with a seed derived from the run's seed and the name
+of its stream (`stream_seed`), never from anything a process counts, so a resumed run gives every
+measurement the seed it had before the kill. `noise.a` and `noise.b` have a stream each (the noise
+estimate needs two independent looks). The arms of one comparison share one: iteration i's
+incumbent and candidates sample from `iNN` (common random numbers: the comparison is paired), its
+confirmation runs from `iNN.confirm`, the held-out runs from `test`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE, acceptance_threshold, compare, estimate_noise
+from harnessrl.evolve.acceptance import (
+    THRESHOLD_MULTIPLE,
+    acceptance_threshold,
+    compare,
+    confirmed_choice,
+    estimate_noise,
+    score_resolution,
+    screening_winners,
+)
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
 from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
 from harnessrl.harness.spec import HarnessSpec, parse_spec
@@ -48,6 +68,25 @@ SEED_LABEL = "seed"
 
 class EvolveError(RuntimeError):
     """A user-facing problem with an evolution run folder (finished, mismatched, ...)."""
+
+
+def stream_seed(run_seed: int, stream: str) -> int:
+    """The sampling seed of a measurement stream: 31 bits of sha256(run seed, stream name).
+
+    A function of names only, so a resumed process derives the same seed, and streams of one run
+    (or of runs with neighbouring seeds) do not share noise."""
+    digest = hashlib.sha256(f"harnessrl-evolve:{run_seed}:{stream}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def episode_scores(trajectories: list[Trajectory]) -> dict[str, list[float]]:
+    """Every valid episode's score per task: the episodes `task_scores` averages (infra errors
+    left out, an ungraded episode scores 0)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        if not t.is_infra_error:
+            out[t.task_id].append(t.grade.score if t.grade is not None else 0.0)
+    return dict(out)
 
 
 @dataclass
@@ -92,13 +131,17 @@ class EvolveConfig:
 @dataclass
 class Measurement:
     label: str
+    seed: int  # the sampling seed it ran with (from its stream)
     trajectories: list[Trajectory]
     scores: dict[str, float]  # per-task mean score
     summary: dict[str, Any]
 
     def dev_record(self) -> dict[str, Any]:
         s = self.summary
-        return {"label": self.label, "mean": s["mean_score"], "ci95": s["mean_score_ci95"], "n_episodes": s["n_episodes"], "delivery_rate": s["delivery_rate"], "n_infra_errors": s["n_infra_errors"]}
+        return {
+            "label": self.label, "mean": s["mean_score"], "ci95": s["mean_score_ci95"], "n_episodes": s["n_episodes"],
+            "delivery_rate": s["delivery_rate"], "n_infra_errors": s["n_infra_errors"], "seed": self.seed,
+        }
 
 
 @dataclass
@@ -110,6 +153,7 @@ class State:
     threshold: float | None = None
     invalid_proposals: int = 0
     crashed_candidates: int = 0
+    unconfirmed_candidates: int = 0  # beat the threshold once, not again on fresh samples
     exhausted: bool = False  # the proposer had nothing left to propose
     elapsed_s: float = 0.0
     accepted: list[str] = field(default_factory=list)
@@ -187,8 +231,10 @@ class Evolution:
         return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
     # -- measuring ------------------------------------------------------------------------------------
-    def measure(self, spec: HarnessSpec, label: str, tasks: list[Task], seed: int, phase: str) -> Measurement:
-        """Run spec on tasks x rollouts under `label` (resuming finished episodes) and score it."""
+    def measure(self, spec: HarnessSpec, label: str, tasks: list[Task], stream: str, phase: str) -> Measurement:
+        """Run spec on tasks x rollouts under `label` (resuming finished episodes), sampling from
+        `stream`, and score it."""
+        seed = stream_seed(self.config.seed, stream)
         if phase != "final" and any(t.split == "test" for t in tasks):
             raise EvolveError(f"{label}: test-split tasks may only be run in the final phase")
         run_spec = renamed(spec, label)
@@ -202,7 +248,7 @@ class Evolution:
             runner = Runner(self.policy, sampling, max_in_flight=self.config.max_in_flight, max_retries=self.config.retries, on_episode=self.store.add, progress=self.progress)
             runner.run(todo)
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
-        return Measurement(label, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
+        return Measurement(label, seed, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
 
     def _record_shell_isolation(self, spec: HarnessSpec, tasks: list[Task]) -> None:
         """As `harnessrl eval` does: a run whose harness turns the shell on for tasks that offer
@@ -211,10 +257,6 @@ class Evolution:
             from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 
             self.store.set_meta("config", {**(self.store.config or {}), "shell_isolation": isolation_description(isolation_available())})
-
-    def _iteration_seed(self, iteration: int) -> int:
-        # every arm of one iteration samples with the same seed (pairing); iterations differ
-        return self.config.seed + 1000 * iteration
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -255,18 +297,29 @@ class Evolution:
 
     def _noise(self, state: State) -> None:
         seed_spec = self._load_spec(SEED_LABEL)
-        a = self.measure(seed_spec, "noise.a", self.dev_tasks, self._iteration_seed(0), "search")
-        b = self.measure(seed_spec, "noise.b", self.dev_tasks, self._iteration_seed(0), "search")
-        noise = estimate_noise(a.scores, b.scores)
-        state.noise = noise.to_json() | {"runs": [a.dev_record(), b.dev_record()], "threshold_multiple": self.config.threshold_multiple, "min_threshold": self.config.min_threshold}
-        state.threshold = acceptance_threshold(noise, self.config.threshold_multiple, self.config.min_threshold)
+        # two streams: a resumed run must not replay noise.a's samples as noise.b (sd would be 0)
+        a = self.measure(seed_spec, "noise.a", self.dev_tasks, "noise.a", "search")
+        b = self.measure(seed_spec, "noise.b", self.dev_tasks, "noise.b", "search")
+        noise = estimate_noise(a.scores, b.scores, episode_scores(a.trajectories), episode_scores(b.trajectories))
+        resolution = score_resolution(len(self.dev_tasks), self.config.rollouts)
+        state.noise = noise.to_json() | {
+            "runs": [a.dev_record(), b.dev_record()], "threshold_multiple": self.config.threshold_multiple,
+            "min_threshold": self.config.min_threshold, "score_resolution": resolution,
+        }
+        floor = max(self.config.min_threshold, resolution)
+        state.threshold = acceptance_threshold(noise, self.config.threshold_multiple, floor)
         self._write("noise.json", json.dumps(state.noise | {"threshold": state.threshold}, indent=1) + "\n")
         self._write(BEST, seed_spec.to_yaml())
         self._save_state(state)
         self.log(f"noise: sd of the dev mean {noise.sd_dev_mean:.4f}, threshold {state.threshold:.4f}")
-        if noise.sd_task_difference == 0:
-            # e.g. greedy decoding, or a few tasks that fail the same way twice: no spread seen
-            self.log("warning: the two seed runs agree on every dev task, so the noise estimate is 0 and the threshold is --min-threshold; use more dev tasks or rollouts, or set --min-threshold")
+        if noise.degenerate:
+            # e.g. greedy decoding, or a few tasks that fail the same way every time: no spread seen
+            self.log(
+                "warning: the two seed runs agree on every dev task and every attempt, so the noise estimate is 0; "
+                f"the threshold is its floor {state.threshold:.4f} (the larger of one episode's worth of score, "
+                f"1/(dev tasks x rollouts) = {resolution:.4f}, and --min-threshold); use more dev tasks or rollouts, "
+                "or set --min-threshold"
+            )
 
     def _proposals(self, iteration: int, ctx: ProposalContext) -> list[Proposal]:
         """This iteration's proposals: from proposals/iNN.json when a killed run left them."""
@@ -282,8 +335,7 @@ class Evolution:
 
     def _iteration(self, state: State, it: int) -> None:
         incumbent = self._load_spec(state.incumbent)
-        seed = self._iteration_seed(it)
-        inc = self.measure(incumbent, f"i{it:02d}.incumbent", self.dev_tasks, seed, "search")
+        inc = self.measure(incumbent, f"i{it:02d}.incumbent", self.dev_tasks, f"i{it:02d}", "search")
         tri = triage(inc.trajectories).get(inc.label, {"counts": {}, "episodes": [], "n_passed": 0, "n_valid": 0})
         failed_ids = {e["episode_id"] for e in tri["episodes"]}
         history = self._log_lines()
@@ -306,13 +358,13 @@ class Evolution:
         lines = []
         for k, p in enumerate(proposals, 1):
             lines.append(self._candidate(state, it, k, p, incumbent, inc))
-        winners = [line for line in lines if line["beats_threshold"]]
-        if winners:
-            best = max(winners, key=lambda line: line["delta"])
+        chosen = self._confirm(state, it, incumbent, lines)
+        if chosen is not None:
+            best = next(line for line in lines if line["candidate"] == chosen)
             best["accepted"] = True
-            state.incumbent = best["candidate"]
-            state.accepted.append(best["candidate"])
-            self._write(BEST, renamed(self._load_spec(best["candidate"]), self._best_name()).to_yaml())
+            state.incumbent = chosen
+            state.accepted.append(chosen)
+            self._write(BEST, renamed(self._load_spec(chosen), self._best_name()).to_yaml())
         with open(self._path(LOG), "a", encoding="utf-8") as f:
             for line in lines:
                 f.write(json.dumps(line) + "\n")
@@ -320,7 +372,49 @@ class Evolution:
             os.fsync(f.fileno())
         state.iterations_done = it
         self._save_state(state)
-        self.log(f"iteration {it}: incumbent {inc.summary['mean_score']}, " + ", ".join(f"{line['candidate']} {line['status']} delta={line['delta']}" + (" ACCEPTED" if line["accepted"] else "") for line in lines))
+        verdicts = ", ".join(self._verdict_text(line) for line in lines)
+        self.log(f"iteration {it}: incumbent {inc.summary['mean_score']}, {verdicts}")
+
+    @staticmethod
+    def _verdict_text(line: dict[str, Any]) -> str:
+        text = f"{line['candidate']} {line['status']} delta={line['delta']}"
+        if line["confirmation"] is not None:
+            text += f" confirmation delta={line['confirmation']['delta']}"
+            confirmed = line["confirmation"]["beats_threshold"]
+            text += " ACCEPTED" if line["accepted"] else " confirmed" if confirmed else " not confirmed"
+        return text
+
+    def _confirm(self, state: State, it: int, incumbent: HarnessSpec, lines: list[dict[str, Any]]) -> str | None:
+        """Re-measure every screening winner and the incumbent on fresh samples (stream iNN.confirm);
+        the label of the candidate to accept, or None. Fills each winner's `confirmation`."""
+        screened = {line["candidate"]: line["delta"] for line in lines if line["beats_threshold"]}
+        winners = screening_winners(screened, state.threshold)
+        if not winners:
+            return None
+        stream = f"i{it:02d}.confirm"
+        inc = self.measure(incumbent, f"i{it:02d}.incumbent.confirm", self.dev_tasks, stream, "search")
+        by_label = {line["candidate"]: line for line in lines}
+        deltas: dict[str, float | None] = {}
+        for label in winners:
+            conf: dict[str, Any] = {
+                "dev": None, "incumbent_dev": inc.dev_record(), "delta": None, "delta_ci95": None,
+                "beats_threshold": False, "error": None,
+            }
+            by_label[label]["confirmation"] = conf
+            try:
+                cand = self.measure(self._load_spec(label), f"{label}.confirm", self.dev_tasks, stream, "search")
+            except Exception as e:  # as in screening: a candidate that breaks the runner is skipped
+                state.crashed_candidates += 1
+                by_label[label]["status"] = "crashed"
+                conf["error"] = by_label[label]["error"] = f"{type(e).__name__}: {e}"
+                continue
+            verdict = compare(inc.scores, cand.scores, state.threshold)
+            conf.update(dev=cand.dev_record(), delta=verdict["delta"], delta_ci95=verdict["delta_ci95"],
+                        beats_threshold=verdict["accepted"])
+            deltas[label] = verdict["delta"]
+            if not verdict["accepted"]:
+                state.unconfirmed_candidates += 1
+        return confirmed_choice(deltas, state.threshold)
 
     def _best_name(self) -> str:
         return f"{self.seed_spec.name}-evolved"[:64]
@@ -345,6 +439,7 @@ class Evolution:
             "delta_ci95": None,
             "threshold": state.threshold,
             "beats_threshold": False,
+            "confirmation": None,  # the re-measure on fresh samples, for a candidate that beat the threshold
             "accepted": False,
         }
         if p.spec is None:
@@ -359,13 +454,13 @@ class Evolution:
             return line
         self._save_spec(label, p.spec)
         try:
-            cand = self.measure(p.spec, label, self.dev_tasks, self._iteration_seed(it), "search")
+            cand = self.measure(p.spec, label, self.dev_tasks, f"i{it:02d}", "search")
         except Exception as e:  # a candidate that breaks the runner is skipped, not fatal
             state.crashed_candidates += 1
             line["status"] = "crashed"
             line["error"] = f"{type(e).__name__}: {e}"
             return line
-        verdict = compare(inc.scores, cand.scores, state.threshold or 0.0)
+        verdict = compare(inc.scores, cand.scores, state.threshold)
         line.update(dev=cand.dev_record(), delta=verdict["delta"], delta_ci95=verdict["delta_ci95"], beats_threshold=verdict["accepted"])
         return line
 
@@ -373,10 +468,11 @@ class Evolution:
     def _final(self, state: State) -> dict[str, Any]:
         seed_spec = self._load_spec(SEED_LABEL)
         best_spec = self._load_spec(state.incumbent)
-        seed = self._iteration_seed(self.config.iterations + 1)
-        seed_run = self.measure(seed_spec, "test.seed", self.test_tasks, seed, "final")
+        # one stream for both sides: the held-out comparison is paired like an iteration's
+        seed_run = self.measure(seed_spec, "test.seed", self.test_tasks, "test", "final")
         # with no accepted edit, best IS the seed: one held-out run serves both sides
-        best_run = seed_run if state.incumbent == SEED_LABEL else self.measure(best_spec, "test.best", self.test_tasks, seed, "final")
+        best_run = (seed_run if state.incumbent == SEED_LABEL
+                    else self.measure(best_spec, "test.best", self.test_tasks, "test", "final"))
         final = {
             "suite": self.config.suite,
             "model": self.config.model,
@@ -390,6 +486,7 @@ class Evolution:
             "noise": state.noise,
             "invalid_proposals": state.invalid_proposals,
             "crashed_candidates": state.crashed_candidates,
+            "unconfirmed_candidates": state.unconfirmed_candidates,
             "seed": self._held_out_record(seed_run),
             "best_harness": self._held_out_record(best_run),
             "paired_difference": paired_difference(seed_run.scores, best_run.scores),

@@ -402,6 +402,8 @@ def render_history(history: list[dict[str, Any]], limit: int = 12) -> str:
     for h in history[-limit:]:
         delta = "-" if h.get("delta") is None else f"{h['delta']:+.3f}"
         verdict = "accepted" if h.get("accepted") else h.get("status", "rejected")
+        if not h.get("accepted") and (h.get("confirmation") or {}).get("delta") is not None:
+            verdict += f", beat the threshold once, confirmation delta {h['confirmation']['delta']:+.3f}"
         changed = ", ".join(c["path"] for c in h.get("diff", [])) or "-"
         rows.append(f"- iteration {h['iteration']} [{verdict}, delta {delta}, threshold {h.get('threshold')}]: {h['hypothesis']} (changed: {changed})")
     return "\n".join(rows) or "(none yet)"

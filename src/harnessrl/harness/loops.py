@@ -82,6 +82,8 @@ class Episode:
         except Exception as e:
             raise InfraError(f"environment setup failed: {_short_tb(e)}") from e
         self._intro = self._demonstrations() + [Message(role="user", content=task.instruction)]
+        # own time (see elapsed): setting up counts, then model latency of its turns and its own steps
+        self.own_s = time.monotonic() - self._t0
 
     # -- harness-provided tools -------------------------------------------------------------------
     def _harness_tools(self) -> list[Tool]:
@@ -209,14 +211,31 @@ class Episode:
         return sum(1 for s in self.steps if s.action != ActionKind.plan)
 
     def elapsed(self) -> float:
+        """The episode's own time, which rules.timeout_s limits: its setup, the latency of the model
+        calls that served it (charged by the runner, `add_model_time`) and its own `consume` calls
+        (tools). Time it spent waiting while other episodes of its batch ran their tools is not in it."""
+        return self.own_s
+
+    def wall_s(self) -> float:
+        """Wall-clock time since the episode started, waiting included."""
         return time.monotonic() - self._t0
+
+    def add_model_time(self, seconds: float) -> None:
+        self.own_s += seconds
 
     def terminate(self, reason: Termination, detail: str = "") -> None:
         if not self.done:
             self.done, self.termination, self.detail = True, reason, detail
 
     def consume(self, call: ModelCall) -> None:
-        """Apply one model reply. Raises InfraError when a tool crashes."""
+        """Apply one model reply. Raises InfraError when a tool crashes. Its duration is own time."""
+        t0 = time.monotonic()
+        try:
+            self._consume(call)
+        finally:
+            self.own_s += time.monotonic() - t0
+
+    def _consume(self, call: ModelCall) -> None:
         if self.done:
             raise RuntimeError("episode already finished")
         self.prompt_tokens += call.prompt_tokens
@@ -397,7 +416,8 @@ class Episode:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             started_at=self.started,
-            duration_s=round(self.elapsed(), 4),
+            duration_s=round(self.wall_s(), 4),
+            own_s=round(self.own_s, 4),
             meta={"required_observations": self.task.required_observations, "memory": list(self.memory)},
         )
 

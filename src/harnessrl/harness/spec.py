@@ -138,7 +138,7 @@ class RulesSpec(_Spec):
     max_steps: int = Field(12, ge=1, le=500)
     max_new_tokens: int = Field(256, ge=1, le=32768)
     max_total_tokens: int | None = Field(None, ge=1)  # completion tokens over the whole episode
-    timeout_s: float | None = Field(None, gt=0)  # wall clock per episode
+    timeout_s: float | None = Field(None, gt=0)  # the episode's own time: its model calls + its tools
     history_window: int | None = Field(None, ge=1)  # keep the last N exchanges verbatim; None = all
     # keep the last N tool observations verbatim, older ones become a one-line placeholder; None = all
     observation_window: int | None = Field(None, ge=1)

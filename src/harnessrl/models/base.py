@@ -4,10 +4,17 @@ The runner hands a policy a batch of GenerationRequests (one per episode in flig
 one ModelCall back per request, in order: prompt token ids, completion token ids and the
 log-probability of every sampled token. Token in, token out: nothing downstream re-tokenizes
 text the model produced.
+
+Random streams are per request: the runner gives every request its own sampling seed
+(`request_seed`), so what an episode samples depends on the episode alone, not on what else
+was in the batch or on how many calls the process made before (a resumed run replays it).
+Failures are per request too: `complete_each` returns one outcome per request, so a request the
+backend cannot serve fails only its own episode.
 """
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +43,22 @@ class GenerationRequest(BaseModel):
     tools: list[ToolSchema] | None = None  # for backends with native function calling
     # send `tools` as the server's native function calling (openai backend; json protocol only)
     native_tools: bool = False
+    # this request's own sampling seed (the runner sets it with `request_seed`); None: the
+    # backend derives one from SamplingParams.seed and its own call counter
+    seed: int | None = Field(None, ge=0, lt=2**64)
+
+
+def request_seed(run_seed: int, task_id: str, attempt: int, turn: int) -> int:
+    """The sampling seed of one model call of one episode: a 63-bit hash of (run seed, task id,
+    attempt, turn index within the episode).
+
+    The harness is deliberately not an input: the same task, attempt and turn under two harnesses
+    draws the same random numbers (common random numbers), so a paired comparison of harnesses
+    is not blurred by sampling noise the harnesses do not cause. Different attempts, turns, tasks
+    or run seeds get independent streams. An infrastructure retry of an episode replays its seeds.
+    """
+    digest = hashlib.sha256(f"harnessrl-request:{run_seed}:{task_id}:{attempt}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 class PolicyError(RuntimeError):
@@ -49,11 +72,45 @@ class Policy(ABC):
 
     @abstractmethod
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[ModelCall]:
-        """One ModelCall per request, same order. Raises PolicyError on backend failure."""
+        """One ModelCall per request, same order. Raises PolicyError on backend failure (all or
+        nothing: use `complete_each` to learn which requests failed)."""
+
+    def complete_each(
+        self, requests: list[GenerationRequest], sampling: SamplingParams
+    ) -> list[ModelCall | PolicyError]:
+        """One outcome per request, same order: its ModelCall, or the PolicyError that request got.
+
+        This default runs the batch through `complete`; if that raises PolicyError on more than
+        one request, it asks again one request at a time, so only the request(s) that fail on
+        their own fail. (A request with a seed gets the same sample alone as in the batch.) Any
+        other exception is a bug, not a backend failure, and propagates. Backends that serve
+        requests independently (openai), or whose answer depends on how often they were asked
+        (scripted), override this with one outcome per request directly.
+        """
+        if not requests:
+            return []
+        try:
+            return list(_checked(self.complete(requests, sampling), len(requests)))
+        except PolicyError as exc:
+            if len(requests) == 1:
+                return [exc]
+        outcomes: list[ModelCall | PolicyError] = []
+        for request in requests:
+            try:
+                outcomes.append(_checked(self.complete([request], sampling), 1)[0])
+            except PolicyError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     def describe(self) -> dict:
         """What to record about this model in the run config."""
         return {"name": self.name}
+
+
+def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:
+    if len(calls) != n:
+        raise PolicyError(f"backend returned {len(calls)} completions for {n} requests")
+    return calls
 
 
 class ModelUnavailable(RuntimeError):

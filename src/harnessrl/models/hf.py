@@ -10,11 +10,17 @@ an importance ratio in training compares against. They are computed step by step
 generate (a logits processor keeps one step of log-probabilities and gathers the sampled token
 on the next step), so memory stays O(batch x vocab) instead of keeping every step's logits.
 
-Seeding. Right before each generate, the RNG is seeded with a hash of (sampling.seed, number of
-previous generate calls on this policy), inside torch.random.fork_rng so the caller's global RNG
-state is untouched. So a fresh policy replays the same sequence of calls identically, calls
-within a run get different noise, and runs with seeds 0 and 1 do not share noise shifted by one
-call. Samples depend on the whole batch (its composition and order), as with any batched sampler.
+Sampling and seeds. Every row samples with its own torch.Generator, seeded from its request's
+`seed` (the runner sets one per request: see `harnessrl.models.base.request_seed`), so a row's
+completion depends on its own prompt and seed only: the same request gives the same sample alone
+or in any batch (up to float rounding of batched arithmetic, which could flip a near-tie), and a
+resumed process replays it. A request without a seed (a library caller of
+`complete`) gets a hash of (sampling.seed, number of previous generate calls on this policy,
+row): a fresh policy replays the same sequence of calls, successive calls draw fresh noise, and
+identical requests in one batch get different samples. The sampling happens in a logits
+processor (temperature, top_p, then an exponential race per row with the row's generator); it
+leaves only the sampled token finite, and generate itself runs greedy, so it can only pick that
+token and never touches the global RNG.
 
 Stopping. A row stops at the first end-of-turn id (<|im_end|> if the vocabulary has it, the
 tokenizer's eos and the model's configured eos ids), at its own max_new_tokens, or (in
@@ -70,18 +76,27 @@ def configure_threads() -> int:
     return torch.get_num_threads()
 
 
-def call_seed(seed: int, call_index: int) -> int:
-    digest = hashlib.sha256(f"harnessrl:{seed}:{call_index}".encode()).digest()
+def call_seed(seed: int, call_index: int, row: int | None = None) -> int:
+    """The seed of a request without its own: from (sampling seed, generate call number, row)."""
+    key = f"harnessrl:{seed}:{call_index}" + ("" if row is None else f":{row}")
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-class _SampledTokenLogprobs(LogitsProcessor):
-    """Applies temperature and top_p itself (generate runs with T=1, top_p=1, top_k=0), and
-    records log softmax(raw / T) of the token sampled at each step."""
+class _PerRowSampler(LogitsProcessor):
+    """Applies temperature and top_p itself, samples each row's next token with that row's own
+    generator, and records log softmax(raw / T) of the token chosen at each step.
 
-    def __init__(self, temperature: float, top_p: float):
+    generate runs greedy. When sampling, the returned scores are 0 at the token sampled here and
+    -inf everywhere else, so generate's argmax picks exactly that token. Greedy (T = 0): the
+    scores pass through and generate's argmax is the choice.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seeds: Sequence[int]):
         self.temperature = temperature
         self.top_p = TopPLogitsWarper(top_p) if (temperature > 0 and top_p < 1.0) else None
+        self.seeds = list(seeds)
+        self._generators: list[torch.Generator] | None = None
         self.steps: list[torch.Tensor] = []
         self._last: torch.Tensor | None = None
 
@@ -92,9 +107,23 @@ class _SampledTokenLogprobs(LogitsProcessor):
         if self.temperature > 0:
             scores = scores / self.temperature
         self._last = torch.log_softmax(scores, dim=-1)
+        if self.temperature == 0:
+            return scores
         if self.top_p is not None:
             scores = self.top_p(input_ids, scores)
-        return scores
+        picks = self._sample(torch.softmax(scores, dim=-1))
+        chosen = torch.full_like(scores, float("-inf"))
+        return chosen.scatter_(1, picks[:, None], 0.0)
+
+    def _sample(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row, drawn from that row's probabilities with that row's generator:
+        argmax(p / E) with E ~ Exp(1) i.i.d. picks token i with probability p_i."""
+        if self._generators is None:
+            self._generators = [torch.Generator(device=probs.device).manual_seed(s) for s in self.seeds]
+        race = torch.empty_like(probs)
+        for row, generator in enumerate(self._generators):
+            race[row].exponential_(1.0, generator=generator)
+        return (probs / race).argmax(dim=-1)
 
     def finish(self, new_tokens: torch.LongTensor) -> torch.Tensor:
         """(batch, steps) logprobs, given the generated tokens (batch, steps)."""
@@ -273,7 +302,8 @@ class HFPolicy(Policy):
             prompts = [self.prompt_ids(r) for r in requests]
         except Exception as exc:  # noqa: BLE001
             raise PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}") from exc
-        outputs = self.generate_ids(prompts, [r.max_new_tokens for r in requests], sampling)
+        limits, seeds = [r.max_new_tokens for r in requests], [r.seed for r in requests]
+        outputs = self.generate_ids(prompts, limits, sampling, seeds=seeds)
         calls = []
         for request, prompt, (ids, logprobs, finish) in zip(requests, prompts, outputs):
             calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
@@ -285,12 +315,14 @@ class HFPolicy(Policy):
         max_new_tokens: int | Sequence[int],
         sampling: SamplingParams | None = None,
         stop_ids: Sequence[int] | None = None,
+        seeds: Sequence[int | None] | None = None,
     ) -> list[tuple[list[int], list[float], str]]:
         """Token in, token out: one (completion_ids, logprobs, finish_reason) per prompt.
 
         `max_new_tokens` is one limit or one per prompt. `stop_ids` defaults to the end-of-turn
         ids; a row ends at the first of them (kept, finish_reason "stop") or at its limit
-        ("length"). Backend failures raise PolicyError.
+        ("length"). `seeds`: one sampling seed per prompt (None: derived from sampling.seed and
+        the call counter, see the module docstring). Backend failures raise PolicyError.
         """
         if not prompt_ids_batch:
             return []
@@ -299,11 +331,14 @@ class HFPolicy(Policy):
         limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(limits) != n or min(limits) < 1:
             raise ValueError("max_new_tokens must be >= 1, one value or one per prompt")
+        row_seeds = [None] * n if seeds is None else list(seeds)
+        if len(row_seeds) != n:
+            raise ValueError(f"{len(row_seeds)} seeds for {n} prompts")
         if any(len(p) == 0 for p in prompt_ids_batch):
             raise ValueError("empty prompt")
         stops = set(self.stop_ids if stop_ids is None else stop_ids)
         try:
-            new_tokens, logprobs = self._generate(prompt_ids_batch, limits, sampling, sorted(stops))
+            new_tokens, logprobs = self._generate(prompt_ids_batch, limits, sampling, sorted(stops), row_seeds)
         except Exception as exc:  # noqa: BLE001
             raise PolicyError(f"{self.name}: generation failed: {type(exc).__name__}: {exc}") from exc
         results = []
@@ -319,7 +354,12 @@ class HFPolicy(Policy):
 
     @torch.inference_mode()
     def _generate(
-        self, prompts: list[list[int]], limits: list[int], sampling: SamplingParams, stops: list[int]
+        self,
+        prompts: list[list[int]],
+        limits: list[int],
+        sampling: SamplingParams,
+        stops: list[int],
+        seeds: list[int | None],
     ) -> tuple[list[list[int]], list[list[float]]]:
         device = self.model.device
         width = max(len(p) for p in prompts)
@@ -328,15 +368,14 @@ class HFPolicy(Policy):
         for row, prompt in enumerate(prompts):  # left padding
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        greedy = sampling.temperature == 0
-        recorder = _SampledTokenLogprobs(sampling.temperature, sampling.top_p)
-        # temperature and top_p are applied by `recorder`; top_k=0 disables transformers'
-        # default top_k=50 (only meaningful, and only accepted without a warning, when sampling).
-        sampling_only = {} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        call_index = self.generate_calls
+        self.generate_calls += 1
+        row_seeds = [call_seed(sampling.seed, call_index, row) if s is None else s for row, s in enumerate(seeds)]
+        sampler = _PerRowSampler(sampling.temperature, sampling.top_p, row_seeds)
+        # greedy over the sampler's scores: it leaves one finite token per row when sampling
         config = GenerationConfig(
             max_new_tokens=max(limits),
-            do_sample=not greedy,
-            **sampling_only,
+            do_sample=False,
             num_beams=1,
             repetition_penalty=1.0,
             use_cache=True,
@@ -344,29 +383,22 @@ class HFPolicy(Policy):
             pad_token_id=self.pad_id,
             bos_token_id=getattr(self.model.config, "bos_token_id", None),
         )
-        seed = call_seed(sampling.seed, self.generate_calls)
-        self.generate_calls += 1
-        devices = [device] if device.type == "cuda" else []
         model = self.model
         saved_config, was_training = model.generation_config, model.training
         # generate() fills every unset field from model.generation_config: make that bare.
         model.generation_config = GenerationConfig()
         model.eval()
         try:
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(seed)
-                sequences = model.generate(
-                    input_ids=input_ids.to(device),
-                    attention_mask=attention_mask.to(device),
-                    generation_config=config,
-                    logits_processor=LogitsProcessorList([recorder]),
-                    stopping_criteria=StoppingCriteriaList(
-                        [_PerRowMaxTokens(width, torch.tensor(limits, device=device))]
-                    ),
-                )
+            sequences = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([_PerRowMaxTokens(width, torch.tensor(limits, device=device))]),
+            )
         finally:
             model.generation_config = saved_config
             model.train(was_training)
         new = sequences[:, width:]
-        logprobs = recorder.finish(new)
+        logprobs = sampler.finish(new)
         return new.tolist(), logprobs.tolist()

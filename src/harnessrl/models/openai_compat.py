@@ -18,9 +18,11 @@ Note that a server's logprobs need not be the hf backend's: vLLM reports raw log
 temperature) by default.
 
 **Calls.** One chat completion per request, ``max_concurrency`` at a time (threads), with
-temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and a
-seed per request derived from (``sampling.seed``, number of earlier requests of this policy),
-so attempts of the same prompt get different noise and a fresh policy replays a run's seeds.
+temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and the
+request's own ``seed`` (its low 31 bits: every server accepts that; the runner sets one per
+request, see ``harnessrl.models.base.request_seed``). A request without one gets a seed derived
+from (``sampling.seed``, number of earlier requests of this policy), so attempts of the same
+prompt get different noise and a fresh policy replays a run's seeds.
 ``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
 once, and never asked again if that works.
 
@@ -28,9 +30,11 @@ once, and never asked again if that works.
 responses (not JSON, no choices, no content and no tool calls) are retried with exponential
 backoff and jitter (``backoff_base_s * 2**k``, at most ``backoff_max_s``, then a random
 fraction between 1/2 and 1 of that), ``max_retries`` times; any other 4xx is not retried. Then
-``complete`` raises PolicyError, which the runner records as an infrastructure error (episode
-termination ``error``), never as a model failure. One failed request fails the whole batch
-(the Policy contract is all or nothing); the others still in flight stop retrying.
+that request's outcome is a PolicyError, which the runner records as an infrastructure error of
+that request's episode alone (termination ``error``), never as a model failure. A failure
+belongs to its request: ``complete_each`` returns one outcome per request and every other
+request of the batch completes as usual; ``complete`` (all or nothing) raises the first
+request's error once every request has its outcome.
 
 **Native tools** (``GenerationRequest.native_tools``, from a harness's
 ``protocol.native_tools``, json protocol only): the request's tools are sent as OpenAI
@@ -54,7 +58,7 @@ import random
 import re
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -102,10 +106,13 @@ def resolve_api_key(api_key_env: str | None = None) -> str:
     return os.environ.get("OPENAI_API_KEY") or NO_KEY
 
 
-def request_seed(seed: int, request_index: int) -> int:
-    """A 31-bit seed per request (31 bits: every server accepts it)."""
+SEED_MASK = 0x7FFFFFFF  # 31-bit seeds: every server accepts them
+
+
+def counter_seed(seed: int, request_index: int) -> int:
+    """The 31-bit seed of a request without its own: from (sampling seed, request number)."""
     digest = hashlib.sha256(f"harnessrl-openai:{seed}:{request_index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    return int.from_bytes(digest[:4], "little") & SEED_MASK
 
 
 # ----------------------------------------------------------------------------------- messages
@@ -367,30 +374,47 @@ class OpenAIPolicy(Policy):
     def complete(
         self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
     ) -> list[ModelCall]:
+        outcomes = self.complete_each(requests, sampling)
+        failed = next((o for o in outcomes if isinstance(o, PolicyError)), None)
+        if failed is not None:
+            raise failed
+        return outcomes  # type: ignore[return-value]
+
+    def complete_each(
+        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
+    ) -> list[ModelCall | PolicyError]:
+        """One outcome per request: each request is sent, retried and failed on its own."""
         if not requests:
             return []
         sampling = sampling or self.default_sampling
         with self._lock:
             first = self._requests_issued
             self._requests_issued += len(requests)
-        seeds = [request_seed(sampling.seed, first + i) for i in range(len(requests))]
-        abort = threading.Event()  # set when one request failed: the others stop retrying
+        seeds = [
+            counter_seed(sampling.seed, first + i) if r.seed is None else r.seed & SEED_MASK
+            for i, r in enumerate(requests)
+        ]
+        abort = threading.Event()  # set only when we are interrupted: requests waiting to retry give up
         workers = min(self.max_concurrency, len(requests))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harnessrl-openai")
-        ok = False
+        done = False
         try:
-            futures = [pool.submit(self._complete_one, r, sampling, s, abort) for r, s in zip(requests, seeds)]
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = next((f.exception() for f in futures if f in done and f.exception() is not None), None)
-            if failed is not None:
-                raise failed  # always a PolicyError (see _complete_one)
-            calls = [f.result() for f in futures]
-            ok = True
-            return calls
+            futures = [pool.submit(self._outcome, r, sampling, s, abort) for r, s in zip(requests, seeds)]
+            outcomes = [f.result() for f in futures]
+            done = True
+            return outcomes
         finally:
-            if not ok:  # a request failed (or we were interrupted): don't wait for the others
-                abort.set()  # those waiting to retry give up; those mid-response finish alone
-            pool.shutdown(wait=ok, cancel_futures=True)
+            if not done:
+                abort.set()
+            pool.shutdown(wait=done, cancel_futures=True)
+
+    def _outcome(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, abort: threading.Event
+    ) -> ModelCall | PolicyError:
+        try:
+            return self._complete_one(request, sampling, seed, abort)
+        except PolicyError as exc:
+            return exc
 
     def _complete_one(
         self, request: GenerationRequest, sampling: SamplingParams, seed: int, abort: threading.Event
@@ -412,8 +436,6 @@ class OpenAIPolicy(Policy):
                     n_completion_tokens=None if completion_ids else n_completion,
                 )
             except _Retryable as exc:
-                if abort.is_set():
-                    raise PolicyError(f"{self.name}: {exc} (stopped: another request of the batch failed)") from None
                 if attempt >= self.max_retries:
                     tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
                     raise PolicyError(f"{self.name}: {exc} (gave up after {tries})") from None
@@ -422,7 +444,7 @@ class OpenAIPolicy(Policy):
                 if self._sleep is not None:
                     self._sleep(delay)
                 elif abort.wait(delay):
-                    raise PolicyError(f"{self.name}: {exc} (stopped: another request of the batch failed)") from None
+                    raise PolicyError(f"{self.name}: {exc} (stopped: the batch was interrupted)") from None
                 attempt += 1
             except PolicyError:
                 raise

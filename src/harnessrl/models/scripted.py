@@ -60,21 +60,33 @@ class ScriptedPolicy(Policy):
     def complete(
         self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
     ) -> list[ModelCall]:
-        calls = []
+        return [self._complete_one(request) for request in requests]
+
+    def complete_each(
+        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
+    ) -> list[ModelCall | PolicyError]:
+        """One outcome per request; the script is asked once per request (scripts may keep state)."""
+        outcomes: list[ModelCall | PolicyError] = []
         for request in requests:
             try:
-                text = self.reply(request.messages)
-            except PolicyError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                raise PolicyError(f"{self.name}: the script failed: {type(exc).__name__}: {exc}") from exc
-            prompt = chat.render_prompt_ids(self.tokenizer, request.messages, self.tool_role, request.tools)
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            if self.end_of_turn is not None:
-                ids.append(self.end_of_turn)
-            finish = "stop"
-            if len(ids) > request.max_new_tokens:
-                ids, finish = ids[: request.max_new_tokens], "length"
-            logprobs = [0.0] * len(ids)
-            calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
-        return calls
+                outcomes.append(self._complete_one(request))
+            except PolicyError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _complete_one(self, request: GenerationRequest) -> ModelCall:
+        try:
+            text = self.reply(request.messages)
+        except PolicyError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise PolicyError(f"{self.name}: the script failed: {type(exc).__name__}: {exc}") from exc
+        prompt = chat.render_prompt_ids(self.tokenizer, request.messages, self.tool_role, request.tools)
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self.end_of_turn is not None:
+            ids.append(self.end_of_turn)
+        finish = "stop"
+        if len(ids) > request.max_new_tokens:
+            ids, finish = ids[: request.max_new_tokens], "length"
+        logprobs = [0.0] * len(ids)
+        return chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish)
