@@ -48,9 +48,13 @@ class RunOptions(Options):
     progress: bool = Field(True, description="show a progress bar (plain lines when not a terminal)")
 
 
-def run_options(default_out: str, resume_help: str | None = None) -> type[RunOptions]:
-    """RunOptions with a job's own default folder (and resume help)."""
-    fields: dict[str, Any] = {"out": (Path, Field(Path(default_out), description="run folder", json_schema_extra=cli("--out", "-o")))}
+def run_options(default_out: str, resume_help: str | None = None, **extra: Any) -> type[RunOptions]:
+    """RunOptions with a job's own default folder, resume help, and `extra` fields as
+    `create_model` takes them (name=(type, Field(...)))."""
+    fields: dict[str, Any] = {
+        "out": (Path, Field(Path(default_out), description="run folder", json_schema_extra=cli("--out", "-o"))),
+        **extra,
+    }
     if resume_help:
         fields["resume"] = (bool, Field(False, description=resume_help, json_schema_extra=cli(bool_flag=True)))
     return create_model(f"RunOptions_{Path(default_out).name}", __base__=RunOptions, **fields)

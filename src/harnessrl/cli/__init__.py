@@ -19,7 +19,7 @@ from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
 from harnessrl.cli.harness import harness_app
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
 from harnessrl.cli.tasks import models_app, tasks_app
-from harnessrl.evolve.command import evolve_cmd
+from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.train import train_app
 
 app = typer.Typer(

@@ -265,6 +265,11 @@ class Trainer:
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
 
+    @property
+    def record(self) -> dict[str, Any]:
+        """What OUT/config.json records: every option, the harness specs, machine facts."""
+        return self.folder.config
+
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
         from peft import LoraConfig, get_peft_model
