@@ -525,6 +525,7 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
     r = run()
     assert r.exit_code == 2 and "already holds a run" in r.output
     (folder / "state.json").write_text(json.dumps({"phase": "finished"}))
+    (folder / "LOCKED").write_text("final.json is written\n")  # what a finished run leaves
     r = run("--resume")
     assert r.exit_code == 2 and "finished and locked" in r.output
 

@@ -144,7 +144,7 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
         (["--split", "validation"], "unknown split 'validation'"),
         (["--tasks", "100000"], "has 48 tasks"),
         (["--attempts", "0"], "--attempts must be >= 1"),
-        (["--temperature", "-1"], "invalid sampling parameters"),
+        (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--harness", "missing.yaml"], "no such harness spec file"),
     ],
 )

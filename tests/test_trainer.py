@@ -22,7 +22,7 @@ from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train import trainer as trainer_module
-from harnessrl.train.command import train_app
+from harnessrl.cli.train import train_app
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
 from harnessrl.train.trainer import (
     Trainer,
@@ -276,11 +276,11 @@ def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_p
 
 def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(full_run, tmp_path):
     out, _ = full_run
-    with pytest.raises(TrainError, match=r"different options.*lr \(0.0001 -> 0.0002\)"):
+    with pytest.raises(TrainError, match=r"different configuration.*lr \(0.0001 -> 0.0002\)"):
         trainer(out, dataclasses.replace(BASE, lr=2e-4), resume=True)
     with pytest.raises(TrainError, match="harness_specs"):
         trainer(out, resume=True, specs=[shrink("json-tools", max_steps=2), SPECS[1]])
-    with pytest.raises(TrainError, match="not empty; use --resume"):
+    with pytest.raises(TrainError, match="already holds a run; use --resume"):
         trainer(out)
     with pytest.raises(TrainError, match="no training run to resume"):
         trainer(tmp_path / "nothing", resume=True)
@@ -582,7 +582,7 @@ def test_cli_options_match_the_config_defaults_and_the_docs():
         default = param.default
         if name in ("harnesses", "lora_targets"):  # comma-separated text on the command line
             default = [x for item in ([default] if isinstance(default, str) else default) for x in item.split(",")]
-        elif name == "scheduler_option":
+        elif name in ("scheduler_option", "scheduler_options"):  # repeated KEY=VALUE on the command line
             default = {}
         assert default == getattr(defaults, renamed.get(name, name)), name
 

@@ -150,6 +150,16 @@ class RunStore:
         rows = self.db.execute("SELECT task_id, harness, attempt FROM episodes WHERE infra = 0")
         return {(t, h, int(a)) for t, h, a in rows}
 
+    def delete_attempts_from(self, first_attempt: int) -> int:
+        """Delete every episode (and its model calls) whose attempt index is >= first_attempt;
+        returns how many episodes went. (A resumed training run re-runs the steps after its
+        checkpoint: episodes a killed run stored for them must not stay beside the re-run's.)"""
+        with self.db:
+            ids = [r[0] for r in self.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))]
+            self.db.executemany("DELETE FROM model_calls WHERE episode_id = ?", [(i,) for i in ids])
+            self.db.execute("DELETE FROM episodes WHERE attempt >= ?", (first_attempt,))
+        return len(ids)
+
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM episodes").fetchone()[0]
 

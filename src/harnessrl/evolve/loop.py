@@ -40,7 +40,6 @@ from typing import Any, Callable
 import yaml
 
 from harnessrl.evolve.acceptance import (
-    THRESHOLD_MULTIPLE,
     acceptance_threshold,
     compare,
     confirmed_choice,
@@ -48,13 +47,14 @@ from harnessrl.evolve.acceptance import (
     score_resolution,
     screening_winners,
 )
+from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
 from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
 from harnessrl.harness.spec import HarnessSpec, parse_spec
 from harnessrl.metrics import paired_difference, summarize_harness, task_scores
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.store import RunStore
+from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.tasks.base import Task
 from harnessrl.triage import triage
 from harnessrl.types import Trajectory
@@ -87,45 +87,6 @@ def episode_scores(trajectories: list[Trajectory]) -> dict[str, list[float]]:
         if not t.is_infra_error:
             out[t.task_id].append(t.grade.score if t.grade is not None else 0.0)
     return dict(out)
-
-
-@dataclass
-class EvolveConfig:
-    suite: str
-    seed_harness: str
-    model: str
-    dev_tasks: int
-    test_tasks: int
-    rollouts: int = 4
-    iterations: int = 20
-    candidates: int = 2  # proposals measured per iteration
-    proposer: str = "rules"
-    proposer_model: str | None = None
-    threshold_multiple: float = THRESHOLD_MULTIPLE
-    min_threshold: float = 0.0
-    seed: int = 0
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_in_flight: int = 16
-    retries: int = 2
-
-    def validate(self) -> None:
-        for name in ("dev_tasks", "test_tasks", "rollouts", "iterations", "candidates", "max_in_flight"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.dev_tasks < 2:
-            raise ValueError("--dev-tasks must be >= 2 (the noise estimate needs a spread over tasks)")
-        if self.retries < 0:
-            raise ValueError("--retries must be >= 0")
-        if self.threshold_multiple < 0 or self.min_threshold < 0:
-            raise ValueError("--threshold-multiple and --min-threshold must be >= 0")
-        if self.proposer not in ("rules", "llm"):
-            raise ValueError(f"unknown proposer '{self.proposer}' (rules or llm)")
-        if self.proposer == "llm" and not self.proposer_model:
-            raise ValueError("--proposer llm needs --proposer-model openai:NAME@URL")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -173,7 +134,6 @@ class Evolution:
         log: Callable[[str], None] = lambda _: None,
         example_tasks: list[Task] | None = None,
     ):
-        config.validate()
         self.folder = Path(folder)
         self.config = config
         self.seed_spec = seed_spec
@@ -238,10 +198,9 @@ class Evolution:
         if phase != "final" and any(t.split == "test" for t in tasks):
             raise EvolveError(f"{label}: test-split tasks may only be run in the final phase")
         run_spec = renamed(spec, label)
-        self._record_shell_isolation(run_spec, tasks)
+        self.run_folder.record_shell_isolation([run_spec], any(t.offers_shell for t in tasks))
         jobs = make_jobs(tasks, [run_spec], self.config.rollouts)
-        done = self.store.finished_keys()
-        todo = [j for j in jobs if j.key not in done]
+        todo = self.run_folder.todo(jobs)
         if todo:
             self.log(f"{label}: {len(todo)} episodes" + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else ""))
             sampling = SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p, seed=seed)
@@ -250,38 +209,21 @@ class Evolution:
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
         return Measurement(label, seed, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
 
-    def _record_shell_isolation(self, spec: HarnessSpec, tasks: list[Task]) -> None:
-        """As `harnessrl eval` does: a run whose harness turns the shell on for tasks that offer
-        it states in its config how the commands were isolated."""
-        if spec.rules.shell.enabled and any(t.offers_shell for t in tasks):
-            from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
-
-            self.store.set_meta("config", {**(self.store.config or {}), "shell_isolation": isolation_description(isolation_available())})
-
-    # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self._mark = time.monotonic()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        # a folder with a state holds a run that this start continues (the CLI's --resume)
+        resume = self._path(STATE).is_file()
+        try:
+            self.run_folder = RunFolder.open(self.folder, "evolution", self.config.to_json(), resume=resume).start()
+        except RunFolderError as e:
+            raise EvolveError(str(e)) from None
         state = self._load_state()
-        if state is not None and state.phase == "finished":
-            raise EvolveError(f"{self.folder}: this evolution run is finished and locked (final.json); start a new --out")
-        stored = self._path("config.json")
         if state is None:
-            if RunStore.exists(self.folder) or stored.is_file():
-                raise EvolveError(f"{self.folder} already holds a run; use --resume to continue it or choose another --out")
-            self._write("config.json", json.dumps(self.config.to_json(), indent=1) + "\n")
             self._save_spec(SEED_LABEL, self.seed_spec)
             state = State()
             self._save_state(state)
-        else:
-            saved = json.loads(stored.read_text(encoding="utf-8"))
-            diff = sorted(k for k in set(saved) | set(self.config.to_json()) if saved.get(k) != self.config.to_json().get(k))
-            if diff:
-                raise EvolveError(f"--resume with a different configuration ({', '.join(diff)} differ from {stored})")
-        self.store = RunStore(self.folder)
+        self.store = self.run_folder.store(meta_config={"evolve": self.config.to_json(), "model": self.config.model})
         try:
-            recorded = {k: v for k, v in (self.store.config or {}).items() if k == "shell_isolation"}  # from an earlier start
-            self.store.set_meta("config", {"evolve": self.config.to_json(), "model": self.config.model, **recorded})
             # lines of an iteration that did not complete are written again when it completes
             kept = [line for line in self._log_lines() if line["iteration"] <= state.iterations_done]
             self._write(LOG, "".join(json.dumps(line) + "\n" for line in kept))
@@ -293,7 +235,7 @@ class Evolution:
             self._save_state(state)
             return self._final(state)
         finally:
-            self.store.close()
+            self.run_folder.close()
 
     def _noise(self, state: State) -> None:
         seed_spec = self._load_spec(SEED_LABEL)
@@ -496,8 +438,9 @@ class Evolution:
         final["wall_time_s"] = state.elapsed_s
         self._write(BEST, renamed(best_spec, self._best_name() if state.accepted else self.seed_spec.name).to_yaml())
         self._write(FINAL, json.dumps(final, indent=1) + "\n")
-        state.phase = "finished"  # the lock: written last, after final.json
+        state.phase = "finished"
         self._save_state(state)
+        self.run_folder.lock(f"{FINAL} is written")  # written last, after final.json
         return final
 
     def _held_out_record(self, m: Measurement) -> dict[str, Any]:

@@ -49,6 +49,7 @@ __all__ = [
     "PolicyError",
     "SamplingParams",
     "ScriptedPolicy",
+    "check_spec",
     "describe_models",
     "load_policy",
 ]
@@ -68,6 +69,31 @@ def __getattr__(name: str):
 
         return ScriptedPolicy
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_spec(spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env") -> None:
+    """Raise ValueError for a model spec that cannot name a model, before anything slow is loaded:
+    an unknown name, an hf: path that does not exist, a malformed openai: spec, or an API-key
+    variable that is not set. `option` prefixes the messages ("--judge-model: ...")."""
+    import os
+    from pathlib import Path
+
+    prefix = f"{option}: " if option else ""
+    spec = spec.strip()
+    if spec.startswith("hf:"):
+        if not spec[3:] or not Path(spec[3:]).expanduser().exists():
+            raise ValueError(f"{prefix}model path '{spec[3:]}' does not exist")
+    elif spec.startswith("openai:"):
+        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
+
+        try:
+            parse_openai_spec(spec)
+        except ValueError as e:
+            raise ValueError(f"{prefix}{e}") from None
+        if api_key_env and not os.environ.get(api_key_env):
+            raise ValueError(f"{key_option} {api_key_env}: that environment variable is not set")
+    elif spec not in MODEL_NAMES:
+        raise ValueError(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
 
 
 def load_policy(spec: str, sampling: SamplingParams | None = None, *, api_key_env: str | None = None) -> Policy:

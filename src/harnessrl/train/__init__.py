@@ -10,7 +10,7 @@ One idea per file:
 
   trainer.py     the loop: scheduler -> runner -> GRPO loss -> backward -> sketch -> optimizer ->
                  scheduler.observe, with LoRA, checkpoints and resume
-  command.py     `harnessrl train grpo`
+  config.py      TrainConfig: every option, declared once (the CLI, harnessrl.cli.train, is built from it)
 
 See docs/training.md.
 """

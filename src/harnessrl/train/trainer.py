@@ -64,21 +64,20 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from harnessrl import __version__
+from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.train.config import DEFAULT_HARNESSES, DEFAULT_LORA_TARGETS, TrainConfig
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, group_advantages, pad_units, token_logprobs, units_from_trajectories
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch, cosine
 
-DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 # Options that may change when a run is resumed: neither changes what the next steps compute.
 RESUMABLE_CHANGES = ("steps", "checkpoint_every")
 ADAPTER_META = "harnessrl.json"
@@ -90,52 +89,6 @@ class TrainError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
-
-
-@dataclass
-class TrainConfig:
-    """Every option of a training run (recorded in OUT/config.json). See docs/training.md."""
-
-    model: str = "smollm2-135m"
-    suite: str = "toolcalc"
-    harnesses: list[str] = field(default_factory=lambda: list(DEFAULT_HARNESSES))
-    scheduler: str = "harness-bandit"
-    scheduler_options: dict[str, Any] = field(default_factory=dict)
-    steps: int = 150
-    tasks_per_step: int = 8
-    group_size: int = 8
-    # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0  # 0 = no clipping
-    lora_r: int = 16
-    lora_alpha: float = 32.0
-    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-    # Rollout sampling temperature (also used for the training log-probs). GRPO learns only from
-    # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
-    # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
-    temperature: float = 0.7
-    ppo_epochs: int = 1  # passes over each rollout batch
-    mini_batches: int = 1  # optimizer steps per pass (the batch's units split into this many parts)
-    micro_batch: int = 2048  # tokens (rows x padded length) per forward/backward
-    aggregation: str = "token-mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0  # > 0: k3 KL to the base model (adapter disabled)
-    scale_advantages: bool = True  # False: Dr. GRPO (no division by the group std)
-    sketch_dim: int = 512
-    sketch_kind: str = "countsketch"
-    checkpoint_every: int = 10
-    eval_every: int = 0  # 0 = no periodic evaluation
-    eval_tasks: int = 8
-    eval_temperature: float = 0.7
-    max_in_flight: int = 64
-    retries: int = 2
-    seed: int = 0
-    save_rollouts: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 # ------------------------------------------------------------------------------ small pure pieces
@@ -214,21 +167,6 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # a non-negative 63-bit integer
 
 
-def _drop_stored_attempts(store, first_attempt: int) -> int:
-    """Delete every stored episode (and its model calls) whose attempt number is >= first_attempt.
-
-    A resumed run re-runs the steps after its checkpoint; the killed run may have stored episodes
-    of those steps (or of steps the resumed run never reaches), which must not stay beside the
-    re-run's. Returns how many episodes were deleted.
-    """
-    with store.db:
-        rows = store.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))
-        ids = [r[0] for r in rows]
-        store.db.executemany("DELETE FROM model_calls WHERE episode_id = ?", [(i,) for i in ids])
-        store.db.execute("DELETE FROM episodes WHERE attempt >= ?", (first_attempt,))
-    return len(ids)
-
-
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
@@ -287,7 +225,6 @@ class Trainer:
         from harnessrl.harness.spec import SpecError
         from harnessrl.tasks import get_suite
 
-        _check_options(config)
         try:
             self.suite = suite if suite is not None else get_suite(config.suite)
         except ValueError as e:
@@ -313,17 +250,12 @@ class Trainer:
         self.out = Path(out)
         self.resume = resume
         self.progress = progress
-        self.record = {
-            **config.to_dict(),
-            "harness_specs": {s.name: s.to_dict() for s in self.specs},
-            "harnessrl_version": __version__,
-        }
-        if any(s.rules.shell.enabled for s in self.specs) and self.suite.offers_shell:
-            from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
-
-            # as `harnessrl eval` records it: how the shell tool's commands were isolated
-            self.record["shell_isolation"] = isolation_description(isolation_available())
-        self._check_out_folder()
+        record = {**config.to_dict(), "harness_specs": {s.name: s.to_dict() for s in self.specs}}
+        try:
+            self.folder = RunFolder.open(self.out, "training", record, resume=resume, may_differ=RESUMABLE_CHANGES)
+        except RunFolderError as e:
+            raise TrainError(str(e)) from None
+        self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
         if console is None:
             from rich.console import Console
 
@@ -333,31 +265,10 @@ class Trainer:
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
 
-    # -- the run folder -------------------------------------------------------------------------------
-    def _check_out_folder(self) -> None:
-        out, cfg = self.out, self.config
-        if not self.resume:
-            if out.exists() and (not out.is_dir() or any(out.iterdir())):
-                raise TrainError(f"{out} is not empty; use --resume to continue the run there, or choose another --out")
-            return
-        config_path = out / "config.json"
-        if not config_path.is_file():
-            raise TrainError(f"{out} holds no training run to resume (no config.json)")
-        try:
-            old = json.loads(config_path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise TrainError(f"{config_path} is not valid JSON ({e})") from None
-        ignore = {"harnessrl_version", "shell_isolation", *RESUMABLE_CHANGES}  # version and isolation: this machine's, not options
-        diff = sorted(k for k in set(old) | set(self.record) if k not in ignore and old.get(k) != self.record.get(k))
-        if diff:
-            shown = ", ".join(
-                f"{k} ({'...' if k == 'harness_specs' else old.get(k)!r} -> {'...' if k == 'harness_specs' else self.record.get(k)!r})"
-                for k in diff
-            )
-            raise TrainError(
-                f"--resume with different options than the run in {out}: {shown}. Resume with the same options "
-                f"(only {', '.join('--' + k.replace('_', '-') for k in RESUMABLE_CHANGES)} may change), or start a new --out"
-            )
+    @property
+    def record(self) -> dict[str, Any]:
+        """What OUT/config.json records: every option, the harness specs, machine facts."""
+        return self.folder.config
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
@@ -426,7 +337,7 @@ class Trainer:
                 {"kind": "train-rollouts", "suite": cfg.suite, "split": "train", "model": cfg.model, "seed": cfg.seed, "attempts": cfg.group_size},
             )
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
-            _drop_stored_attempts(self.store, self.step * cfg.group_size)
+            self.store.delete_attempts_from(self.step * cfg.group_size)
             self.runner.on_episode = self.store.add
         self.tb = None
         if importlib.util.find_spec("tensorboard") is not None:
@@ -809,7 +720,7 @@ class Trainer:
         if self.resume:
             _truncate_jsonl(metrics_path, self.step)
             _truncate_jsonl(eval_path, self.step)
-        _write_json(self.out / "config.json", self.record)  # steps / checkpoint_every may have changed
+        self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
 
         if cfg.eval_every and self.step == 0:
@@ -923,40 +834,6 @@ class _StepProgress:
 
 
 # ------------------------------------------------------------------------------------- validation
-
-
-def _check_options(c: TrainConfig) -> None:
-    """Every numeric / enumerated option, with the command-line name in the message."""
-    checks = [
-        (c.steps >= 1, "--steps must be >= 1"),
-        (c.tasks_per_step >= 1, "--tasks-per-step must be >= 1"),
-        (c.group_size >= 2, "--group-size must be >= 2 (GRPO compares the attempts at one task with each other)"),
-        (c.lr > 0 and math.isfinite(c.lr), "--lr must be > 0"),
-        (c.weight_decay >= 0, "--weight-decay must be >= 0"),
-        (c.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0 = no clipping)"),
-        (c.lora_r >= 1, "--lora-r must be >= 1"),
-        (c.lora_alpha > 0, "--lora-alpha must be > 0"),
-        (bool(c.lora_targets), "--lora-targets must name at least one module"),
-        (c.temperature > 0, "--temperature must be > 0 (GRPO needs different attempts at one task)"),
-        (c.ppo_epochs >= 1, "--ppo-epochs must be >= 1"),
-        (c.mini_batches >= 1, "--mini-batches must be >= 1"),
-        (c.micro_batch >= 1, "--micro-batch must be >= 1 (tokens)"),
-        (c.aggregation in ("token-mean", "seq-mean"), "--aggregation must be token-mean or seq-mean"),
-        (0 <= c.clip_low < 1, "--clip-low must be in [0, 1)"),
-        (c.clip_high >= 0, "--clip-high must be >= 0"),
-        (c.kl_coef >= 0, "--kl-coef must be >= 0"),
-        (c.sketch_dim >= 1, "--sketch-dim must be >= 1"),
-        (c.sketch_kind in ("countsketch", "gaussian"), "--sketch-kind must be countsketch or gaussian"),
-        (c.checkpoint_every >= 1, "--checkpoint-every must be >= 1"),
-        (c.eval_every >= 0, "--eval-every must be >= 0 (0 = off)"),
-        (c.eval_tasks >= 1 or c.eval_every == 0, "--eval-tasks must be >= 1"),
-        (c.eval_temperature >= 0, "--eval-temperature must be >= 0"),
-        (c.max_in_flight >= 1, "--max-in-flight must be >= 1"),
-        (c.retries >= 0, "--retries must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise TrainError(message)
 
 
 def _check_model_spec(model: str) -> None:

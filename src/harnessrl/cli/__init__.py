@@ -1,0 +1,53 @@
+"""The `harnessrl` command line: one module per command group, assembled here.
+
+    harness.py   harness list / show / validate / schema
+    tasks.py     tasks list / show, models list
+    eval.py      eval, summary, export
+    report.py    triage, report, view
+    evolve.py    evolve
+    train.py     train grpo
+    common.py    consoles, `fail`, model-spec checks, options generated from the job configs
+"""
+
+from __future__ import annotations
+
+import typer
+
+from harnessrl import __version__
+from harnessrl.cli.common import out
+from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
+from harnessrl.cli.harness import harness_app
+from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
+from harnessrl.cli.tasks import models_app, tasks_app
+from harnessrl.cli.evolve import evolve_cmd
+from harnessrl.cli.train import train_app
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Evaluate, diagnose, improve and train one LLM agent across many harnesses.",
+)
+app.add_typer(harness_app, name="harness")
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(models_app, name="models")
+app.add_typer(train_app, name="train")
+app.command("eval")(eval_cmd)
+app.command("summary")(summary_cmd)
+app.command("export")(export_cmd)
+app.command("triage")(triage_cmd)
+app.command("report")(report_cmd)
+app.command("view")(view_cmd)
+app.command("evolve")(evolve_cmd)
+
+
+@app.command("version")
+def version_cmd() -> None:
+    """Print the version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

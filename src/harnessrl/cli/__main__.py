@@ -1,0 +1,3 @@
+from harnessrl.cli import main
+
+main()

@@ -1,0 +1,113 @@
+"""What every command of the command line shares: the consoles, `fail`, model-spec checks, and
+`config_command`, which builds a command's options from its pydantic config (every option is
+declared once, as a field with its bounds and help text)."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+# When piped, rich would squeeze tables into 80 columns; give them room instead.
+out = Console() if sys.stdout.isatty() else Console(width=160)
+err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One clear line on stderr and a non-zero exit: for user errors, never a traceback."""
+    err.print("[bold red]error:[/] ", end="")
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def check_model_spec(spec: str, api_key_env: str | None, option: str, key_option: str) -> None:
+    """Fail (exit 2) on a model spec that cannot name a model, before anything slow is loaded."""
+    from harnessrl.models import check_spec
+
+    try:
+        check_spec(spec, api_key_env, option=option, key_option=key_option)
+    except ValueError as e:
+        fail(str(e))
+
+
+# ------------------------------------------------------------------------------------------------
+# options from a config
+
+
+def option_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error in the words of the options a user typed: `--tasks-per-step must be >= 1`."""
+    parts = []
+    for item in e.errors():
+        loc = [str(x) for x in item.get("loc", ()) if not isinstance(x, int)]
+        msg = item.get("msg", "invalid").removeprefix("Value error, ")
+        msg = msg.replace("Input should be", "must be").replace("greater than or equal to", ">=")
+        msg = msg.replace("less than or equal to", "<=").replace("greater than", ">").replace("less than", "<")
+        parts.append(f"{option_name(loc[0])} {msg[0].lower() + msg[1:]}" if loc and msg else msg)
+    return "; ".join(parts)
+
+
+def _parameter(name: str, field: Any) -> inspect.Parameter:
+    meta = (field.json_schema_extra or {}).get("cli", {}) if isinstance(field.json_schema_extra, dict) else {}
+    flags = list(meta.get("flags") or [])
+    annotation = list[str] if meta.get("repeat") else field.annotation
+    if annotation is bool:
+        long = flags[0] if flags else option_name(name)
+        decls = [long] if meta.get("bool_flag") else [f"{long}/--no-{long[2:]}"]
+        flags = decls + flags[1:]
+    elif not flags:
+        flags = [option_name(name)]
+    default = field.get_default(call_default_factory=True)
+    if meta.get("repeat") and isinstance(default, dict):
+        default = [f"{k}={v}" for k, v in default.items()]
+    option = typer.Option(*flags, help=field.description or "")
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
+
+
+def config_fields(model: type) -> dict[str, Any]:
+    """name -> FieldInfo of a pydantic model or pydantic dataclass."""
+    fields = getattr(model, "__pydantic_fields__", None)
+    if fields is None:
+        raise TypeError(f"{model.__name__} is not a pydantic model or pydantic dataclass")
+    return dict(fields)
+
+
+def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate `fn(config_a, config_b, ...)` into a typer command whose options are the fields of
+    the given pydantic models, in order. Values are validated by the models; a bad value exits 2
+    with the option's name, never a traceback."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        params, owners = [], []
+        for model in models:
+            fields = config_fields(model)
+            owners.append((model, list(fields)))
+            params += [_parameter(n, f) for n, f in fields.items()]
+        seen = [p.name for p in params]
+        if len(set(seen)) != len(seen):
+            raise TypeError(f"{fn.__name__}: option names declared twice across {[m.__name__ for m in models]}")
+
+        def command(**values: Any) -> Any:
+            configs = []
+            for model, names in owners:
+                try:
+                    configs.append(model(**{n: values[n] for n in names}))
+                except ValidationError as e:
+                    fail(validation_message(e))
+            return fn(*configs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__name__ = fn.__name__
+        command.__doc__ = fn.__doc__
+        command.__wrapped_config__ = models  # type: ignore[attr-defined]
+        return command
+
+    return decorate

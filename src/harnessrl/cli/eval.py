@@ -1,0 +1,94 @@
+"""`harnessrl eval`, `summary`, `export`: run an evaluation and read its run folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from harnessrl.cli.common import config_command, err, fail, out
+from harnessrl.config import EvalConfig, run_options
+
+EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes")
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def print_summary_table(summary: dict[str, Any]) -> None:
+    table = Table(title=f"{summary['suite']} / {summary['split']} / {summary['model']}")
+    for col in ("harness", "tasks", "episodes", "mean score", "95% CI", "pass@1", "pass@k", "pass^k", "delivery", "infra"):
+        table.add_column(col, justify="left" if col == "harness" else "right", no_wrap=col == "harness")
+    for name, m in summary["harnesses"].items():
+        k = str(m["attempts"])
+        ci = m.get("mean_score_ci95")
+        table.add_row(
+            name,
+            str(m["n_tasks"]),
+            str(m["n_episodes"]),
+            _fmt(m["mean_score"]),
+            "-" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+            _fmt((m.get("pass_at_k") or {}).get("1")),
+            _fmt((m.get("pass_at_k") or {}).get(k)) + f" (k={k})",
+            _fmt((m.get("pass_hat_k") or {}).get(k)),
+            _fmt(m["delivery_rate"]),
+            str(m["n_infra_errors"]),
+        )
+    out.print(table)
+
+
+@config_command(EvalConfig, EvalRun)
+def eval_cmd(config: EvalConfig, run: Any) -> None:
+    """Evaluate a model on a suite through one or more harnesses."""
+    from harnessrl.evaluate import EvalError, run_eval
+
+    try:
+        summary = run_eval(config, run, log=lambda m: err.print(m, highlight=False, markup=False))
+    except EvalError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        err.print(f"interrupted: finished episodes are saved; continue with --resume --out {run.out}", highlight=False)
+        raise typer.Exit(130)
+    print_summary_table(summary)
+    out.print(f"run folder: {run.out}  (summary.json, run.db)", highlight=False)
+
+
+def summary_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
+    """Recompute and print the per-harness table of a run folder."""
+    from harnessrl.evaluate import write_summary
+    from harnessrl.store import RunStore
+
+    if not RunStore.exists(run):
+        fail(f"{run} holds no run (no run.db)")
+    with RunStore(run) as store:
+        config = store.config
+        if not config:
+            fail(f"{run}: run database has no config")
+        print_summary_table(write_summary(store, config, run))
+
+
+def export_cmd(
+    run: Annotated[Path, typer.Argument(help="run folder")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="jsonl")] = "jsonl",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file (default: stdout)")] = None,
+    tokens: Annotated[bool, typer.Option(help="include prompt/completion token ids and logprobs")] = True,
+) -> None:
+    """Export every episode of a run as one JSON trajectory per line."""
+    from harnessrl.store import RunStore
+
+    if fmt != "jsonl":
+        fail(f"unknown export format '{fmt}' (available: jsonl)")
+    if not RunStore.exists(run):
+        fail(f"{run} holds no run (no run.db)")
+    with RunStore(run) as store:
+        fh = open(output, "w", encoding="utf-8") if output else sys.stdout
+        try:
+            for traj in store.trajectories(with_tokens=tokens):
+                fh.write(traj.model_dump_json() + "\n")
+        finally:
+            if output:
+                fh.close()

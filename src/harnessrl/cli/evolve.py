@@ -1,0 +1,68 @@
+"""`harnessrl evolve`: its options are EvolveConfig's fields (plus the run folder's)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+from pydantic import Field
+
+from harnessrl.cli.common import config_command, err, fail, out
+from harnessrl.config import run_options
+from harnessrl.evolve.config import EvolveConfig
+
+EvolveRun = run_options(
+    "runs/evo",
+    "continue a killed run with its stored configuration (the other options are then ignored)",
+    api_key_env=(Optional[str], Field(None, description="openai: the environment variable with the API key")),
+)
+
+
+@config_command(EvolveConfig, EvolveRun)
+def evolve_cmd(config: EvolveConfig, run: Any) -> None:
+    """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks."""
+    from harnessrl.evolve.loop import EvolveError
+    from harnessrl.evolve.run import run_evolve, stored_config
+
+    try:
+        if run.resume:
+            config = stored_config(run.out)
+            err.print(f"resuming {run.out} with its stored configuration", highlight=False)
+        final = run_evolve(
+            config, run.out, resume=run.resume, api_key_env=run.api_key_env, progress=run.progress,
+            log=lambda m: err.print(m, highlight=False, markup=False),
+        )
+    except EvolveError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        err.print(
+            f"interrupted: the incumbent, the log and finished episodes are saved; continue with --resume --out {run.out}",
+            highlight=False,
+        )
+        raise typer.Exit(130)
+    print_final(final, config)
+    out.print(f"run folder: {run.out} (evolution.jsonl, best_harness.yaml, final.json)", highlight=False)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def print_final(final: dict[str, Any], config: EvolveConfig) -> None:
+    s, b, d = final["seed"], final["best_harness"], final["paired_difference"]
+    out.print(f"held-out ({config.suite}/test, {s['n_tasks']} tasks x {config.rollouts}):", highlight=False)
+    for name, r in (("seed", s), ("best", b)):
+        ci = r["mean_score_ci95"] or [None, None]
+        out.print(
+            f"  {name:5s} mean {_fmt(r['mean_score'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]  "
+            f"pass@1 {_fmt(r['pass_at_k'].get('1'))}  delivery {_fmt(r['delivery_rate'])}  "
+            f"process share {_fmt(r['triage']['process_share'])}",
+            highlight=False,
+        )
+    ci = d["ci95"] or [None, None]
+    out.print(
+        f"  best - seed {_fmt(d['mean_difference'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]; accepted edits: "
+        f"{len(final['accepted_edits'])} ({final['unconfirmed_candidates']} more beat the threshold once, "
+        "not on confirmation)",
+        highlight=False,
+    )

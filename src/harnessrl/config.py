@@ -1,0 +1,93 @@
+"""Configs of the jobs: every option declared once, as a pydantic field with its bounds and help.
+
+The command line is generated from these models (`harnessrl.cli.common.config_command`), the
+library takes them as they are (`run_eval(EvalConfig(...), RunOptions(...))`), and the run folder
+records them (`RunFolder`). A field's command-line names, where they are not just
+`--field-name`, are given with `cli(...)`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+
+def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str, Any]:
+    """Command-line details of a field (`Field(json_schema_extra=cli("--out", "-o"))`): its
+    option names (default `--field-name`); for a bool, a lone flag (`--resume`) instead of the
+    `--x/--no-x` pair; `repeat`: the option is given as repeatable text values (KEY=VALUE, ...)
+    that the field's own validator turns into its type."""
+    return {"cli": {"flags": list(flags), "bool_flag": bool_flag, "repeat": repeat}}
+
+
+def comma_list(values: Any) -> Any:
+    """Repeated and comma-separated values as one list: ["a,b", "c"] -> ["a", "b", "c"]."""
+    if isinstance(values, str):
+        values = [values]
+    if isinstance(values, (list, tuple)):
+        return [v.strip() for item in values for v in str(item).split(",") if v.strip()]
+    return values
+
+
+class Options(BaseModel):
+    """Base of every job config: unknown keys are refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunOptions(Options):
+    """Where a job writes and how it reports; not part of what the run computes (never compared
+    on resume)."""
+
+    out: Path = Field(Path("runs/run"), description="run folder", json_schema_extra=cli("--out", "-o"))
+    resume: bool = Field(
+        False, description="continue the run in --out, skipping finished work", json_schema_extra=cli(bool_flag=True)
+    )
+    progress: bool = Field(True, description="show a progress bar (plain lines when not a terminal)")
+
+
+def run_options(default_out: str, resume_help: str | None = None, **extra: Any) -> type[RunOptions]:
+    """RunOptions with a job's own default folder, resume help, and `extra` fields as
+    `create_model` takes them (name=(type, Field(...)))."""
+    fields: dict[str, Any] = {
+        "out": (Path, Field(Path(default_out), description="run folder", json_schema_extra=cli("--out", "-o"))),
+        **extra,
+    }
+    if resume_help:
+        fields["resume"] = (bool, Field(False, description=resume_help, json_schema_extra=cli(bool_flag=True)))
+    return create_model(f"RunOptions_{Path(default_out).name}", __base__=RunOptions, **fields)
+
+
+class EvalConfig(Options):
+    """`harnessrl eval`: a model on a suite's split through one or more harnesses."""
+
+    suite: str = Field("workspace", description="suite name (see `harnessrl tasks list`)")
+    split: str = Field("dev", description="train, dev or test")
+    harness: list[str] = Field(
+        ["all"],
+        description="built-in name, 'all', or a spec path; repeat or comma-separate",
+        json_schema_extra=cli("--harness", "-H"),
+    )
+    model: str = Field("tiny-random", description="tiny-random, smollm2-135m, hf:PATH or openai:MODEL@BASE_URL")
+    tasks: Optional[int] = Field(
+        None, ge=1, description="first N tasks of the split (default: all)", json_schema_extra=cli("--tasks", "-n")
+    )
+    attempts: int = Field(1, ge=1, description="attempts per task and harness", json_schema_extra=cli("--attempts", "-k"))
+    seed: int = Field(0, description="sampling seed")
+    temperature: float = Field(0.7, ge=0.0, le=5.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_in_flight: int = Field(16, ge=1, description="episodes in flight (batch size of generation)")
+    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+    api_key_env: Optional[str] = Field(
+        None, description="openai: read the API key from this environment variable (default OPENAI_API_KEY)"
+    )
+    judge_model: Optional[str] = Field(
+        None, description="grade the LLM-judge parts of PinchBench tasks with this model (any --model form)"
+    )
+    judge_api_key_env: Optional[str] = Field(
+        None, description="openai judge: read its API key from this environment variable (default OPENAI_API_KEY)"
+    )
+
+    _split_harness = field_validator("harness", mode="before")(comma_list)

@@ -1,0 +1,133 @@
+"""Evaluation as a library call: `run_eval(EvalConfig(...), RunOptions(out=...))`.
+
+Every configuration error is raised (EvalError) before anything slow happens (loading the model,
+running episodes); then the run folder is opened (see rundir.py: resume, config diff), the
+unfinished episodes run, and summary.json is written from the run database.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from harnessrl.config import EvalConfig, RunOptions
+from harnessrl.metrics import summarize_harness
+from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.store import RunStore
+
+SUMMARY = "summary.json"
+
+
+class EvalError(ValueError):
+    """A configuration or run-folder problem, reported before any episode runs."""
+
+
+def summaries(store: RunStore, attempts: int) -> dict[str, Any]:
+    """The per-harness summary of every harness in a run database."""
+    return {h: summarize_harness(list(store.trajectories(harness=h, with_tokens=False)), attempts) for h in store.harnesses()}
+
+
+def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """summary.json of an evaluation run (its recorded `config`), recomputed from the database."""
+    summary = {
+        "suite": config["suite"],
+        "split": config["split"],
+        "model": config["model"],
+        "seed": config["seed"],
+        "harnesses": summaries(store, config["attempts"]),
+    }
+    (Path(folder) / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+def run_eval(
+    config: EvalConfig,
+    run: RunOptions,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Evaluate `config.model` on the suite through every harness; returns the summary."""
+    from harnessrl.harness.registry import resolve_harnesses
+    from harnessrl.harness.spec import SpecError
+    from harnessrl.models import check_spec, load_policy
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import Runner, make_jobs
+    from harnessrl.tasks import get_suite
+
+    # -- every config error before any work -----------------------------------------------------------
+    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+    try:
+        specs = resolve_harnesses(config.harness)
+    except SpecError as e:
+        raise EvalError(str(e)) from None
+    judge = None
+    try:
+        if config.judge_model is not None:
+            from harnessrl.tasks.importers.pinchbench import ModelJudge
+
+            check_spec(config.judge_model, config.judge_api_key_env, option="--judge-model", key_option="--judge-api-key-env")
+            judge = ModelJudge(config.judge_model.strip(), api_key_env=config.judge_api_key_env)
+        elif config.judge_api_key_env is not None:
+            raise EvalError("--judge-api-key-env needs --judge-model")
+        the_suite = get_suite(config.suite) if judge is None else get_suite(config.suite, judge=judge)
+        task_list = the_suite.tasks(config.split, config.tasks)
+        if not task_list:
+            raise EvalError("no tasks selected")
+        if judge is not None:
+            from harnessrl.tasks.importers.pinchbench import is_judged
+
+            if not any(is_judged(t) for t in task_list):
+                raise EvalError(
+                    f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
+                    "(only PinchBench llm_judge and hybrid tasks do)"
+                )
+        check_spec(config.model, config.api_key_env)
+    except EvalError:
+        raise
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+
+    record = {
+        "suite": config.suite,
+        "split": config.split,
+        "model": config.model,
+        "seed": config.seed,
+        "tasks": len(task_list),
+        "task_ids": [t.id for t in task_list],
+        "attempts": config.attempts,
+        "sampling": sampling.model_dump(),
+        "harnesses": {s.name: s.to_dict() for s in specs},
+        "max_retries": config.retries,
+        "api_key_env": config.api_key_env,  # the variable's name only, never the key
+        "judge_model": config.judge_model,
+        "judge_api_key_env": config.judge_api_key_env,
+    }
+    try:
+        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume).start()
+        store = folder.store(meta_config=folder.config)
+        folder.record_shell_isolation(specs, any(t.offers_shell for t in task_list))
+    except RunFolderError as e:
+        raise EvalError(str(e)) from None
+    with folder:
+        jobs = make_jobs(task_list, specs, config.attempts)
+        todo = folder.todo(jobs)
+        if run.resume:
+            log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
+
+        # -- the model (slow) -----------------------------------------------------------------------
+        try:
+            policy = load_policy(config.model, sampling, api_key_env=config.api_key_env)
+        except (ValueError, RuntimeError, OSError) as e:
+            raise EvalError(f"cannot load model '{config.model}': {e}") from None
+        store.set_meta("model", policy.describe())
+        if judge is not None:
+            try:
+                judge.load()
+            except (ValueError, RuntimeError, OSError) as e:
+                raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
+        runner = Runner(
+            policy, sampling, max_in_flight=config.max_in_flight, max_retries=config.retries,
+            on_episode=store.add, progress=run.progress,
+        )
+        runner.run(todo)
+        return write_summary(store, folder.config, run.out)

@@ -1,0 +1,74 @@
+"""EvolveConfig: every option of `harnessrl evolve`, declared once (the command line is generated
+from these fields; OUT/config.json records them). Light to import."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
+class EvolveConfig:
+    """What an evolution run computes (see docs/evolve.md)."""
+
+    suite: str = Field("workspace", description="suite whose dev split drives the search and whose test split confirms")
+    seed_harness: str = Field("react", description="built-in harness name or spec path to start from")
+    model: str = Field(
+        "smollm2-135m", description="the agent's model: tiny-random, smollm2-135m, hf:PATH or openai:MODEL@URL"
+    )
+    dev_tasks: int = Field(
+        48, ge=2, description="first N dev tasks (decision tasks; >= 2: the noise estimate needs a spread over tasks)"
+    )
+    test_tasks: int = Field(72, ge=1, description="first N test tasks (held out; run once at the end)")
+    rollouts: int = Field(4, ge=1, description="attempts per task in every measurement")
+    iterations: int = Field(20, ge=1, description="search iterations")
+    candidates: int = Field(2, ge=1, description="candidates proposed and measured per iteration")
+    proposer: str = Field("rules", description="rules (offline, triage-driven) or llm")
+    proposer_model: Optional[str] = Field(None, description="llm proposer's model: openai:NAME@URL")
+    threshold_multiple: float = Field(
+        THRESHOLD_MULTIPLE,
+        ge=0,
+        description=(
+            "threshold = this x SD of a paired difference of dev means; a candidate must beat it twice: "
+            "on its dev run and on a confirmation run with fresh samples"
+        ),
+    )
+    min_threshold: float = Field(
+        0.0,
+        ge=0,
+        description="the threshold is never below this, nor below one episode's worth of score, 1/(dev tasks x rollouts)",
+    )
+    seed: int = Field(
+        0,
+        description=(
+            "run seed: each measurement samples with a seed derived from it and the measurement's stream "
+            "(noise.a, noise.b, iNN, iNN.confirm, test)"
+        ),
+    )
+    temperature: float = Field(0.7, ge=0.0, le=5.0, description="the agent's sampling temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_in_flight: int = Field(16, ge=1, description="episodes in flight (generation batch size)")
+    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+
+    @field_validator("proposer")
+    @classmethod
+    def _known_proposer(cls, value: str) -> str:
+        if value not in ("rules", "llm"):
+            raise ValueError(f"unknown proposer '{value}' (rules or llm)")
+        return value
+
+    @model_validator(mode="after")
+    def _proposer_model(self) -> EvolveConfig:
+        if self.proposer == "llm" and not self.proposer_model:
+            raise ValueError("--proposer llm needs --proposer-model openai:NAME@URL")
+        if self.proposer_model and not self.proposer_model.startswith("openai:"):
+            raise ValueError("--proposer-model must be openai:NAME@URL (an OpenAI-compatible server)")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

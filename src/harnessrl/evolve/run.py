@@ -1,0 +1,75 @@
+"""Harness evolution as a library call: `run_evolve(EvolveConfig(...), out)`.
+
+Every configuration error is raised (EvolveError) before anything slow happens; then the
+models load and the loop (loop.py) runs, resuming whatever the folder already holds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from harnessrl.evolve.config import EvolveConfig
+from harnessrl.evolve.loop import EvolveError, Evolution
+from harnessrl.rundir import CONFIG, RunFolder, holds_run
+
+
+def stored_config(out: str | Path) -> EvolveConfig:
+    """The configuration an evolution run folder was started with (`--resume`)."""
+    path = Path(out) / CONFIG
+    if not holds_run(out) or not path.is_file():
+        raise EvolveError(f"{out} holds no evolution run to resume")
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return EvolveConfig(**{k: v for k, v in stored.items() if k in EvolveConfig.__pydantic_fields__})
+    except (ValueError, TypeError) as e:
+        raise EvolveError(f"{path}: not an evolution configuration ({e})") from None
+
+
+def run_evolve(
+    config: EvolveConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    api_key_env: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Evolve `config.seed_harness` on the suite's dev tasks, confirm on its test tasks; returns
+    final.json's content. `resume`: continue the run in `out` (its configuration must be
+    `config`; `stored_config(out)` reads it)."""
+    from harnessrl.evolve.proposers import LLMProposer, RulesProposer
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import SpecError
+    from harnessrl.models import check_spec, load_policy
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.tasks import get_suite
+
+    try:
+        RunFolder.open(out, "evolution", config.to_json(), resume=resume)  # checks only; the loop opens it
+        seed_spec = load_harness(config.seed_harness)
+        sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+        the_suite = get_suite(config.suite)
+        dev = the_suite.tasks("dev", config.dev_tasks)
+        test = the_suite.tasks("test", config.test_tasks)
+        check_spec(config.model, api_key_env, option="--model")
+        if config.proposer_model:
+            check_spec(config.proposer_model, api_key_env, option="--proposer-model")
+    except (SpecError, ValueError) as e:
+        raise EvolveError(str(e)) from None
+    try:
+        policy = load_policy(config.model, sampling, api_key_env=api_key_env)
+        if config.proposer == "llm":
+            proposer_sampling = SamplingParams(temperature=0.7, seed=config.seed)
+            proposer = LLMProposer(load_policy(config.proposer_model, proposer_sampling, api_key_env=api_key_env))
+        else:
+            proposer = RulesProposer()
+    except (ValueError, RuntimeError, OSError) as e:
+        raise EvolveError(f"cannot load a model: {e}") from None
+    # Solved train tasks (never decision or held-out ones) for the rules proposer's worked example.
+    examples = the_suite.tasks("train", min(8, the_suite.split_sizes.get("train", 0)))
+    evolution = Evolution(
+        Path(out), config, seed_spec, dev, test, policy, proposer, progress=progress, log=log, example_tasks=examples
+    )
+    return evolution.run()

@@ -1,0 +1,106 @@
+"""TrainConfig: every option of `harnessrl train grpo`, declared once (the command line is
+generated from these fields). Light to import: no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+from harnessrl.config import cli, comma_list
+
+DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _scheduler_options(values: Any) -> Any:
+    """--scheduler-option KEY=VALUE (repeated) as a dict; a dict passes through."""
+    if values is None or isinstance(values, dict):
+        return values or {}
+    options = {}
+    for item in [values] if isinstance(values, str) else values:
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"wants KEY=VALUE (e.g. floor=0.02), got {item!r}")
+        options[key.strip().replace("-", "_")] = value.strip()
+    return options
+
+
+def _one_of(*allowed: str):
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"must be {' or '.join(allowed)}")
+        return value
+
+    return check
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
+class TrainConfig:
+    """Every option of a training run (recorded in OUT/config.json), declared once: the command
+    line is generated from these fields. See docs/training.md."""
+
+    model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")
+    suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
+    harnesses: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_HARNESSES),
+        description="harness names, 'all' or spec paths; comma-separate or repeat",
+        json_schema_extra=cli("--harnesses", "-H"),
+    )
+    scheduler: str = Field(
+        "harness-bandit",
+        description="harness-bandit, mixed, uniform, round-robin, single:NAME, learnability-only, transfer-only",
+    )
+    scheduler_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="KEY=VALUE passed to the scheduler (e.g. floor=0.02); repeat",
+        json_schema_extra=cli("--scheduler-option", repeat=True),
+    )
+    steps: int = Field(150, ge=1, description="training steps (one rollout batch each)")
+    tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step")
+    group_size: int = Field(8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2")
+    # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0 = off)")
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description="module names that get LoRA; comma-separate or repeat",
+    )
+    # Rollout sampling temperature (also used for the training log-probs). GRPO learns only from
+    # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
+    # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
+    temperature: float = Field(
+        0.7, gt=0, description="temperature of rollouts and of training log-probs (> 0: GRPO needs different attempts)"
+    )
+    ppo_epochs: int = Field(1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
+    micro_batch: int = Field(2048, ge=1, description="tokens (rows x padded length) per forward/backward")
+    aggregation: str = Field("token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip")
+    clip_high: float = Field(0.28, ge=0, description="upper ratio clip")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)")
+    scale_advantages: bool = Field(True, description="divide advantages by the group std (off: Dr. GRPO)")
+    sketch_dim: int = Field(512, ge=1, description="dimension of the gradient sketch")
+    sketch_kind: str = Field("countsketch", description="countsketch or gaussian")
+    checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
+    eval_every: int = Field(0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
+    eval_tasks: int = Field(8, ge=1, description="first N dev tasks, every harness")
+    eval_temperature: float = Field(0.7, ge=0, description="sampling temperature of evaluations")
+    max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
+    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+    seed: int = Field(0, description="seed of tasks, scheduler, LoRA init and sampling")
+    save_rollouts: bool = Field(True, description="keep every training episode in OUT/rollouts/run.db")
+
+    _lists = field_validator("harnesses", "lora_targets", mode="before")(comma_list)
+    _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
+    _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
+    _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
