@@ -139,7 +139,8 @@ def _multi_turn(engine, tokenizer, system: list[int], tasks: list[str], turns: i
     prompts = [system + tokenizer.encode(t) for t in tasks]
     history = []
     for turn in range(turns):
-        results = engine.generate([EngineRequest(p, 6, temperature=0.9, seed=10 * turn + i) for i, p in enumerate(prompts)])
+        requests = [EngineRequest(p, 6, temperature=0.9, seed=10 * turn + i) for i, p in enumerate(prompts)]
+        results = engine.generate(requests)
         history.append((prompts, results))
         prompts = [p + r.ids + tokenizer.encode(f" observation {turn}: ok.") for p, r in zip(prompts, results)]
     return history
@@ -345,3 +346,15 @@ def test_close_fails_pending_requests(model, tokenizer):
     for f in (running, waiting):
         with pytest.raises(EngineClosed):
             f.result(timeout=5)
+
+
+def test_a_model_in_train_mode_generates_in_eval_mode_and_stays_in_train_mode(tokenizer):
+    model = tiny_random_model()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5  # would change every forward if left on
+    prompt = _prompts(tokenizer, 1, base="Mode")[0]
+    expected = Engine(model, tokenizer).generate([EngineRequest(prompt, 8)])[0]
+    model.train()
+    got = Engine(model, tokenizer).generate([EngineRequest(prompt, 8)])[0]
+    assert model.training
+    assert got.ids == expected.ids and got.logprobs == pytest.approx(expected.logprobs, abs=1e-6)

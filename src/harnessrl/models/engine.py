@@ -220,8 +220,22 @@ class _ForwardCache(DynamicCache):
 
 class _Request:
     __slots__ = (
-        "id", "prompt", "max_new", "temperature", "top_p", "stops", "generator", "future",
-        "out_ids", "out_logprobs", "row", "length", "cached", "lock", "generation", "cancel",
+        "cached",
+        "cancel",
+        "future",
+        "generation",
+        "generator",
+        "id",
+        "length",
+        "lock",
+        "max_new",
+        "out_ids",
+        "out_logprobs",
+        "prompt",
+        "row",
+        "stops",
+        "temperature",
+        "top_p",
     )
 
     def __init__(self, rid: int, prompt: tuple[int, ...], req: EngineRequest, stops: frozenset[int], future: Future):
@@ -435,11 +449,13 @@ class Engine:
         with self._step_lock, torch.inference_mode():
             model = self.model
             was_training = model.training
-            model.eval()
+            if was_training:  # (train() walks every module: not on every step when already in eval)
+                model.eval()
             try:
                 worked = self._step()
             finally:
-                model.train(was_training)
+                if was_training:
+                    model.train()
             if not self._rows:
                 self._kv.release()
             with self._lock:
@@ -470,7 +486,7 @@ class Engine:
         for f in futures:
             try:
                 results.append(f.result(timeout=timeout))
-            except Exception as exc:  # noqa: BLE001 - CancelledError included
+            except Exception as exc:
                 if not return_exceptions:
                     raise
                 results.append(exc)
@@ -538,7 +554,7 @@ class Engine:
                     return
             try:
                 self.step()
-            except Exception as exc:  # noqa: BLE001 - a bug must not leave callers waiting forever
+            except Exception as exc:
                 with self._step_lock:
                     with self._lock:
                         pending = list(self._waiting) + list(self._rows)
@@ -627,7 +643,7 @@ class Engine:
             mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
             cache = _ForwardCache(self._kv, kv_len=width, row=row, start=cached)
             logits = self._forward(new, positions, mask, cache)[0]
-        except Exception as exc:  # noqa: BLE001 - this request fails, the batch goes on
+        except Exception as exc:
             if req.lock is not None:
                 self.prefix_cache.unlock(req.lock)
                 req.lock = None
@@ -661,7 +677,7 @@ class Engine:
         cache = _ForwardCache(self._kv, kv_len=kv_len, positions=lengths.to(self.device))
         try:
             logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
-        except Exception as exc:  # noqa: BLE001 - the running requests fail, the engine goes on
+        except Exception as exc:
             for req in list(rows):
                 self._release(req, insert=False)
                 self._fail(req, EngineError(f"decode failed: {type(exc).__name__}: {exc}"))

@@ -29,7 +29,7 @@ import torch
 class PrefixNode:
     """A run of tokens and their KV, below its parent's tokens."""
 
-    __slots__ = ("tokens", "kv", "parent", "children", "refs", "last_used")
+    __slots__ = ("children", "kv", "last_used", "parent", "refs", "tokens")
 
     def __init__(self, tokens: tuple[int, ...], kv: torch.Tensor | None, parent: PrefixNode | None):
         self.tokens = tokens
@@ -44,7 +44,7 @@ class PrefixMatch:
     """The longest cached prefix of a prompt: `length` tokens, read from `pieces` in order,
     each (node, how many of its tokens). `node` is the deepest node touched (lock it)."""
 
-    __slots__ = ("length", "pieces", "node")
+    __slots__ = ("length", "node", "pieces")
 
     def __init__(self, length: int, pieces: list[tuple[PrefixNode, int]], node: PrefixNode):
         self.length = length
