@@ -1,0 +1,742 @@
+"""Engine: continuous batching and prefix reuse for a local transformers causal LM.
+
+Requests are token in, token out: prompt ids, a token limit, sampling settings, a seed and stop
+ids go in; completion ids, the log-probability of every completion token and a finish reason
+come out. `submit` returns a concurrent.futures.Future at once (from any thread); `step` does
+one round of work; a background thread (`start`) can call `step` while there is work, so many
+callers just wait on their futures (`asyncio.wrap_future` turns one into an awaitable).
+
+One step:
+1. admit waiting requests while fewer than `max_batch` run. Admitting prefills the prompt for
+   that request alone: the longest prefix of the prompt whose keys and values are in the
+   prefix cache is copied into the request's row of the batch cache, and only the remaining
+   tokens run through the model (at positions after the prefix). The prompt's last logits give
+   the first completion token. The prompt then goes into the prefix cache, so a request
+   admitted next (in the same step or later) reuses it.
+2. one decode step for every running request at once: each row feeds its last token at its own
+   position; rows of different lengths share one forward through a 4D attention mask that
+   hides each row's unused cache slots. A request leaves the batch as soon as it samples a stop
+   id or reaches its own max_new_tokens (or the model's context), so no forward is spent on a
+   finished row; its prompt + completion then goes into the prefix cache, which is what an
+   episode's next turn starts with.
+
+The batch cache is one tensor (layers, 2, rows, kv_heads, capacity, head_dim): row r holds the
+keys and values of request r's tokens at slots 0..length-1, and a forward writes the new
+token's key/value at slot `length` of each row (a small transformers Cache adapter does the
+writing, so the model's own attention code runs unchanged). A leaving row is replaced by the
+last row (one copy), so the running rows are always rows 0..n-1.
+
+Sampling and log-probabilities are those of HFPolicy: the recorded log-probability of a sampled
+token is log softmax(z / T)[token] of the raw logits z (T = 0: log softmax(z)), top_p applied
+only to the sampling distribution afterwards, so it is what a teacher-forced forward pass of
+prompt + completion gives. Every request samples from its own torch.Generator seeded with its
+own seed: what else is in flight changes its logits only by float rounding of the batched
+matmuls, never its random draws. Greedy (T = 0) takes the arg max, as model.generate does.
+
+Prefix cache and weights. Cached keys/values are only valid for the weights that computed
+them. Each step compares a fingerprint of the parameters (their identities and in-place
+version counters, which optimizer steps and `load_state_dict` bump) and drops the whole prefix
+cache when it changed; a request running across such a change finishes on its old prefix and
+is not put back into the cache. Anything else that changes what the model computes without
+touching parameters in place (a peft adapter switched off, `.data` assignments) needs
+`clear_cache()`.
+
+Only causal LMs whose every layer is full attention, with the `sdpa` or `eager` attention
+implementation (the default of transformers' Llama, Qwen2, Mistral without sliding window, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import CancelledError, Future
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+_CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
+
+
+class EngineClosed(RuntimeError):
+    """The engine was closed before the request finished."""
+
+
+class EngineError(RuntimeError):
+    """The model failed while the request was running (the request, not the engine, ends)."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One completion to generate. `stop_ids=None`: the engine's default stop ids."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_ids: Sequence[int] | None = None
+
+
+@dataclass
+class Completion:
+    """What a request produced. `ids` keeps the stop token when finish_reason is "stop"."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose keys/values came from the prefix cache
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (a snapshot: `Engine.stats()`)."""
+
+    max_batch: int = 0
+    requests: int = 0  # submitted
+    finished: int = 0
+    failed: int = 0  # rejected at submit or failed while running
+    cancelled: int = 0
+    prompt_tokens: int = 0  # of admitted requests = prefilled_tokens + cached_tokens
+    prefilled_tokens: int = 0  # prompt tokens run through the model
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    completion_tokens: int = 0
+    decode_steps: int = 0  # batched forwards of one token per running row
+    decode_rows: int = 0  # rows summed over decode steps
+    peak_batch: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    cache_budget_tokens: int = 0
+    cache_tokens: int = 0  # tokens held by the prefix cache now
+    cache_nodes: int = 0
+    evictions: int = 0  # prefix cache nodes evicted
+    evicted_tokens: int = 0
+    cache_clears: int = 0  # weights changed (or clear_cache)
+    kv_bytes_per_token: int = 0
+    mean_batch: float = field(default=0.0)  # decode_rows / decode_steps
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------ batch cache
+
+
+class _BatchKV:
+    """The running rows' keys and values: (layers, 2, rows, kv_heads, capacity, head_dim)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = (layers, kv_heads, head_dim)
+        self.dtype = dtype
+        self.device = device
+        self.buf: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.buf is None else self.buf.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.buf is None else self.buf.shape[4]
+
+    def reserve(self, rows: int, capacity: int, max_rows: int) -> None:
+        """Make room for `rows` rows of `capacity` tokens, growing geometrically. New slots are
+        zeros: masked slots must hold finite numbers (0 x NaN would leak through the mask)."""
+        if rows <= self.rows and capacity <= self.capacity:
+            return
+        new_rows = max(rows, self.rows) if rows <= self.rows else min(max_rows, max(rows, 2 * self.rows))
+        new_cap = self.capacity
+        if capacity > self.capacity:
+            new_cap = max(capacity, self.capacity + self.capacity // 2)
+            new_cap = -(-new_cap // _CAPACITY_STEP) * _CAPACITY_STEP
+        layers, heads, dim = self.shape
+        grown = torch.zeros((layers, 2, new_rows, heads, new_cap, dim), dtype=self.dtype, device=self.device)
+        if self.buf is not None:
+            grown[:, :, : self.rows, :, : self.capacity] = self.buf
+        self.buf = grown
+
+    def row(self, r: int, length: int) -> torch.Tensor:
+        """Row r's first `length` slots: (layers, 2, kv_heads, length, head_dim), a view."""
+        return self.buf[:, :, r, :, :length]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.buf[:, :, dst, :, :length] = self.buf[:, :, src, :, :length]
+
+    def release(self) -> None:
+        self.buf = None
+
+
+class _ForwardCache(DynamicCache):
+    """What the model sees as its cache during one engine forward.
+
+    Each attention layer hands over the keys/values of the new tokens; they are written into
+    the batch cache at the rows' own positions, and the layer gets back the rows' cached slots
+    up to `kv_len` (unused slots are hidden by the engine's attention mask). Two shapes:
+    prefill (one row `row`, tokens at `start`..) and decode (rows 0..n-1, one token each at
+    `positions`).
+    """
+
+    def __init__(self, kv: _BatchKV, *, kv_len: int, row: int = 0, start: int = 0, positions=None):
+        super().__init__()
+        self.kv = kv
+        self.kv_len = kv_len
+        self.row = row
+        self.start = start
+        self.positions = positions  # (n,) long, decode only
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        buf = self.kv.buf[layer_idx]  # (2, rows, heads, capacity, dim)
+        if key_states.shape[1] != buf.shape[2] or key_states.shape[-1] != buf.shape[-1]:
+            raise ValueError(
+                f"layer {layer_idx} returned keys of shape {tuple(key_states.shape)}; the engine expected "
+                f"{buf.shape[2]} kv heads of size {buf.shape[-1]}"
+            )
+        if self.positions is None:
+            end = self.start + key_states.shape[2]
+            buf[0, self.row, :, self.start : end] = key_states[0]
+            buf[1, self.row, :, self.start : end] = value_states[0]
+            return buf[0, self.row : self.row + 1, :, :end], buf[1, self.row : self.row + 1, :, :end]
+        n = key_states.shape[0]
+        rows = torch.arange(n, device=buf.device)
+        buf[0, :n][rows, :, self.positions] = key_states[:, :, 0]
+        buf[1, :n][rows, :, self.positions] = value_states[:, :, 0]
+        return buf[0, :n, :, : self.kv_len], buf[1, :n, :, : self.kv_len]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.start if self.positions is None else self.kv_len - 1
+
+
+# ------------------------------------------------------------------------------- requests
+
+
+class _Request:
+    __slots__ = (
+        "cached",
+        "cancel",
+        "future",
+        "generation",
+        "generator",
+        "id",
+        "length",
+        "lock",
+        "max_new",
+        "out_ids",
+        "out_logprobs",
+        "prompt",
+        "row",
+        "stops",
+        "temperature",
+        "top_p",
+    )
+
+    def __init__(self, rid: int, prompt: tuple[int, ...], req: EngineRequest, stops: frozenset[int], future: Future):
+        self.id = rid
+        self.prompt = prompt
+        self.max_new = req.max_new_tokens
+        self.temperature = float(req.temperature)
+        self.top_p = float(req.top_p)
+        self.stops = stops
+        self.generator = torch.Generator().manual_seed(req.seed) if req.temperature > 0 else None
+        self.future = future
+        self.out_ids: list[int] = []
+        self.out_logprobs: list[float] = []
+        self.row = -1
+        self.length = 0  # tokens with keys/values in the row
+        self.cached = 0
+        self.lock: PrefixNode | None = None
+        self.generation = 0
+        self.cancel = False
+
+
+def _check_request(req: EngineRequest, vocab: int, max_context: int | None) -> tuple[tuple[int, ...], frozenset]:
+    try:
+        prompt = tuple(int(t) for t in req.prompt_ids)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"prompt_ids must be token ids (integers): {exc}") from None
+    if not prompt:
+        raise ValueError("empty prompt")
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    if max_context is not None and len(prompt) >= max_context:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context is {max_context}")
+    if isinstance(req.max_new_tokens, bool) or not isinstance(req.max_new_tokens, int) or req.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {req.max_new_tokens!r}")
+    if not (isinstance(req.temperature, (int, float)) and math.isfinite(req.temperature) and req.temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {req.temperature!r}")
+    if not (isinstance(req.top_p, (int, float)) and 0 < req.top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
+    if not isinstance(req.seed, int):
+        raise ValueError(f"seed must be an integer, got {req.seed!r}")
+    stops = frozenset(int(s) for s in req.stop_ids) if req.stop_ids is not None else None
+    return prompt, stops
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most probable tokens until their mass reaches top_p (the first always): (probs, ids).
+
+    Looks at the top 64 first and widens only when the nucleus does not end inside them, so the
+    usual case costs a top-k instead of sorting the whole vocabulary.
+    """
+    k = min(64, probs.numel())
+    while True:
+        top, ids = torch.topk(probs, k)
+        before = torch.cumsum(top, dim=0) - top
+        if k == probs.numel() or bool(before[-1] >= top_p):
+            keep = before < top_p
+            return top[keep], ids[keep]
+        k = min(probs.numel(), 8 * k)
+
+
+def _sample(logits: torch.Tensor, req: _Request) -> tuple[int, float]:
+    """One token from one row's raw logits (vocab,), float32, and its log-probability."""
+    if req.temperature == 0:
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, dim=-1)[token])
+    logp = torch.log_softmax(logits / req.temperature, dim=-1)
+    probs = logp.exp()
+    ids = None
+    if req.top_p < 1.0:
+        probs, ids = _nucleus(probs, req.top_p)
+    # inverse CDF with one uniform draw from the request's own generator
+    cdf = torch.cumsum(probs.double(), dim=0)
+    u = torch.rand((), generator=req.generator, dtype=torch.float64)
+    pick = min(int(torch.searchsorted(cdf, u * cdf[-1], right=True)), cdf.numel() - 1)
+    token = int(ids[pick]) if ids is not None else pick
+    return token, float(logp[token])
+
+
+# --------------------------------------------------------------------------------- engine
+
+
+def _forward_parameters(model) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+class Engine:
+    """Continuous batching with prefix reuse over one causal LM (see the module docstring).
+
+    `tokenizer_or_stop_ids`: a tokenizer (the default stop ids are then the end-of-turn ids
+    HFPolicy uses: <|im_end|>, the tokenizer's and the model's eos) or the stop ids themselves.
+    `cache_budget_tokens`: how many tokens of keys/values the prefix cache may hold (0 turns it
+    off); `kv_bytes_per_token` in `stats()` converts it to bytes. `max_context`: the longest
+    prompt + completion, by default the model's max_position_embeddings.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer_or_stop_ids,
+        *,
+        max_batch: int = 8,
+        cache_budget_tokens: int = 16384,
+        max_context: int | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        config = model.config
+        attn = getattr(config, "_attn_implementation", None) or "eager"
+        if attn not in ("sdpa", "eager"):
+            raise ValueError(f"the engine needs sdpa or eager attention; this model uses {attn!r}")
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            raise ValueError("the engine does not handle sliding-window attention")
+        if isinstance(tokenizer_or_stop_ids, Sequence) and not isinstance(tokenizer_or_stop_ids, str):
+            stops = [int(s) for s in tokenizer_or_stop_ids]
+        else:
+            from harnessrl.models.hf import end_of_turn_ids
+
+            stops = end_of_turn_ids(model, tokenizer_or_stop_ids)
+        self.model = model
+        self.stop_ids = frozenset(stops)
+        self.max_batch = max_batch
+        self.max_context = max_context or getattr(config, "max_position_embeddings", None)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self._bool_mask = attn == "sdpa"
+        params = _forward_parameters(model)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._logits_to_keep = "logits_to_keep" in params
+        first = next(model.parameters())
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self._kv = _BatchKV(config.num_hidden_layers, kv_heads, head_dim, first.dtype, first.device)
+        self.device = first.device
+        self.prefix_cache = PrefixCache(cache_budget_tokens)
+        self._stats = EngineStats(
+            max_batch=max_batch,
+            cache_budget_tokens=cache_budget_tokens,
+            kv_bytes_per_token=config.num_hidden_layers * 2 * kv_heads * head_dim * first.element_size(),
+        )
+        self._generation = 0  # bumped when the weights change: older prefixes are stale
+        self._weights = self._weights_fingerprint()
+        self._rows: list[_Request] = []  # running, row i = self._rows[i]
+        self._waiting: deque[_Request] = deque()
+        self._by_future: dict[Future, _Request] = {}
+        self._next_id = 0
+        self._lock = threading.Lock()  # waiting queue, cancel flags, closed flag
+        self._work = threading.Condition(self._lock)  # signalled on submit, close and idle
+        self._step_lock = threading.Lock()  # one step at a time
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------------------- public
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 256,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop_ids: Sequence[int] | None = None,
+    ) -> Future:
+        """Queue one request; its Future resolves to a Completion. Never raises for a bad
+        request: the Future carries the ValueError (or EngineClosed) instead."""
+        return self.submit_request(EngineRequest(prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids))
+
+    def submit_request(self, request: EngineRequest) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._stats.requests += 1
+            if self._closed:
+                self._stats.failed += 1
+                future.set_exception(EngineClosed("the engine is closed"))
+                return future
+            try:
+                prompt, stops = _check_request(request, self.vocab_size, self.max_context)
+            except ValueError as exc:
+                self._stats.failed += 1
+                future.set_exception(exc)
+                return future
+            req = _Request(self._next_id, prompt, request, self.stop_ids if stops is None else stops, future)
+            self._next_id += 1
+            self._waiting.append(req)
+            self._by_future[future] = req
+            self._work.notify_all()
+        return future
+
+    def cancel(self, future: Future) -> bool:
+        """Stop a request: a waiting one is cancelled at once, a running one leaves the batch at
+        the next step (its Future then raises CancelledError). False if it already ended."""
+        with self._lock:
+            req = self._by_future.get(future)
+            if req is None or future.done():
+                return False
+            if future.cancel():  # still waiting: the step skips it
+                return True
+            req.cancel = True
+            return True
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._rows)
+
+    def step(self) -> bool:
+        """Admit what fits, then one decode step for every running request. False if idle."""
+        with self._step_lock, torch.inference_mode():
+            model = self.model
+            was_training = model.training
+            if was_training:  # (train() walks every module: not on every step when already in eval)
+                model.eval()
+            try:
+                worked = self._step()
+            finally:
+                if was_training:
+                    model.train()
+            if not self._rows:
+                self._kv.release()
+            with self._lock:
+                if not (self._waiting or self._rows):
+                    self._work.notify_all()
+            return worked
+
+    def run_until_done(self) -> None:
+        """Block until nothing is waiting or running (stepping here unless a driver thread runs)."""
+        if self._driver_alive():
+            with self._work:
+                while (self._waiting or self._rows) and not self._closed:
+                    self._work.wait()
+            return
+        while self.has_work():
+            self.step()
+
+    def generate(
+        self, requests: Sequence[EngineRequest], *, timeout: float | None = None, return_exceptions: bool = False
+    ) -> list:
+        """Submit every request and wait for all of them; Completions in order. A failed request
+        raises its exception (after all finished), or stands in the list with return_exceptions."""
+        futures = [self.submit_request(r) for r in requests]
+        if not self._driver_alive():
+            while not all(f.done() for f in futures):
+                self.step()
+        results = []
+        for f in futures:
+            try:
+                results.append(f.result(timeout=timeout))
+            except Exception as exc:
+                if not return_exceptions:
+                    raise
+                results.append(exc)
+        return results
+
+    def start(self) -> Engine:
+        """Run steps in a background thread whenever there is work (until `close`)."""
+        with self._lock:
+            if self._closed:
+                raise EngineClosed("the engine is closed")
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._drive, name="harnessrl-engine", daemon=True)
+                self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the driver thread; fail what is still waiting or running with EngineClosed."""
+        with self._lock:
+            self._closed = True
+            self._work.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._step_lock:
+            with self._lock:
+                pending = list(self._waiting) + list(self._rows)
+                self._waiting.clear()
+            for req in pending:
+                self._fail(req, EngineClosed("the engine was closed before the request finished"))
+            self._rows.clear()
+            self._kv.release()
+            self.prefix_cache.clear()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (call it after changing what the model computes)."""
+        with self._step_lock:
+            self._invalidate()
+
+    def stats(self) -> EngineStats:
+        s = EngineStats(**asdict(self._stats))
+        s.cache_tokens = self.prefix_cache.tokens
+        s.cache_nodes = self.prefix_cache.nodes
+        s.evictions = self.prefix_cache.evictions
+        s.evicted_tokens = self.prefix_cache.evicted_tokens
+        s.mean_batch = s.decode_rows / s.decode_steps if s.decode_steps else 0.0
+        return s
+
+    # ---------------------------------------------------------------------------- internal
+
+    def _driver_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread()
+
+    def _drive(self) -> None:
+        while True:
+            with self._work:
+                while not self._closed and not (self._waiting or self._rows):
+                    self._work.wait()
+                if self._closed:
+                    return
+            try:
+                self.step()
+            except Exception as exc:
+                with self._step_lock:
+                    with self._lock:
+                        pending = list(self._waiting) + list(self._rows)
+                        self._waiting.clear()
+                    for req in pending:
+                        self._fail(req, EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+                    self._rows.clear()
+                    self._kv.release()
+
+    def _weights_fingerprint(self) -> tuple[int, int, int]:
+        ids = versions = count = 0
+        for p in self.model.parameters():
+            ids += id(p)
+            versions += p._version
+            count += 1
+        return count, ids, versions
+
+    def _invalidate(self) -> None:
+        self._generation += 1
+        self.prefix_cache.clear()
+        self._stats.cache_clears += 1
+
+    def _step(self) -> bool:
+        weights = self._weights_fingerprint()
+        if weights != self._weights:
+            self._weights = weights
+            self._invalidate()
+        worked = False
+        for req in [r for r in self._rows if r.cancel]:
+            self._stats.cancelled += 1
+            self._release(req, insert=False)
+            req.future.set_exception(CancelledError())
+            worked = True
+        while len(self._rows) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    break
+                req = self._waiting.popleft()
+                if not req.future.set_running_or_notify_cancel():  # cancelled while waiting
+                    self._by_future.pop(req.future, None)
+                    self._stats.cancelled += 1
+                    continue
+            self._admit(req)
+            worked = True
+        if self._rows:
+            self._decode()
+            worked = True
+        return worked
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        if not self._bool_mask:  # eager attention adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=self._kv.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self._kv.dtype).min
+            )
+        kwargs = {self._cache_arg: cache, "use_cache": True}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            **kwargs,
+        )
+        return out.logits[:, -1].float().cpu()
+
+    def _admit(self, req: _Request) -> None:
+        t0 = time.perf_counter()
+        prompt = req.prompt
+        row = len(self._rows)
+        match = None
+        try:
+            self._kv.reserve(row + 1, len(prompt) + 1, self.max_batch)
+            req.generation = self._generation
+            cached = 0
+            if self.prefix_cache.budget_tokens > 0:
+                match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
+                for node, take in match.pieces:
+                    self._kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
+                    cached += take
+                if cached:
+                    self.prefix_cache.lock(match.node)
+                    req.lock = match.node
+            new = torch.tensor([prompt[cached:]], dtype=torch.long)
+            width = len(prompt)
+            positions = torch.arange(cached, width).unsqueeze(0)
+            mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
+            cache = _ForwardCache(self._kv, kv_len=width, row=row, start=cached)
+            logits = self._forward(new, positions, mask, cache)[0]
+        except Exception as exc:
+            if req.lock is not None:
+                self.prefix_cache.unlock(req.lock)
+                req.lock = None
+            self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
+            return
+        req.row, req.length, req.cached = row, len(prompt), cached
+        self._rows.append(req)
+        self._stats.prompt_tokens += len(prompt)
+        self._stats.prefilled_tokens += len(prompt) - cached
+        self._stats.cached_tokens += cached
+        self._stats.peak_batch = max(self._stats.peak_batch, len(self._rows))
+        if self.prefix_cache.budget_tokens > 0:
+            node = self.prefix_cache.insert(prompt, self._kv.row(row, len(prompt)))
+            if node is not self.prefix_cache.root:
+                self.prefix_cache.lock(node)
+            if req.lock is not None:
+                self.prefix_cache.unlock(req.lock)
+            req.lock = node if node is not self.prefix_cache.root else None
+        self._stats.prefill_seconds += time.perf_counter() - t0
+        self._accept(req, *_sample(logits, req))
+
+    def _decode(self) -> None:
+        t0 = time.perf_counter()
+        rows = self._rows
+        n = len(rows)
+        lengths = torch.tensor([r.length for r in rows], dtype=torch.long)
+        kv_len = int(lengths.max()) + 1
+        self._kv.reserve(n, kv_len, self.max_batch)
+        input_ids = torch.tensor([[r.out_ids[-1]] for r in rows], dtype=torch.long)
+        mask = (torch.arange(kv_len).unsqueeze(0) <= lengths.unsqueeze(1)).view(n, 1, 1, kv_len)
+        cache = _ForwardCache(self._kv, kv_len=kv_len, positions=lengths.to(self.device))
+        try:
+            logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
+        except Exception as exc:
+            for req in list(rows):
+                self._release(req, insert=False)
+                self._fail(req, EngineError(f"decode failed: {type(exc).__name__}: {exc}"))
+            return
+        self._stats.decode_steps += 1
+        self._stats.decode_rows += n
+        self._stats.decode_seconds += time.perf_counter() - t0
+        batch = list(rows)
+        for req in batch:  # every row now holds its fed token (before any row moves)
+            req.length += 1
+        for req, row_logits in zip(batch, logits):
+            self._accept(req, *_sample(row_logits, req))
+
+    def _accept(self, req: _Request, token: int, logprob: float) -> None:
+        """Record a sampled token; finish the request when it stops."""
+        req.out_ids.append(token)
+        req.out_logprobs.append(logprob)
+        self._stats.completion_tokens += 1
+        if token in req.stops:
+            self._finish(req, FINISH_STOP)
+        elif len(req.out_ids) >= req.max_new or (
+            self.max_context is not None and len(req.prompt) + len(req.out_ids) >= self.max_context
+        ):
+            self._finish(req, FINISH_LENGTH)
+
+    def _finish(self, req: _Request, reason: str) -> None:
+        self._release(req, insert=True)
+        self._stats.finished += 1
+        with self._lock:
+            self._by_future.pop(req.future, None)
+        req.future.set_result(
+            Completion(list(req.out_ids), list(req.out_logprobs), reason, len(req.prompt), req.cached)
+        )
+
+    def _release(self, req: _Request, *, insert: bool) -> None:
+        """Take the request's row out of the batch (the last row moves into it); before that,
+        remember its prompt + fed completion tokens in the prefix cache."""
+        cache = self.prefix_cache
+        if insert and cache.budget_tokens > 0 and req.generation == self._generation:
+            fed = req.prompt + tuple(req.out_ids[:-1])
+            assert len(fed) == req.length, (len(fed), req.length)
+            cache.insert(fed, self._kv.row(req.row, req.length))
+        if req.lock is not None:
+            cache.unlock(req.lock)
+            req.lock = None
+        last = self._rows[-1]
+        if last is not req:
+            self._kv.move(last.row, req.row, last.length)
+            self._rows[req.row] = last
+            last.row = req.row
+        self._rows.pop()
+        req.row = -1
+
+    def _fail(self, req: _Request, exc: BaseException) -> None:
+        with self._lock:
+            self._by_future.pop(req.future, None)
+        if req.future.done():
+            return
+        self._stats.failed += 1
+        if not req.future.running():
+            req.future.set_running_or_notify_cancel()
+        req.future.set_exception(exc)

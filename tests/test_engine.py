@@ -1,0 +1,360 @@
+"""The inference engine: continuous batching, prefix reuse, exact sampling and logprobs."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from harnessrl.models.embedded import tiny_random_model
+from harnessrl.models.engine import Engine, EngineClosed, EngineRequest
+from harnessrl.models.prefix_cache import PrefixCache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_random_model()
+
+
+def _prompts(tokenizer, n: int, base: str = "Task") -> list[list[int]]:
+    return [tokenizer.encode(f"{base} {k}: " + "count the apples " * (1 + 2 * k)) for k in range(n)]
+
+
+def _generate_alone(model, prompt: list[int], max_new: int, stops: list[int]) -> list[int]:
+    """model.generate, greedy, one request, cut after the first stop id."""
+    config = GenerationConfig(
+        max_new_tokens=max_new, do_sample=False, num_beams=1, eos_token_id=stops or None, pad_token_id=0
+    )
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             generation_config=config)
+    ids = out[0, len(prompt):].tolist()
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[: i + 1]
+    return ids
+
+
+def _teacher_forced(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
+    z = logits[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+    if temperature > 0:
+        z = z / temperature
+    return torch.log_softmax(z, dim=-1).gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_greedy_batch_matches_generate_one_at_a_time(model, tokenizer):
+    prompts = _prompts(tokenizer, 5)
+    limits = [6, 14, 9, 3, 11]
+    engine = Engine(model, tokenizer, max_batch=3)  # 5 requests, 3 rows: two join mid-flight
+    results = engine.generate([EngineRequest(p, n) for p, n in zip(prompts, limits)])
+    stops = sorted(engine.stop_ids)
+    for prompt, limit, result in zip(prompts, limits, results):
+        assert result.ids == _generate_alone(model, prompt, limit, stops)
+        assert result.finish_reason == "length" and len(result.ids) == limit
+        assert result.prompt_tokens == len(prompt)
+    stats = engine.stats()
+    # each request: its first token comes from the prefill, every later one from one decode row,
+    # and no decode row is spent on a request that already finished
+    assert stats.decode_rows == sum(n - 1 for n in limits)
+    assert stats.peak_batch == 3
+    assert stats.completion_tokens == sum(limits)
+
+
+def test_stop_token_ends_only_its_row_and_is_kept(model, tokenizer):
+    prompts = _prompts(tokenizer, 3)
+    free = Engine(model, [], max_batch=4, cache_budget_tokens=0).generate([EngineRequest(p, 10) for p in prompts])
+    stop = free[1].ids[3]  # the 4th greedy token of request 1
+    first = free[1].ids.index(stop)
+    engine = Engine(model, [], max_batch=4, cache_budget_tokens=0)
+    requests = [EngineRequest(p, 10, stop_ids=[stop] if i == 1 else None) for i, p in enumerate(prompts)]
+    results = engine.generate(requests)
+    assert results[1].ids == free[1].ids[: first + 1]
+    assert results[1].finish_reason == "stop"
+    assert results[1].ids == _generate_alone(model, prompts[1], 10, [stop])
+    assert [r.ids for i, r in enumerate(results) if i != 1] == [free[0].ids, free[2].ids]
+    assert engine.stats().decode_rows == 9 + first + 9
+
+
+def test_requests_joining_mid_flight_match_running_alone(model, tokenizer):
+    prompts = _prompts(tokenizer, 4, base="Join")
+    alone = []
+    for p in prompts:
+        alone.append(Engine(model, tokenizer, cache_budget_tokens=0).generate([EngineRequest(p, 8)])[0])
+    engine = Engine(model, tokenizer, max_batch=4, cache_budget_tokens=0)
+    first = engine.submit(prompts[0], 8)
+    engine.step()
+    engine.step()
+    later = [engine.submit(p, 8) for p in prompts[1:3]]
+    engine.step()
+    last = engine.submit(prompts[3], 8)
+    engine.run_until_done()
+    got = [f.result() for f in [first, *later, last]]
+    for a, b in zip(alone, got):
+        assert a.ids == b.ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+
+
+def test_same_seed_same_sample_alone_or_beside_others(model, tokenizer):
+    prompts = _prompts(tokenizer, 4, base="Sample")
+    target = EngineRequest(prompts[0], 16, temperature=1.0, top_p=0.9, seed=1234)
+    alone = Engine(model, tokenizer, cache_budget_tokens=0).generate([target])[0]
+    others = [EngineRequest(p, 5 + 4 * i, temperature=0.8, seed=i) for i, p in enumerate(prompts[1:])]
+    crowded = Engine(model, tokenizer, max_batch=4).generate([others[0], target, *others[1:]])[1]
+    assert crowded.ids == alone.ids
+    assert crowded.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    other_seed = Engine(model, tokenizer).generate([EngineRequest(prompts[0], 16, temperature=1.0, top_p=0.9, seed=7)])
+    assert other_seed[0].ids != alone.ids  # the seed, not something global, drives the draw
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.7, 0.8), (1.3, 1.0)])
+def test_logprobs_match_teacher_forced_forward(model, tokenizer, temperature, top_p):
+    prompts = _prompts(tokenizer, 3, base="Logprob")
+    engine = Engine(model, tokenizer, max_batch=2)
+    results = engine.generate(
+        [EngineRequest(p, 12, temperature=temperature, top_p=top_p, seed=i) for i, p in enumerate(prompts)]
+    )
+    for prompt, result in zip(prompts, results):
+        expected = _teacher_forced(model, prompt, result.ids, temperature)
+        assert result.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_top_p_keeps_samples_inside_the_nucleus(model, tokenizer):
+    prompt = _prompts(tokenizer, 1, base="Nucleus")[0]
+    engine = Engine(model, [], cache_budget_tokens=0)
+    results = engine.generate([EngineRequest(prompt, 1, temperature=1.0, top_p=0.5, seed=s) for s in range(30)])
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].float(), dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    nucleus = order[: int((torch.cumsum(sorted_probs, 0) < 0.5).sum()) + 1].tolist()
+    assert {r.ids[0] for r in results} <= set(nucleus)
+
+
+def _multi_turn(engine, tokenizer, system: list[int], tasks: list[str], turns: int = 3):
+    """Episodes whose next prompt is the previous prompt + completion + an observation."""
+    prompts = [system + tokenizer.encode(t) for t in tasks]
+    history = []
+    for turn in range(turns):
+        requests = [EngineRequest(p, 6, temperature=0.9, seed=10 * turn + i) for i, p in enumerate(prompts)]
+        results = engine.generate(requests)
+        history.append((prompts, results))
+        prompts = [p + r.ids + tokenizer.encode(f" observation {turn}: ok.") for p, r in zip(prompts, results)]
+    return history
+
+
+def test_prefix_cache_skips_prefill_and_gives_the_same_results(model, tokenizer):
+    system = tokenizer.encode("You are an agent. Tools: add, sub. Example: add(1, 2) -> 3. " * 3)
+    tasks = ["Add 2 and 3.", "Subtract 4 from 9.", "Add 7 and 8."]
+    cached = Engine(model, tokenizer, max_batch=3)
+    uncached = Engine(model, tokenizer, max_batch=3, cache_budget_tokens=0)
+    with_cache = _multi_turn(cached, tokenizer, system, tasks)
+    without = _multi_turn(uncached, tokenizer, system, tasks)
+    for (prompts, a), (prompts_b, b) in zip(with_cache, without):
+        assert prompts == prompts_b
+        for x, y in zip(a, b):
+            assert x.ids == y.ids
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+    # turn 1: the second and third episode reuse the system prompt the first one prefilled
+    first_turn = with_cache[0][1]
+    assert first_turn[0].cached_tokens == 0
+    assert all(r.cached_tokens >= len(system) for r in first_turn[1:])
+    # later turns: everything up to the previous completion's last fed token is reused
+    for turn in (1, 2):
+        previous_prompts, previous = with_cache[turn - 1]
+        for prev_prompt, prev, result in zip(previous_prompts, previous, with_cache[turn][1]):
+            assert result.cached_tokens == len(prev_prompt) + len(prev.ids) - 1
+    s, u = cached.stats(), uncached.stats()
+    assert s.prompt_tokens == u.prompt_tokens == s.prefilled_tokens + s.cached_tokens
+    assert u.cached_tokens == 0 and u.prefilled_tokens == u.prompt_tokens
+    assert s.prefilled_tokens < u.prefilled_tokens / 2
+
+
+def test_prompt_fully_cached_still_prefills_its_last_token(model, tokenizer):
+    prompt = _prompts(tokenizer, 1, base="Again")[0]
+    engine = Engine(model, tokenizer)
+    first, second = engine.generate([EngineRequest(prompt, 5)]), engine.generate([EngineRequest(prompt, 5)])
+    assert second[0].ids == first[0].ids
+    assert second[0].cached_tokens == len(prompt) - 1
+    assert engine.stats().prefilled_tokens == len(prompt) + 1
+
+
+def _kv(n: int, fill: float = 0.0) -> torch.Tensor:
+    return torch.full((2, 2, 1, n, 3), fill)
+
+
+def test_prefix_cache_lru_eviction_keeps_the_budget_and_locked_nodes():
+    cache = PrefixCache(budget_tokens=10)
+    a = cache.insert([1, 2, 3, 4], _kv(4, 1.0))
+    cache.insert([5, 6, 7], _kv(3, 2.0))
+    assert cache.tokens == 7
+    cache.match([1, 2, 3, 4, 9])  # a is now more recent than [5, 6, 7]
+    cache.insert([8, 9, 10, 11], _kv(4, 3.0))  # 11 > 10: the least recently used leaf goes
+    assert cache.tokens == 8 and cache.evictions == 1 and cache.evicted_tokens == 3
+    assert cache.match([5, 6, 7]).length == 0
+    assert cache.match([1, 2, 3, 4]).length == 4
+    cache.lock(a)
+    cache.insert([20, 21, 22, 23, 24, 25, 26, 27, 28], _kv(9, 4.0))  # [8..11] evicted, a locked
+    assert cache.match([1, 2, 3, 4]).length == 4
+    assert cache.match([8, 9]).length == 0
+    assert cache.tokens <= 10
+    assert cache.match([20, 21, 22, 23, 24, 25, 26, 27, 28]).length == 6  # cut to what fits
+    cache.unlock(a)
+    cache.insert([30, 31, 32, 33, 34, 35, 36, 37], _kv(8, 5.0))
+    assert cache.tokens <= 10 and cache.match([1, 2, 3, 4]).length == 0
+
+
+def test_prefix_cache_shares_prefixes_and_splits_nodes():
+    cache = PrefixCache(budget_tokens=100)
+    kv = torch.arange(6, dtype=torch.float).view(1, 1, 1, 6, 1).expand(2, 2, 1, 6, 1).contiguous()
+    cache.insert([1, 2, 3, 4, 5, 6], kv)
+    cache.insert([1, 2, 3, 9], torch.full((2, 2, 1, 4, 1), -1.0))
+    assert cache.tokens == 7  # [1,2,3] stored once, then [4,5,6] and [9]
+    match = cache.match([1, 2, 3, 9, 9, 9])
+    assert match.length == 4
+    values = torch.cat([node.kv[:, :, :, :take] for node, take in match.pieces], dim=3)
+    assert values[0, 0, 0, :, 0].tolist() == [0.0, 1.0, 2.0, -1.0]
+    assert cache.match([1, 2, 3, 4, 5, 6], limit=5).length == 5
+
+
+def test_engine_cache_stays_within_budget_and_evicts(model, tokenizer):
+    budget = 60
+    engine = Engine(model, tokenizer, max_batch=2, cache_budget_tokens=budget)
+    for k in range(6):
+        engine.generate([EngineRequest(tokenizer.encode(f"Episode {k}: " + "walk the dog " * 6), 4)])
+        assert engine.stats().cache_tokens <= budget
+    stats = engine.stats()
+    assert stats.evictions > 0 and stats.evicted_tokens > 0
+
+
+def test_a_bad_request_fails_only_itself(model, tokenizer):
+    engine = Engine(model, tokenizer, max_batch=4, max_context=40)
+    good = _prompts(tokenizer, 2, base="Good")
+    good = [p[:20] for p in good]
+    requests = [
+        EngineRequest(good[0], 5),
+        EngineRequest([], 5),
+        EngineRequest(list(range(200, 245)), 5),  # longer than the context of 40
+        EngineRequest([engine.vocab_size + 3], 5),
+        EngineRequest(good[1], 0),
+        EngineRequest(good[1], 5, top_p=0.0),
+        EngineRequest(good[1], 5, temperature=-1.0),
+        EngineRequest(good[1], 5),
+    ]
+    results = engine.generate(requests, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["Completion"] + ["ValueError"] * 6 + ["Completion"]
+    assert "empty prompt" in str(results[1])
+    assert "context" in str(results[2])
+    assert "vocabulary" in str(results[3])
+    alone = Engine(model, tokenizer).generate([EngineRequest(good[1], 5)])[0]
+    assert results[-1].ids == alone.ids
+    assert engine.stats().failed == 6
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate(requests[:2])
+
+
+def test_a_request_stops_at_the_model_context(model, tokenizer):
+    engine = Engine(model, [], max_context=30)
+    prompt = _prompts(tokenizer, 6)[5][:27]
+    assert len(prompt) == 27
+    result = engine.generate([EngineRequest(prompt, 10)])[0]
+    assert len(result.ids) == 3 and result.finish_reason == "length"
+
+
+def test_failing_prefill_fails_only_that_request(model, tokenizer, monkeypatch):
+    engine = Engine(model, tokenizer, max_batch=4, cache_budget_tokens=0)
+    prompts = _prompts(tokenizer, 3, base="Boom")
+    real_forward = engine._forward
+
+    def forward(input_ids, positions, mask, cache):
+        if input_ids.shape[1] == len(prompts[1]):
+            raise RuntimeError("out of memory")
+        return real_forward(input_ids, positions, mask, cache)
+
+    monkeypatch.setattr(engine, "_forward", forward)
+    results = engine.generate([EngineRequest(p, 4) for p in prompts], return_exceptions=True)
+    assert isinstance(results[1], RuntimeError) and "out of memory" in str(results[1])
+    assert [len(r.ids) for r in (results[0], results[2])] == [4, 4]
+    assert not engine.has_work()
+
+
+def test_cancel_waiting_and_running_requests(model, tokenizer):
+    prompts = _prompts(tokenizer, 3, base="Cancel")
+    engine = Engine(model, tokenizer, max_batch=1)
+    running = engine.submit(prompts[0], 50)
+    waiting = engine.submit(prompts[1], 5)
+    kept = engine.submit(prompts[2], 5)
+    engine.step()
+    assert engine.cancel(waiting) and waiting.cancelled()
+    assert engine.cancel(running)
+    engine.run_until_done()
+    with pytest.raises(CancelledError):
+        running.result()
+    assert len(kept.result().ids) == 5
+    assert not engine.cancel(kept)
+    assert engine.stats().cancelled == 2
+
+
+def test_weights_changed_in_place_drop_the_prefix_cache(tokenizer):
+    model = tiny_random_model()
+    prompt = _prompts(tokenizer, 1, base="Weights")[0]
+    engine = Engine(model, tokenizer)
+    first = engine.generate([EngineRequest(prompt, 6)])[0]
+    follow_up = prompt + first.ids + tokenizer.encode(" next")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)  # what an optimizer step does: in place
+    after = engine.generate([EngineRequest(follow_up, 6)])[0]
+    assert after.cached_tokens == 0
+    assert engine.stats().cache_clears == 1
+    fresh = Engine(model, tokenizer, cache_budget_tokens=0).generate([EngineRequest(follow_up, 6)])[0]
+    assert after.ids == fresh.ids
+
+
+def test_background_thread_serves_many_callers(model, tokenizer):
+    prompts = _prompts(tokenizer, 6, base="Thread")
+    requests = [EngineRequest(p, 7, temperature=0.8, seed=i) for i, p in enumerate(prompts)]
+    expected = [Engine(model, tokenizer, cache_budget_tokens=0).generate([r])[0].ids for r in requests]
+    engine = Engine(model, tokenizer, max_batch=3).start()
+    got: dict[int, list[int]] = {}
+
+    def episode(i: int) -> None:
+        got[i] = engine.submit_request(requests[i]).result(timeout=60).ids
+
+    threads = [threading.Thread(target=episode, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [got[i] for i in range(len(requests))] == expected
+    assert engine.generate(requests[:2], timeout=60)[1].ids == expected[1]
+    engine.run_until_done()
+    engine.close()
+    with pytest.raises(EngineClosed):
+        engine.submit(prompts[0], 3).result()
+
+
+def test_close_fails_pending_requests(model, tokenizer):
+    engine = Engine(model, tokenizer, max_batch=1)
+    running = engine.submit(_prompts(tokenizer, 1)[0], 30)
+    waiting = engine.submit(_prompts(tokenizer, 1)[0], 30)
+    engine.step()
+    engine.close()
+    for f in (running, waiting):
+        with pytest.raises(EngineClosed):
+            f.result(timeout=5)
+
+
+def test_a_model_in_train_mode_generates_in_eval_mode_and_stays_in_train_mode(tokenizer):
+    model = tiny_random_model()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5  # would change every forward if left on
+    prompt = _prompts(tokenizer, 1, base="Mode")[0]
+    expected = Engine(model, tokenizer).generate([EngineRequest(prompt, 8)])[0]
+    model.train()
+    got = Engine(model, tokenizer).generate([EngineRequest(prompt, 8)])[0]
+    assert model.training
+    assert got.ids == expected.ids and got.logprobs == pytest.approx(expected.logprobs, abs=1e-6)
