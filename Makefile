@@ -1,13 +1,13 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   creates .venv, installs, runs the main job on the embedded default model
-#   make test   creates .venv if needed, runs the test suite
+#   make test   creates .venv if needed, runs the style checks (ruff) and the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_MODEL ?= smollm2-135m
 DEMO_OUT ?= runs/demo
 
-.PHONY: install demo test clean
+.PHONY: install demo check test clean
 
 install: $(VENV)/.installed
 
@@ -26,7 +26,12 @@ demo: install
 	$(VENV)/bin/harnessrl eval --suite toolcalc --split dev --harness all --model $(DEMO_MODEL) \
 		--tasks 1 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
 
-test: install
+# ruff: formatting and lint (pycodestyle, pyflakes, import order; line length 120, pyproject.toml)
+check: install
+	$(VENV)/bin/ruff format --check --quiet src tests bench
+	$(VENV)/bin/ruff check --quiet src tests bench
+
+test: check
 	$(PY) -m pytest
 
 clean:
