@@ -258,11 +258,10 @@ class HFPolicy(Policy):
             raise ModelUnavailable(f"{p}: the adapter names itself as its base model")
         from peft import PeftModel
 
-        from harnessrl.models import load_policy
-
-        base = load_policy(base_spec)
-        if not isinstance(base, HFPolicy):
-            raise ModelUnavailable(f"{p}: the base model {base_spec!r} is not a local transformers model")
+        try:
+            base = load_local(base_spec)
+        except ValueError as exc:
+            raise ModelUnavailable(f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})") from exc
         try:
             model = PeftModel.from_pretrained(base.model, str(p)).merge_and_unload()
         except Exception as exc:  # noqa: BLE001
@@ -402,3 +401,28 @@ class HFPolicy(Policy):
         new = sequences[:, width:]
         logprobs = sampler.finish(new)
         return new.tolist(), logprobs.tolist()
+
+
+LOCAL_FORMS = "tiny-random, smollm2-135m, hf:PATH"
+
+
+def load_local(spec: str, sampling: SamplingParams | None = None) -> HFPolicy:
+    """A local model spec (tiny-random, smollm2-135m, hf:PATH) as an HFPolicy; ValueError for
+    any other form. `sampling` becomes the policy's default SamplingParams."""
+    spec = spec.strip()
+    if spec == "tiny-random":
+        from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+
+        return HFPolicy(tiny_random_model(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec == "smollm2-135m":
+        from harnessrl.models.embedded import load_smollm2, load_tokenizer
+
+        return HFPolicy(load_smollm2(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec.startswith("hf:"):
+        if not spec[3:]:
+            raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
+        policy = HFPolicy.from_pretrained(spec[3:])
+        if sampling is not None:
+            policy.default_sampling = sampling
+        return policy
+    raise ValueError(f"{spec!r} is not a local model ({LOCAL_FORMS})")
