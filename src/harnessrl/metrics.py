@@ -179,7 +179,7 @@ An episode is *delivered* when it submitted an answer, unless its grader says ot
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     harnesses = {t.harness for t in trajectories}
     if len(harnesses) > 1:
-        raise ValueError(f"summarize_harness got several harnesses: {sorted(harnesses)}")
+        raise ValueError(f"a harness summary got several harnesses: {sorted(harnesses)}")
 
     ks = range(1, attempts + 1)
     n_infra = sum(1 for t in trajectories if t.is_infra_error)
