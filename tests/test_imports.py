@@ -208,4 +208,3 @@ def test_reader_resolves_names_and_leaves_out_other_packages(tmp_path):
     assert [e.target for e in graph["harnessrl.y"]] == ["harnessrl.x", "harnessrl.x"]
     assert {e.target for e in graph["harnessrl.x"]} == {"harnessrl"}
     assert cycles(graph) == [frozenset({"harnessrl", "harnessrl.x"})]
-

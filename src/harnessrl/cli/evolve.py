@@ -29,7 +29,11 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
             config = stored_config(run.out)
             err.print(f"resuming {run.out} with its stored configuration", highlight=False)
         final = run_evolve(
-            config, run.out, resume=run.resume, api_key_env=run.api_key_env, progress=run.progress,
+            config,
+            run.out,
+            resume=run.resume,
+            api_key_env=run.api_key_env,
+            progress=run.progress,
             log=lambda m: err.print(m, highlight=False, markup=False),
         )
     except EvolveError as e:

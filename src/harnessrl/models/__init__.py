@@ -71,7 +71,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_spec(spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env") -> None:
+def check_spec(
+    spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env"
+) -> None:
     """Raise ValueError for a model spec that cannot name a model, before anything slow is loaded:
     an unknown name, an hf: path that does not exist, a malformed openai: spec, or an API-key
     variable that is not set. `option` prefixes the messages ("--judge-model: ...")."""

@@ -39,8 +39,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
-from transformers import StoppingCriteria, StoppingCriteriaList, TopPLogitsWarper  # noqa: E402
+from transformers import (  # noqa: E402  # noqa: E402
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TopPLogitsWarper,
+)
 
 from harnessrl.models import chat  # noqa: E402
 from harnessrl.models.base import (  # noqa: E402
@@ -245,13 +251,15 @@ class HFPolicy(Policy):
                 raise ModelUnavailable(f"{meta} is not valid JSON ({exc})") from exc
         if not base_spec:
             try:
-                base_path = json.loads((p / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+                base_path = json.loads((p / "adapter_config.json").read_text(encoding="utf-8")).get(
+                    "base_model_name_or_path"
+                )
             except ValueError as exc:
                 raise ModelUnavailable(f"{p / 'adapter_config.json'} is not valid JSON ({exc})") from exc
             if not base_path or not Path(base_path).expanduser().is_dir():
                 raise ModelUnavailable(
                     f"{p} is a LoRA adapter whose base model ({base_path or 'not named'}) is not a local folder; "
-                    f"write {{\"base_model\": \"hf:PATH\"}} into {meta}"
+                    f'write {{"base_model": "hf:PATH"}} into {meta}'
                 )
             base_spec = f"hf:{base_path}"
         if base_spec.startswith("hf:") and Path(base_spec[3:]).expanduser().resolve() == p.resolve():
@@ -261,7 +269,9 @@ class HFPolicy(Policy):
         try:
             base = load_local(base_spec)
         except ValueError as exc:
-            raise ModelUnavailable(f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})") from exc
+            raise ModelUnavailable(
+                f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})"
+            ) from exc
         try:
             model = PeftModel.from_pretrained(base.model, str(p)).merge_and_unload()
         except Exception as exc:  # noqa: BLE001
@@ -291,9 +301,7 @@ class HFPolicy(Policy):
 
     # ------------------------------------------------------------------------- generation
 
-    def complete(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall]:
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
         if not requests:
             return []
         sampling = sampling or self.default_sampling

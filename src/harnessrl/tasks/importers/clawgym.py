@@ -81,8 +81,10 @@ class ClawGymSuite(ImportedSuite):
     layout = "PATH/<task>/data_entry.json, optional <task>/input_files/, <task>/reward/reward.sh"
 
     def load_entries(self) -> list[TaskEntry]:
-        folders = [self.path] if (self.path / "data_entry.json").exists() else sorted(
-            p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith(".")
+        folders = (
+            [self.path]
+            if (self.path / "data_entry.json").exists()
+            else sorted(p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith("."))
         )
         entries = []
         for folder in folders:
