@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-s",
         type=float,
         default=None,
-        help="start no further repeat once the elapsed time plus one more repeat (as long as the last) would exceed this",
+        help="start no further repeat once the elapsed time plus one more repeat (as long as the last) "
+        "would exceed this",
     )
     p.add_argument("--json-out", default=None, help="also write the JSON figures to this file")
     args = p.parse_args(argv)
@@ -549,23 +550,30 @@ def print_table(res: dict) -> None:
         print(f"{name:44s} {f(s, '{:.1f}'):>9s} {f(tok, '{:.0f}'):>8s} {f(rate, '{:.1f}'):>8s}")
     print()
     print(
-        f"runner tok/s / raw tok/s     {f(m['runner_over_raw'], '{:.3f}')}   (target >= 0.85: {'met' if res['targets']['runner_over_raw']['met'] else 'NOT met'})"
+        f"runner tok/s / raw tok/s     {f(m['runner_over_raw'], '{:.3f}')}   "
+        f"(target >= 0.85: {'met' if res['targets']['runner_over_raw']['met'] else 'NOT met'})"
     )
     if m.get("speedup_tok_s") is not None:
         print(
-            f"runner speedup vs sequential {f(m['speedup_tok_s'])}x in tok/s   (target >= 3x: {'met' if res['targets']['speedup_tok_s']['met'] else 'NOT met'})"
+            f"runner speedup vs sequential {f(m['speedup_tok_s'])}x in tok/s   "
+            f"(target >= 3x: {'met' if res['targets']['speedup_tok_s']['met'] else 'NOT met'})"
             + (f"; wall {f(m['speedup_wall'])}x" if m.get("speedup_wall") is not None else "")
         )
     print(
-        f"runner time: inside policy.complete {f(m['runner_complete_s'], '{:.1f}')} s (prompt rendering {f(m['render_s'], '{:.2f}')} s), "
+        f"runner time: inside policy.complete {f(m['runner_complete_s'], '{:.1f}')} s "
+        f"(prompt rendering {f(m['render_s'], '{:.2f}')} s), "
         f"outside (harness, tools, env, grading) {f(m['runner_outside_complete_s'], '{:.2f}')} s"
     )
     print(
-        f"model forwards: runner prefill {f(m['runner_prefill_s'], '{:.1f}')} s + decode {f(m['runner_decode_forward_s'], '{:.1f}')} s "
-        f"(rest of policy.complete {f(m['runner_complete_outside_forward_s'], '{:.2f}')} s); raw prefill {f(m['raw_prefill_s'], '{:.1f}')} s "
-        f"+ decode {f(m['raw_decode_forward_s'], '{:.1f}')} s (rest of generate {f(m['raw_generate_outside_forward_s'], '{:.2f}')} s)"
+        f"model forwards: runner prefill {f(m['runner_prefill_s'], '{:.1f}')} s "
+        f"+ decode {f(m['runner_decode_forward_s'], '{:.1f}')} s "
+        f"(rest of policy.complete {f(m['runner_complete_outside_forward_s'], '{:.2f}')} s); "
+        f"raw prefill {f(m['raw_prefill_s'], '{:.1f}')} s "
+        f"+ decode {f(m['raw_decode_forward_s'], '{:.1f}')} s "
+        f"(rest of generate {f(m['raw_generate_outside_forward_s'], '{:.2f}')} s)"
         + (
-            f"; sequential prefill {f(m['seq_prefill_s'], '{:.1f}')} s + decode {f(m['seq_decode_forward_s'], '{:.1f}')} s"
+            f"; sequential prefill {f(m['seq_prefill_s'], '{:.1f}')} s "
+            f"+ decode {f(m['seq_decode_forward_s'], '{:.1f}')} s"
             if m.get("seq_prefill_s") is not None
             else ""
         )
@@ -573,26 +581,30 @@ def print_table(res: dict) -> None:
     print(
         f"prefill rate (prompt positions/s incl. padding): runner {f(m['runner_prefill_pos_s'], '{:.0f}')}"
         + (f", sequential {f(m['seq_prefill_pos_s'], '{:.0f}')}" if m.get("seq_prefill_pos_s") is not None else "")
-        + f"; completion tokens per model call: runner {f(m['completion_tokens'] / m['model_calls'] if m.get('model_calls') else None, '{:.1f}')}"
+        + "; completion tokens per model call: runner "
+        f"{f(m['completion_tokens'] / m['model_calls'] if m.get('model_calls') else None, '{:.1f}')}"
         + (f", sequential {f(m['seq_completion_tokens'] / m['seq_calls'], '{:.1f}')}" if m.get("seq_calls") else "")
     )
     print(
-        f"prompts: mean {f(m['mean_prompt_len'], '{:.0f}')} tokens; of the prefill positions {f(m['pad_share'], '{:.1%}')} are left padding; "
+        f"prompts: mean {f(m['mean_prompt_len'], '{:.0f}')} tokens; "
+        f"of the prefill positions {f(m['pad_share'], '{:.1%}')} are left padding; "
         f"of the prompt tokens {f(m['shared_prefix_share'], '{:.1%}')} repeat the batch's common prefix and "
         f"{f(m['previous_turn_share'], '{:.1%}')} repeat a prompt of the previous turn (both recomputed at every call)"
     )
     print(
-        f"batches {f(m['batches'], '{:.0f}')}, decode steps {f(m['decode_steps'], '{:.0f}')}, useful share of batch token slots "
+        f"batches {f(m['batches'], '{:.0f}')}, decode steps {f(m['decode_steps'], '{:.0f}')}, "
+        "useful share of batch token slots "
         f"{f(m['useful_slot_fraction'], '{:.2f}')} (raw {f(m['raw_slot_tok_s'], '{:.1f}')} slot tok/s)"
     )
     print(
-        f"memory: peak RSS (ru_maxrss) {f(m['peak_rss_mb'], '{:.0f}')} MiB, current RSS {f(m.get('rss_mb'), '{:.0f}')} MiB, "
+        f"memory: peak RSS (ru_maxrss) {f(m['peak_rss_mb'], '{:.0f}')} MiB, "
+        f"current RSS {f(m.get('rss_mb'), '{:.0f}')} MiB, "
         f"after load {f(res['rss_after_load_mb'], '{:.0f}')} MiB"
     )
     print(
-        "fairness: raw replays the runner's own batches (same prompt ids, same left padding, same rows) with eos off and "
-        "exactly the decode steps the runner's generate ran (counted by a forward hook), so both do the same forward "
-        "passes; both rates divide the runner's completion tokens by their own time."
+        "fairness: raw replays the runner's own batches (same prompt ids, same left padding, same rows) "
+        "with eos off and exactly the decode steps the runner's generate ran (counted by a forward hook), "
+        "so both do the same forward passes; both rates divide the runner's completion tokens by their own time."
     )
     print()
 

@@ -413,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
             )
     table = summarize(results, schedulers)
     header = (
-        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, {args.steps} steps x {args.tasks_per_step} tasks x "
-        f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
+        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
+        f"{args.steps} steps x {args.tasks_per_step} tasks x "
+        f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, "
+        f"eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
         f"wall {time.perf_counter() - t_start:.0f} s\n\n"
     )
     (out / "summary.md").write_text(header + table + "\n")

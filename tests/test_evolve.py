@@ -415,7 +415,8 @@ def test_llm_garbage_is_counted_and_skipped(tmp_path, tokenizer):
     valid = apply_changes(SEED, {"capabilities.experiences": ["Submit exactly the word asked for."]})
     replies = [
         "I think you should add more examples.\n: : [unclosed",  # not YAML
-        "HYPOTHESIS: stop loops\nTARGET: loop\n```yaml\nname: x\nsystem_prompt: hi\nbogus_field: 1\n```",  # invalid spec
+        # invalid spec
+        "HYPOTHESIS: stop loops\nTARGET: loop\n```yaml\nname: x\nsystem_prompt: hi\nbogus_field: 1\n```",
         "HYPOTHESIS: lessons fix wrong answers\nTARGET: content\n```yaml\n" + valid.to_yaml() + "```",
     ]
     asked: list[list[Message]] = []

@@ -135,7 +135,8 @@ def test_clawgym_shell_works_at_the_absolute_workspace_path_and_the_grader_sees_
         call("shell", command="pwd"),
         call(
             "shell",
-            command=f"cd / && mkdir -p {ws}/output && awk '{{s += $1}} END {{print s}}' {ws}/input/numbers.txt > {ws}/output/total.txt",
+            command=f"cd / && mkdir -p {ws}/output && "
+            f"awk '{{s += $1}} END {{print s}}' {ws}/input/numbers.txt > {ws}/output/total.txt",
         ),
         call("read_file", path="output/total.txt"),
         call("submit"),

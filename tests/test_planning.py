@@ -193,7 +193,8 @@ def test_submit_refuses_malformed_itineraries_without_submitting(sample):
 
 def test_parse_is_lenient_where_meaning_is_clear():
     plan = parse_itinerary(
-        'Here it is: {"days": [{"day": 1.0, "travel": "t123", "hotel": "", "visits": [{"id": "a1", "time": "9:05"}]}], "total_cost": "12"}'
+        'Here it is: {"days": [{"day": 1.0, "travel": "t123", "hotel": "", '
+        '"visits": [{"id": "a1", "time": "9:05"}]}], "total_cost": "12"}'
     )
     assert plan.days[0].travel == ["T123"] and plan.days[0].hotel is None and plan.days[0].meals == []
     assert plan.days[0].visits[0].time == 9 * 60 + 5 and plan.total_cost == 12.0
@@ -478,7 +479,8 @@ def test_malformed_submit_is_a_recorded_failure_not_a_crash(suite, tokenizer):
     spec = load_harness("json-tools")
     replies = [
         '{"tool": "submit", "arguments": {"itinerary": "fly to Oslo"}}',
-        '{"tool": "submit", "arguments": {"itinerary": {"days": [{"day": 1, "meals": [{"id": "R1", "time": "noon"}]}], "total_cost": 3}}}',
+        '{"tool": "submit", "arguments": {"itinerary": {"days": [{"day": 1, '
+        '"meals": [{"id": "R1", "time": "noon"}]}], "total_cost": 3}}}',
         '{"tool": "search_hotels", "arguments": {"city": "Nowhere"}}',
     ]
     (t,) = _run(replies_policy(replies, tokenizer), spec, [task])

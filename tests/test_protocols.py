@@ -51,7 +51,7 @@ SEARCH = ToolSchema(
 TOOLS = [ADD, SUBMIT, SEARCH]
 
 ALL = [(name, lenient) for name in PROTOCOLS for lenient in (True, False)]
-ALL_IDS = [f"{n}-{'lenient' if l else 'strict'}" for n, l in ALL]
+ALL_IDS = [f"{n}-{'lenient' if lenient else 'strict'}" for n, lenient in ALL]
 
 
 def canon(args: dict) -> str:
@@ -405,7 +405,8 @@ def test_json_multiple_calls(lenient):
     for text in [
         '{"tool": "add", "arguments": {"a": 1, "b": 2}}\n{"tool": "submit", "arguments": {"answer": "3"}}',
         '[{"tool": "add", "arguments": {"a": 1, "b": 2}}, {"tool": "submit", "arguments": {"answer": "3"}}]',
-        '```json\n[\n  {"tool": "add", "arguments": {"a": 1, "b": 2}},\n  {"tool": "submit", "arguments": {"answer": "3"}}\n]\n```',
+        '```json\n[\n  {"tool": "add", "arguments": {"a": 1, "b": 2}},\n'
+        '  {"tool": "submit", "arguments": {"answer": "3"}}\n]\n```',
     ]:
         res = p.parse(text, TOOLS)
         assert res.error is None, (text, res)
@@ -413,7 +414,8 @@ def test_json_multiple_calls(lenient):
         assert res.thought == ""
     if lenient:
         res = p.parse(
-            '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "submit", "arguments": {"answer": "3"}}]}',
+            '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+            '{"name": "submit", "arguments": {"answer": "3"}}]}',
             TOOLS,
         )
         assert same_calls(res.calls, want)
@@ -530,7 +532,10 @@ def test_xml_multiple_calls_and_self_closing(lenient):
 
 
 def test_xml_ignores_a_hallucinated_result():
-    text = '<tool name="add"><a>1</a><b>2</b></tool>\n<tool_result name="add">3</tool_result>\n<tool name="submit"><answer>3</answer></tool>'
+    text = (
+        '<tool name="add"><a>1</a><b>2</b></tool>\n<tool_result name="add">3</tool_result>\n'
+        '<tool name="submit"><answer>3</answer></tool>'
+    )
     res = get_protocol("xml").parse(text, TOOLS)
     assert [c.name for c in res.calls] == ["add"]
 
@@ -540,7 +545,10 @@ def test_xml_ignores_a_hallucinated_result():
 
 @pytest.mark.parametrize("lenient", [True, False])
 def test_react_ignores_text_after_observation(lenient):
-    text = 'Thought: add\nAction: add\nAction Input: {"a": 1, "b": 2}\nObservation: 3\nThought: done\nAction: submit\nAction Input: {"answer": "3"}'
+    text = (
+        'Thought: add\nAction: add\nAction Input: {"a": 1, "b": 2}\nObservation: 3\n'
+        'Thought: done\nAction: submit\nAction Input: {"answer": "3"}'
+    )
     res = get_protocol("react", lenient=lenient).parse(text, TOOLS)
     assert same_calls(res.calls, [ToolCall(name="add", arguments={"a": 1, "b": 2})])
     assert res.thought == "add" and res.error is None
@@ -676,7 +684,10 @@ def test_code_literals():
 
 @pytest.mark.parametrize("lenient", [True, False])
 def test_code_multiple_calls(lenient):
-    text = 'I add then submit.\n```python\nadd(a=1, b=2)\nsubmit(answer="3")\n```\nand one more:\n```py\nsubmit(answer="4")\n```'
+    text = (
+        'I add then submit.\n```python\nadd(a=1, b=2)\nsubmit(answer="3")\n```\n'
+        'and one more:\n```py\nsubmit(answer="4")\n```'
+    )
     res = get_protocol("code", lenient=lenient).parse(text, TOOLS)
     assert res.error is None
     assert [c.raw for c in res.calls] == ["add(a=1, b=2)", 'submit(answer="3")', 'submit(answer="4")']

@@ -351,8 +351,8 @@ def test_comparison_report_has_paired_differences_and_a_sentence(run_a, run_b, t
     html = index.read_text()
     # json-tools passed everything in A and nothing in B; react the other way round
     assert (
-        f"On {N_TASKS} shared tasks, json-tools got worse by -1.00 (95% CI -1.00 to -1.00); react improved by +1.00 (95% CI +1.00 to +1.00)."
-        in html
+        f"On {N_TASKS} shared tasks, json-tools got worse by -1.00 (95% CI -1.00 to -1.00); "
+        "react improved by +1.00 (95% CI +1.00 to +1.00)." in html
     )
     assert ET.parse(tmp_path / "cmp" / "plots" / "paired.svg").getroot().tag.endswith("svg")
     assert {p.name for p in (tmp_path / "cmp" / "plots").glob("*.svg")} >= {

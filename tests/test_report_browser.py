@@ -135,7 +135,8 @@ def test_viewer_shows_the_steps_and_verdict_of_a_failed_episode(browser, tmp_pat
         # "at step N" jumps to the verdict's step
         page.locator("#detail .verdict-top a").click()
         page.wait_for_function(
-            "(() => { const r = document.querySelector('li.verdict-step').getBoundingClientRect(); return r.top >= 0 && r.top < 200; })()"
+            "(() => { const r = document.querySelector('li.verdict-step').getBoundingClientRect(); "
+            "return r.top >= 0 && r.top < 200; })()"
         )
 
         assert not s.errors, s.errors

@@ -40,7 +40,8 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
         fail(str(e))
     except KeyboardInterrupt:
         err.print(
-            f"interrupted: the incumbent, the log and finished episodes are saved; continue with --resume --out {run.out}",
+            "interrupted: the incumbent, the log and finished episodes are saved; "
+            f"continue with --resume --out {run.out}",
             highlight=False,
         )
         raise typer.Exit(130)

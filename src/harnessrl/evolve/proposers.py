@@ -299,12 +299,14 @@ RULE_EDITS: dict[str, list[RuleEdit]] = {
     "malformed_call": [
         RuleEdit(
             "format-demonstration",
-            "Malformed replies: a worked example in the exact call format, with a tool the tasks have, shows the model what to write.",
+            "Malformed replies: a worked example in the exact call format, with a tool the tasks have, "
+            "shows the model what to write.",
             _format_demonstration,
         ),
         RuleEdit(
             "format-feedback",
-            "Malformed replies: feedback that says why the reply failed and shows the format, and a lenient parser, turn near-misses into calls.",
+            "Malformed replies: feedback that says why the reply failed and shows the format, and a lenient parser, "
+            "turn near-misses into calls.",
             _full_feedback,
         ),
     ],
@@ -323,7 +325,8 @@ RULE_EDITS: dict[str, list[RuleEdit]] = {
     "loop": [
         RuleEdit(
             "loop-guard",
-            "Loops: a guard that notices repeated action/result pairs and tells the model to change course breaks them.",
+            "Loops: a guard that notices repeated action/result pairs and tells the model to change course "
+            "breaks them.",
             _loop_guard,
         ),
         RuleEdit(
@@ -354,7 +357,8 @@ RULE_EDITS: dict[str, list[RuleEdit]] = {
     "insufficient_evidence": [
         RuleEdit(
             "verify-before-submit",
-            "Submits without evidence: holding back the first submit with a reminder to verify makes the model read first.",
+            "Submits without evidence: holding back the first submit with a reminder to verify "
+            "makes the model read first.",
             _verify_checkpoint,
         ),
         RuleEdit(
@@ -366,7 +370,8 @@ RULE_EDITS: dict[str, list[RuleEdit]] = {
     "content": [
         RuleEdit(
             "experience-library",
-            "Poor delivered work: short lessons from the earlier failures of each task family point at what fell short.",
+            "Poor delivered work: short lessons from the earlier failures of each task family "
+            "point at what fell short.",
             _experience_library,
         ),
         RuleEdit(
@@ -463,7 +468,8 @@ def render_trajectory(traj: Trajectory, verdict: dict[str, Any] | None) -> str:
             lines.append(f"HARNESS ({iv.kind}): {iv.message}")
     grade = "not graded" if traj.grade is None else f"score {traj.grade.score:.2f} {traj.grade.subscores}"
     lines.append(
-        f"END: {traj.termination.value if traj.termination else '?'} ({traj.termination_detail}); submitted={traj.submitted}; {grade}"
+        f"END: {traj.termination.value if traj.termination else '?'} ({traj.termination_detail}); "
+        f"submitted={traj.submitted}; {grade}"
     )
     return "\n".join(lines)
 
@@ -477,7 +483,8 @@ def render_history(history: list[dict[str, Any]], limit: int = 12) -> str:
             verdict += f", beat the threshold once, confirmation delta {h['confirmation']['delta']:+.3f}"
         changed = ", ".join(c["path"] for c in h.get("diff", [])) or "-"
         rows.append(
-            f"- iteration {h['iteration']} [{verdict}, delta {delta}, threshold {h.get('threshold')}]: {h['hypothesis']} (changed: {changed})"
+            f"- iteration {h['iteration']} [{verdict}, delta {delta}, threshold {h.get('threshold')}]: "
+            f"{h['hypothesis']} (changed: {changed})"
         )
     return "\n".join(rows) or "(none yet)"
 
@@ -517,7 +524,8 @@ class LLMProposer:
         tools = ", ".join(t.name for t in ctx.tools)
         user = (
             f"## Current harness spec\n```yaml\n{ctx.incumbent.to_yaml()}```\n\n"
-            f"## Triage of its dev episodes\n{json.dumps(counts)} (passed {ctx.triage.get('n_passed', 0)} of {ctx.triage.get('n_valid', 0)})\n\n"
+            f"## Triage of its dev episodes\n{json.dumps(counts)} "
+            f"(passed {ctx.triage.get('n_passed', 0)} of {ctx.triage.get('n_valid', 0)})\n\n"
             f"## Tools the tasks offer\n{tools}\n\n"
             f"## Earlier candidates\n{render_history(ctx.history)}\n\n"
             f"## Failing trajectories (full)\n{traces or '(none)'}\n\n"

@@ -77,7 +77,8 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             tri = triage(trajs).get(h)
             data.triage[h] = tri or {
                 "n_episodes": 0, "n_valid": 0, "n_passed": 0, "n_failed": 0,
-                "counts": {c: 0 for c in CLASSES}, "rates": {}, "process_share": None, "content_share": None, "episodes": [],
+                "counts": {c: 0 for c in CLASSES}, "rates": {}, "process_share": None, "content_share": None,
+                "episodes": [],
             }  # fmt: skip
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
@@ -144,7 +145,8 @@ def _comparison(a: RunData, b: RunData) -> dict:
     for r in rows:
         if r["n_only_a"] or r["n_only_b"]:
             notes.append(
-                f"{r['label']}: {r['n_only_a']} tasks only in A and {r['n_only_b']} only in B are left out of the pairing."
+                f"{r['label']}: {r['n_only_a']} tasks only in A and {r['n_only_b']} only in B "
+                "are left out of the pairing."
             )
     return {"rows": rows, "sentence": change_sentence(rows), "notes": notes}
 

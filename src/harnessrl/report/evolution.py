@@ -228,9 +228,11 @@ def _candidate_rows(records: list[dict], only_accepted: bool) -> str:
         cls = "good" if r.get("accepted") else "bad" if status in ("invalid", "crashed") else ""
         dev = r.get("dev") or {}
         rows.append(
-            f'<tr><td class="num">{escape(str(r.get("iteration", "-")))}</td><th class="harness">{escape(str(r.get("candidate", "-")))}</th>'
+            f'<tr><td class="num">{escape(str(r.get("iteration", "-")))}</td>'
+            f'<th class="harness">{escape(str(r.get("candidate", "-")))}</th>'
             f"<td>{escape(str(r.get('edit', '-')))}</td><td>{escape(str(r.get('target', '-')))}</td>"
-            f'<td>{escape(str(r.get("hypothesis") or ""))}<div class="note">{escape(_diff_text(r.get("diff")))}</div></td>'
+            f"<td>{escape(str(r.get('hypothesis') or ''))}"
+            f'<div class="note">{escape(_diff_text(r.get("diff")))}</div></td>'
             f'<td class="num">{_n(dev.get("mean"))}</td><td class="num">{_n(r.get("delta"), "+.3f")}</td>'
             f'<td class="num">{_ci(r.get("delta_ci95"), "+.3f")}</td><td class="num">{_n(r.get("threshold"))}</td>'
             f'<td class="{cls}">{escape(status)}</td></tr>'

@@ -273,7 +273,8 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
                 items.append(_Item(kind, b.id, b.time, end, venue.city))
                 if not (venue.opens <= b.time and end <= venue.closes):
                     v["hours"].append(
-                        f"day {d.day}: {b.id} {hhmm(b.time)}-{hhmm(end)} is outside {hhmm(venue.opens)}-{hhmm(venue.closes)}"
+                        f"day {d.day}: {b.id} {hhmm(b.time)}-{hhmm(end)} "
+                        f"is outside {hhmm(venue.opens)}-{hhmm(venue.closes)}"
                     )
                 if kind == "visit":
                     if when is not None and venue.closed_on == WEEKDAYS[when.weekday()]:
@@ -554,7 +555,8 @@ _search_restaurants = _search_city(
     lambda w: w.restaurants,
     "id | cuisine | vegetarian | rating | price | open",
     lambda r: (
-        f"{r.id} | {r.cuisine} | {'yes' if r.vegetarian else 'no'} | {r.rating} | {r.price} | {hhmm(r.opens)}-{hhmm(r.closes)}"
+        f"{r.id} | {r.cuisine} | {'yes' if r.vegetarian else 'no'} | {r.rating} | {r.price} | "
+        f"{hhmm(r.opens)}-{hhmm(r.closes)}"
     ),
 )
 _search_attractions = _search_city(
@@ -636,7 +638,10 @@ def _instruction(request: Request) -> str:
         trip = f"Plan a day trip for one traveller on {when} from {request.home} to {request.stops[0][0]} and back."
     else:
         stays = ", then ".join(f"{n} night{'s' if n > 1 else ''} in {c}" for c, n in request.stops)
-        trip = f"Plan a {request.days}-day trip for one traveller from {request.home}, day 1 is {when}: {stays}, back in {request.home} on day {request.days}."
+        trip = (
+            f"Plan a {request.days}-day trip for one traveller from {request.home}, day 1 is {when}: {stays}, "
+            f"back in {request.home} on day {request.days}."
+        )
     wishes = [CONSTRAINT_CHECKS[c.kind][0](c.value) for c in request.constraints if c.kind != "stops"]
     needs = f" Requirements: {'; '.join(wishes)}." if wishes else ""
     return (
@@ -693,7 +698,10 @@ DIFFICULTY = {
 
 class PlanningSuite(Suite):
     name = "planning"
-    description = "Multi-day travel plans from searched flights, trains, hotels, restaurants and sights; DeepPlanning-style grading."
+    description = (
+        "Multi-day travel plans from searched flights, trains, hotels, restaurants and sights; "
+        "DeepPlanning-style grading."
+    )
     split_sizes = {"train": 2000, "dev": 48, "test": 72}
     pass_threshold = 1.0
     needs_workspace = False

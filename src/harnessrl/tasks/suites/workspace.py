@@ -1022,7 +1022,8 @@ def scaffold_project(rng: random.Random) -> dict[str, Any]:
 
     listing = "\n".join(f"- {p} containing the line: {t}" for p, t in files.items())
     return {
-        "instruction": f"Create a small project in the folder {name}/ with these three files, one line each:\n{listing}",
+        "instruction": f"Create a small project in the folder {name}/ with these three files, "
+        f"one line each:\n{listing}",
         "setup": lambda env: None,
         "check": check,
         "solution": [_call("write_file", path=p, content=t + "\n") for p, t in files.items()]
