@@ -48,7 +48,7 @@ def train_one(args) -> dict:
     import torch
 
     from harnessrl.train import trainer as trainer_module
-    from harnessrl.train.trainer import Trainer, TrainConfig
+    from harnessrl.train.trainer import TrainConfig, Trainer
 
     if args.force_advantages:
         real = trainer_module.group_advantages
@@ -61,10 +61,18 @@ def train_one(args) -> dict:
 
         trainer_module.group_advantages = forced
     config = TrainConfig(
-        model="smollm2-135m", suite="toolcalc", scheduler=args.one, steps=args.steps,
-        tasks_per_step=args.tasks_per_step, group_size=args.group_size, temperature=0.7,
-        eval_every=args.steps if args.eval_tasks else 0, eval_tasks=args.eval_tasks, checkpoint_every=args.steps,
-        seed=args.seed, save_rollouts=True,
+        model="smollm2-135m",
+        suite="toolcalc",
+        scheduler=args.one,
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        temperature=0.7,
+        eval_every=args.steps if args.eval_tasks else 0,
+        eval_tasks=args.eval_tasks,
+        checkpoint_every=args.steps,
+        seed=args.seed,
+        save_rollouts=True,
     )
     out = Path(args.out) / args.one
     if out.exists():
@@ -74,7 +82,11 @@ def train_one(args) -> dict:
     trainer = Trainer(config, out, specs=shrunk_specs(), progress=False)
     trainer.run()
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()] if (out / "eval.jsonl").exists() else []
+    evals = (
+        [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+        if (out / "eval.jsonl").exists()
+        else []
+    )
     times = [r["time"] for r in steps]
     trained = [t for r, t in zip(steps, times) if not r.get("skipped")]
     overhead = [(t["sketch"] + t["scheduler"]) / t["total"] for t in trained]

@@ -55,7 +55,9 @@ except ImportError:  # optional
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="smollm2-135m", help="tiny-random, smollm2-135m or hf:PATH")
     p.add_argument("--suite", default="workspace")
     p.add_argument("--split", default="dev")
@@ -80,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-s",
         type=float,
         default=None,
-        help="start no further repeat once the elapsed time plus one more repeat (as long as the last) would exceed this",
+        help="start no further repeat once the elapsed time plus one more repeat (as long as the last) "
+        "would exceed this",
     )
     p.add_argument("--json-out", default=None, help="also write the JSON figures to this file")
     args = p.parse_args(argv)
@@ -258,7 +261,9 @@ def raw_replay(policy, counter, batches: list[Batch], sampling) -> dict:
             t0 = time.perf_counter()
             with torch.inference_mode():
                 torch.manual_seed(sampling.seed)
-                out = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config)
+                out = model.generate(
+                    input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+                )
             generate_s += time.perf_counter() - t0
             pre, dec = counter.split(before)
             prefill_s, decode_s = prefill_s + pre, decode_s + dec
@@ -269,7 +274,13 @@ def raw_replay(policy, counter, batches: list[Batch], sampling) -> dict:
     finally:
         model.generation_config = saved_config
         model.train(was_training)
-    return {"render_s": render_s, "generate_s": generate_s, "prefill_s": prefill_s, "decode_forward_s": decode_s, "token_slots": slots}
+    return {
+        "render_s": render_s,
+        "generate_s": generate_s,
+        "prefill_s": prefill_s,
+        "decode_forward_s": decode_s,
+        "token_slots": slots,
+    }
 
 
 def policy_replay(policy, counter, batches: list[Batch], sampling) -> dict:
@@ -392,7 +403,8 @@ def main(argv: list[str] | None = None) -> dict:
             "runner_prefill_s": sum(b.prefill_s for b in r.batches),
             "runner_prefill_pos_s": ps["prefill_positions"] / max(sum(b.prefill_s for b in r.batches), 1e-9),
             "runner_decode_forward_s": sum(b.decode_forward_s for b in r.batches),
-            "runner_complete_outside_forward_s": r.complete_s - sum(b.prefill_s + b.decode_forward_s for b in r.batches),
+            "runner_complete_outside_forward_s": r.complete_s
+            - sum(b.prefill_s + b.decode_forward_s for b in r.batches),
             "raw_generate_s": raw["generate_s"],
             "raw_prefill_s": raw["prefill_s"],
             "raw_decode_forward_s": raw["decode_forward_s"],
@@ -430,13 +442,23 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"[repeat {rep + 1}/{args.repeats}] runner {r.wall_s:.1f}s {row['runner_tok_s']:.1f} tok/s | "
             f"raw {raw['generate_s']:.1f}s {row['raw_tok_s']:.1f} tok/s | runner/raw {row['runner_over_raw']:.3f}"
-            + (f" | seq {seq.wall_s:.1f}s {row['seq_tok_s']:.1f} tok/s | speedup {row['speedup_tok_s']:.2f}x" if seq else ""),
+            + (
+                f" | seq {seq.wall_s:.1f}s {row['seq_tok_s']:.1f} tok/s | speedup {row['speedup_tok_s']:.2f}x"
+                if seq
+                else ""
+            ),
             file=sys.stderr,
             flush=True,
         )
         last = time.perf_counter() - t_rep
-        if args.budget_s is not None and rep + 1 < args.repeats and time.perf_counter() - t_bench + last > args.budget_s:
-            print(f"stopping after {rep + 1} repeat(s): another would pass --budget-s {args.budget_s:g}", file=sys.stderr)
+        if (
+            args.budget_s is not None
+            and rep + 1 < args.repeats
+            and time.perf_counter() - t_bench + last > args.budget_s
+        ):
+            print(
+                f"stopping after {rep + 1} repeat(s): another would pass --budget-s {args.budget_s:g}", file=sys.stderr
+            )
             break
     counter.close()
 
@@ -473,7 +495,9 @@ def main(argv: list[str] | None = None) -> dict:
         "median": med,
         "targets": {
             "runner_over_raw": {"target": 0.85, "met": (med["runner_over_raw"] or 0) >= 0.85},
-            "speedup_tok_s": {"target": 3.0, "met": (med.get("speedup_tok_s") or 0) >= 3.0} if "speedup_tok_s" in med else None,
+            "speedup_tok_s": {"target": 3.0, "met": (med.get("speedup_tok_s") or 0) >= 3.0}
+            if "speedup_tok_s" in med
+            else None,
         },
         "repeats": rows,
     }
@@ -504,50 +528,83 @@ def print_table(res: dict) -> None:
         ("raw model.generate, same batches+steps", m["raw_generate_s"], m["completion_tokens"], m["raw_tok_s"]),
     ]
     if m.get("policy_generate_s") is not None:
-        rows.append(("HFPolicy.generate_ids, same batches+steps", m["policy_generate_s"], m["completion_tokens"], m["completion_tokens"] / m["policy_generate_s"]))
+        rows.append(
+            (
+                "HFPolicy.generate_ids, same batches+steps",
+                m["policy_generate_s"],
+                m["completion_tokens"],
+                m["completion_tokens"] / m["policy_generate_s"],
+            )
+        )
     if m.get("seq_wall_s") is not None:
-        rows.append((f"sequential (in flight 1, {c['sequential_episodes']} episodes)", m["seq_wall_s"], m["seq_completion_tokens"], m["seq_tok_s"]))
+        rows.append(
+            (
+                f"sequential (in flight 1, {c['sequential_episodes']} episodes)",
+                m["seq_wall_s"],
+                m["seq_completion_tokens"],
+                m["seq_tok_s"],
+            )
+        )
     print(f"{'':44s} {'wall s':>9s} {'tokens':>8s} {'tok/s':>8s}")
     for name, s, tok, rate in rows:
         print(f"{name:44s} {f(s, '{:.1f}'):>9s} {f(tok, '{:.0f}'):>8s} {f(rate, '{:.1f}'):>8s}")
     print()
-    print(f"runner tok/s / raw tok/s     {f(m['runner_over_raw'], '{:.3f}')}   (target >= 0.85: {'met' if res['targets']['runner_over_raw']['met'] else 'NOT met'})")
-    if m.get("speedup_tok_s") is not None:
-        print(f"runner speedup vs sequential {f(m['speedup_tok_s'])}x in tok/s   (target >= 3x: {'met' if res['targets']['speedup_tok_s']['met'] else 'NOT met'})"
-              + (f"; wall {f(m['speedup_wall'])}x" if m.get("speedup_wall") is not None else ""))
     print(
-        f"runner time: inside policy.complete {f(m['runner_complete_s'], '{:.1f}')} s (prompt rendering {f(m['render_s'], '{:.2f}')} s), "
+        f"runner tok/s / raw tok/s     {f(m['runner_over_raw'], '{:.3f}')}   "
+        f"(target >= 0.85: {'met' if res['targets']['runner_over_raw']['met'] else 'NOT met'})"
+    )
+    if m.get("speedup_tok_s") is not None:
+        print(
+            f"runner speedup vs sequential {f(m['speedup_tok_s'])}x in tok/s   "
+            f"(target >= 3x: {'met' if res['targets']['speedup_tok_s']['met'] else 'NOT met'})"
+            + (f"; wall {f(m['speedup_wall'])}x" if m.get("speedup_wall") is not None else "")
+        )
+    print(
+        f"runner time: inside policy.complete {f(m['runner_complete_s'], '{:.1f}')} s "
+        f"(prompt rendering {f(m['render_s'], '{:.2f}')} s), "
         f"outside (harness, tools, env, grading) {f(m['runner_outside_complete_s'], '{:.2f}')} s"
     )
     print(
-        f"model forwards: runner prefill {f(m['runner_prefill_s'], '{:.1f}')} s + decode {f(m['runner_decode_forward_s'], '{:.1f}')} s "
-        f"(rest of policy.complete {f(m['runner_complete_outside_forward_s'], '{:.2f}')} s); raw prefill {f(m['raw_prefill_s'], '{:.1f}')} s "
-        f"+ decode {f(m['raw_decode_forward_s'], '{:.1f}')} s (rest of generate {f(m['raw_generate_outside_forward_s'], '{:.2f}')} s)"
-        + (f"; sequential prefill {f(m['seq_prefill_s'], '{:.1f}')} s + decode {f(m['seq_decode_forward_s'], '{:.1f}')} s" if m.get("seq_prefill_s") is not None else "")
+        f"model forwards: runner prefill {f(m['runner_prefill_s'], '{:.1f}')} s "
+        f"+ decode {f(m['runner_decode_forward_s'], '{:.1f}')} s "
+        f"(rest of policy.complete {f(m['runner_complete_outside_forward_s'], '{:.2f}')} s); "
+        f"raw prefill {f(m['raw_prefill_s'], '{:.1f}')} s "
+        f"+ decode {f(m['raw_decode_forward_s'], '{:.1f}')} s "
+        f"(rest of generate {f(m['raw_generate_outside_forward_s'], '{:.2f}')} s)"
+        + (
+            f"; sequential prefill {f(m['seq_prefill_s'], '{:.1f}')} s "
+            f"+ decode {f(m['seq_decode_forward_s'], '{:.1f}')} s"
+            if m.get("seq_prefill_s") is not None
+            else ""
+        )
     )
     print(
         f"prefill rate (prompt positions/s incl. padding): runner {f(m['runner_prefill_pos_s'], '{:.0f}')}"
         + (f", sequential {f(m['seq_prefill_pos_s'], '{:.0f}')}" if m.get("seq_prefill_pos_s") is not None else "")
-        + f"; completion tokens per model call: runner {f(m['completion_tokens'] / m['model_calls'] if m.get('model_calls') else None, '{:.1f}')}"
+        + "; completion tokens per model call: runner "
+        f"{f(m['completion_tokens'] / m['model_calls'] if m.get('model_calls') else None, '{:.1f}')}"
         + (f", sequential {f(m['seq_completion_tokens'] / m['seq_calls'], '{:.1f}')}" if m.get("seq_calls") else "")
     )
     print(
-        f"prompts: mean {f(m['mean_prompt_len'], '{:.0f}')} tokens; of the prefill positions {f(m['pad_share'], '{:.1%}')} are left padding; "
+        f"prompts: mean {f(m['mean_prompt_len'], '{:.0f}')} tokens; "
+        f"of the prefill positions {f(m['pad_share'], '{:.1%}')} are left padding; "
         f"of the prompt tokens {f(m['shared_prefix_share'], '{:.1%}')} repeat the batch's common prefix and "
         f"{f(m['previous_turn_share'], '{:.1%}')} repeat a prompt of the previous turn (both recomputed at every call)"
     )
     print(
-        f"batches {f(m['batches'], '{:.0f}')}, decode steps {f(m['decode_steps'], '{:.0f}')}, useful share of batch token slots "
+        f"batches {f(m['batches'], '{:.0f}')}, decode steps {f(m['decode_steps'], '{:.0f}')}, "
+        "useful share of batch token slots "
         f"{f(m['useful_slot_fraction'], '{:.2f}')} (raw {f(m['raw_slot_tok_s'], '{:.1f}')} slot tok/s)"
     )
     print(
-        f"memory: peak RSS (ru_maxrss) {f(m['peak_rss_mb'], '{:.0f}')} MiB, current RSS {f(m.get('rss_mb'), '{:.0f}')} MiB, "
+        f"memory: peak RSS (ru_maxrss) {f(m['peak_rss_mb'], '{:.0f}')} MiB, "
+        f"current RSS {f(m.get('rss_mb'), '{:.0f}')} MiB, "
         f"after load {f(res['rss_after_load_mb'], '{:.0f}')} MiB"
     )
     print(
-        "fairness: raw replays the runner's own batches (same prompt ids, same left padding, same rows) with eos off and "
-        "exactly the decode steps the runner's generate ran (counted by a forward hook), so both do the same forward "
-        "passes; both rates divide the runner's completion tokens by their own time."
+        "fairness: raw replays the runner's own batches (same prompt ids, same left padding, same rows) "
+        "with eos off and exactly the decode steps the runner's generate ran (counted by a forward hook), "
+        "so both do the same forward passes; both rates divide the runner's completion tokens by their own time."
     )
     print()
 

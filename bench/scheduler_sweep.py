@@ -45,14 +45,14 @@ from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.metrics import summarize_harness
-from harnessrl.models.embedded import END_OF_TURN, load_tokenizer
 from harnessrl.models.base import SamplingParams
+from harnessrl.models.embedded import END_OF_TURN, load_tokenizer
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks.base import Environment, Suite
 from harnessrl.train.grpo import pad_units, token_logprobs, units_from_trajectories
-from harnessrl.train.trainer import Trainer, TrainConfig
+from harnessrl.train.trainer import TrainConfig, Trainer
 from harnessrl.types import Message, ToolCall
 
 TRAIN_HARNESSES = ["json-tools", "xml-tags", "react", "code-act", "plan-execute"]
@@ -65,10 +65,42 @@ N_KEYS = 6  # keys in use (of the 16 below): few enough for a small model to lea
 # Oracle examples per harness in the warm start: strong, medium, weak, none.
 WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
 
-KEYS = ["river", "stone", "cloud", "apple", "tiger", "candle", "garden", "silver",
-        "winter", "pepper", "rocket", "violin", "forest", "mirror", "coffee", "ladder"]
-WORDS = ["blue", "seven", "north", "happy", "green", "music", "paper", "light",
-         "table", "sugar", "horse", "dance", "water", "smile", "train", "money"]
+KEYS = [
+    "river",
+    "stone",
+    "cloud",
+    "apple",
+    "tiger",
+    "candle",
+    "garden",
+    "silver",
+    "winter",
+    "pepper",
+    "rocket",
+    "violin",
+    "forest",
+    "mirror",
+    "coffee",
+    "ladder",
+]
+WORDS = [
+    "blue",
+    "seven",
+    "north",
+    "happy",
+    "green",
+    "music",
+    "paper",
+    "light",
+    "table",
+    "sugar",
+    "horse",
+    "dance",
+    "water",
+    "smile",
+    "train",
+    "money",
+]
 
 
 def _words(text: str | None) -> list[str]:
@@ -109,7 +141,9 @@ def shrunk_spec(name: str) -> HarnessSpec:
     if name == "json-variant":
         data = load_harness("json-tools").to_dict()
         data.update(name="json-variant", description="json-tools with a different system prompt")
-        data["system_prompt"] = "Answer by calling a tool.\n{tools}\nWrite exactly one JSON tool call per reply; submit ends the task.\n"
+        data["system_prompt"] = (
+            "Answer by calling a tool.\n{tools}\nWrite exactly one JSON tool call per reply; submit ends the task.\n"
+        )
     else:
         data = load_harness(name).to_dict()
     data["rules"].update(max_steps=2, max_new_tokens=32, max_total_tokens=None, demonstrations=[], timeout_s=None)
@@ -122,10 +156,18 @@ def small_model(seed: int):
 
     tok = load_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, initializer_range=0.02, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.convert_tokens_to_ids(END_OF_TURN), pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        initializer_range=0.02,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.convert_tokens_to_ids(END_OF_TURN),
+        pad_token_id=tok.pad_token_id,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -181,7 +223,9 @@ def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: P
     return {"units": len(units), "final_loss": statistics.mean(losses[-5:]), "seconds": time.perf_counter() - t0}
 
 
-def evaluate(model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int) -> dict[str, float]:
+def evaluate(
+    model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int
+) -> dict[str, float]:
     sampling = SamplingParams(temperature=0.7, top_p=1.0, seed=seed)
     policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
     runner = Runner(policy, sampling, max_in_flight=64, progress=False)
@@ -204,13 +248,25 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def run_one(seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str, HarnessSpec], args, out: Path) -> dict:
+def run_one(
+    seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str, HarnessSpec], args, out: Path
+) -> dict:
     train_specs = [specs[n] for n in TRAIN_HARNESSES]
     config = TrainConfig(
-        model=f"hf:{warm}", scheduler=scheduler, steps=args.steps, tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size, lr=args.lr, lora_r=8, lora_alpha=16,
+        model=f"hf:{warm}",
+        scheduler=scheduler,
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        lr=args.lr,
+        lora_r=8,
+        lora_alpha=16,
         lora_targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        temperature=args.temperature, checkpoint_every=args.steps, eval_every=0, save_rollouts=False, seed=seed,
+        temperature=args.temperature,
+        checkpoint_every=args.steps,
+        eval_every=0,
+        save_rollouts=False,
+        seed=seed,
     )
     folder = out / "runs" / f"seed{seed}-{scheduler}"
     if folder.exists():
@@ -226,12 +282,20 @@ def run_one(seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str
     for r in steps:
         for h, share in (r.get("shares") or {}).items():
             picks[h] = picks.get(h, 0.0) + share
-    scores = evaluate(trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed)
+    scores = evaluate(
+        trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
+    )
     return {
-        "seed": seed, "scheduler": scheduler, "steps": args.steps, "train_seconds": round(train_s, 1),
-        "seconds": round(time.perf_counter() - t0, 1), "scores": scores,
+        "seed": seed,
+        "scheduler": scheduler,
+        "steps": args.steps,
+        "train_seconds": round(train_s, 1),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "scores": scores,
         "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
-        "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES}, "harness_steps": picks, "skipped_steps": sum(1 for r in steps if r.get("skipped")),
+        "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
+        "harness_steps": picks,
+        "skipped_steps": sum(1 for r in steps if r.get("skipped")),
         "reward_mean": statistics.mean(r["reward_mean"] for r in steps if r.get("reward_mean") is not None),
         "zero_std_frac": statistics.mean(r["zero_std_frac"] for r in steps if r.get("zero_std_frac") is not None),
     }
@@ -252,7 +316,12 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
         f = "+.3f" if signed else ".3f"
         return f"{m:{f}} [{lo:{f}}, {hi:{f}}]" if not math.isnan(lo) else f"{m:{f}}"
 
-    head = ["scheduler", "seeds"] + [f"{k}: test score" for k in measures] + [f"{k}: minus mixed" for k in measures] + ["steps per harness (mean over seeds)"]
+    head = (
+        ["scheduler", "seeds"]
+        + [f"{k}: test score" for k in measures]
+        + [f"{k}: minus mixed" for k in measures]
+        + ["steps per harness (mean over seeds)"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in ["warm-start"] + schedulers:
         rows = [by[(seed, s)] for seed in seeds if (seed, s) in by]
@@ -266,7 +335,11 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
         if s == "warm-start":
             cells.append("-")
         else:
-            cells.append(", ".join(f"{h} {statistics.mean(r['harness_steps'].get(h, 0.0) for r in rows):.1f}" for h in TRAIN_HARNESSES))
+            cells.append(
+                ", ".join(
+                    f"{h} {statistics.mean(r['harness_steps'].get(h, 0.0) for r in rows):.1f}" for h in TRAIN_HARNESSES
+                )
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -293,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    results = [json.loads(line) for line in results_path.read_text().splitlines()] if args.resume and results_path.exists() else []
+    results = (
+        [json.loads(line) for line in results_path.read_text().splitlines()]
+        if args.resume and results_path.exists()
+        else []
+    )
     if not args.resume:
         results_path.write_text("")
     done = {(r["seed"], r["scheduler"]) for r in results}
@@ -309,10 +386,16 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(warm).eval()
-            scores = evaluate(model, load_tokenizer(), suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed)
-            record = {"seed": seed, "scheduler": "warm-start", "scores": scores,
-                      "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
-                      "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES}}
+            scores = evaluate(
+                model, load_tokenizer(), suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
+            )
+            record = {
+                "seed": seed,
+                "scheduler": "warm-start",
+                "scores": scores,
+                "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
+                "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
+            }
             results.append(record)
             with results_path.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
@@ -323,12 +406,19 @@ def main(argv: list[str] | None = None) -> int:
             results.append(record)
             with results_path.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
-            print(f"seed {seed} {scheduler:18s} train {record['train_mean']:.3f} held-out {record['held_out']} "
-                  f"({record['seconds']:.0f} s; elapsed {time.perf_counter() - t_start:.0f} s)", flush=True)
+            print(
+                f"seed {seed} {scheduler:18s} train {record['train_mean']:.3f} held-out {record['held_out']} "
+                f"({record['seconds']:.0f} s; elapsed {time.perf_counter() - t_start:.0f} s)",
+                flush=True,
+            )
     table = summarize(results, schedulers)
-    header = (f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, {args.steps} steps x {args.tasks_per_step} tasks x "
-              f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
-              f"wall {time.perf_counter() - t_start:.0f} s\n\n")
+    header = (
+        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
+        f"{args.steps} steps x {args.tasks_per_step} tasks x "
+        f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, "
+        f"eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
+        f"wall {time.perf_counter() - t_start:.0f} s\n\n"
+    )
     (out / "summary.md").write_text(header + table + "\n")
     print(header + table)
     return 0

@@ -141,10 +141,21 @@ class OpenAITestServer:
         texts = [str(m.get("content")) for m in body["messages"]]
         matching = o.fail_matching is not None and any(o.fail_matching in t for t in texts)
         if o.always_fail or n <= o.fail_first or matching:
-            handler._send(o.fail_status, {"error": {"message": f"injected failure {o.fail_status}", "type": "server_error"}})
+            handler._send(
+                o.fail_status, {"error": {"message": f"injected failure {o.fail_status}", "type": "server_error"}}
+            )
             return
         if o.reject_logprobs and body.get("logprobs"):
-            handler._send(400, {"error": {"message": "logprobs is not supported by this server", "type": "invalid_request_error", "param": "logprobs"}})
+            handler._send(
+                400,
+                {
+                    "error": {
+                        "message": "logprobs is not supported by this server",
+                        "type": "invalid_request_error",
+                        "param": "logprobs",
+                    }
+                },
+            )
             return
         if o.malformed:
             handler._send(200, None, raw=b'{"id": "x", "choices": [ {"message": ')
@@ -216,7 +227,10 @@ def _message(m: dict) -> Message:
     role = m["role"]
     content = m.get("content") or ""
     if role == "assistant" and m.get("tool_calls"):
-        calls = [json.dumps({"tool": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}) for c in m["tool_calls"]]
+        calls = [
+            json.dumps({"tool": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])})
+            for c in m["tool_calls"]
+        ]
         content = "\n".join([content, *calls]) if content else "\n".join(calls)
     return Message(role=role, content=content)
 

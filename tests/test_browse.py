@@ -113,8 +113,12 @@ def answer_from(family: str, pages: str) -> str:
 
 def test_answers_from_the_last_page_alone_are_wrong(suite):
     """Every multi-page question: the right answer needs every page; the last page alone is wrong."""
-    for family, pages_needed in [("cheapest_pair", 2), ("top_poster", 2), ("out_of_stock_count", 3),
-                                 ("post_author_order", 2)]:
+    for family, pages_needed in [
+        ("cheapest_pair", 2),
+        ("top_poster", 2),
+        ("out_of_stock_count", 3),
+        ("post_author_order", 2),
+    ]:
         for task in by_family(suite, family) + by_family(suite, family, "test"):
             _, _, outputs = play(task, task.solution[:-1])
             assert len(outputs) == pages_needed
@@ -209,7 +213,8 @@ def test_bad_addresses_links_and_pages_are_tool_failures(suite):
             use(task, env, name, **args)
     # forgiving about the form of an address and of a link
     assert use(task, env, "open", url="http://shop.example/products?category=" + cat).startswith(
-        f"Page: /products?category={cat} |")
+        f"Page: /products?category={cat} |"
+    )
     assert use(task, env, "open", url=f"products?category={cat}").startswith(f"Page: /products?category={cat} |")
     with pytest.raises(ToolFailed, match=r"no link 'prev' on .* \(links: 1, 2, 3, 4, next\)"):
         use(task, env, "click", link="prev")
@@ -242,7 +247,7 @@ def test_search_finds_products_threads_posts_and_customers(suite):
     page = use(task, env, "search", query=product["name"].lower())
     assert f"{product['name']} (product, $" in page
     thread = site["threads"][0]
-    assert f'{thread["title"]} (thread)' in use(task, env, "search", query=thread["title"])
+    assert f"{thread['title']} (thread)" in use(task, env, "search", query=thread["title"])
     customer = site["customers"][0]
     assert f"(customer {customer['name']})" in use(task, env, "search", query=customer["user"])
     hits = use(task, env, "search", query=task.data["damage"])
@@ -257,8 +262,11 @@ def test_cancel_changes_the_site_state_and_is_graded_on_it(suite):
         env = task.make_env()
         page = use(task, env, "open", url=f"/customer/{user}")
         target = task.solution[2]["arguments"]["link"]
-        wrong = [n for n, status in re.findall(r"^\[(\d+)\] Order #\d+ .* - (\w+)$", page, re.M)
-                 if status == "processing" and n != target]
+        wrong = [
+            n
+            for n, status in re.findall(r"^\[(\d+)\] Order #\d+ .* - (\w+)$", page, re.M)
+            if status == "processing" and n != target
+        ]
         assert wrong, task.id  # the customer has another order that could be cancelled
         use(task, env, "click", link=wrong[0])
         assert "cancelled" in use(task, env, "click", link="cancel")
@@ -285,8 +293,12 @@ def test_tiny_random_model_browses_without_crashing(tiny_policy):
     trajs = Runner(tiny_policy, SamplingParams(temperature=1.0), progress=False).run(make_jobs(tasks, specs, 1))
     assert len(trajs) == len(tasks) * len(specs)
     for t in trajs:
-        assert t.termination in {Termination.max_steps, Termination.submitted, Termination.max_tokens,
-                                 Termination.loop_guard}, (t.termination, t.infra_error)
+        assert t.termination in {
+            Termination.max_steps,
+            Termination.submitted,
+            Termination.max_tokens,
+            Termination.loop_guard,
+        }, (t.termination, t.infra_error)
         assert t.grade is not None
 
 
@@ -295,9 +307,35 @@ def test_odd_input_never_crashes_a_tool(suite):
     import random
 
     rng = random.Random(7)
-    odd = ["", " ", "/", "//", "?", "&&", "%zz", "/products?category=", "/thread/1?page=-1", "/order/#1",
-           "javascript:alert(1)", "http://", "http://[", "/product/1/2", "ñ/ü", "\x00", "[]", "[", "0", "-1", "1e9",
-           None, 3.5, True, [], {}, "x" * 5000]
+    odd = [
+        "",
+        " ",
+        "/",
+        "//",
+        "?",
+        "&&",
+        "%zz",
+        "/products?category=",
+        "/thread/1?page=-1",
+        "/order/#1",
+        "javascript:alert(1)",
+        "http://",
+        "http://[",
+        "/product/1/2",
+        "ñ/ü",
+        "\x00",
+        "[]",
+        "[",
+        "0",
+        "-1",
+        "1e9",
+        None,
+        3.5,
+        True,
+        [],
+        {},
+        "x" * 5000,
+    ]
     odd += ["".join(rng.choice("/?&=#[]:%.-_ aZ09") for _ in range(rng.randint(1, 30))) for _ in range(200)]
     for task in [by_family(suite, f)[0] for f in sorted(FAMILIES)]:
         env = task.make_env()

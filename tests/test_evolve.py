@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.evolve import EvolveConfig, EvolveError, Evolution
+from harnessrl.evolve import Evolution, EvolveConfig, EvolveError
 from harnessrl.evolve.acceptance import (
     acceptance_threshold,
     compare,
@@ -40,7 +40,24 @@ from harnessrl.tasks.suites.workspace import WorkspaceSuite
 from harnessrl.triage import CONTENT, PROCESS
 from harnessrl.types import Message, ToolCall
 
-WORDS = ["apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "ocean", "amber", "cedar", "delta", "ember", "frost", "grape", "harbor"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "maple",
+    "tiger",
+    "lemon",
+    "piano",
+    "ocean",
+    "amber",
+    "cedar",
+    "delta",
+    "ember",
+    "frost",
+    "grape",
+    "harbor",
+]
 P_BASE, P_LESSONS = 0.3, 0.95
 LESSONS = "## Lessons from earlier attempts"
 
@@ -61,9 +78,17 @@ def say_task(split: str, i: int) -> Task:
         return {"word": float((env.answer or "").strip() == word)}
 
     return Task(
-        id=f"say/{split}/{i:05d}", suite="say", family="say_word", split=split, seed=i,
-        instruction=f"Submit the word '{word}' (task {split} {i}).", tools=[SUBMIT_TOOL],
-        setup=lambda env: None, check=check, needs_workspace=False, data={"word": word},
+        id=f"say/{split}/{i:05d}",
+        suite="say",
+        family="say_word",
+        split=split,
+        seed=i,
+        instruction=f"Submit the word '{word}' (task {split} {i}).",
+        tools=[SUBMIT_TOOL],
+        setup=lambda env: None,
+        check=check,
+        needs_workspace=False,
+        data={"word": word},
     )
 
 
@@ -97,7 +122,9 @@ class SpecDependentAgent:
         self.kill_at = kill_at
         self.crash_word = crash_word
         self.proto = get_protocol("json", lenient=True)
-        self.policy = _CrashingBackend(ScriptedPolicy(self.reply, tokenizer=tokenizer, name="spec-dependent"), crash_word)
+        self.policy = _CrashingBackend(
+            ScriptedPolicy(self.reply, tokenizer=tokenizer, name="spec-dependent"), crash_word
+        )
 
     def reply(self, messages: list[Message]) -> str:
         self.calls += 1
@@ -105,14 +132,25 @@ class SpecDependentAgent:
             self.kill_at = None
             raise KeyboardInterrupt
         system = messages[0].content
-        word = next(m.content.split("'")[1] for m in messages if m.role == "user" and m.content.startswith("Submit the word"))
+        word = next(
+            m.content.split("'")[1] for m in messages if m.role == "user" and m.content.startswith("Submit the word")
+        )
         p = P_LESSONS if LESSONS in system else P_BASE
         answer = word if self.rng.random() < p else "wrong"
         return self.proto.render_call(ToolCall(name="submit", arguments={"answer": answer}))
 
 
 def config(**kw) -> EvolveConfig:
-    base = dict(suite="say", seed_harness="one-shot", model="scripted", dev_tasks=12, test_tasks=6, rollouts=8, iterations=2, candidates=2)
+    base = dict(
+        suite="say",
+        seed_harness="one-shot",
+        model="scripted",
+        dev_tasks=12,
+        test_tasks=6,
+        rollouts=8,
+        iterations=2,
+        candidates=2,
+    )
     base.update(kw)
     return EvolveConfig(**base)
 
@@ -131,7 +169,10 @@ def test_spec_diff_round_trips_and_invalid_edits_are_refused():
     react = load_harness("react")
     new = apply_changes(react, {"rules.loop_guard.repeats": 2, "capabilities.experiences": ["Read first."]})
     diff = spec_diff(react, new)
-    assert {c["path"]: c["to"] for c in diff} == {"rules.loop_guard.repeats": 2, "capabilities.experiences": ["Read first."]}
+    assert {c["path"]: c["to"] for c in diff} == {
+        "rules.loop_guard.repeats": 2,
+        "capabilities.experiences": ["Read first."],
+    }
     assert apply_diff(react, diff) == new
     with pytest.raises(SpecError, match="loop_guard.repeats"):
         apply_changes(react, {"rules.loop_guard.repeats": 1})
@@ -200,7 +241,9 @@ class WatchingProposer(RulesProposer):
     def propose(self, ctx):
         self.calls += 1
         db = sqlite3.connect(self.folder / "run.db")
-        self.test_episodes_seen.append(db.execute("SELECT COUNT(*) FROM episodes WHERE task_id LIKE '%/test/%'").fetchone()[0])
+        self.test_episodes_seen.append(
+            db.execute("SELECT COUNT(*) FROM episodes WHERE task_id LIKE '%/test/%'").fetchone()[0]
+        )
         db.close()
         return super().propose(ctx)
 
@@ -263,8 +306,24 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
 
 
 LINE_FIELDS = {
-    "iteration", "candidate", "parent", "proposer", "edit", "hypothesis", "target", "diff", "spec_fingerprint",
-    "status", "error", "dev", "incumbent_dev", "delta", "delta_ci95", "threshold", "beats_threshold", "confirmation",
+    "iteration",
+    "candidate",
+    "parent",
+    "proposer",
+    "edit",
+    "hypothesis",
+    "target",
+    "diff",
+    "spec_fingerprint",
+    "status",
+    "error",
+    "dev",
+    "incumbent_dev",
+    "delta",
+    "delta_ci95",
+    "threshold",
+    "beats_threshold",
+    "confirmation",
     "accepted",
 }
 DEV_FIELDS = {"label", "mean", "ci95", "n_episodes", "delivery_rate", "n_infra_errors", "seed"}
@@ -280,8 +339,14 @@ def test_evolution_lines_have_every_field(tmp_path, tokenizer):
         assert ln["status"] == "measured" and ln["diff"] and ln["hypothesis"]
         assert set(ln["dev"]) == set(ln["incumbent_dev"]) == DEV_FIELDS
         if ln["confirmation"] is not None:
-            assert set(ln["confirmation"]) == {"dev", "incumbent_dev", "delta", "delta_ci95", "beats_threshold",
-                                               "error"}
+            assert set(ln["confirmation"]) == {
+                "dev",
+                "incumbent_dev",
+                "delta",
+                "delta_ci95",
+                "beats_threshold",
+                "error",
+            }
             assert set(ln["confirmation"]["dev"]) == DEV_FIELDS
         lo, hi = ln["dev"]["ci95"]
         assert lo <= ln["dev"]["mean"] <= hi
@@ -350,7 +415,8 @@ def test_llm_garbage_is_counted_and_skipped(tmp_path, tokenizer):
     valid = apply_changes(SEED, {"capabilities.experiences": ["Submit exactly the word asked for."]})
     replies = [
         "I think you should add more examples.\n: : [unclosed",  # not YAML
-        "HYPOTHESIS: stop loops\nTARGET: loop\n```yaml\nname: x\nsystem_prompt: hi\nbogus_field: 1\n```",  # invalid spec
+        # invalid spec
+        "HYPOTHESIS: stop loops\nTARGET: loop\n```yaml\nname: x\nsystem_prompt: hi\nbogus_field: 1\n```",
         "HYPOTHESIS: lessons fix wrong answers\nTARGET: content\n```yaml\n" + valid.to_yaml() + "```",
     ]
     asked: list[list[Message]] = []
@@ -392,7 +458,9 @@ def _ctx(cls: str, incumbent: HarnessSpec) -> ProposalContext:
         "insufficient_evidence": "submitted without a successful read_file",
         "blocked_call": "read_file refused (invalid_arguments): missing required argument 'path'",
     }.get(cls, "x")
-    episodes = [{"episode_id": f"e{i}", "class": cls, "family": "csv_report", "evidence": evidence, "step": 1} for i in range(3)]
+    episodes = [
+        {"episode_id": f"e{i}", "class": cls, "family": "csv_report", "evidence": evidence, "step": 1} for i in range(3)
+    ]
     other = "loop" if cls != "loop" else "content"
     episodes.append({"episode_id": "o", "class": other, "family": "f", "evidence": "x", "step": 1})
     triage = {"counts": {cls: 3, other: 1}, "episodes": episodes, "n_passed": 1, "n_valid": 5}
@@ -403,10 +471,24 @@ EXPECTED_PATHS = {
     "malformed_call": {"format-demonstration": {"rules.demonstrations"}, "format-feedback": set()},
     "blocked_call": {"blocked-feedback": set(), "tool-usage-lesson": {"capabilities.experiences"}},
     "loop": {"loop-guard": {"rules.loop_guard.repeats"}, "state-ledger": {"capabilities.ledger.enabled"}},
-    "budget_exhausted": {"budget-notice": {"rules.budget_notice.remaining_steps"}, "plan-checkpoint": {"loop.kind"}, "more-steps": {"rules.max_steps", "rules.max_total_tokens"}},
-    "no_delivery": {"submit-lesson": {"capabilities.experiences"}, "budget-notice": {"rules.budget_notice.remaining_steps"}},
-    "insufficient_evidence": {"verify-before-submit": {"rules.submit_checkpoint.enabled"}, "evidence-lesson": {"capabilities.experiences"}},
-    "content": {"experience-library": {"capabilities.experiences"}, "state-ledger": {"capabilities.ledger.enabled"}, "helper-tools": {"capabilities.helper_tools"}},
+    "budget_exhausted": {
+        "budget-notice": {"rules.budget_notice.remaining_steps"},
+        "plan-checkpoint": {"loop.kind"},
+        "more-steps": {"rules.max_steps", "rules.max_total_tokens"},
+    },
+    "no_delivery": {
+        "submit-lesson": {"capabilities.experiences"},
+        "budget-notice": {"rules.budget_notice.remaining_steps"},
+    },
+    "insufficient_evidence": {
+        "verify-before-submit": {"rules.submit_checkpoint.enabled"},
+        "evidence-lesson": {"capabilities.experiences"},
+    },
+    "content": {
+        "experience-library": {"capabilities.experiences"},
+        "state-ledger": {"capabilities.ledger.enabled"},
+        "helper-tools": {"capabilities.helper_tools"},
+    },
 }
 
 
@@ -427,7 +509,15 @@ def test_rules_proposer_maps_each_class_to_its_edits(cls):
         assert {h.name for h in proposals[2].spec.capabilities.helper_tools} == {"look_and_read", "write_and_check"}
     if cls == "malformed_call":
         demo = proposals[0].spec.rules.demonstrations[-1]
-        assert demo.calls[0].name in {"list_dir", "read_file", "write_file", "append_file", "move_file", "delete_file", "search_text"}
+        assert demo.calls[0].name in {
+            "list_dir",
+            "read_file",
+            "write_file",
+            "append_file",
+            "move_file",
+            "delete_file",
+            "search_text",
+        }
 
 
 def test_rules_proposer_skips_what_was_tried_and_the_dominant_class_comes_first():
@@ -460,7 +550,13 @@ class _CannedChat:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.bodies.append(body)
                 text = server.replies[(len(server.bodies) - 1) % len(server.replies)]
-                out = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}).encode()
+                out = json.dumps(
+                    {
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                        ]
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
@@ -480,7 +576,9 @@ def test_llm_proposer_over_an_openai_compatible_server(tokenizer):
     from harnessrl.models import load_policy
 
     valid = apply_changes(SEED, {"rules.loop_guard.enabled": True})
-    server = _CannedChat(["no spec here, sorry", "HYPOTHESIS: a guard stops loops\nTARGET: loop\n```yaml\n" + valid.to_yaml() + "```"])
+    server = _CannedChat(
+        ["no spec here, sorry", "HYPOTHESIS: a guard stops loops\nTARGET: loop\n```yaml\n" + valid.to_yaml() + "```"]
+    )
     try:
         proposer = LLMProposer(load_policy(f"openai:fake-proposer@{server.url}"))
         agent = SpecDependentAgent(tokenizer)
@@ -489,14 +587,30 @@ def test_llm_proposer_over_an_openai_compatible_server(tokenizer):
 
         trajs = Runner(failing, progress=False).run(make_jobs([say_task("dev", 0)], [SEED], 3))
         failures = [t for t in trajs if not t.grade.passed]
-        triage = {"counts": {"content": len(failures)}, "episodes": [{"episode_id": t.episode_id, "class": "content", "family": t.family, "evidence": "delivered; score 0.00 < 1.00", "step": 0} for t in failures]}
+        triage = {
+            "counts": {"content": len(failures)},
+            "episodes": [
+                {
+                    "episode_id": t.episode_id,
+                    "class": "content",
+                    "family": t.family,
+                    "evidence": "delivered; score 0.00 < 1.00",
+                    "step": 0,
+                }
+                for t in failures
+            ],
+        }
         ctx = ProposalContext(1, SEED, triage, failures, [], [SUBMIT_TOOL.schema], n=2)
         # the two requests go out concurrently: which one got which reply is not fixed
         bad, good = sorted(proposer.propose(ctx), key=lambda p: p.spec is not None)
     finally:
         server.close()
     assert bad.spec is None and bad.error and bad.raw == "no spec here, sorry"
-    assert good.spec is not None and good.target == "loop" and spec_diff(SEED, good.spec) == [{"path": "rules.loop_guard.enabled", "from": False, "to": True}]
+    assert (
+        good.spec is not None
+        and good.target == "loop"
+        and spec_diff(SEED, good.spec) == [{"path": "rules.loop_guard.enabled", "from": False, "to": True}]
+    )
     sent = server.bodies[0]["messages"][-1]["content"]
     assert failures and all(t.episode_id in sent for t in failures[:4])
 
@@ -532,7 +646,9 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
 
 def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenizer):
     proto = get_protocol("json", lenient=True)
-    always_wrong = ScriptedPolicy(lambda m: proto.render_call(ToolCall(name="submit", arguments={"answer": "wrong"})), tokenizer=tokenizer)
+    always_wrong = ScriptedPolicy(
+        lambda m: proto.render_call(ToolCall(name="submit", arguments={"answer": "wrong"})), tokenizer=tokenizer
+    )
     cfg = config(iterations=1, candidates=1, rollouts=2, min_threshold=0.05)
     dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
     said: list[str] = []
@@ -560,8 +676,14 @@ def test_format_demonstration_replays_a_solved_train_task_with_real_results():
 
     spec = load_harness("react")
     ctx = ProposalContext(
-        iteration=1, incumbent=spec, triage={"counts": {"malformed_call": 3}, "episodes": []}, failures=[], history=[],
-        tools=[t.schema for t in task.tools], n=1, worked_example=example,
+        iteration=1,
+        incumbent=spec,
+        triage={"counts": {"malformed_call": 3}, "episodes": []},
+        failures=[],
+        history=[],
+        tools=[t.schema for t in task.tools],
+        n=1,
+        worked_example=example,
     )
     (proposal,) = RulesProposer().propose(ctx)
     assert proposal.edit == "format-demonstration"
@@ -569,8 +691,16 @@ def test_format_demonstration_replays_a_solved_train_task_with_real_results():
     assert len(demos) == len(spec.rules.demonstrations) + 1 and demos[-1].instruction == task.instruction
     # an example must not come from the tasks the loop decides or reports on
     with pytest.raises(EvolveError, match="train split"):
-        Evolution(Path("/nonexistent"), EvolveConfig(suite="workspace", seed_harness="react", model="tiny-random", dev_tasks=2, test_tasks=2), spec,
-                  suite.tasks("dev", 2), suite.tasks("test", 2), None, RulesProposer(), example_tasks=suite.tasks("dev", 1))
+        Evolution(
+            Path("/nonexistent"),
+            EvolveConfig(suite="workspace", seed_harness="react", model="tiny-random", dev_tasks=2, test_tasks=2),
+            spec,
+            suite.tasks("dev", 2),
+            suite.tasks("test", 2),
+            None,
+            RulesProposer(),
+            example_tasks=suite.tasks("dev", 1),
+        )
 
 
 # -- sampling streams, confirmation, exact resume --------------------------------------------------
@@ -613,8 +743,9 @@ class SeededAgent(Policy):
         self.seen[(self.seed, prompt)] = n + 1
         key = f"{self.seed}|{prompt}|{n if self.counting else ''}"
         u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-        word = next(m.content.split("'")[1] for m in messages
-                    if m.role == "user" and m.content.startswith("Submit the word"))
+        word = next(
+            m.content.split("'")[1] for m in messages if m.role == "user" and m.content.startswith("Submit the word")
+        )
         answer = word if u < self.p(messages[0].content, self.seed) else "wrong"
         return self.proto.render_call(ToolCall(name="submit", arguments={"answer": answer}))
 
@@ -674,8 +805,16 @@ def test_a_candidate_that_was_lucky_once_is_not_confirmed(tmp_path, tokenizer):
     said: list[str] = []
     cfg = config(iterations=1, candidates=1, rollouts=4)
     dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
-    evo = Evolution(tmp_path / "evo", cfg, SEED, dev, test, SeededAgent(tokenizer, p=p, counting=True),
-                    FixedProposer([Proposal("lucky", "content", "x", lucky)]), log=said.append)
+    evo = Evolution(
+        tmp_path / "evo",
+        cfg,
+        SEED,
+        dev,
+        test,
+        SeededAgent(tokenizer, p=p, counting=True),
+        FixedProposer([Proposal("lucky", "content", "x", lucky)]),
+        log=said.append,
+    )
     final = evo.run()
     (line,) = log_lines(tmp_path / "evo")
     assert line["beats_threshold"] and line["delta"] > 0.4  # screening alone would have accepted it

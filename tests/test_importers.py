@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import oracle_policy
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -23,8 +24,6 @@ from harnessrl.tasks.importers.harbor import dockerfile_instructions, resolve_ve
 from harnessrl.tasks.importers.pinchbench import parse_judge_reply, policy_judge
 from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available
 from harnessrl.types import Termination
-
-from helpers import oracle_policy
 
 FIXTURES = Path(__file__).parent / "fixtures" / "importers"
 # Graders see the workspace at the path they were written for: that needs bubblewrap's mounts.
@@ -48,7 +47,9 @@ def run_scripted(tasks, solutions: dict[str, list[dict]], tokenizer, shell: bool
     for t in tasks:
         t.solution = solutions.get(t.data["native_id"], [call("submit")])
     spec = _spec(shell)
-    runner = Runner(oracle_policy(tasks, spec, tokenizer), SamplingParams(temperature=0.0), max_retries=0, progress=False)
+    runner = Runner(
+        oracle_policy(tasks, spec, tokenizer), SamplingParams(temperature=0.0), max_retries=0, progress=False
+    )
     return {t.task_id.rsplit("/", 1)[-1]: t for t in runner.run(make_jobs(tasks, [spec], 1))}
 
 
@@ -80,7 +81,11 @@ def copy_fixture(src: Path, dst: Path) -> Path:
 # -- ClawGym ------------------------------------------------------------------------------------
 
 CLAWGYM_RIGHT = {
-    "task_sum": [call("read_file", path="input/numbers.txt"), call("write_file", path="output/total.txt", content="12\n"), call("submit")],
+    "task_sum": [
+        call("read_file", path="input/numbers.txt"),
+        call("write_file", path="output/total.txt", content="12\n"),
+        call("submit"),
+    ],
     "task_note": [call("submit", answer="Blue.")],
 }
 CLAWGYM_WRONG = {
@@ -128,7 +133,11 @@ def test_clawgym_shell_works_at_the_absolute_workspace_path_and_the_grader_sees_
     assert task.workspace_mount == ws
     solution = [
         call("shell", command="pwd"),
-        call("shell", command=f"cd / && mkdir -p {ws}/output && awk '{{s += $1}} END {{print s}}' {ws}/input/numbers.txt > {ws}/output/total.txt"),
+        call(
+            "shell",
+            command=f"cd / && mkdir -p {ws}/output && "
+            f"awk '{{s += $1}} END {{print s}}' {ws}/input/numbers.txt > {ws}/output/total.txt",
+        ),
         call("read_file", path="output/total.txt"),
         call("submit"),
     ]
@@ -165,11 +174,18 @@ def test_pinchbench_loads_and_leaves_judge_only_tasks_out_without_a_judge():
 @needs_bwrap
 def test_pinchbench_grade_runs_on_transcript_and_workspace(tokenizer):
     suite = PinchBenchSuite(FIXTURES / "pinchbench")
-    summary = [call("write_file", path="summary.txt", content="Meeting moved to Thursday.\nBring the budget sheet.\n"), call("submit")]
+    summary = [
+        call("write_file", path="summary.txt", content="Meeting moved to Thursday.\nBring the budget sheet.\n"),
+        call("submit"),
+    ]
     right = run_scripted(
         suite.tasks("dev"),
         {
-            "task_01_shout": [call("read_file", path="input/greeting.txt"), call("write_file", path="shout.txt", content=SHOUT), call("submit")],
+            "task_01_shout": [
+                call("read_file", path="input/greeting.txt"),
+                call("write_file", path="shout.txt", content=SHOUT),
+                call("submit"),
+            ],
             "task_02_summary": summary,
         },
         tokenizer,
@@ -179,7 +195,11 @@ def test_pinchbench_grade_runs_on_transcript_and_workspace(tokenizer):
     assert shout.subscores == {"shout_correct": 1.0, "read_input": 1.0}  # "note" is not a number
     assert shout.details["ignored_non_numeric"] == ["note"]
     # the agent never read the input (the transcript shows it): partial credit
-    wrong = run_scripted(suite.tasks("dev"), {"task_01_shout": [call("write_file", path="shout.txt", content=SHOUT), call("submit")]}, tokenizer)
+    wrong = run_scripted(
+        suite.tasks("dev"),
+        {"task_01_shout": [call("write_file", path="shout.txt", content=SHOUT), call("submit")]},
+        tokenizer,
+    )
     assert wrong["task_01_shout"].grade.score == 0.5
 
     hybrid = right["task_02_summary"].grade
@@ -203,7 +223,10 @@ def test_pinchbench_judge_grades_the_judged_parts(tokenizer):
     assert [t.data["native_id"] for t in suite.tasks("dev")] == ["task_01_shout", "task_02_summary", "task_03_poem"]
     out = run_scripted(
         suite.tasks("dev")[1:],
-        {"task_02_summary": [call("write_file", path="summary.txt", content="a\nb\n"), call("submit")], "task_03_poem": [call("submit", answer="done")]},
+        {
+            "task_02_summary": [call("write_file", path="summary.txt", content="a\nb\n"), call("submit")],
+            "task_03_poem": [call("submit", answer="done")],
+        },
         tokenizer,
     )
     hybrid = out["task_02_summary"].grade
@@ -233,7 +256,9 @@ def test_a_model_as_judge(tokenizer):
 def test_transcript_is_openclaw_session_events():
     from harnessrl.tasks.base import Environment
 
-    env = Environment(calls=[("read_file", {"path": "a.txt"}, "text"), ("submit", {"answer": "ok"}, "Submitted.")], answer="ok")
+    env = Environment(
+        calls=[("read_file", {"path": "a.txt"}, "text"), ("submit", {"answer": "ok"}, "Submitted.")], answer="ok"
+    )
     events = openclaw_transcript(env, "do it", "/w")
     assert events[0]["type"] == "session" and events[0]["cwd"] == "/w"
     roles = [e["message"]["role"] for e in events[1:]]
@@ -274,8 +299,16 @@ def test_harbor_test_sh_writes_the_reward(tokenizer):
     right = run_scripted(
         tasks,
         {
-            "copy-config": [call("read_file", path="service.ini"), call("write_file", path="port.txt", content="8080\n"), call("submit")],
-            "json-reward": [call("write_file", path="done.txt", content="done\n"), call("write_file", path="extra.txt", content="x"), call("submit")],
+            "copy-config": [
+                call("read_file", path="service.ini"),
+                call("write_file", path="port.txt", content="8080\n"),
+                call("submit"),
+            ],
+            "json-reward": [
+                call("write_file", path="done.txt", content="done\n"),
+                call("write_file", path="extra.txt", content="x"),
+                call("submit"),
+            ],
         },
         tokenizer,
     )
@@ -286,8 +319,10 @@ def test_harbor_test_sh_writes_the_reward(tokenizer):
     assert right["json-reward"].grade.details["rewards"] == {"reward": 1.0, "done_file": 1.0, "runtime_sec": 1.5}
     wrong = run_scripted(
         tasks,
-        {"copy-config": [call("write_file", path="port.txt", content="80\n"), call("submit")],
-         "json-reward": [call("write_file", path="done.txt", content="done\n"), call("submit")]},
+        {
+            "copy-config": [call("write_file", path="port.txt", content="80\n"), call("submit")],
+            "json-reward": [call("write_file", path="done.txt", content="done\n"), call("submit")],
+        },
         tokenizer,
     )
     assert wrong["copy-config"].grade.score == 0.0
@@ -425,7 +460,11 @@ def test_broken_pinchbench_tasks_are_infra_errors(tmp_path, tokenizer):
         text = text.replace("id: task_01_shout", f"id: {name[:-3]}").replace("## Prompt\n", f"## Prompt\n({name})")
         (tasks_dir / name).write_text(text)
     suite = PinchBenchSuite(tmp_path / "skill", grader_limits=ExecLimits(wall_s=2.0, cpu_s=5))
-    solution = [call("read_file", path="input/greeting.txt"), call("write_file", path="shout.txt", content=SHOUT), call("submit")]
+    solution = [
+        call("read_file", path="input/greeting.txt"),
+        call("write_file", path="shout.txt", content=SHOUT),
+        call("submit"),
+    ]
     expected = {
         "task_b": "no YAML front matter",
         "task_c": "malformed YAML front matter",
@@ -446,11 +485,17 @@ def test_broken_harbor_tasks_are_infra_errors(tmp_path, tokenizer):
     (copy_fixture(good, tmp_path / "b_bad_toml") / "task.toml").write_text("[verifier\ntimeout_sec = 1\n")
     (copy_fixture(good, tmp_path / "c_no_test") / "tests" / "test.sh").unlink()
     (copy_fixture(good, tmp_path / "d_no_reward") / "tests" / "test.sh").write_text("echo ran; exit 0\n")
-    (copy_fixture(good, tmp_path / "e_garbage") / "tests" / "test.sh").write_text("echo great > /logs/verifier/reward.txt\n")
+    (copy_fixture(good, tmp_path / "e_garbage") / "tests" / "test.sh").write_text(
+        "echo great > /logs/verifier/reward.txt\n"
+    )
     (copy_fixture(good, tmp_path / "f_hang") / "tests" / "test.sh").write_text("sleep 30\n")
     (copy_fixture(good, tmp_path / "g_no_instruction") / "instruction.md").unlink()
     suite = HarborSuite(tmp_path, grader_limits=ExecLimits(wall_s=2.0, cpu_s=5))
-    solution = [call("write_file", path="done.txt", content="done\n"), call("write_file", path="extra.txt", content="x"), call("submit")]
+    solution = [
+        call("write_file", path="done.txt", content="done\n"),
+        call("write_file", path="extra.txt", content="x"),
+        call("submit"),
+    ]
     expected = {
         "b_bad_toml": "malformed task.toml",
         "c_no_test": "missing tests/test.sh",

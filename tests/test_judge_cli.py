@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from openai_server import OpenAITestServer
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -16,8 +17,6 @@ from harnessrl.harness.registry import load_harness
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.store import RunStore
 from harnessrl.tasks.sandbox_exec import isolation_available
-
-from openai_server import OpenAITestServer
 
 PINCHBENCH = Path(__file__).parent / "fixtures" / "importers" / "pinchbench"
 VERDICT = 'Verdict: {"scores": {"faithful": 0.5}, "total": 0.5, "notes": "one fact lost"}'
@@ -50,8 +49,24 @@ def one_step_harness(tmp_path: Path) -> Path:
 
 
 def eval_pinchbench(tmp_path: Path, out: Path, *extra: str):
-    return cli.invoke(app, ["eval", "--suite", f"pinchbench:{PINCHBENCH}", "--harness", str(one_step_harness(tmp_path)),
-                            "--model", "tiny-random", "--out", str(out), "--no-progress", "--retries", "0", *extra])
+    return cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            f"pinchbench:{PINCHBENCH}",
+            "--harness",
+            str(one_step_harness(tmp_path)),
+            "--model",
+            "tiny-random",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--retries",
+            "0",
+            *extra,
+        ],
+    )
 
 
 def grades(out: Path) -> dict:
@@ -104,7 +119,9 @@ def test_without_judge_model_the_judged_part_is_ungraded(tmp_path):
 @needs_bwrap
 def test_a_judge_reply_without_a_score_is_an_infra_error_of_that_episode(tmp_path, tokenizer):
     out = tmp_path / "bad-judge"
-    with OpenAITestServer(ScriptedPolicy(lambda messages: "looks fine to me", tokenizer=tokenizer), model_name="judge") as server:
+    with OpenAITestServer(
+        ScriptedPolicy(lambda messages: "looks fine to me", tokenizer=tokenizer), model_name="judge"
+    ) as server:
         r = eval_pinchbench(tmp_path, out, "--tasks", "2", "--judge-model", server.spec())
     assert r.exit_code == 0, r.output
     by_task = grades(out)
@@ -118,8 +135,10 @@ def test_a_judge_reply_without_a_score_is_an_infra_error_of_that_episode(tmp_pat
         (["--judge-model", "gpt-17"], "--judge-model: unknown model 'gpt-17'"),
         (["--judge-model", "hf:/no/such/dir"], "--judge-model: model path '/no/such/dir' does not exist"),
         (["--judge-model", "openai:gpt-4o"], "openai:MODEL@BASE_URL"),
-        (["--judge-model", "openai:m@http://127.0.0.1:9/v1", "--judge-api-key-env", "HARNESSRL_NO_SUCH_VAR"],
-         "--judge-api-key-env HARNESSRL_NO_SUCH_VAR: that environment variable is not set"),
+        (
+            ["--judge-model", "openai:m@http://127.0.0.1:9/v1", "--judge-api-key-env", "HARNESSRL_NO_SUCH_VAR"],
+            "--judge-api-key-env HARNESSRL_NO_SUCH_VAR: that environment variable is not set",
+        ),
         (["--judge-api-key-env", "OPENAI_API_KEY"], "--judge-api-key-env needs --judge-model"),
     ],
 )
@@ -133,7 +152,21 @@ def test_bad_judge_options_exit_2_before_any_work(tmp_path, args, message):
 
 def test_judge_model_on_a_suite_without_judged_parts_is_refused(tmp_path):
     out = tmp_path / "run"
-    r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--tasks", "1", "--judge-model", "tiny-random", "--out", str(out), "--no-progress"])
+    r = cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            "toolcalc",
+            "--tasks",
+            "1",
+            "--judge-model",
+            "tiny-random",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+    )
     assert r.exit_code == 2, r.output
     assert "no selected task of suite 'toolcalc' has a part graded by an LLM judge" in r.output
     assert not (out / "run.db").exists()

@@ -20,7 +20,6 @@ from harnessrl.metrics import (
 )
 from harnessrl.types import Grade, Termination, Trajectory
 
-
 # ---------------------------------------------------------------- pass@k / pass^k
 
 
@@ -112,8 +111,7 @@ def test_bootstrap_edge_cases():
 # ---------------------------------------------------------------- summarize_harness
 
 
-def _traj(task, attempt, score=None, passed=None, *, termination=Termination.submitted,
-          submitted=True, harness="h"):
+def _traj(task, attempt, score=None, passed=None, *, termination=Termination.submitted, submitted=True, harness="h"):
     grade = None if score is None else Grade(score=score, passed=passed, threshold=1.0)
     return Trajectory(
         episode_id=f"{task}-{harness}-{attempt}",
@@ -154,8 +152,17 @@ def _three_tasks():
 def test_summarize_hand_values():
     s = summarize_harness(_three_tasks(), attempts=3)
     assert set(s) == {
-        "n_tasks", "attempts", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k",
-        "delivery_rate", "mean_subscores", "n_episodes", "n_infra_errors", "k_notes",
+        "n_tasks",
+        "attempts",
+        "mean_score",
+        "mean_score_ci95",
+        "pass_at_k",
+        "pass_hat_k",
+        "delivery_rate",
+        "mean_subscores",
+        "n_episodes",
+        "n_infra_errors",
+        "k_notes",
     }
     assert s["n_tasks"] == 3
     assert s["attempts"] == 3
@@ -184,8 +191,7 @@ def test_summarize_excludes_infra_errors():
     s = summarize_harness(trajs, attempts=3)
     assert s["n_infra_errors"] == 3
     assert s["n_episodes"] == 9
-    for key in ("n_tasks", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k",
-                "delivery_rate", "k_notes"):
+    for key in ("n_tasks", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k", "delivery_rate", "k_notes"):
         assert s[key] == base[key], key
 
 
@@ -248,8 +254,17 @@ def test_summary_is_independent_of_trajectory_order():
 
 # The keys of one harness in summary.json, in their order (README.md documents them).
 SUMMARY_KEYS = [
-    "n_tasks", "attempts", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k",
-    "delivery_rate", "mean_subscores", "n_episodes", "n_infra_errors", "k_notes",
+    "n_tasks",
+    "attempts",
+    "mean_score",
+    "mean_score_ci95",
+    "pass_at_k",
+    "pass_hat_k",
+    "delivery_rate",
+    "mean_subscores",
+    "n_episodes",
+    "n_infra_errors",
+    "k_notes",
 ]
 
 
@@ -271,9 +286,16 @@ def test_harness_summary_without_valid_episodes_has_the_same_keys():
     record = harness_summary([_infra("a", 0)], 2)
     assert list(record.to_json()) == SUMMARY_KEYS
     assert record == HarnessSummary(
-        n_tasks=0, attempts=2, mean_score=None, mean_score_ci95=None,
-        pass_at_k={"1": None, "2": None}, pass_hat_k={"1": None, "2": None}, delivery_rate=None,
-        mean_subscores={}, n_episodes=0, n_infra_errors=1,
+        n_tasks=0,
+        attempts=2,
+        mean_score=None,
+        mean_score_ci95=None,
+        pass_at_k={"1": None, "2": None},
+        pass_hat_k={"1": None, "2": None},
+        delivery_rate=None,
+        mean_subscores={},
+        n_episodes=0,
+        n_infra_errors=1,
         k_notes=dict.fromkeys(["1", "2"], "no valid episodes (1 infrastructure errors)"),
     )
 

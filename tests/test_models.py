@@ -17,11 +17,12 @@ from harnessrl.models import (
     Policy,
     PolicyError,
     SamplingParams,
+    chat,
     describe_models,
+    embedded,
     load_policy,
 )
 from harnessrl.models.base import request_seed
-from harnessrl.models import chat, embedded
 from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from openai_server import OpenAITestServer, ServerOptions, closed_port
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
@@ -18,13 +19,15 @@ from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks import get_suite
 from harnessrl.types import Message, Termination, ToolCall, ToolSchema
 
-from openai_server import OpenAITestServer, ServerOptions, closed_port
-
 GREEDY = SamplingParams(temperature=0.0)
 ADD = ToolSchema(
     name="add",
     description="Add two numbers.",
-    parameters={"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]},
+    parameters={
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    },
 )
 
 
@@ -35,7 +38,9 @@ def with_rules(spec: HarnessSpec, **rules) -> HarnessSpec:
 
 
 def ask(text: str = "What is 2 plus 3?", **kw) -> GenerationRequest:
-    return GenerationRequest(messages=[Message(role="user", content=text)], max_new_tokens=kw.pop("max_new_tokens", 6), **kw)
+    return GenerationRequest(
+        messages=[Message(role="user", content=text)], max_new_tokens=kw.pop("max_new_tokens", 6), **kw
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -75,10 +80,20 @@ def policy_for(server: OpenAITestServer, **kw) -> OpenAIPolicy:
 
 
 def test_spec_parsing():
-    assert parse_spec("openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1") == ("Qwen/Qwen3-1.7B", "http://127.0.0.1:8000/v1")
+    assert parse_spec("openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1") == (
+        "Qwen/Qwen3-1.7B",
+        "http://127.0.0.1:8000/v1",
+    )
     assert parse_spec("openai:org/m:q4@lora@https://h.example/v1/") == ("org/m:q4@lora", "https://h.example/v1")
     assert parse_spec("openai:m@http://user:pw@host:1/v1") == ("m", "http://user:pw@host:1/v1")
-    for bad in ["openai:", "openai:model", "openai:model@localhost:8000/v1", "openai:@http://x/v1", "openai:m@ftp://x", "openai:m@http://"]:
+    for bad in [
+        "openai:",
+        "openai:model",
+        "openai:model@localhost:8000/v1",
+        "openai:@http://x/v1",
+        "openai:m@ftp://x",
+        "openai:m@http://",
+    ]:
         with pytest.raises(ValueError, match="openai:MODEL@BASE_URL"):
             load_policy(bad)
 
@@ -174,7 +189,9 @@ def test_token_ids_when_the_server_returns_them(make_server, tiny_policy):
             {
                 "message": {"role": "assistant", "content": "hi"},
                 "finish_reason": "length",
-                "logprobs": {"content": [{"token": "token_id:17", "logprob": -0.5}, {"token": "token_id:4", "logprob": -1.0}]},
+                "logprobs": {
+                    "content": [{"token": "token_id:17", "logprob": -0.5}, {"token": "token_id:4", "logprob": -1.0}]
+                },
             }
         ]
     }
@@ -255,12 +272,21 @@ def test_malformed_bodies():
     from harnessrl.models.openai_compat import _Malformed
 
     ok = {"role": "assistant", "content": "x"}
-    for body in [[], {"error": {"message": "boom"}}, {"choices": [{}]}, {"choices": [{"message": {"role": "assistant", "content": None}}]},
-                 {"choices": [{"message": {"content": 3}}]}, {"choices": [{"message": {**ok, "tool_calls": [{"function": {}}]}}]}]:
+    for body in [
+        [],
+        {"error": {"message": "boom"}},
+        {"choices": [{}]},
+        {"choices": [{"message": {"role": "assistant", "content": None}}]},
+        {"choices": [{"message": {"content": 3}}]},
+        {"choices": [{"message": {**ok, "tool_calls": [{"function": {}}]}}]},
+    ]:
         with pytest.raises(_Malformed):
             parse_completion(body)
     # a reasoning model that ran out of tokens while thinking: no content, but a real outcome
-    assert parse_completion({"choices": [{"message": {"content": None}, "finish_reason": "length"}]})[:2] == ("", "length")
+    assert parse_completion({"choices": [{"message": {"content": None}, "finish_reason": "length"}]})[:2] == (
+        "",
+        "length",
+    )
 
 
 def test_one_failed_request_fails_only_itself(make_server):
@@ -326,7 +352,10 @@ def test_native_tool_calls_become_json_protocol_text(make_server):
     (call,) = policy_for(server).complete([request])
     body = server.requests[-1].body
     assert body["tools"] == [
-        {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": ADD.parameters}}
+        {
+            "type": "function",
+            "function": {"name": "add", "description": "Add two numbers.", "parameters": ADD.parameters},
+        }
     ]
     assert call.text == 'Adding.\n{"tool": "add", "arguments": {"a": 2, "b": 3}}'
     assert call.finish_reason == "stop"
@@ -364,13 +393,19 @@ def test_native_tools_history():
     assert sent[4] == {
         "role": "assistant",
         "content": "Adding.",
-        "tool_calls": [{"id": "call_4_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+        "tool_calls": [
+            {"id": "call_4_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+        ],
     }
     assert sent[5] == {"role": "tool", "tool_call_id": "call_4_0", "content": "Result of add: 5"}
     assert sent[6] == {"role": "assistant", "content": "no call here"}
     assert sent[7] == {"role": "user", "content": "Tool result:\norphan"}
     # two calls in one turn: every id gets an answer
-    two = [Message(role="user", content="u"), Message(role="assistant", content=call + "\n" + call), Message(role="tool", content="r")]
+    two = [
+        Message(role="user", content="u"),
+        Message(role="assistant", content=call + "\n" + call),
+        Message(role="tool", content="r"),
+    ]
     sent = to_openai_messages(two, native_tools=True)
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
     assert [m["tool_call_id"] for m in sent[2:]] == ["call_1_0", "call_1_1"]
@@ -416,7 +451,12 @@ def test_eval_through_the_runner(make_server):
     trajs = Runner(policy, GREEDY, progress=False, max_in_flight=4).run(make_jobs(tasks, specs, 1))
     assert len(trajs) == 4 and {t.harness for t in trajs} == {"json-tools", "react"}
     for t in trajs:
-        assert t.termination in {Termination.max_steps, Termination.submitted, Termination.max_tokens, Termination.loop_guard}
+        assert t.termination in {
+            Termination.max_steps,
+            Termination.submitted,
+            Termination.max_tokens,
+            Termination.loop_guard,
+        }
         assert t.infra_error is None and t.grade is not None and t.steps
         for step in t.steps:
             mc = step.model_call

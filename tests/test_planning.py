@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 
 import pytest
+from helpers import oracle_policy, replies_policy
 
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
@@ -26,10 +26,8 @@ from harnessrl.tasks.suites.planning import (
     grade_plan,
     parse_itinerary,
 )
-from harnessrl.tasks.suites.planning_world import MAX_ROWS, WEEKDAYS, Attraction, Hotel, Restaurant, Service
+from harnessrl.tasks.suites.planning_world import MAX_ROWS, WEEKDAYS, Hotel, Service
 from harnessrl.types import BlockReason, Termination
-
-from helpers import oracle_policy, replies_policy
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +133,12 @@ def test_solution_uses_only_what_its_searches_showed(sample):
         assert all(len(out.splitlines()) <= MAX_ROWS + 2 for _, _, out in env.calls)
         assert max(len(out) for _, _, out in env.calls) < 700
         plan = _plan(task)
-        ids = [i for d in plan["days"] for i in d["travel"] + [d["hotel"]] + [b["id"] for b in d["meals"] + d["visits"]] if i]
+        ids = [
+            i
+            for d in plan["days"]
+            for i in d["travel"] + [d["hotel"]] + [b["id"] for b in d["meals"] + d["visits"]]
+            if i
+        ]
         assert all(i in seen for i in ids), task.id
         assert len(task.instruction) < 600
 
@@ -189,7 +192,10 @@ def test_submit_refuses_malformed_itineraries_without_submitting(sample):
 
 
 def test_parse_is_lenient_where_meaning_is_clear():
-    plan = parse_itinerary('Here it is: {"days": [{"day": 1.0, "travel": "t123", "hotel": "", "visits": [{"id": "a1", "time": "9:05"}]}], "total_cost": "12"}')
+    plan = parse_itinerary(
+        'Here it is: {"days": [{"day": 1.0, "travel": "t123", "hotel": "", '
+        '"visits": [{"id": "a1", "time": "9:05"}]}], "total_cost": "12"}'
+    )
     assert plan.days[0].travel == ["T123"] and plan.days[0].hotel is None and plan.days[0].meals == []
     assert plan.days[0].visits[0].time == 9 * 60 + 5 and plan.total_cost == 12.0
     wrapped = parse_itinerary({"itinerary": {"days": [{"day": 1}], "total_cost": 0}})
@@ -259,7 +265,13 @@ def test_closed_attraction_breaks_hours(sample):
             city = world.by_id[day["visits"][0]["id"]].city
             used = {b["id"] for d in _plan(task)["days"] for b in d["visits"]}
             for a in world.attractions:
-                if a.city == city and a.closed_on == weekday and a.id not in used and a.opens <= 10 * 60 and a.closes >= 17 * 60:
+                if (
+                    a.city == city
+                    and a.closed_on == weekday
+                    and a.id not in used
+                    and a.opens <= 10 * 60
+                    and a.closes >= 17 * 60
+                ):
                     return i, a
         return None
 
@@ -332,14 +344,22 @@ def _single_requirement_break(task):
     world = task.check.world
     base = _plan(task)
     for di, day in enumerate(base["days"]):
-        slots = [("travel", j) for j in range(len(day["travel"]))] + [("hotel", None)] + [("meals", j) for j in range(len(day["meals"]))]
+        slots = (
+            [("travel", j) for j in range(len(day["travel"]))]
+            + [("hotel", None)]
+            + [("meals", j) for j in range(len(day["meals"]))]
+        )
         for key, j in slots:
             current = day[key] if j is None else (day[key][j] if key == "travel" else day[key][j]["id"])
             if current is None:
                 continue
             old = world.by_id[current]
             if isinstance(old, Service):
-                pool = [s for s in world.services if (s.origin, s.destination, s.date) == (old.origin, old.destination, old.date)]
+                pool = [
+                    s
+                    for s in world.services
+                    if (s.origin, s.destination, s.date) == (old.origin, old.destination, old.date)
+                ]
             elif isinstance(old, Hotel):
                 pool = [h for h in world.hotels if h.city == old.city]
             else:
@@ -391,7 +411,9 @@ def test_each_requirement_kind_is_checked(sample):
             elif c.kind == "hotel_price":
                 plan = _plan(task)
                 city = task.check.world.by_id[plan["days"][0]["hotel"]].city
-                plan["days"][0]["hotel"] = next(h.id for h in task.check.world.hotels if h.city == city and h.price > c.value)
+                plan["days"][0]["hotel"] = next(
+                    h.id for h in task.check.world.hotels if h.city == city and h.price > c.value
+                )
             else:
                 continue
             report = _grade(task, plan)
@@ -457,7 +479,8 @@ def test_malformed_submit_is_a_recorded_failure_not_a_crash(suite, tokenizer):
     spec = load_harness("json-tools")
     replies = [
         '{"tool": "submit", "arguments": {"itinerary": "fly to Oslo"}}',
-        '{"tool": "submit", "arguments": {"itinerary": {"days": [{"day": 1, "meals": [{"id": "R1", "time": "noon"}]}], "total_cost": 3}}}',
+        '{"tool": "submit", "arguments": {"itinerary": {"days": [{"day": 1, '
+        '"meals": [{"id": "R1", "time": "noon"}]}], "total_cost": 3}}}',
         '{"tool": "search_hotels", "arguments": {"city": "Nowhere"}}',
     ]
     (t,) = _run(replies_policy(replies, tokenizer), spec, [task])
@@ -478,7 +501,9 @@ def test_tiny_random_model_episodes_end_cleanly(suite, tiny_policy):
         data = load_harness(name).to_dict()
         data["rules"].update(max_steps=2, max_new_tokens=12)
         specs.append(HarnessSpec.model_validate(data))
-    trajs = Runner(tiny_policy, SamplingParams(temperature=0.0), progress=False, max_in_flight=8).run(make_jobs(tasks, specs, 1))
+    trajs = Runner(tiny_policy, SamplingParams(temperature=0.0), progress=False, max_in_flight=8).run(
+        make_jobs(tasks, specs, 1)
+    )
     assert len(trajs) == len(specs)
     for t in trajs:
         assert t.infra_error is None and t.grade is not None and 0.0 <= t.grade.score <= 1.0

@@ -51,7 +51,7 @@ SEARCH = ToolSchema(
 TOOLS = [ADD, SUBMIT, SEARCH]
 
 ALL = [(name, lenient) for name in PROTOCOLS for lenient in (True, False)]
-ALL_IDS = [f"{n}-{'lenient' if l else 'strict'}" for n, l in ALL]
+ALL_IDS = [f"{n}-{'lenient' if lenient else 'strict'}" for n, lenient in ALL]
 
 
 def canon(args: dict) -> str:
@@ -81,7 +81,11 @@ def schema_for(value) -> dict:
 
 def tool_for(call: ToolCall) -> ToolSchema:
     props = {k: schema_for(v) for k, v in call.arguments.items()}
-    return ToolSchema(name=call.name, description="test tool", parameters={"type": "object", "properties": props, "required": list(props)})
+    return ToolSchema(
+        name=call.name,
+        description="test tool",
+        parameters={"type": "object", "properties": props, "required": list(props)},
+    )
 
 
 def check_round_trip(proto: Protocol, call: ToolCall, thought: str = "") -> None:
@@ -100,7 +104,7 @@ FIXED_CALLS = [
     ToolCall(name="add", arguments={"a": 17, "b": 25}),
     ToolCall(name="add", arguments={"a": -3, "b": 10**15}),
     ToolCall(name="submit", arguments={"answer": "42"}),
-    ToolCall(name="submit", arguments={"answer": 'say "hi" \'there\' {braces} [x] <tag> & &amp; `tick`'}),
+    ToolCall(name="submit", arguments={"answer": "say \"hi\" 'there' {braces} [x] <tag> & &amp; `tick`"}),
     ToolCall(name="submit", arguments={"answer": "line 1\nline 2\n\n  indented\ttab\n"}),
     ToolCall(name="submit", arguments={"answer": "\nstarts with newline"}),
     ToolCall(name="submit", arguments={"answer": "unicode: é ñ 中文 🙂 \u200b"}),
@@ -109,7 +113,9 @@ FIXED_CALLS = [
     ToolCall(name="submit", arguments={"answer": "Observation: fake\nAction: nope\n</tool> <tool_result>"}),
     ToolCall(name="submit", arguments={"answer": "back\\slash \\n not a newline \x00 null"}),
     ToolCall(name="search", arguments={"query": "cats", "limit": 3, "exact": False, "score": 0.25}),
-    ToolCall(name="search", arguments={"query": "x", "tags": ["a", "b c", ""], "filters": {"k": [1, {"n": None}], "t": True}}),
+    ToolCall(
+        name="search", arguments={"query": "x", "tags": ["a", "b c", ""], "filters": {"k": [1, {"n": None}], "t": True}}
+    ),
     ToolCall(name="search", arguments={"query": "true", "score": 2.0}),
     ToolCall(name="noargs", arguments={}),
     ToolCall(name="weird_keys", arguments={"my-arg": 1, "class": "c", "with space": 2.5, "arg": "x", "tool": "t"}),
@@ -125,7 +131,29 @@ def test_round_trip_fixed_calls(name, lenient):
 
 
 def random_string(rng: random.Random) -> str:
-    alphabet = list("abcxyz ABC0129_-.,:;!?") + ['"', "'", "\\", "\n", "\t", "{", "}", "[", "]", "<", ">", "&", "`", "=", "(", ")", "#", "é", "中", "🙂", "\x00"]
+    alphabet = list("abcxyz ABC0129_-.,:;!?") + [
+        '"',
+        "'",
+        "\\",
+        "\n",
+        "\t",
+        "{",
+        "}",
+        "[",
+        "]",
+        "<",
+        ">",
+        "&",
+        "`",
+        "=",
+        "(",
+        ")",
+        "#",
+        "é",
+        "中",
+        "🙂",
+        "\x00",
+    ]
     chunks = ["&lt;", "</a>", "```", "Observation:", "<tool ", "null", "true", "'''", '\\"', "&amp;"]
     out = []
     for _ in range(rng.randint(0, 12)):
@@ -134,7 +162,11 @@ def random_string(rng: random.Random) -> str:
 
 
 def random_value(rng: random.Random, depth: int = 0):
-    kind = rng.choice(["str", "str", "int", "float", "bool", "none", "list", "dict"] if depth < 3 else ["str", "int", "float", "bool", "none"])
+    kind = rng.choice(
+        ["str", "str", "int", "float", "bool", "none", "list", "dict"]
+        if depth < 3
+        else ["str", "int", "float", "bool", "none"]
+    )
     if kind == "str":
         return random_string(rng)
     if kind == "int":
@@ -214,7 +246,9 @@ def test_render_result_markers(name):
     proto = get_protocol(name)
     ok = proto.render_result(ToolResult(name="add", output="42"))
     err = proto.render_result(ToolResult(name="add", output="division by zero", ok=False))
-    blocked = proto.render_result(ToolResult(name="nope", output="unknown tool", ok=False, blocked=BlockReason.unknown_tool))
+    blocked = proto.render_result(
+        ToolResult(name="nope", output="unknown tool", ok=False, blocked=BlockReason.unknown_tool)
+    )
     assert "42" in ok and "[error]" not in ok and "[blocked]" not in ok
     assert "[error]" in err and "division by zero" in err
     assert "[blocked]" in blocked and "unknown tool" in blocked
@@ -223,7 +257,10 @@ def test_render_result_markers(name):
 
 def test_render_result_shapes():
     assert get_protocol("react").render_result(ToolResult(name="add", output="42")) == "Observation: 42"
-    assert get_protocol("xml").render_result(ToolResult(name="add", output="42")) == '<tool_result name="add">42</tool_result>'
+    assert (
+        get_protocol("xml").render_result(ToolResult(name="add", output="42"))
+        == '<tool_result name="add">42</tool_result>'
+    )
 
 
 def test_stop_strings():
@@ -269,9 +306,17 @@ def test_whitespace_is_empty(name, lenient, text):
 # ----------------------------------------------------------------------------- malformed
 
 HALF_FINISHED = {
-    "json": ['{"tool": "add", "arguments": {"a": 17, "b": ', '{"tool": "add", "arguments": {"a": 17 "b": 25}}', 'Sure: {"tool": "submit", "arguments": {"answer": "4'],
+    "json": [
+        '{"tool": "add", "arguments": {"a": 17, "b": ',
+        '{"tool": "add", "arguments": {"a": 17 "b": 25}}',
+        'Sure: {"tool": "submit", "arguments": {"answer": "4',
+    ],
     "xml": ['<tool name="add"><a>17</a><b>2', '<tool name="add"', "<tool><a>1</a></tool>"],
-    "react": ["Thought: add them\nAction: add\nAction Input: {\"a\": 17, ", "Action Input: {\"a\": 1}", "Action: add the numbers\nAction Input: {}"],
+    "react": [
+        'Thought: add them\nAction: add\nAction Input: {"a": 17, ',
+        'Action Input: {"a": 1}',
+        "Action: add the numbers\nAction Input: {}",
+    ],
     "code": ["```python\nadd(a=17, b=\n```", "```python\nadd(a=17, b=25\n```", "```python\nx = 5\n```"],
 }
 
@@ -310,7 +355,10 @@ def test_json_lenient_accepts_near_misses():
         "{'tool': 'add', 'arguments': {'a': 1, 'b': 2}}": {"a": 1, "b": 2},
         "{'tool': 'add', 'arguments': {'a': 1, 'b': 2, 'c': true, 'd': null}}": {"a": 1, "b": 2, "c": True, "d": None},
         '{"tool": "add", "arguments": {"a": 1, "b": 2}, "thought": "easy", "confidence": 0.9}': {"a": 1, "b": 2},
-        'I will add them.\n```json\n{"tool": "add", "arguments": {"a": 1, "b": 2}}\n```\nThen I submit.': {"a": 1, "b": 2},
+        'I will add them.\n```json\n{"tool": "add", "arguments": {"a": 1, "b": 2}}\n```\nThen I submit.': {
+            "a": 1,
+            "b": 2,
+        },
         '{"type": "function", "function": {"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}}': {"a": 1, "b": 2},
         '{"tool": "add", "a": 1, "b": 2}': {"a": 1, "b": 2},
         '{"tool": "add", "arguments": null}': {},
@@ -357,14 +405,19 @@ def test_json_multiple_calls(lenient):
     for text in [
         '{"tool": "add", "arguments": {"a": 1, "b": 2}}\n{"tool": "submit", "arguments": {"answer": "3"}}',
         '[{"tool": "add", "arguments": {"a": 1, "b": 2}}, {"tool": "submit", "arguments": {"answer": "3"}}]',
-        '```json\n[\n  {"tool": "add", "arguments": {"a": 1, "b": 2}},\n  {"tool": "submit", "arguments": {"answer": "3"}}\n]\n```',
+        '```json\n[\n  {"tool": "add", "arguments": {"a": 1, "b": 2}},\n'
+        '  {"tool": "submit", "arguments": {"answer": "3"}}\n]\n```',
     ]:
         res = p.parse(text, TOOLS)
         assert res.error is None, (text, res)
         assert same_calls(res.calls, want)
         assert res.thought == ""
     if lenient:
-        res = p.parse('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "submit", "arguments": {"answer": "3"}}]}', TOOLS)
+        res = p.parse(
+            '{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+            '{"name": "submit", "arguments": {"answer": "3"}}]}',
+            TOOLS,
+        )
         assert same_calls(res.calls, want)
 
 
@@ -400,7 +453,16 @@ def test_xml_type_conversion_with_schema():
     res = p.parse(text, TOOLS)
     assert res.error is None
     assert canon(res.calls[0].arguments) == canon(
-        {"query": " 42 ", "limit": 7, "exact": True, "score": 0.5, "tags": ["a", "b"], "filters": {"k": 1}, "mode": "fast", "extra": "9"}
+        {
+            "query": " 42 ",
+            "limit": 7,
+            "exact": True,
+            "score": 0.5,
+            "tags": ["a", "b"],
+            "filters": {"k": 1},
+            "mode": "fast",
+            "extra": "9",
+        }
     )
     # without a schema every value stays text
     res = p.parse(text)
@@ -409,15 +471,24 @@ def test_xml_type_conversion_with_schema():
     res = p.parse('<tool name="add"><a>seventeen</a><b>25</b></tool>', TOOLS)
     assert res.calls[0].arguments == {"a": "seventeen", "b": 25}
     # union types and lenient conversions
-    tool = ToolSchema(name="t", description="", parameters={"properties": {"n": {"type": ["integer", "null"]}, "f": {"type": "boolean"}}})
+    tool = ToolSchema(
+        name="t",
+        description="",
+        parameters={"properties": {"n": {"type": ["integer", "null"]}, "f": {"type": "boolean"}}},
+    )
     assert p.parse('<tool name="t"><n>null</n><f>Yes</f></tool>', [tool]).calls[0].arguments == {"n": None, "f": True}
     assert p.parse('<tool name="t"><n>3.0</n></tool>', [tool]).calls[0].arguments == {"n": 3}
     strict = get_protocol("xml", lenient=False)
-    assert strict.parse('<tool name="t"><n>3.0</n><f>Yes</f></tool>', [tool]).calls[0].arguments == {"n": "3.0", "f": "Yes"}
+    assert strict.parse('<tool name="t"><n>3.0</n><f>Yes</f></tool>', [tool]).calls[0].arguments == {
+        "n": "3.0",
+        "f": "Yes",
+    }
 
 
 def test_xml_entities_only_the_five_are_unescaped():
-    res = get_protocol("xml").parse('<tool name="submit"><answer>&lt;b&gt; &amp;amp; &quot;&apos; &#65; &nbsp;</answer></tool>', TOOLS)
+    res = get_protocol("xml").parse(
+        '<tool name="submit"><answer>&lt;b&gt; &amp;amp; &quot;&apos; &#65; &nbsp;</answer></tool>', TOOLS
+    )
     assert res.calls[0].arguments == {"answer": "<b> &amp; \"' &#65; &nbsp;"}
 
 
@@ -461,7 +532,10 @@ def test_xml_multiple_calls_and_self_closing(lenient):
 
 
 def test_xml_ignores_a_hallucinated_result():
-    text = '<tool name="add"><a>1</a><b>2</b></tool>\n<tool_result name="add">3</tool_result>\n<tool name="submit"><answer>3</answer></tool>'
+    text = (
+        '<tool name="add"><a>1</a><b>2</b></tool>\n<tool_result name="add">3</tool_result>\n'
+        '<tool name="submit"><answer>3</answer></tool>'
+    )
     res = get_protocol("xml").parse(text, TOOLS)
     assert [c.name for c in res.calls] == ["add"]
 
@@ -471,7 +545,10 @@ def test_xml_ignores_a_hallucinated_result():
 
 @pytest.mark.parametrize("lenient", [True, False])
 def test_react_ignores_text_after_observation(lenient):
-    text = 'Thought: add\nAction: add\nAction Input: {"a": 1, "b": 2}\nObservation: 3\nThought: done\nAction: submit\nAction Input: {"answer": "3"}'
+    text = (
+        'Thought: add\nAction: add\nAction Input: {"a": 1, "b": 2}\nObservation: 3\n'
+        'Thought: done\nAction: submit\nAction Input: {"answer": "3"}'
+    )
     res = get_protocol("react", lenient=lenient).parse(text, TOOLS)
     assert same_calls(res.calls, [ToolCall(name="add", arguments={"a": 1, "b": 2})])
     assert res.thought == "add" and res.error is None
@@ -503,7 +580,9 @@ def test_react_lenient_bare_scalar_for_single_required_argument():
     assert p.parse("Action: submit\nAction Input: 42", TOOLS).calls[0].arguments == {"answer": "42"}
     assert p.parse('Action: submit\nAction Input: "it is 42"', TOOLS).calls[0].arguments == {"answer": "it is 42"}
     assert p.parse("Action: search\nAction Input: cute cats", TOOLS).calls[0].arguments == {"query": "cute cats"}
-    one_int = ToolSchema(name="square", description="", parameters={"properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    one_int = ToolSchema(
+        name="square", description="", parameters={"properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    )
     assert p.parse("Action: square\nAction Input: 7", [one_int]).calls[0].arguments == {"n": 7}
     assert p.parse("Action: add\nAction Input: 17 25", TOOLS).error  # two required arguments: ambiguous
     assert p.parse("Action: submit\nAction Input: 42").error  # unknown schema: ambiguous
@@ -556,7 +635,7 @@ DANGEROUS = [
     "add(*[1, 2])",
     "add(a=1 + 2, b=2)",
     "add(a=f'{{1}}', b=2)",
-    "exec('open(\"{marker}\", \"w\")')",
+    'exec(\'open("{marker}", "w")\')',
     "eval('1')",
     "def f():\n    pass",
     "submit(answer=open('{marker}', 'w'))",
@@ -589,15 +668,26 @@ def test_code_positional_arguments_map_onto_the_schema():
 
 
 def test_code_literals():
-    res = get_protocol("code").parse('```python\nsearch(query="q", tags=("a", "b"), score=-1.5, exact=None)\n```', TOOLS)
+    res = get_protocol("code").parse(
+        '```python\nsearch(query="q", tags=("a", "b"), score=-1.5, exact=None)\n```', TOOLS
+    )
     assert canon(res.calls[0].arguments) == canon({"query": "q", "tags": ["a", "b"], "score": -1.5, "exact": None})
-    for bad in ["search(query={1, 2})", "search(query=b'x')", "search(query=1j)", "search(query=...)", "search(**{1: 2})"]:
+    for bad in [
+        "search(query={1, 2})",
+        "search(query=b'x')",
+        "search(query=1j)",
+        "search(query=...)",
+        "search(**{1: 2})",
+    ]:
         assert get_protocol("code").parse(f"```python\n{bad}\n```", TOOLS).error, bad
 
 
 @pytest.mark.parametrize("lenient", [True, False])
 def test_code_multiple_calls(lenient):
-    text = 'I add then submit.\n```python\nadd(a=1, b=2)\nsubmit(answer="3")\n```\nand one more:\n```py\nsubmit(answer="4")\n```'
+    text = (
+        'I add then submit.\n```python\nadd(a=1, b=2)\nsubmit(answer="3")\n```\n'
+        'and one more:\n```py\nsubmit(answer="4")\n```'
+    )
     res = get_protocol("code", lenient=lenient).parse(text, TOOLS)
     assert res.error is None
     assert [c.raw for c in res.calls] == ["add(a=1, b=2)", 'submit(answer="3")', 'submit(answer="4")']
@@ -606,7 +696,12 @@ def test_code_multiple_calls(lenient):
 
 def test_code_lenient_vs_strict():
     lenient, strict = get_protocol("code"), get_protocol("code", lenient=False)
-    for text in ['submit(answer="3")', 'Sure.\nsubmit(answer="3")\nDone.', '```\nsubmit(answer="3")\n```', '```python\nsubmit(answer="3")']:
+    for text in [
+        'submit(answer="3")',
+        'Sure.\nsubmit(answer="3")\nDone.',
+        '```\nsubmit(answer="3")\n```',
+        '```python\nsubmit(answer="3")',
+    ]:
         res = lenient.parse(text, TOOLS)
         assert res.error is None and [c.arguments for c in res.calls] == [{"answer": "3"}], text
         res = strict.parse(text, TOOLS)
@@ -643,7 +738,11 @@ def adversarial_texts() -> list[str]:
         "x" * 300_000 + '{"tool": "add", "arguments": {}}',
         "\x00" * 1000 + '{"tool": "add"\x00, "arguments": {"a": "\x00"}}' + "\x00" * 1000,
         '{"tool": "submit", "arguments": {"answer": "\\ud800 lone surrogate"}}',
-        "".join(chr(rng.randint(0, 0x10FFFF)) if rng.random() < 0.5 else chr(rng.randint(0, 127)) for _ in range(20_000)).encode("utf-8", "replace").decode("utf-8", "replace"),
+        "".join(
+            chr(rng.randint(0, 0x10FFFF)) if rng.random() < 0.5 else chr(rng.randint(0, 127)) for _ in range(20_000)
+        )
+        .encode("utf-8", "replace")
+        .decode("utf-8", "replace"),
         bytes(rng.randrange(256) for _ in range(50_000)).decode("latin-1"),
         "<tool " * 50_000,
         "<tool name='a'>" * 20_000,
@@ -665,7 +764,7 @@ def adversarial_texts() -> list[str]:
         "not " * 50_000 + "1",
         "```python\nadd(a='" + "\\" * 100_000 + "')\n```",
         "```python\nadd(a=" + "1" * 10_000 + ")\n```",
-        "Thought: é 中文 🙂\u202e\ufeff\nAction: 🙂\nAction Input: {\"ü\": \"中\"}",
+        'Thought: é 中文 🙂\u202e\ufeff\nAction: 🙂\nAction Input: {"ü": "中"}',
     ]
 
 

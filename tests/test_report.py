@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from helpers import oracle_policy, replies_policy
 
 from harnessrl.harness.registry import load_harness
 from harnessrl.models.base import SamplingParams
@@ -33,12 +34,14 @@ from harnessrl.types import (
     Trajectory,
 )
 
-from helpers import oracle_policy, replies_policy
-
 N_TASKS = 4
 ATTEMPTS = 2
 # react replies: prose (malformed), a call with a missing argument (blocked), then a wrong submit
-BAD_REPLIES = ["I think it is 4", 'Action: add\nAction Input: {"a": 1}', 'Action: submit\nAction Input: {"answer": "3"}']
+BAD_REPLIES = [
+    "I think it is 4",
+    'Action: add\nAction Input: {"a": 1}',
+    'Action: submit\nAction Input: {"answer": "3"}',
+]
 
 
 def run_config(task_ids: list[str], harnesses: dict, attempts: int, suite: str = "toolcalc") -> dict:
@@ -58,16 +61,22 @@ def run_config(task_ids: list[str], harnesses: dict, attempts: int, suite: str =
     }
 
 
-def make_run(folder: Path, tokenizer, good: list[str], bad: list[str], n_tasks: int = N_TASKS, attempts: int = ATTEMPTS) -> Path:
+def make_run(
+    folder: Path, tokenizer, good: list[str], bad: list[str], n_tasks: int = N_TASKS, attempts: int = ATTEMPTS
+) -> Path:
     """A real run through the Runner: harnesses in `good` get the oracle (pass), those in `bad`
     scripted failures. One fresh oracle per attempt (it tracks progress per instruction)."""
     tasks = get_suite("toolcalc").tasks("dev", n_tasks)
     specs = {name: load_harness(name) for name in good + bad}
     with RunStore(folder) as store:
-        store.set_meta("config", run_config([t.id for t in tasks], {n: s.to_dict() for n, s in specs.items()}, attempts))
+        store.set_meta(
+            "config", run_config([t.id for t in tasks], {n: s.to_dict() for n, s in specs.items()}, attempts)
+        )
         for a in range(attempts):
             for name, spec in specs.items():
-                policy = oracle_policy(tasks, spec, tokenizer) if name in good else replies_policy(BAD_REPLIES, tokenizer)
+                policy = (
+                    oracle_policy(tasks, spec, tokenizer) if name in good else replies_policy(BAD_REPLIES, tokenizer)
+                )
                 Runner(policy, SamplingParams(), progress=False, on_episode=store.add, max_in_flight=1).run(
                     [Job(t, spec, a) for t in tasks]
                 )
@@ -87,41 +96,96 @@ def synthetic_trajectory(task: int, harness: str, attempt: int, kind: str, huge:
     msgs = [Message(role="system", content="Call tools."), Message(role="user", content=instruction)]
     big = "x" * huge
     if kind == "pass":
-        steps = [Step(index=0, model_call=_call('{"tool": "submit"}', msgs), action=ActionKind.tool_calls,
-                      tool_calls=[ToolCall(name="submit", arguments={"answer": "42"})],
-                      tool_results=[ToolResult(name="submit", output="submitted")])]
+        steps = [
+            Step(
+                index=0,
+                model_call=_call('{"tool": "submit"}', msgs),
+                action=ActionKind.tool_calls,
+                tool_calls=[ToolCall(name="submit", arguments={"answer": "42"})],
+                tool_results=[ToolResult(name="submit", output="submitted")],
+            )
+        ]
         grade, term, submitted = Grade(score=1.0, passed=True, subscores={"answer": 1.0}), Termination.submitted, True
     elif kind == "malformed":
-        steps = [Step(index=0, model_call=_call("I think 42" + big, msgs), action=ActionKind.malformed,
-                      parse_error="no tool call found in the reply",
-                      interventions=[Intervention(kind="malformed_feedback", message="Use the format.")])]
+        steps = [
+            Step(
+                index=0,
+                model_call=_call("I think 42" + big, msgs),
+                action=ActionKind.malformed,
+                parse_error="no tool call found in the reply",
+                interventions=[Intervention(kind="malformed_feedback", message="Use the format.")],
+            )
+        ]
         grade, term, submitted = None, Termination.max_steps, False
     elif kind == "blocked":
-        steps = [Step(index=0, model_call=_call('{"tool": "read"}', msgs), action=ActionKind.tool_calls,
-                      tool_calls=[ToolCall(name="read", arguments={"path": "../etc"})],
-                      tool_results=[ToolResult(name="read", output="path leaves the workspace" + big, ok=False, blocked=BlockReason.sandbox)]),
-                 Step(index=1, model_call=_call('{"tool": "submit"}', msgs + [Message(role="assistant", content="...")]),
-                      action=ActionKind.tool_calls, tool_calls=[ToolCall(name="submit")], tool_results=[ToolResult(name="submit", output="ok")])]
+        steps = [
+            Step(
+                index=0,
+                model_call=_call('{"tool": "read"}', msgs),
+                action=ActionKind.tool_calls,
+                tool_calls=[ToolCall(name="read", arguments={"path": "../etc"})],
+                tool_results=[
+                    ToolResult(
+                        name="read", output="path leaves the workspace" + big, ok=False, blocked=BlockReason.sandbox
+                    )
+                ],
+            ),
+            Step(
+                index=1,
+                model_call=_call('{"tool": "submit"}', msgs + [Message(role="assistant", content="...")]),
+                action=ActionKind.tool_calls,
+                tool_calls=[ToolCall(name="submit")],
+                tool_results=[ToolResult(name="submit", output="ok")],
+            ),
+        ]
         grade, term, submitted = Grade(score=0.0, passed=False, subscores={"answer": 0.0}), Termination.submitted, True
     else:  # content
-        steps = [Step(index=0, model_call=_call('{"tool": "submit"}', msgs), action=ActionKind.tool_calls,
-                      tool_calls=[ToolCall(name="submit", arguments={"answer": "41"})], tool_results=[ToolResult(name="submit", output="ok")])]
-        grade, term, submitted = Grade(score=0.5, passed=False, subscores={"answer": 0.0, "format": 1.0}), Termination.submitted, True
+        steps = [
+            Step(
+                index=0,
+                model_call=_call('{"tool": "submit"}', msgs),
+                action=ActionKind.tool_calls,
+                tool_calls=[ToolCall(name="submit", arguments={"answer": "41"})],
+                tool_results=[ToolResult(name="submit", output="ok")],
+            )
+        ]
+        grade, term, submitted = (
+            Grade(score=0.5, passed=False, subscores={"answer": 0.0, "format": 1.0}),
+            Termination.submitted,
+            True,
+        )
     return Trajectory(
-        episode_id=f"ep-{harness}-{task:05d}-{attempt}", task_id=f"synth/dev/{task:05d}", suite="synth", family=f"fam{task % 5}",
-        split="dev", harness=harness, attempt=attempt, instruction=instruction, steps=steps, termination=term,
-        submitted=submitted, answer="42" if submitted else None, grade=grade,
+        episode_id=f"ep-{harness}-{task:05d}-{attempt}",
+        task_id=f"synth/dev/{task:05d}",
+        suite="synth",
+        family=f"fam{task % 5}",
+        split="dev",
+        harness=harness,
+        attempt=attempt,
+        instruction=instruction,
+        steps=steps,
+        termination=term,
+        submitted=submitted,
+        answer="42" if submitted else None,
+        grade=grade,
     )
 
 
 KINDS = ("pass", "malformed", "blocked", "content")
 
 
-def make_synthetic_run(folder: Path, n_tasks: int, harnesses=("alpha", "beta"), attempts: int = 1, limit: int | None = None) -> Path:
+def make_synthetic_run(
+    folder: Path, n_tasks: int, harnesses=("alpha", "beta"), attempts: int = 1, limit: int | None = None
+) -> Path:
     """n_tasks x harnesses x attempts tiny episodes (the first `limit` of them when given)."""
     with RunStore(folder) as store:
         store.db.execute("PRAGMA synchronous=OFF")  # test data: no fsync per episode
-        store.set_meta("config", run_config([f"synth/dev/{i:05d}" for i in range(n_tasks)], {h: {} for h in harnesses}, attempts, suite="synth"))
+        store.set_meta(
+            "config",
+            run_config(
+                [f"synth/dev/{i:05d}" for i in range(n_tasks)], {h: {} for h in harnesses}, attempts, suite="synth"
+            ),
+        )
         n = 0
         for a in range(attempts):
             for task in range(n_tasks):
@@ -188,7 +252,18 @@ def test_report_of_a_run_has_table_plots_and_episode_files(run_a, report_a):
     assert all(r["passed"] and r["class"] is None for r in rows if r["harness"] == "json-tools")
     failed = [r for r in rows if not r["passed"]]
     assert failed and all(r["class"] in CLASSES for r in failed)
-    assert set(rows[0]) >= {"id", "harness", "task", "family", "passed", "score", "class", "step", "n_steps", "termination"}
+    assert set(rows[0]) >= {
+        "id",
+        "harness",
+        "task",
+        "family",
+        "passed",
+        "score",
+        "class",
+        "step",
+        "n_steps",
+        "termination",
+    }
     # one detail file per episode, with every step and the triage verdict
     for r in rows:
         key, ep = read_data_file(out / r["file"])
@@ -202,11 +277,13 @@ def test_report_of_a_run_has_table_plots_and_episode_files(run_a, report_a):
     # prompts are stored as deltas: a later step only carries its new messages
     two = next(r for r in rows if r["n_steps"] >= 2)
     _, ep = read_data_file(out / two["file"])
-    assert ep["steps"][1]["prompt_prefix"] > 0 and ep["steps"][1]["n_messages"] == ep["steps"][1]["prompt_prefix"] + len(ep["steps"][1]["messages"])
+    assert ep["steps"][1]["prompt_prefix"] > 0 and ep["steps"][1]["n_messages"] == ep["steps"][1][
+        "prompt_prefix"
+    ] + len(ep["steps"][1]["messages"])
 
     # the viewer summary embedded in the page, and triage.json next to the run
     summary = report_json(report_a)
-    assert summary["n_episodes"] == len(rows) and summary["pages"] == ["episodes/index-000"  + ".js"]
+    assert summary["n_episodes"] == len(rows) and summary["pages"] == ["episodes/index-000" + ".js"]
     assert [c["name"] for c in summary["classes"]] == list(CLASSES)
     triage = json.loads((run_a / "triage.json").read_text())
     assert triage["react"]["n_failed"] == len([r for r in rows if r["harness"] == "react" and not r["passed"]])
@@ -273,9 +350,16 @@ def test_comparison_report_has_paired_differences_and_a_sentence(run_a, run_b, t
     index = build_report([run_a, run_b], tmp_path / "cmp")
     html = index.read_text()
     # json-tools passed everything in A and nothing in B; react the other way round
-    assert f"On {N_TASKS} shared tasks, json-tools got worse by -1.00 (95% CI -1.00 to -1.00); react improved by +1.00 (95% CI +1.00 to +1.00)." in html
+    assert (
+        f"On {N_TASKS} shared tasks, json-tools got worse by -1.00 (95% CI -1.00 to -1.00); "
+        "react improved by +1.00 (95% CI +1.00 to +1.00)." in html
+    )
     assert ET.parse(tmp_path / "cmp" / "plots" / "paired.svg").getroot().tag.endswith("svg")
-    assert {p.name for p in (tmp_path / "cmp" / "plots").glob("*.svg")} >= {"paired.svg", "mean_score-A.svg", "mean_score-B.svg"}
+    assert {p.name for p in (tmp_path / "cmp" / "plots").glob("*.svg")} >= {
+        "paired.svg",
+        "mean_score-A.svg",
+        "mean_score-B.svg",
+    }
     rows = _episodes(tmp_path / "cmp")
     assert {r["run"] for r in rows} == {"A", "B"} and len(rows) == 2 * N_TASKS * ATTEMPTS * 2
     assert len({r["file"] for r in rows}) == len(rows)  # same episode ids in both runs, separate files
@@ -320,7 +404,9 @@ def test_not_a_run_folder_is_a_clear_error(tmp_path):
 
 
 def test_partial_run_gives_a_partial_report(tmp_path):
-    run = make_synthetic_run(tmp_path / "run", 10, harnesses=("alpha", "beta"), attempts=2, limit=13)  # killed after 13 of 40
+    run = make_synthetic_run(
+        tmp_path / "run", 10, harnesses=("alpha", "beta"), attempts=2, limit=13
+    )  # killed after 13 of 40
     index = build_report([run])
     html = index.read_text()
     assert "Partial run: 13 of 40 planned episodes found" in html

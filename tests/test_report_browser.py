@@ -14,10 +14,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from test_report import make_run, make_synthetic_run
 
 from harnessrl.report import build_report, read_data_file, serve
-
-from test_report import make_run, make_synthetic_run
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -120,7 +119,9 @@ def test_viewer_shows_the_steps_and_verdict_of_a_failed_episode(browser, tmp_pat
         # prompt messages render when their <details> opens
         first = steps.first.locator("details.prompt")
         first.locator("summary").click()
-        expect(first.locator(".msg")).to_have_count(ep["steps"][0]["n_messages"])  # rendered on the (async) toggle event
+        expect(first.locator(".msg")).to_have_count(
+            ep["steps"][0]["n_messages"]
+        )  # rendered on the (async) toggle event
         first.locator("summary").click()  # closed again for the screenshot
         # deep link: the URL names the episode
         assert page.evaluate("location.hash") == "#episode/" + file[len("episodes/") : -3]
@@ -134,11 +135,14 @@ def test_viewer_shows_the_steps_and_verdict_of_a_failed_episode(browser, tmp_pat
         # "at step N" jumps to the verdict's step
         page.locator("#detail .verdict-top a").click()
         page.wait_for_function(
-            "(() => { const r = document.querySelector('li.verdict-step').getBoundingClientRect(); return r.top >= 0 && r.top < 200; })()"
+            "(() => { const r = document.querySelector('li.verdict-step').getBoundingClientRect(); "
+            "return r.top >= 0 && r.top < 200; })()"
         )
 
         assert not s.errors, s.errors
-        assert all(u.startswith(s.base) or u.startswith("data:") for u in s.requests), s.requests  # nothing leaves the report
+        assert all(u.startswith(s.base) or u.startswith("data:") for u in s.requests), (
+            s.requests
+        )  # nothing leaves the report
     finally:
         s.close()
 
@@ -174,7 +178,9 @@ def test_ten_thousand_episode_report_opens_fast(browser, tmp_path):
         page.wait_for_selector("#episode-list tbody tr", state="visible")
         wall = time.perf_counter() - t0
         in_page = page.evaluate("performance.now()") / 1000
-        print(f"\n10,000-episode report: episode list visible {wall:.2f} s after navigation (page clock {in_page:.2f} s)")
+        print(
+            f"\n10,000-episode report: episode list visible {wall:.2f} s after navigation (page clock {in_page:.2f} s)"
+        )
         assert wall < FIRST_PAINT_LIMIT_S
         status = page.locator("#list-status").inner_text()
         assert "read 500 of 10000" in status, status

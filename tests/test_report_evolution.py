@@ -6,6 +6,8 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from helpers import oracle_policy
+
 from harnessrl.harness.registry import load_harness
 from harnessrl.models.base import SamplingParams
 from harnessrl.report import build_report
@@ -13,8 +15,6 @@ from harnessrl.report.evolution import load_evolution
 from harnessrl.rollout import Job, Runner
 from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
-
-from helpers import oracle_policy
 
 
 def _episodes(folder: Path, tokenizer, labels: list[str]) -> None:
@@ -29,29 +29,64 @@ def _episodes(folder: Path, tokenizer, labels: list[str]) -> None:
 
 
 def _dev(label: str, mean: float) -> dict:
-    return {"label": label, "mean": mean, "ci95": [mean - 0.1, mean + 0.1], "n_episodes": 8, "delivery_rate": 0.9, "n_infra_errors": 0}
+    return {
+        "label": label,
+        "mean": mean,
+        "ci95": [mean - 0.1, mean + 0.1],
+        "n_episodes": 8,
+        "delivery_rate": 0.9,
+        "n_infra_errors": 0,
+    }
 
 
 def _record(iteration: int, k: int, parent: str, mean: float, incumbent: float, accepted: bool, **extra) -> dict:
     label = f"i{iteration:02d}.c{k}"
     return {
-        "iteration": iteration, "candidate": label, "parent": parent, "proposer": "rules", "edit": extra.pop("edit", "loop-guard"),
-        "hypothesis": extra.pop("hypothesis", "a guard stops repeated calls"), "target": "loop",
-        "diff": [{"path": "rules.loop_guard.enabled", "from": False, "to": True}], "spec_fingerprint": "abc",
-        "status": "measured", "error": None, "dev": _dev(label, mean), "incumbent_dev": _dev(f"i{iteration:02d}.incumbent", incumbent),
-        "delta": mean - incumbent, "delta_ci95": [mean - incumbent - 0.05, mean - incumbent + 0.05], "threshold": 0.04,
-        "beats_threshold": mean - incumbent > 0.04, "accepted": accepted, **extra,
+        "iteration": iteration,
+        "candidate": label,
+        "parent": parent,
+        "proposer": "rules",
+        "edit": extra.pop("edit", "loop-guard"),
+        "hypothesis": extra.pop("hypothesis", "a guard stops repeated calls"),
+        "target": "loop",
+        "diff": [{"path": "rules.loop_guard.enabled", "from": False, "to": True}],
+        "spec_fingerprint": "abc",
+        "status": "measured",
+        "error": None,
+        "dev": _dev(label, mean),
+        "incumbent_dev": _dev(f"i{iteration:02d}.incumbent", incumbent),
+        "delta": mean - incumbent,
+        "delta_ci95": [mean - incumbent - 0.05, mean - incumbent + 0.05],
+        "threshold": 0.04,
+        "beats_threshold": mean - incumbent > 0.04,
+        "accepted": accepted,
+        **extra,
     }
 
 
 def _triage(n_failed: int, rates: dict) -> dict:
-    return {"n_failed": n_failed, "counts": {}, "rates": rates, "process_share": sum(v for k, v in rates.items() if k != "content"),
-            "content_share": rates.get("content", 0.0)}
+    return {
+        "n_failed": n_failed,
+        "counts": {},
+        "rates": rates,
+        "process_share": sum(v for k, v in rates.items() if k != "content"),
+        "content_share": rates.get("content", 0.0),
+    }
 
 
 def _held_out(label: str, mean: float, triage: dict) -> dict:
-    return {"label": label, "mean_score": mean, "mean_score_ci95": [mean - 0.1, mean + 0.1], "pass_at_k": {"1": mean},
-            "pass_hat_k": {"1": mean}, "delivery_rate": 0.5, "n_tasks": 2, "n_episodes": 2, "n_infra_errors": 0, "triage": triage}
+    return {
+        "label": label,
+        "mean_score": mean,
+        "mean_score_ci95": [mean - 0.1, mean + 0.1],
+        "pass_at_k": {"1": mean},
+        "pass_hat_k": {"1": mean},
+        "delivery_rate": 0.5,
+        "n_tasks": 2,
+        "n_episodes": 2,
+        "n_infra_errors": 0,
+        "triage": triage,
+    }
 
 
 def _write_log(folder: Path, records: list[dict], tail: str = "") -> None:
@@ -61,27 +96,59 @@ def _write_log(folder: Path, records: list[dict], tail: str = "") -> None:
 def test_finished_evolution_run_gets_its_section(tmp_path, tokenizer):
     folder = tmp_path / "evo"
     _episodes(folder, tokenizer, ["test.seed", "test.best"])
-    _write_log(folder, [
-        _record(1, 1, "seed", 0.30, 0.20, True, hypothesis="HYPOTHESIS-ACCEPTED-ONE"),
-        _record(1, 2, "seed", 0.21, 0.20, False, edit="budget-notice", hypothesis="HYPOTHESIS-REJECTED"),
-        _record(2, 1, "i01.c1", 0.26, 0.27, False, edit="state-ledger", hypothesis="HYPOTHESIS-REJECTED-TWO"),
-        {"iteration": 2, "candidate": "i02.c2", "parent": "i01.c1", "proposer": "llm", "edit": "llm", "hypothesis": "garbage",
-         "target": "unspecified", "diff": [], "status": "invalid", "error": "not YAML", "dev": None, "incumbent_dev": _dev("i02.incumbent", 0.27),
-         "delta": None, "delta_ci95": None, "threshold": 0.04, "beats_threshold": False, "accepted": False},
-    ])
+    _write_log(
+        folder,
+        [
+            _record(1, 1, "seed", 0.30, 0.20, True, hypothesis="HYPOTHESIS-ACCEPTED-ONE"),
+            _record(1, 2, "seed", 0.21, 0.20, False, edit="budget-notice", hypothesis="HYPOTHESIS-REJECTED"),
+            _record(2, 1, "i01.c1", 0.26, 0.27, False, edit="state-ledger", hypothesis="HYPOTHESIS-REJECTED-TWO"),
+            {
+                "iteration": 2,
+                "candidate": "i02.c2",
+                "parent": "i01.c1",
+                "proposer": "llm",
+                "edit": "llm",
+                "hypothesis": "garbage",
+                "target": "unspecified",
+                "diff": [],
+                "status": "invalid",
+                "error": "not YAML",
+                "dev": None,
+                "incumbent_dev": _dev("i02.incumbent", 0.27),
+                "delta": None,
+                "delta_ci95": None,
+                "threshold": 0.04,
+                "beats_threshold": False,
+                "accepted": False,
+            },
+        ],
+    )
     (folder / "noise.json").write_text(json.dumps({"threshold": 0.04}))
     (folder / "state.json").write_text(json.dumps({"phase": "finished"}))
     final = {
-        "suite": "toolcalc", "model": "scripted", "seed_harness": "react", "best": "i01.c1", "accepted_edits": ["i01.c1"],
-        "threshold": 0.04, "seed": _held_out("test.seed", 0.25, _triage(6, {"loop": 0.5, "content": 0.5})),
+        "suite": "toolcalc",
+        "model": "scripted",
+        "seed_harness": "react",
+        "best": "i01.c1",
+        "accepted_edits": ["i01.c1"],
+        "threshold": 0.04,
+        "seed": _held_out("test.seed", 0.25, _triage(6, {"loop": 0.5, "content": 0.5})),
         "best_harness": _held_out("test.best", 0.40, _triage(4, {"loop": 0.25, "content": 0.75})),
-        "paired_difference": {"mean_difference": 0.15, "ci95": [0.05, 0.25], "n_tasks": 2, "n_only_a": 0, "n_only_b": 0},
+        "paired_difference": {
+            "mean_difference": 0.15,
+            "ci95": [0.05, 0.25],
+            "n_tasks": 2,
+            "n_only_a": 0,
+            "n_only_b": 0,
+        },
     }
     (folder / "final.json").write_text(json.dumps(final))
 
     index = build_report([folder])
     html = index.read_text(encoding="utf-8")
-    section = html[html.index('<section id="evolution">') : html.index("</section>", html.index('<section id="evolution">'))]
+    section = html[
+        html.index('<section id="evolution">') : html.index("</section>", html.index('<section id="evolution">'))
+    ]
     assert '<a href="#evolution">evolution</a>' in html
     assert "2 iterations, 4 candidates (3 measured, 1 accepted, 1 invalid, 0 crashed)" in section
     assert "best minus seed = +0.150, 95% CI +0.050 to +0.250 (better beyond noise)" in section

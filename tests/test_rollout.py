@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 import pytest
+from helpers import oracle_policy, replies_policy
 
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
@@ -18,8 +19,6 @@ from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 from harnessrl.tasks.base import Suite, Tool
 from harnessrl.types import ActionKind, BlockReason, Termination, Trajectory
-
-from helpers import oracle_policy, replies_policy
 
 
 def with_rules(spec: HarnessSpec, **rules) -> HarnessSpec:
@@ -70,7 +69,12 @@ def test_tiny_random_model_through_every_harness(suite, tiny_policy):
     assert len(trajs) == len(tasks) * len(specs) * 2
     assert {t.harness for t in trajs} == set(builtin_names())
     for t in trajs:
-        assert t.termination in {Termination.max_steps, Termination.submitted, Termination.max_tokens, Termination.loop_guard}
+        assert t.termination in {
+            Termination.max_steps,
+            Termination.submitted,
+            Termination.max_tokens,
+            Termination.loop_guard,
+        }
         assert t.grade is not None and 0.0 <= t.grade.score <= 1.0
         for step in t.steps:
             mc = step.model_call
@@ -97,7 +101,12 @@ def test_sandbox_escape_is_a_blocked_call_with_feedback(tokenizer):
     ]
     (t,) = run(replies_policy(replies, tokenizer), [spec], [task])
     blocked = [s.tool_results[0].blocked for s in t.steps[:4]]
-    assert blocked == [BlockReason.sandbox, BlockReason.sandbox, BlockReason.unknown_tool, BlockReason.invalid_arguments]
+    assert blocked == [
+        BlockReason.sandbox,
+        BlockReason.sandbox,
+        BlockReason.unknown_tool,
+        BlockReason.invalid_arguments,
+    ]
     assert all(s.interventions[0].kind == "blocked_feedback" for s in t.steps[:4])
     # the model is told why, in the next prompt
     assert "leaves the workspace" in t.steps[1].model_call.messages[-1].content
@@ -107,8 +116,20 @@ def test_sandbox_escape_is_a_blocked_call_with_feedback(tokenizer):
 def test_malformed_and_empty_replies_get_feedback_with_the_format(tokenizer):
     spec = load_harness("react")
     task = _task("toolcalc")
-    (t,) = run(replies_policy(["I think the answer is 4", "   ", "Action: add\nAction Input: {oops", "Action: submit\nAction Input: {}"], tokenizer), [spec], [task])
-    assert [s.action for s in t.steps] == [ActionKind.malformed, ActionKind.empty, ActionKind.malformed, ActionKind.tool_calls]
+    (t,) = run(
+        replies_policy(
+            ["I think the answer is 4", "   ", "Action: add\nAction Input: {oops", "Action: submit\nAction Input: {}"],
+            tokenizer,
+        ),
+        [spec],
+        [task],
+    )
+    assert [s.action for s in t.steps] == [
+        ActionKind.malformed,
+        ActionKind.empty,
+        ActionKind.malformed,
+        ActionKind.tool_calls,
+    ]
     assert t.steps[0].parse_error == "no tool call found in the reply"
     assert "Action Input:" in t.steps[1].model_call.messages[-1].content  # format reminder shown
     assert t.termination == Termination.submitted
@@ -124,7 +145,9 @@ def test_plain_text_answer_rule_submits_prose(tokenizer):
 def test_loop_guard_warns_then_stops(tokenizer):
     task = _task()
     same = '```python\nlist_dir(path=".")\n```'
-    warn = with_rules(load_harness("code-act"), loop_guard={"enabled": True, "repeats": 3, "action": "warn"}, max_steps=5)
+    warn = with_rules(
+        load_harness("code-act"), loop_guard={"enabled": True, "repeats": 3, "action": "warn"}, max_steps=5
+    )
     (t,) = run(replies_policy([same], tokenizer), [warn], [task])
     assert t.termination == Termination.max_steps
     kinds = [[i.kind for i in s.interventions] for s in t.steps]
@@ -216,7 +239,12 @@ class _CrashSuite(Suite):
                     raise KeyError("grader bug")
                 return {"done": float(env.submitted)}
 
-            return {"instruction": f"call boom then submit ({n})", "setup": lambda env: None, "check": check, "solution": []}
+            return {
+                "instruction": f"call boom then submit ({n})",
+                "setup": lambda env: None,
+                "check": check,
+                "solution": [],
+            }
 
         return {"only": fam}
 
@@ -235,7 +263,9 @@ def test_tool_crash_is_retried_then_recorded_as_infra(tokenizer):
     from harnessrl.models.scripted import ScriptedPolicy
 
     # replies by turn within the conversation, so a retried episode starts the script again
-    policy = ScriptedPolicy(['{"tool": "boom", "arguments": {}}', '{"tool": "submit", "arguments": {}}'], tokenizer=tokenizer)
+    policy = ScriptedPolicy(
+        ['{"tool": "boom", "arguments": {}}', '{"tool": "submit", "arguments": {}}'], tokenizer=tokenizer
+    )
     suite = _CrashSuite(crash_tool_times=1)
     trajs = run(policy, [spec], suite.tasks("dev", 1), max_retries=2)
     (t,) = trajs  # first try crashed, the retry succeeded
@@ -251,7 +281,9 @@ def test_tool_crash_is_retried_then_recorded_as_infra(tokenizer):
 def test_grader_crash_is_infra(tokenizer):
     spec = load_harness("json-tools")
     suite = _CrashSuite(crash_grader=True)
-    (t,) = run(replies_policy(['{"tool": "submit", "arguments": {}}'], tokenizer), [spec], suite.tasks("dev", 1), max_retries=0)
+    (t,) = run(
+        replies_policy(['{"tool": "submit", "arguments": {}}'], tokenizer), [spec], suite.tasks("dev", 1), max_retries=0
+    )
     assert t.termination == Termination.error and "grader crashed" in t.infra_error and t.grade is None
 
 
@@ -290,7 +322,10 @@ def test_workspace_deleted_after_grading(tokenizer, monkeypatch):
 def test_workspace_agent_memory_tool_and_bootstrap(tokenizer):
     spec = load_harness("workspace-agent")
     task = _task("toolcalc")
-    replies = ['{"tool": "remember", "arguments": {"note": "try add"}}', '{"tool": "submit", "arguments": {"answer": "1"}}']
+    replies = [
+        '{"tool": "remember", "arguments": {"note": "try add"}}',
+        '{"tool": "submit", "arguments": {"answer": "1"}}',
+    ]
     (t,) = run(replies_policy(replies, tokenizer), [spec], [task])
     system = t.steps[1].model_call.messages[0].content
     assert "AGENTS.md" in system and "- try add" in system
@@ -336,8 +371,12 @@ def _slow_suite():
         def families(self):
             def fam(rng):
                 n = rng.randint(0, 10**9)
-                return {"instruction": f"work, then submit ({n})", "setup": lambda env: None,
-                        "check": lambda env: {"done": float(env.submitted)}, "solution": []}
+                return {
+                    "instruction": f"work, then submit ({n})",
+                    "setup": lambda env: None,
+                    "check": lambda env: {"done": float(env.submitted)},
+                    "solution": [],
+                }
 
             return {"only": fam}
 
@@ -369,8 +408,13 @@ def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, 
         load_harness("json-tools"), timeout_s=1.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
     )
     with RunStore(tmp_path / "run") as store:
-        runner = Runner(ScriptedPolicy(script, tokenizer=tokenizer), SamplingParams(temperature=0.0), progress=False,
-                        max_in_flight=4, on_episode=store.add)
+        runner = Runner(
+            ScriptedPolicy(script, tokenizer=tokenizer),
+            SamplingParams(temperature=0.0),
+            progress=False,
+            max_in_flight=4,
+            on_episode=store.add,
+        )
         trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
         for task in tasks[1:]:
             t = trajs[task.id]

@@ -283,8 +283,11 @@ def test_fallback_runs_each_command_as_a_uid_no_process_has(workdir, monkeypatch
 
 def test_memory_hog_fails(workdir):
     # Copying 256 MB through a pipe takes seconds on a busy machine: the wall clock must not win.
-    result = sh("x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}", workdir,
-                limits=dataclasses.replace(SMALL, wall_s=20.0, cpu_s=20))
+    result = sh(
+        "x=$(head -c 400000000 /dev/zero | tr '\\0' a); echo ${#x}",
+        workdir,
+        limits=dataclasses.replace(SMALL, wall_s=20.0, cpu_s=20),
+    )
     assert result.returncode != 0
     assert "400000000" not in result.stdout
     assert "allocate" in result.stderr
@@ -316,14 +319,20 @@ def test_environment_is_clean(workdir, monkeypatch):
 @needs_bwrap
 def test_mounts_map_a_host_folder_to_a_chosen_path(workdir):
     (workdir / "task.txt").write_text("given\n")
-    result = sh("pwd; cat task.txt; echo made > /workspace/out.txt; echo $HOME", workdir, mounts={"/workspace": workdir})
+    result = sh(
+        "pwd; cat task.txt; echo made > /workspace/out.txt; echo $HOME", workdir, mounts={"/workspace": workdir}
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "/workspace\ngiven\n/workspace\n"
     assert (workdir / "out.txt").read_text() == "made\n"
     other = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
     try:
-        both = sh("ls /data/in; touch /workspace/a /data/in/b", workdir,
-                  mounts={"/workspace": workdir, "/data/in": other}, cwd_in_sandbox="/data/in")
+        both = sh(
+            "ls /data/in; touch /workspace/a /data/in/b",
+            workdir,
+            mounts={"/workspace": workdir, "/data/in": other},
+            cwd_in_sandbox="/data/in",
+        )
         assert both.returncode == 0, both.stderr
         assert (workdir / "a").exists() and (other / "b").exists()
     finally:
@@ -333,9 +342,12 @@ def test_mounts_map_a_host_folder_to_a_chosen_path(workdir):
 @needs_bwrap
 def test_a_mount_inside_an_existing_home_folder_hides_that_folder_and_writes_land(workdir):
     (workdir / "task.txt").write_text("given\n")
-    result = sh("pwd; cat task.txt; ls -A /root; echo made > /root/.openclaw/workspace/out.txt; "
-                "echo scratch > /root/harnessrl-shadow-probe && cat /root/harnessrl-shadow-probe; ls -A /home", workdir,
-                mounts={"/root/.openclaw/workspace": workdir, "/home/agent/app": workdir})
+    result = sh(
+        "pwd; cat task.txt; ls -A /root; echo made > /root/.openclaw/workspace/out.txt; "
+        "echo scratch > /root/harnessrl-shadow-probe && cat /root/harnessrl-shadow-probe; ls -A /home",
+        workdir,
+        mounts={"/root/.openclaw/workspace": workdir, "/home/agent/app": workdir},
+    )
     assert result.returncode == 0, result.stderr
     # /root holds only the mount: the machine's own /root (and /home) are hidden, not shown read-only
     assert result.stdout == "/root/.openclaw/workspace\ngiven\n.openclaw\nscratch\nagent\n"
@@ -348,8 +360,12 @@ def test_a_mount_inside_another_mount_is_made_after_it(workdir):
     inner = Path(tempfile.mkdtemp(prefix="harnessrl-test-sbx-"))
     try:
         # the inner mount point is listed first: it must not be covered by the outer one
-        result = sh("echo in > /srv/app/data/x; ls /srv/app", workdir,
-                    mounts={"/srv/app/data": inner, "/srv/app": workdir}, cwd_in_sandbox="/srv/app")
+        result = sh(
+            "echo in > /srv/app/data/x; ls /srv/app",
+            workdir,
+            mounts={"/srv/app/data": inner, "/srv/app": workdir},
+            cwd_in_sandbox="/srv/app",
+        )
         assert result.returncode == 0, result.stderr
         assert (inner / "x").read_text() == "in\n" and "data" in result.stdout
     finally:

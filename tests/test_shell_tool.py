@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import oracle_policy, replies_policy
 from typer.testing import CliRunner
 
 from harnessrl.harness.loops import Episode
@@ -20,8 +21,6 @@ from harnessrl.tasks.base import Suite
 from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 from harnessrl.tasks.shell import head_and_tail
 from harnessrl.types import Termination, ToolCall
-
-from helpers import oracle_policy, replies_policy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,8 +64,16 @@ def shell_harness(base: str = "react", rules: dict | None = None, **shell) -> Ha
     data = load_harness(base).to_dict()
     data["name"] = f"{base}-shell"
     data["rules"].update({"max_steps": 8, **(rules or {})})
-    data["rules"]["shell"] = {"enabled": True, "wall_s": 2.0, "processes": 16, "memory_mb": 256,
-                              "file_size_mb": 1, "shown_chars": 300, "stored_bytes": 50_000, **shell}
+    data["rules"]["shell"] = {
+        "enabled": True,
+        "wall_s": 2.0,
+        "processes": 16,
+        "memory_mb": 256,
+        "file_size_mb": 1,
+        "shown_chars": 300,
+        "stored_bytes": 50_000,
+        **shell,
+    }
     return parse_spec(data)
 
 
@@ -97,7 +104,9 @@ def tool_names(task, spec: HarnessSpec) -> set[str]:
 def test_a_task_is_solved_through_the_shell(tmp_path, tokenizer, base):
     spec = shell_harness(base)
     tasks = ShellSuite().tasks("dev", 2)
-    trajs = Runner(oracle_policy(tasks, spec, tokenizer), SamplingParams(), progress=False).run(make_jobs(tasks, [spec], 1))
+    trajs = Runner(oracle_policy(tasks, spec, tokenizer), SamplingParams(), progress=False).run(
+        make_jobs(tasks, [spec], 1)
+    )
     for traj in trajs:
         assert traj.infra_error is None and traj.grade.passed, traj.steps[-1].tool_results
         result = traj.steps[0].tool_results[0]
@@ -144,7 +153,11 @@ def test_escapes_and_runaway_commands_are_contained_and_recorded(tmp_path, token
 def test_head_and_tail_keeps_both_ends_and_says_how_much_was_cut():
     text = "".join(f"line {i}\n" for i in range(1000))
     shown = head_and_tail(text, 300)
-    head, marker, tail = shown.split("\n[... ", 1)[0], shown.split("\n[... ", 1)[1].split(" ...]\n")[0], shown.rsplit(" ...]\n", 1)[1]
+    head, marker, tail = (
+        shown.split("\n[... ", 1)[0],
+        shown.split("\n[... ", 1)[1].split(" ...]\n")[0],
+        shown.rsplit(" ...]\n", 1)[1],
+    )
     assert text.startswith(head) and text.endswith(tail)
     assert marker == f"{len(text) - len(head) - len(tail)} characters cut"
     assert head_and_tail("short", 300) == "short"
@@ -179,10 +192,15 @@ def test_a_task_with_a_workspace_mount_runs_commands_there(tmp_path, tokenizer):
     task.workspace_mount = "/root/harnessrl-task"
     task.solution = [
         {"name": "shell", "arguments": {"command": "pwd; ls"}},
-        {"name": "shell", "arguments": {"command": "cd / && wc -l < /root/harnessrl-task/data.txt > /root/harnessrl-task/count.txt"}},
+        {
+            "name": "shell",
+            "arguments": {"command": "cd / && wc -l < /root/harnessrl-task/data.txt > /root/harnessrl-task/count.txt"},
+        },
         {"name": "submit", "arguments": {}},
     ]
-    (traj,) = Runner(oracle_policy([task], spec, tokenizer), SamplingParams(), progress=False).run(make_jobs([task], [spec], 1))
+    (traj,) = Runner(oracle_policy([task], spec, tokenizer), SamplingParams(), progress=False).run(
+        make_jobs([task], [spec], 1)
+    )
     assert traj.infra_error is None and traj.grade.passed  # the write landed in the graded workspace
     assert traj.steps[0].tool_results[0].output == "/root/harnessrl-task\ndata.txt\n[exit code 0]"
 
@@ -194,8 +212,9 @@ def test_a_workspace_mount_the_sandbox_cannot_make_is_an_infra_error_with_the_re
     spec = shell_harness()
     task = ShellSuite().tasks("dev", 1)[0]
     task.workspace_mount = "/app"
-    (traj,) = Runner(replies_policy(script_of(spec, ["ls"]), tokenizer), SamplingParams(), max_retries=0,
-                     progress=False).run(make_jobs([task], [spec], 1))
+    (traj,) = Runner(
+        replies_policy(script_of(spec, ["ls"]), tokenizer), SamplingParams(), max_retries=0, progress=False
+    ).run(make_jobs([task], [spec], 1))
     assert traj.termination == Termination.error
     assert "the shell cannot run this task's commands" in traj.infra_error and "need bubblewrap" in traj.infra_error
 
@@ -207,15 +226,31 @@ def _submit_only(spec: HarnessSpec, tokenizer):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_the_evolve_run_config_records_the_shell_isolation(tmp_path, tokenizer, enabled):
-    from harnessrl.evolve import EvolveConfig, Evolution
+    from harnessrl.evolve import Evolution, EvolveConfig
     from harnessrl.evolve.proposers import RulesProposer
 
     spec = shell_harness(enabled=enabled)
     suite = ShellSuite()
-    config = EvolveConfig(suite="shellcheck", seed_harness=spec.name, model="scripted", dev_tasks=2, test_tasks=1,
-                          rollouts=1, iterations=1, candidates=1, max_in_flight=2)
-    Evolution(tmp_path / "evo", config, spec, suite.tasks("dev", 2), suite.tasks("test", 1),
-              _submit_only(spec, tokenizer), RulesProposer()).run()
+    config = EvolveConfig(
+        suite="shellcheck",
+        seed_harness=spec.name,
+        model="scripted",
+        dev_tasks=2,
+        test_tasks=1,
+        rollouts=1,
+        iterations=1,
+        candidates=1,
+        max_in_flight=2,
+    )
+    Evolution(
+        tmp_path / "evo",
+        config,
+        spec,
+        suite.tasks("dev", 2),
+        suite.tasks("test", 1),
+        _submit_only(spec, tokenizer),
+        RulesProposer(),
+    ).run()
     with RunStore(tmp_path / "evo") as store:
         assert store.config["evolve"]["suite"] == "shellcheck"
         if enabled:
@@ -227,10 +262,14 @@ def test_the_evolve_run_config_records_the_shell_isolation(tmp_path, tokenizer, 
 def test_the_training_record_holds_the_shell_isolation(tmp_path):
     from harnessrl.train.trainer import TrainConfig, Trainer
 
-    config = TrainConfig(model="tiny-random", scheduler="single:react-shell", steps=1, tasks_per_step=2, group_size=2, eval_every=0)
+    config = TrainConfig(
+        model="tiny-random", scheduler="single:react-shell", steps=1, tasks_per_step=2, group_size=2, eval_every=0
+    )
     with_shell = Trainer(config, tmp_path / "on", suite=ShellSuite(), specs=[shell_harness()], progress=False)
     assert with_shell.record["shell_isolation"] == isolation_description(isolation_available())
-    without = Trainer(config, tmp_path / "off", suite=ShellSuite(), specs=[shell_harness(enabled=False)], progress=False)
+    without = Trainer(
+        config, tmp_path / "off", suite=ShellSuite(), specs=[shell_harness(enabled=False)], progress=False
+    )
     assert "shell_isolation" not in without.record
 
 

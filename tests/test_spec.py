@@ -52,7 +52,11 @@ def _base() -> dict:
         (lambda d: d.__setitem__("name", "bad name!"), "name", "pattern"),
         (lambda d: d["loop"].__setitem__("kind", "tree-search"), "loop.kind", "react"),
         (lambda d: d["protocol"].update(format="xml", native_tools=True), "protocol", "native_tools"),
-        (lambda d: d["rules"]["demonstrations"][0].__setitem__("calls", []), "rules.demonstrations.0.calls", "at least 1"),
+        (
+            lambda d: d["rules"]["demonstrations"][0].__setitem__("calls", []),
+            "rules.demonstrations.0.calls",
+            "at least 1",
+        ),
     ],
 )
 def test_invalid_spec_names_file_field_and_reason(tmp_path, mutate, field, reason):
@@ -157,19 +161,28 @@ def _capability_task():
             raise ToolFailed(f"no key {key}")
         return env.state[key]
 
-    tool = Tool("get", "Read a value.", {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}, get)
+    tool = Tool(
+        "get", "Read a value.", {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}, get
+    )
     return Task(
-        id="cap/dev/00000", suite="cap", family="cap", split="dev", seed=0, instruction="Submit the value of a plus b.",
-        tools=[tool, SUBMIT_TOOL], setup=lambda env: env.state.update(a="1", b="2"),
-        check=lambda env: {"answer": float(env.answer == "12")}, needs_workspace=False,
+        id="cap/dev/00000",
+        suite="cap",
+        family="cap",
+        split="dev",
+        seed=0,
+        instruction="Submit the value of a plus b.",
+        tools=[tool, SUBMIT_TOOL],
+        setup=lambda env: env.state.update(a="1", b="2"),
+        check=lambda env: {"answer": float(env.answer == "12")},
+        needs_workspace=False,
     )
 
 
 def _run_capabilities(tokenizer, capabilities, replies, **rules):
+    from helpers import replies_policy
+
     from harnessrl.harness.loops import Episode
     from harnessrl.rollout import Runner, make_jobs
-
-    from helpers import replies_policy
 
     data = _base()
     data.update(name="cap", capabilities=capabilities)
@@ -193,9 +206,17 @@ def _react(name, args):
 
 
 def test_capabilities_default_off_and_validate():
-    assert all(load_harness(n).capabilities.model_dump() == {"ledger": {"enabled": False, "max_entries": 10}, "experiences": [], "helper_tools": []} for n in BUILTINS)
+    assert all(
+        load_harness(n).capabilities.model_dump()
+        == {"ledger": {"enabled": False, "max_entries": 10}, "experiences": [], "helper_tools": []}
+        for n in BUILTINS
+    )
     data = _base()
-    data["capabilities"] = {"helper_tools": [{"name": "h", "description": "d", "calls": [{"tool": "get", "arguments": {"key": "{missing}"}}]}]}
+    data["capabilities"] = {
+        "helper_tools": [
+            {"name": "h", "description": "d", "calls": [{"tool": "get", "arguments": {"key": "{missing}"}}]}
+        ]
+    }
     with pytest.raises(SpecError, match="unknown parameter '{missing}'"):
         parse_spec(data)
     data["capabilities"] = {"helper_tools": [{"name": "h", "description": "d", "calls": [{"tool": "submit"}]}]}
@@ -212,10 +233,15 @@ def test_ledger_and_experiences_are_shown_in_the_system_prompt(tokenizer):
     traj, prompts, _ = _run_capabilities(tokenizer, caps, replies)
     assert traj.grade.passed
     assert all("## Lessons from earlier attempts\n- Read both values first." in p for p in prompts)
-    assert "## Ledger: what you have done so far\n- (nothing done yet)" in prompts[0] or "(nothing done yet)" in prompts[0]
+    assert (
+        "## Ledger: what you have done so far\n- (nothing done yet)" in prompts[0] or "(nothing done yet)" in prompts[0]
+    )
     assert '- step 1: get(key="a") -> ok: 1' in prompts[1]
     # only the last max_entries are shown, with a count of the others
-    assert "(1 earlier entries not shown)" in prompts[2] and 'step 2: get(key="zz") -> failed: error: no key zz' in prompts[2]
+    assert (
+        "(1 earlier entries not shown)" in prompts[2]
+        and 'step 2: get(key="zz") -> failed: error: no key zz' in prompts[2]
+    )
 
 
 def test_helper_tool_calls_the_task_tools_in_order(tokenizer):
@@ -225,7 +251,11 @@ def test_helper_tool_calls_the_task_tools_in_order(tokenizer):
         "parameters": {"first": "a key", "second": "another key"},
         "calls": [{"tool": "get", "arguments": {"key": "{first}"}}, {"tool": "get", "arguments": {"key": "{second}"}}],
     }
-    replies = [_react("get_two", {"first": "a", "second": "b"}), _react("get_two", {"first": "a", "second": "nope"}), _react("submit", {"answer": "12"})]
+    replies = [
+        _react("get_two", {"first": "a", "second": "b"}),
+        _react("get_two", {"first": "a", "second": "nope"}),
+        _react("submit", {"answer": "12"}),
+    ]
     traj, prompts, episode = _run_capabilities(tokenizer, {"helper_tools": [helper]}, replies)
     assert "get_two" in {t.name for t in episode.tools} and "get_two" in prompts[0]
     ok, failed = traj.steps[0].tool_results[0], traj.steps[1].tool_results[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import oracle_policy
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -22,8 +23,6 @@ from harnessrl.rollout import Runner, make_jobs
 from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 from harnessrl.types import Trajectory
-
-from helpers import oracle_policy
 
 cli = CliRunner()
 
@@ -41,9 +40,9 @@ def test_store_round_trips_trajectories_losslessly(tmp_path, tokenizer):
     spec = load_harness("react")
     tasks = get_suite("toolcalc").tasks("dev", 3)
     with RunStore(tmp_path / "run") as store:
-        trajs = Runner(oracle_policy(tasks, spec, tokenizer), SamplingParams(), progress=False, on_episode=store.add).run(
-            make_jobs(tasks, [spec], 1)
-        )
+        trajs = Runner(
+            oracle_policy(tasks, spec, tokenizer), SamplingParams(), progress=False, on_episode=store.add
+        ).run(make_jobs(tasks, [spec], 1))
         back = list(store.trajectories())
         assert sorted(back, key=lambda t: t.task_id) == sorted(trajs, key=lambda t: t.task_id)
         assert store.finished_keys() == {t.key for t in trajs}
@@ -78,8 +77,17 @@ def test_store_max_attempt_and_completion_lengths(tmp_path):
             )
             for i, c in enumerate(completions)
         ]
-        return Trajectory(episode_id=eid, task_id="s/dev/00000", suite="s", family="f", split="dev", harness=harness,
-                          attempt=attempt, instruction="x", steps=steps)
+        return Trajectory(
+            episode_id=eid,
+            task_id="s/dev/00000",
+            suite="s",
+            family="f",
+            split="dev",
+            harness=harness,
+            attempt=attempt,
+            instruction="x",
+            steps=steps,
+        )
 
     with RunStore(tmp_path) as store:
         assert store.max_attempt() is None and store.completion_lengths("h") == {}
@@ -96,14 +104,43 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
     spec = small_spec(tmp_path)
     react = small_spec(tmp_path, name="react", base="react")
     out = tmp_path / "run"
-    r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--harness", f"{spec},{react}", "--model", "tiny-random", "--tasks", "2",
-                         "--attempts", "2", "--out", str(out), "--no-progress", "--seed", "1"])
+    r = cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            "toolcalc",
+            "--harness",
+            f"{spec},{react}",
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--attempts",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--seed",
+            "1",
+        ],
+    )
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["suite"] == "toolcalc" and summary["model"] == "tiny-random" and summary["seed"] == 1
     assert set(summary["harnesses"]) == {"small-json", "react"}
     for m in summary["harnesses"].values():
-        assert {"n_tasks", "attempts", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k", "delivery_rate", "n_episodes", "n_infra_errors"} <= set(m)
+        assert {
+            "n_tasks",
+            "attempts",
+            "mean_score",
+            "mean_score_ci95",
+            "pass_at_k",
+            "pass_hat_k",
+            "delivery_rate",
+            "n_episodes",
+            "n_infra_errors",
+        } <= set(m)
         assert m["n_tasks"] == 2 and m["n_episodes"] == 4 and set(m["pass_at_k"]) == {"1", "2"}
     assert "small-json" in r.output and "mean" in r.output
     r = cli.invoke(app, ["export", str(out), "--format", "jsonl"])
@@ -111,7 +148,11 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
     lines = [json.loads(x) for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 8
     t = Trajectory.model_validate(lines[0])
-    assert t.steps and t.steps[0].model_call.completion_ids and len(t.steps[0].model_call.logprobs) == len(t.steps[0].model_call.completion_ids)
+    assert (
+        t.steps
+        and t.steps[0].model_call.completion_ids
+        and len(t.steps[0].model_call.logprobs) == len(t.steps[0].model_call.completion_ids)
+    )
     r = cli.invoke(app, ["triage", str(out)])
     assert r.exit_code == 0 and "small-json" in r.output
     tri = json.loads((out / "triage.json").read_text())
@@ -121,14 +162,73 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
     r = cli.invoke(app, ["report", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "not a run folder" in r.output
     # a second eval into the same folder without --resume is refused; with it, nothing is re-run
-    r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--harness", f"{spec},{react}", "--model", "tiny-random", "--tasks", "2",
-                         "--attempts", "2", "--out", str(out), "--no-progress", "--seed", "1"])
+    r = cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            "toolcalc",
+            "--harness",
+            f"{spec},{react}",
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--attempts",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--seed",
+            "1",
+        ],
+    )
     assert r.exit_code == 2 and "--resume" in r.output
-    r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--harness", f"{spec},{react}", "--model", "tiny-random", "--tasks", "2",
-                         "--attempts", "2", "--out", str(out), "--no-progress", "--seed", "1", "--resume"])
+    r = cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            "toolcalc",
+            "--harness",
+            f"{spec},{react}",
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--attempts",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--seed",
+            "1",
+            "--resume",
+        ],
+    )
     assert r.exit_code == 0 and "8 of 8 episodes already finished" in r.output
-    r = cli.invoke(app, ["eval", "--suite", "toolcalc", "--harness", str(react), "--model", "tiny-random", "--tasks", "2",
-                         "--attempts", "2", "--out", str(out), "--no-progress", "--seed", "1", "--resume"])
+    r = cli.invoke(
+        app,
+        [
+            "eval",
+            "--suite",
+            "toolcalc",
+            "--harness",
+            str(react),
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--attempts",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--seed",
+            "1",
+            "--resume",
+        ],
+    )
     assert r.exit_code == 2 and "different configuration" in r.output
 
 
@@ -194,8 +294,27 @@ def _count(db: Path) -> int:
 def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     spec = small_spec(tmp_path, max_steps=3, max_new_tokens=6)
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "harnessrl.cli", "eval", "--suite", "toolcalc", "--harness", str(spec), "--model", "tiny-random",
-            "--tasks", "8", "--attempts", "2", "--out", str(out), "--no-progress", "--max-in-flight", "2"]
+    args = [
+        sys.executable,
+        "-m",
+        "harnessrl.cli",
+        "eval",
+        "--suite",
+        "toolcalc",
+        "--harness",
+        str(spec),
+        "--model",
+        "tiny-random",
+        "--tasks",
+        "8",
+        "--attempts",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--max-in-flight",
+        "2",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "run.db"
     deadline = time.monotonic() + 120
@@ -205,7 +324,9 @@ def test_sigkill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     con = sqlite3.connect(db)
-    before = dict(((t, h, a), blob) for t, h, a, blob in con.execute("SELECT task_id, harness, attempt, trajectory FROM episodes"))
+    before = dict(
+        ((t, h, a), blob) for t, h, a, blob in con.execute("SELECT task_id, harness, attempt, trajectory FROM episodes")
+    )
     con.close()
     assert 3 <= len(before) < 16
     done = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=300)

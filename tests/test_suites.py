@@ -81,7 +81,9 @@ def test_split_sizes_and_families(suites, name):
 def test_workspace_tools_and_toolcalc_has_no_workspace(suites):
     ws_task = suites["workspace"].tasks("dev", 1)[0]
     names = [t.name for t in ws_task.tools]
-    assert {"list_dir", "read_file", "write_file", "append_file", "move_file", "delete_file", "search_text"} <= set(names)
+    assert {"list_dir", "read_file", "write_file", "append_file", "move_file", "delete_file", "search_text"} <= set(
+        names
+    )
     assert names[-1] == "submit"
     for task in suites["toolcalc"].tasks("dev"):
         env = task.make_env()
@@ -183,20 +185,39 @@ def test_workspace_grader_details(suites):
     task = _first(ws, "csv_report")
     write = next(c for c in task.solution if c["name"] == "write_file")
     label = task.data["label"]
-    grade, _ = run(task, [{"name": "write_file", "arguments": {"path": write["arguments"]["path"], "content": f"{label}: -1\n"}},
-                          submit_of(task)])
+    grade, _ = run(
+        task,
+        [
+            {"name": "write_file", "arguments": {"path": write["arguments"]["path"], "content": f"{label}: -1\n"}},
+            submit_of(task),
+        ],
+    )
     assert grade.subscores == {"exists": 1.0, "format": 1.0, "value": 0.0}
     # ... and a correct value with trailing spaces and blank lines still passes
     content = write["arguments"]["content"].rstrip("\n") + "   \n\n\n"
-    grade, _ = run(task, [{"name": "write_file", "arguments": {"path": write["arguments"]["path"], "content": content}}, submit_of(task)])
+    grade, _ = run(
+        task,
+        [
+            {"name": "write_file", "arguments": {"path": write["arguments"]["path"], "content": content}},
+            submit_of(task),
+        ],
+    )
     assert grade.passed
 
     # merge_lists: right items in the wrong order get half
     task = _first(ws, "merge_lists")
     write = next(c for c in task.solution if c["name"] == "write_file")
     items = write["arguments"]["content"].split()
-    grade, _ = run(task, [{"name": "write_file", "arguments": {"path": write["arguments"]["path"],
-                                                                "content": "\n".join(reversed(items + items[:1]))}}, submit_of(task)])
+    grade, _ = run(
+        task,
+        [
+            {
+                "name": "write_file",
+                "arguments": {"path": write["arguments"]["path"], "content": "\n".join(reversed(items + items[:1]))},
+            },
+            submit_of(task),
+        ],
+    )
     assert grade.subscores == {"items": 1.0, "sorted_unique": 0.0}
 
     # json_update: broken JSON scores 0 without raising
@@ -212,7 +233,11 @@ def test_answer_families_accept_lenient_answers(suites):
         if task.family not in ("answer_from_file", "find_file"):
             continue
         answer = submit_of(task)["arguments"]["answer"]
-        for variant in (f"The answer is {answer}.", f"  '{answer}'\n", answer.upper() if task.family == "answer_from_file" else answer):
+        for variant in (
+            f"The answer is {answer}.",
+            f"  '{answer}'\n",
+            answer.upper() if task.family == "answer_from_file" else answer,
+        ):
             grade, _ = run(task, task.solution[:-1] + [{"name": "submit", "arguments": {"answer": variant}}])
             assert grade.passed, (task.id, variant)
     # naming every candidate file is not an answer
@@ -336,7 +361,11 @@ def test_task_id_rebuilds_the_task(suites, name):
         original = suites[name].tasks(split)[index]
         rebuilt = fresh.task(original.id)
         assert rebuilt.id == original.id == f"{name}/{split}/{index:05d}"
-        assert (rebuilt.instruction, rebuilt.data, rebuilt.family) == (original.instruction, original.data, original.family)
+        assert (rebuilt.instruction, rebuilt.data, rebuilt.family) == (
+            original.instruction,
+            original.data,
+            original.family,
+        )
         assert rebuilt.fingerprint == original.fingerprint
 
 

@@ -18,15 +18,15 @@ import torch
 import typer
 from typer.testing import CliRunner
 
+from harnessrl.cli.train import train_app
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train import trainer as trainer_module
-from harnessrl.cli.train import train_app
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
 from harnessrl.train.trainer import (
-    Trainer,
     TrainConfig,
+    Trainer,
     TrainError,
     TrainingDiverged,
     allocate_tasks,
@@ -36,10 +36,35 @@ from harnessrl.train.trainer import (
 )
 
 METRIC_KEYS = {
-    "step", "harness", "shares", "episodes", "infra_errors", "reward_mean", "reward_by_harness", "adv_abs_mean",
-    "groups", "groups_too_small", "zero_std_frac", "probabilities", "transfer", "units", "units_trained",
-    "completion_tokens", "padded_tokens", "loss", "clip_fraction", "clip_fraction_by_epoch", "ratio_mean", "kl",
-    "grad_norm", "optimizer_step", "optimizer_steps", "sampling_seed", "skipped", "lr", "time",
+    "step",
+    "harness",
+    "shares",
+    "episodes",
+    "infra_errors",
+    "reward_mean",
+    "reward_by_harness",
+    "adv_abs_mean",
+    "groups",
+    "groups_too_small",
+    "zero_std_frac",
+    "probabilities",
+    "transfer",
+    "units",
+    "units_trained",
+    "completion_tokens",
+    "padded_tokens",
+    "loss",
+    "clip_fraction",
+    "clip_fraction_by_epoch",
+    "ratio_mean",
+    "kl",
+    "grad_norm",
+    "optimizer_step",
+    "optimizer_steps",
+    "sampling_seed",
+    "skipped",
+    "lr",
+    "time",
 }
 
 
@@ -76,14 +101,30 @@ def shrink(name: str, system_prompt: str | None = None, **rules) -> HarnessSpec:
 
 # Short prompts keep the full-vocabulary log-softmax of the backward pass cheap.
 SPECS = [
-    shrink(n, system_prompt="Reply with any text.", max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+    shrink(
+        n,
+        system_prompt="Reply with any text.",
+        max_steps=1,
+        max_new_tokens=8,
+        demonstrations=[],
+        plain_text_answer=True,
+    )
     for n in ("json-tools", "react")
 ]
 # T=1.0 (not the default 0.7): the random model's groups then disagree at each of the 3 steps of seed 0,
 # so every step of the reference run updates (the resume and NaN tests need updates after step 1).
 BASE = TrainConfig(
-    model="tiny-random", scheduler="harness-bandit", steps=3, tasks_per_step=2, group_size=2, lora_r=4, lora_alpha=8,
-    temperature=1.0, checkpoint_every=5, eval_every=2, eval_tasks=2,
+    model="tiny-random",
+    scheduler="harness-bandit",
+    steps=3,
+    tasks_per_step=2,
+    group_size=2,
+    lora_r=4,
+    lora_alpha=8,
+    temperature=1.0,
+    checkpoint_every=5,
+    eval_every=2,
+    eval_tasks=2,
 )
 
 
@@ -142,7 +183,9 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
     for r in records:
         assert set(r) == METRIC_KEYS
         assert r["harness"] in ("json-tools", "react") and r["episodes"] == 4
-        assert set(r["probabilities"]) == {"json-tools", "react"} and math.isclose(sum(r["probabilities"].values()), 1.0)
+        assert set(r["probabilities"]) == {"json-tools", "react"} and math.isclose(
+            sum(r["probabilities"].values()), 1.0
+        )
         assert set(r["time"]) == {"rollout", "backward", "sketch", "optimizer", "scheduler", "total"}
     updated = [r for r in records if r["optimizer_step"]]
     assert updated, "no step had a nonzero advantage: pick another seed for this test"
@@ -208,7 +251,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(full_run, resumed_ru
     a, b = lines(full / "metrics.jsonl"), lines(resumed / "metrics.jsonl")
     keys = ("step", "harness", "probabilities", "reward_mean", "adv_abs_mean", "optimizer_step", "units", "transfer")
     assert [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
-    assert [e["mean_score"] for e in lines(full / "eval.jsonl")] == [e["mean_score"] for e in lines(resumed / "eval.jsonl")]
+    assert [e["mean_score"] for e in lines(full / "eval.jsonl")] == [
+        e["mean_score"] for e in lines(resumed / "eval.jsonl")
+    ]
     sa = json.loads((full / "checkpoint" / "state.json").read_text())
     sb = json.loads((resumed / "checkpoint" / "state.json").read_text())
     assert sa == sb  # scheduler (incl. its RNG and sketch averages), task RNG, sampling counter
@@ -320,7 +365,9 @@ def _units(t: Trainer, n: int = 6) -> list[TrainingUnit]:
     for i in range(n):
         prompt = torch.randint(0, 1000, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
         completion = torch.randint(0, 1000, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
-        units.append(TrainingUnit(prompt, completion, [0.0] * len(completion), [1.0, -1.0, 0.0][i % 3], "json-tools", f"e{i}"))
+        units.append(
+            TrainingUnit(prompt, completion, [0.0] * len(completion), [1.0, -1.0, 0.0][i % 3], "json-tools", f"e{i}")
+        )
     batch = pad_units(units, t.policy.pad_id)
     with torch.no_grad():
         old = token_logprobs(t.peft_model, batch, t.config.temperature)
@@ -375,7 +422,13 @@ def test_micro_batches_and_skipped_zero_advantage_units_give_the_full_batch_grad
     # reference: every unit (zero advantages included) in one batch, straight through grpo_loss
     t.optimizer.zero_grad(set_to_none=True)
     batch = pad_units(units, t.policy.pad_id)
-    loss, _ = grpo_loss(token_logprobs(t.peft_model, batch, 1.0), batch["old_logprobs"], batch["advantages"], batch["completion_mask"], aggregation=aggregation)
+    loss, _ = grpo_loss(
+        token_logprobs(t.peft_model, batch, 1.0),
+        batch["old_logprobs"],
+        batch["advantages"],
+        batch["completion_mask"],
+        aggregation=aggregation,
+    )
     loss.backward()
     reference = _grads(t)
     t.optimizer.zero_grad(set_to_none=True)
@@ -538,9 +591,29 @@ def test_cli_mixed_run_end_to_end_and_diverged_exit_code(tmp_path, monkeypatch):
         strict = shrink(spec.name, max_steps=1, max_new_tokens=4, demonstrations=[])
         paths.append(tmp_path / f"{spec.name}.yaml")
         paths[-1].write_text(strict.to_yaml())
-    args = ["train", "grpo", "--model", "tiny-random", "--suite", "toolcalc", "--harnesses", ",".join(map(str, paths)),
-            "--scheduler", "mixed", "--steps", "1", "--tasks-per-step", "2", "--group-size", "2", "--lora-r", "2",
-            "--no-progress", "--out", str(tmp_path / "mixed")]
+    args = [
+        "train",
+        "grpo",
+        "--model",
+        "tiny-random",
+        "--suite",
+        "toolcalc",
+        "--harnesses",
+        ",".join(map(str, paths)),
+        "--scheduler",
+        "mixed",
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--lora-r",
+        "2",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "mixed"),
+    ]
     r = CliRunner().invoke(_cli(), args)
     assert r.exit_code == 0, r.output
     assert "hf:" in r.output and "adapter" in r.output
@@ -587,7 +660,7 @@ def test_cli_options_match_the_config_defaults_and_the_docs():
         assert default == getattr(defaults, renamed.get(name, name)), name
 
     docs = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
-    section = docs[docs.index("## The trainer"):docs.index("### The run folder")]
+    section = docs[docs.index("## The trainer") : docs.index("### The run folder")]
     table = [line for line in section.splitlines() if line.startswith("| `--")]
     documented = {flag for line in table for flag in re.findall(r"`(--[a-z-]+)", line.split("|")[1])}
     flags = {flag for p in command.params for flag in (*p.opts, *p.secondary_opts) if flag.startswith("--")}

@@ -67,7 +67,13 @@ def test_passed_episode_has_no_verdict():
 
 
 def test_content_failure():
-    t = traj([step(0, call("read_file", path="a")), step(1, call("submit"))], submitted=True, termination=Termination.submitted, score=0.5, required=["read_file"])
+    t = traj(
+        [step(0, call("read_file", path="a")), step(1, call("submit"))],
+        submitted=True,
+        termination=Termination.submitted,
+        score=0.5,
+        required=["read_file"],
+    )
     v = first_failure_signal(t)
     assert (v.cls, v.step, v.kind) == ("content", 1, "content")
     assert "0.50" in v.evidence
@@ -78,11 +84,25 @@ def test_first_signal_wins_malformed_before_blocked():
         [
             step(0, call("list_dir")),
             step(1, action=ActionKind.malformed, parse_error="could not parse JSON"),
-            step(2, call("read_file", output="'../x' leaves the workspace", ok=False, blocked=BlockReason.sandbox, path="../x")),
+            step(
+                2,
+                call(
+                    "read_file",
+                    output="'../x' leaves the workspace",
+                    ok=False,
+                    blocked=BlockReason.sandbox,
+                    path="../x",
+                ),
+            ),
         ]
     )
     assert cls(t) == ("malformed_call", 1)
-    t2 = traj([step(0, call("read_file", output="refused", ok=False, blocked=BlockReason.sandbox, path="../x")), step(1, action=ActionKind.malformed)])
+    t2 = traj(
+        [
+            step(0, call("read_file", output="refused", ok=False, blocked=BlockReason.sandbox, path="../x")),
+            step(1, action=ActionKind.malformed),
+        ]
+    )
     v = first_failure_signal(t2)
     assert (v.cls, v.step) == ("blocked_call", 0) and "sandbox" in v.evidence
 
@@ -106,7 +126,11 @@ def test_loop_same_failing_action_with_varying_output():
 def test_loop_alternation():
     s = []
     for i in range(6):
-        s.append(step(i, call("list_dir", output=f"o{i}", path=".")) if i % 2 == 0 else step(i, call("read_file", output=f"r{i}", path="a")))
+        s.append(
+            step(i, call("list_dir", output=f"o{i}", path="."))
+            if i % 2 == 0
+            else step(i, call("read_file", output=f"r{i}", path="a"))
+        )
     assert cls(traj(s)) == ("loop", 5)
     # five steps of alternation are not yet a loop: budget is the first signal
     assert cls(traj(s[:5])) == ("budget_exhausted", 4)
@@ -120,14 +144,19 @@ def test_empty_replies():
 
 
 def test_loop_guard_intervention_and_termination():
-    s = [step(0, call("list_dir")), step(1, call("read_file", path="a"), interventions=[Intervention(kind="loop_guard")])]
+    s = [
+        step(0, call("list_dir")),
+        step(1, call("read_file", path="a"), interventions=[Intervention(kind="loop_guard")]),
+    ]
     assert cls(traj(s)) == ("loop", 1)
     assert cls(traj([step(0, call("list_dir"))], termination=Termination.loop_guard)) == ("loop", 0)
 
 
 def test_budget_exhausted_variants():
     for term in (Termination.max_steps, Termination.max_tokens, Termination.timeout):
-        v = first_failure_signal(traj([step(0, call("list_dir")), step(1, call("read_file", path="a"))], termination=term))
+        v = first_failure_signal(
+            traj([step(0, call("list_dir")), step(1, call("read_file", path="a"))], termination=term)
+        )
         assert (v.cls, v.step) == ("budget_exhausted", 1) and term.value in v.evidence
 
 
@@ -146,12 +175,21 @@ def test_submission_the_grader_marks_undelivered_is_no_delivery():
 
 
 def test_insufficient_evidence():
-    t = traj([step(0, call("submit", answer="42"))], submitted=True, termination=Termination.submitted, required=["read_file"])
+    t = traj(
+        [step(0, call("submit", answer="42"))],
+        submitted=True,
+        termination=Termination.submitted,
+        required=["read_file"],
+    )
     v = first_failure_signal(t)
     assert (v.cls, v.step) == ("insufficient_evidence", 0) and "read_file" in v.evidence
     # a failed read is not evidence
-    t = traj([step(0, call("read_file", output="no such file", ok=False, path="x")), step(1, call("submit"))], submitted=True,
-             termination=Termination.submitted, required=["read_file"])
+    t = traj(
+        [step(0, call("read_file", output="no such file", ok=False, path="x")), step(1, call("submit"))],
+        submitted=True,
+        termination=Termination.submitted,
+        required=["read_file"],
+    )
     assert cls(t) == ("insufficient_evidence", 1)
 
 
@@ -176,8 +214,12 @@ def test_calls_inside_a_successful_helper_are_observations():
     )
     helper_call, helper_result = call("read_it", output="[read_file]\nx", path="a")
     helper_result.inner_calls = [read]
-    t = traj([step(0, (helper_call, helper_result)), step(1, call("submit"))], submitted=True,
-             termination=Termination.submitted, required=["read_file"])
+    t = traj(
+        [step(0, (helper_call, helper_result)), step(1, call("submit"))],
+        submitted=True,
+        termination=Termination.submitted,
+        required=["read_file"],
+    )
     assert cls(t) == ("content", 1)
     # a failed helper showed the model only its error, whatever its first calls returned
     helper_result.ok, helper_result.output = False, "error: list_dir: boom"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import replies_policy
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -18,8 +19,6 @@ from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 from harnessrl.triage import first_failure_signal
 from harnessrl.types import InnerCall, ToolCall, Trajectory
-
-from helpers import replies_policy
 
 READ_IT = {
     "name": "read_it",

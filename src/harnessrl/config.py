@@ -74,7 +74,9 @@ class EvalConfig(Options):
     tasks: Optional[int] = Field(
         None, ge=1, description="first N tasks of the split (default: all)", json_schema_extra=cli("--tasks", "-n")
     )
-    attempts: int = Field(1, ge=1, description="attempts per task and harness", json_schema_extra=cli("--attempts", "-k"))
+    attempts: int = Field(
+        1, ge=1, description="attempts per task and harness", json_schema_extra=cli("--attempts", "-k")
+    )
     seed: int = Field(0, description="sampling seed")
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")

@@ -25,7 +25,10 @@ class EvalError(ValueError):
 
 def summaries(store: RunStore, attempts: int) -> dict[str, Any]:
     """The per-harness summary of every harness in a run database."""
-    return {h: summarize_harness(list(store.trajectories(harness=h, with_tokens=False)), attempts) for h in store.harnesses()}
+    return {
+        h: summarize_harness(list(store.trajectories(harness=h, with_tokens=False)), attempts)
+        for h in store.harnesses()
+    }
 
 
 def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -65,7 +68,9 @@ def run_eval(
         if config.judge_model is not None:
             from harnessrl.tasks.importers.pinchbench import ModelJudge
 
-            check_spec(config.judge_model, config.judge_api_key_env, option="--judge-model", key_option="--judge-api-key-env")
+            check_spec(
+                config.judge_model, config.judge_api_key_env, option="--judge-model", key_option="--judge-api-key-env"
+            )
             judge = ModelJudge(config.judge_model.strip(), api_key_env=config.judge_api_key_env)
         elif config.judge_api_key_env is not None:
             raise EvalError("--judge-api-key-env needs --judge-model")
@@ -126,8 +131,12 @@ def run_eval(
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
         runner = Runner(
-            policy, sampling, max_in_flight=config.max_in_flight, max_retries=config.retries,
-            on_episode=store.add, progress=run.progress,
+            policy,
+            sampling,
+            max_in_flight=config.max_in_flight,
+            max_retries=config.retries,
+            on_episode=store.add,
+            progress=run.progress,
         )
         runner.run(todo)
         return write_summary(store, folder.config, run.out)

@@ -116,10 +116,7 @@ def task_scores(trajectories: list[Trajectory]) -> dict[str, float]:
     Tasks whose every episode was an infra error have no score and are absent.
     This is the input `paired_difference` expects.
     """
-    return {
-        task: fsum(_episode_score(t) for t in eps) / len(eps)
-        for task, eps in _valid_by_task(trajectories).items()
-    }
+    return {task: fsum(_episode_score(t) for t in eps) / len(eps) for task, eps in _valid_by_task(trajectories).items()}
 
 
 def episode_delivered(t: Trajectory) -> bool:
@@ -156,30 +153,30 @@ class HarnessSummary:
 def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSummary:
     """Headline numbers for one harness on one set of tasks.
 
-        mean_score     = (1/T) * sum_tasks score(task)          (see `task_scores`)
-        mean_score_ci95 = bootstrap_ci over the T per-task scores
-        pass_at_k[k]   = (1/T) * sum_tasks pass_at_k(n_t, c_t, k)
-        pass_hat_k[k]  = (1/T) * sum_tasks pass_hat_k(n_t, c_t, k)
-        delivery_rate  = (# valid episodes delivered) / (# valid episodes)
-        mean_subscores[name] = mean of grade.subscores[name] over valid graded episodes, for the
-                         sub-score names every such episode has (e.g. planning's commonsense
-                         and personalised scores)
+            mean_score     = (1/T) * sum_tasks score(task)          (see `task_scores`)
+            mean_score_ci95 = bootstrap_ci over the T per-task scores
+            pass_at_k[k]   = (1/T) * sum_tasks pass_at_k(n_t, c_t, k)
+            pass_hat_k[k]  = (1/T) * sum_tasks pass_hat_k(n_t, c_t, k)
+            delivery_rate  = (# valid episodes delivered) / (# valid episodes)
+            mean_subscores[name] = mean of grade.subscores[name] over valid graded episodes, for the
+                             sub-score names every such episode has (e.g. planning's commonsense
+                             and personalised scores)
 
-An episode is *delivered* when it submitted an answer, unless its grader says otherwise with a
-`delivered` sub-score of 0 (a planning answer in prose with no itinerary in it, say).
+    An episode is *delivered* when it submitted an answer, unless its grader says otherwise with a
+    `delivered` sub-score of 0 (a planning answer in prose with no itinerary in it, say).
 
-    n_t is task t's number of valid attempts and c_t how many passed (grade.passed).
-    Episodes with termination == error are excluded from every denominator and only counted
-    in n_infra_errors; T (n_tasks) counts tasks with at least one valid episode.
-    A k is refused (value None, reason in k_notes[k]) when any task has fewer than k valid
-    attempts: averaging only the tasks that have enough would bias the estimate.
-    With no valid episode at all, every rate is None.
+        n_t is task t's number of valid attempts and c_t how many passed (grade.passed).
+        Episodes with termination == error are excluded from every denominator and only counted
+        in n_infra_errors; T (n_tasks) counts tasks with at least one valid episode.
+        A k is refused (value None, reason in k_notes[k]) when any task has fewer than k valid
+        attempts: averaging only the tasks that have enough would bias the estimate.
+        With no valid episode at all, every rate is None.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     harnesses = {t.harness for t in trajectories}
     if len(harnesses) > 1:
-        raise ValueError(f"summarize_harness got several harnesses: {sorted(harnesses)}")
+        raise ValueError(f"a harness summary got several harnesses: {sorted(harnesses)}")
 
     ks = range(1, attempts + 1)
     n_infra = sum(1 for t in trajectories if t.is_infra_error)
@@ -239,9 +236,7 @@ def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict[str
     return harness_summary(trajectories, attempts).to_json()
 
 
-def paired_difference(
-    scores_a: dict[str, float], scores_b: dict[str, float], seed: int = 0
-) -> dict:
+def paired_difference(scores_a: dict[str, float], scores_b: dict[str, float], seed: int = 0) -> dict:
     """Paired comparison of two harnesses over the tasks both were scored on.
 
         d_t = score_b(t) - score_a(t)        for t in tasks(a) & tasks(b)

@@ -138,7 +138,9 @@ class Runner:
                 results.append(traj)
                 elapsed = max(time.monotonic() - t_start, 1e-9)
                 tok_s = self.stats.completion_tokens / elapsed
-                bar.update(task_bar, advance=1, pass_rate=self.stats.pass_rate, tok_s=tok_s, infra=self.stats.infra_errors)
+                bar.update(
+                    task_bar, advance=1, pass_rate=self.stats.pass_rate, tok_s=tok_s, infra=self.stats.infra_errors
+                )
                 if log_every and (self.stats.episodes % log_every == 0 or self.stats.episodes == total):
                     console.print(
                         f"episodes {self.stats.episodes}/{total}  pass {self.stats.pass_rate:.0%}  "

@@ -155,7 +155,9 @@ class RunStore:
         returns how many episodes went. (A resumed training run re-runs the steps after its
         checkpoint: episodes a killed run stored for them must not stay beside the re-run's.)"""
         with self.db:
-            ids = [r[0] for r in self.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))]
+            ids = [
+                r[0] for r in self.db.execute("SELECT episode_id FROM episodes WHERE attempt >= ?", (first_attempt,))
+            ]
             self.db.executemany("DELETE FROM model_calls WHERE episode_id = ?", [(i,) for i in ids])
             self.db.execute("DELETE FROM episodes WHERE attempt >= ?", (first_attempt,))
         return len(ids)
@@ -203,7 +205,8 @@ class RunStore:
                 calls = {
                     step: (json.loads(p), json.loads(c), json.loads(lp))
                     for step, p, c, lp in self.db.execute(
-                        "SELECT step, prompt_ids, completion_ids, logprobs FROM model_calls WHERE episode_id = ?", (eid,)
+                        "SELECT step, prompt_ids, completion_ids, logprobs FROM model_calls WHERE episode_id = ?",
+                        (eid,),
                     )
                 }
             for step in body["steps"]:

@@ -147,7 +147,9 @@ def first_failure_signal(traj: Trajectory) -> Verdict | None:
             return verdict("malformed_call", s.index, _short(s.parse_error or "unparseable reply"))
         for call, res in zip(s.tool_calls, s.tool_results):
             if res.blocked is not None:
-                return verdict("blocked_call", s.index, _short(f"{call.name} refused ({res.blocked.value}): {res.output}"))
+                return verdict(
+                    "blocked_call", s.index, _short(f"{call.name} refused ({res.blocked.value}): {res.output}")
+                )
             observed.update(_observed_tools(call, res))
         if traj.submitted and _is_submission(s, last=i == len(acting) - 1):
             missing = [r for r in traj.meta.get("required_observations", []) if r not in observed]
@@ -179,7 +181,9 @@ def triage(trajectories: Iterable[Trajectory]) -> dict:
     """
     per: dict[str, dict] = {}
     for t in trajectories:
-        h = per.setdefault(t.harness, {"n_episodes": 0, "n_valid": 0, "n_passed": 0, "counts": Counter(), "episodes": []})
+        h = per.setdefault(
+            t.harness, {"n_episodes": 0, "n_valid": 0, "n_passed": 0, "counts": Counter(), "episodes": []}
+        )
         h["n_episodes"] += 1
         v = first_failure_signal(t)
         if not t.is_infra_error:

@@ -1,12 +1,12 @@
 """The `harnessrl` command line: one module per command group, assembled here.
 
-    harness.py   harness list / show / validate / schema
-    tasks.py     tasks list / show, models list
-    eval.py      eval, summary, export
-    report.py    triage, report, view
-    evolve.py    evolve
-    train.py     train grpo
-    common.py    consoles, `fail`, model-spec checks, options generated from the job configs
+harness.py   harness list / show / validate / schema
+tasks.py     tasks list / show, models list
+eval.py      eval, summary, export
+report.py    triage, report, view
+evolve.py    evolve
+train.py     train grpo
+common.py    consoles, `fail`, model-spec checks, options generated from the job configs
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import typer
 from harnessrl import __version__
 from harnessrl.cli.common import out
 from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
+from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.harness import harness_app
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
 from harnessrl.cli.tasks import models_app, tasks_app
-from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.train import train_app
 
 app = typer.Typer(

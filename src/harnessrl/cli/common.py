@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
 from typing import Annotated, Any, Callable
 
 import typer
@@ -69,7 +68,9 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     if meta.get("repeat") and isinstance(default, dict):
         default = [f"{k}={v}" for k, v in default.items()]
     option = typer.Option(*flags, help=field.description or "")
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option])
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
+    )
 
 
 def config_fields(model: type) -> dict[str, Any]:

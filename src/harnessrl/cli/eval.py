@@ -21,7 +21,18 @@ def _fmt(x: Any) -> str:
 
 def print_summary_table(summary: dict[str, Any]) -> None:
     table = Table(title=f"{summary['suite']} / {summary['split']} / {summary['model']}")
-    for col in ("harness", "tasks", "episodes", "mean score", "95% CI", "pass@1", "pass@k", "pass^k", "delivery", "infra"):
+    for col in (
+        "harness",
+        "tasks",
+        "episodes",
+        "mean score",
+        "95% CI",
+        "pass@1",
+        "pass@k",
+        "pass^k",
+        "delivery",
+        "infra",
+    ):
         table.add_column(col, justify="left" if col == "harness" else "right", no_wrap=col == "harness")
     for name, m in summary["harnesses"].items():
         k = str(m["attempts"])

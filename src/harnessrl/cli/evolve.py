@@ -29,14 +29,19 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
             config = stored_config(run.out)
             err.print(f"resuming {run.out} with its stored configuration", highlight=False)
         final = run_evolve(
-            config, run.out, resume=run.resume, api_key_env=run.api_key_env, progress=run.progress,
+            config,
+            run.out,
+            resume=run.resume,
+            api_key_env=run.api_key_env,
+            progress=run.progress,
             log=lambda m: err.print(m, highlight=False, markup=False),
         )
     except EvolveError as e:
         fail(str(e))
     except KeyboardInterrupt:
         err.print(
-            f"interrupted: the incumbent, the log and finished episodes are saved; continue with --resume --out {run.out}",
+            "interrupted: the incumbent, the log and finished episodes are saved; "
+            f"continue with --resume --out {run.out}",
             highlight=False,
         )
         raise typer.Exit(130)

@@ -28,9 +28,14 @@ def harness_list() -> None:
         guards = [
             g
             for g, on in (
-                ("loop", r.loop_guard.enabled), ("budget", r.budget_notice.enabled), ("memory", s.bootstrap.memory_tool),
-                ("verify", r.submit_checkpoint.enabled), ("shell", r.shell.enabled), ("ledger", c.ledger.enabled),
-                ("lessons", bool(c.experiences)), ("helpers", bool(c.helper_tools)),
+                ("loop", r.loop_guard.enabled),
+                ("budget", r.budget_notice.enabled),
+                ("memory", s.bootstrap.memory_tool),
+                ("verify", r.submit_checkpoint.enabled),
+                ("shell", r.shell.enabled),
+                ("ledger", c.ledger.enabled),
+                ("lessons", bool(c.experiences)),
+                ("helpers", bool(c.helper_tools)),
             )
             if on
         ]

@@ -39,7 +39,9 @@ def triage_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
 
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(help="one run folder, or two to compare (B - A)")],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="report folder (default: FIRST_RUN/report)")] = None,
+    out_dir: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="report folder (default: FIRST_RUN/report)")
+    ] = None,
 ) -> None:
     """Build the static HTML report (metrics, plots, triage, trajectory viewer)."""
     from harnessrl.report import ReportError, build_report

@@ -69,6 +69,13 @@ def models_list() -> None:
 
     table = Table("name", "available", "cached", "size", "cache folder", "source")
     for m in describe_models():
-        table.add_row(m["name"], "yes" if m["available"] else "no", "yes" if m["cached"] else "no", _size(m["size_bytes"]), m["cache"], m["source"])
+        table.add_row(
+            m["name"],
+            "yes" if m["available"] else "no",
+            "yes" if m["cached"] else "no",
+            _size(m["size_bytes"]),
+            m["cache"],
+            m["source"],
+        )
     out.print(table)
     out.print(f"model forms: {SPEC_FORMS}", markup=False, highlight=False)

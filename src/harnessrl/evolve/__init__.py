@@ -10,7 +10,7 @@ confirm once on held-out tasks. See docs/evolve.md.
 """
 
 from harnessrl.evolve.config import EvolveConfig
-from harnessrl.evolve.loop import EvolveError, Evolution
+from harnessrl.evolve.loop import Evolution, EvolveError
 from harnessrl.evolve.run import run_evolve
 
 __all__ = ["EvolveConfig", "EvolveError", "Evolution", "run_evolve"]

@@ -41,7 +41,8 @@ class EvolveConfig:
     min_threshold: float = Field(
         0.0,
         ge=0,
-        description="the threshold is never below this, nor below one episode's worth of score, 1/(dev tasks x rollouts)",
+        description="the threshold is never below this, nor below one episode's worth of score, "
+        "1/(dev tasks x rollouts)",
     )
     seed: int = Field(
         0,

@@ -100,8 +100,13 @@ class Measurement:
     def dev_record(self) -> dict[str, Any]:
         s = self.summary
         return {
-            "label": self.label, "mean": s["mean_score"], "ci95": s["mean_score_ci95"], "n_episodes": s["n_episodes"],
-            "delivery_rate": s["delivery_rate"], "n_infra_errors": s["n_infra_errors"], "seed": self.seed,
+            "label": self.label,
+            "mean": s["mean_score"],
+            "ci95": s["mean_score_ci95"],
+            "n_episodes": s["n_episodes"],
+            "delivery_rate": s["delivery_rate"],
+            "n_infra_errors": s["n_infra_errors"],
+            "seed": self.seed,
         }
 
 
@@ -202,9 +207,19 @@ class Evolution:
         jobs = make_jobs(tasks, [run_spec], self.config.rollouts)
         todo = self.run_folder.todo(jobs)
         if todo:
-            self.log(f"{label}: {len(todo)} episodes" + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else ""))
+            self.log(
+                f"{label}: {len(todo)} episodes"
+                + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else "")
+            )
             sampling = SamplingParams(temperature=self.config.temperature, top_p=self.config.top_p, seed=seed)
-            runner = Runner(self.policy, sampling, max_in_flight=self.config.max_in_flight, max_retries=self.config.retries, on_episode=self.store.add, progress=self.progress)
+            runner = Runner(
+                self.policy,
+                sampling,
+                max_in_flight=self.config.max_in_flight,
+                max_retries=self.config.retries,
+                on_episode=self.store.add,
+                progress=self.progress,
+            )
             runner.run(todo)
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
         return Measurement(label, seed, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
@@ -245,8 +260,10 @@ class Evolution:
         noise = estimate_noise(a.scores, b.scores, episode_scores(a.trajectories), episode_scores(b.trajectories))
         resolution = score_resolution(len(self.dev_tasks), self.config.rollouts)
         state.noise = noise.to_json() | {
-            "runs": [a.dev_record(), b.dev_record()], "threshold_multiple": self.config.threshold_multiple,
-            "min_threshold": self.config.min_threshold, "score_resolution": resolution,
+            "runs": [a.dev_record(), b.dev_record()],
+            "threshold_multiple": self.config.threshold_multiple,
+            "min_threshold": self.config.min_threshold,
+            "score_resolution": resolution,
         }
         floor = max(self.config.min_threshold, resolution)
         state.threshold = acceptance_threshold(noise, self.config.threshold_multiple, floor)
@@ -339,8 +356,12 @@ class Evolution:
         deltas: dict[str, float | None] = {}
         for label in winners:
             conf: dict[str, Any] = {
-                "dev": None, "incumbent_dev": inc.dev_record(), "delta": None, "delta_ci95": None,
-                "beats_threshold": False, "error": None,
+                "dev": None,
+                "incumbent_dev": inc.dev_record(),
+                "delta": None,
+                "delta_ci95": None,
+                "beats_threshold": False,
+                "error": None,
             }
             by_label[label]["confirmation"] = conf
             try:
@@ -351,8 +372,12 @@ class Evolution:
                 conf["error"] = by_label[label]["error"] = f"{type(e).__name__}: {e}"
                 continue
             verdict = compare(inc.scores, cand.scores, state.threshold)
-            conf.update(dev=cand.dev_record(), delta=verdict["delta"], delta_ci95=verdict["delta_ci95"],
-                        beats_threshold=verdict["accepted"])
+            conf.update(
+                dev=cand.dev_record(),
+                delta=verdict["delta"],
+                delta_ci95=verdict["delta_ci95"],
+                beats_threshold=verdict["accepted"],
+            )
             deltas[label] = verdict["delta"]
             if not verdict["accepted"]:
                 state.unconfirmed_candidates += 1
@@ -361,7 +386,9 @@ class Evolution:
     def _best_name(self) -> str:
         return f"{self.seed_spec.name}-evolved"[:64]
 
-    def _candidate(self, state: State, it: int, k: int, p: Proposal, incumbent: HarnessSpec, inc: Measurement) -> dict[str, Any]:
+    def _candidate(
+        self, state: State, it: int, k: int, p: Proposal, incumbent: HarnessSpec, inc: Measurement
+    ) -> dict[str, Any]:
         label = f"i{it:02d}.c{k}"
         line: dict[str, Any] = {
             "iteration": it,
@@ -403,7 +430,12 @@ class Evolution:
             line["error"] = f"{type(e).__name__}: {e}"
             return line
         verdict = compare(inc.scores, cand.scores, state.threshold)
-        line.update(dev=cand.dev_record(), delta=verdict["delta"], delta_ci95=verdict["delta_ci95"], beats_threshold=verdict["accepted"])
+        line.update(
+            dev=cand.dev_record(),
+            delta=verdict["delta"],
+            delta_ci95=verdict["delta_ci95"],
+            beats_threshold=verdict["accepted"],
+        )
         return line
 
     # -- held-out, once -------------------------------------------------------------------------------
@@ -413,8 +445,11 @@ class Evolution:
         # one stream for both sides: the held-out comparison is paired like an iteration's
         seed_run = self.measure(seed_spec, "test.seed", self.test_tasks, "test", "final")
         # with no accepted edit, best IS the seed: one held-out run serves both sides
-        best_run = (seed_run if state.incumbent == SEED_LABEL
-                    else self.measure(best_spec, "test.best", self.test_tasks, "test", "final"))
+        best_run = (
+            seed_run
+            if state.incumbent == SEED_LABEL
+            else self.measure(best_spec, "test.best", self.test_tasks, "test", "final")
+        )
         final = {
             "suite": self.config.suite,
             "model": self.config.model,

@@ -120,7 +120,14 @@ def worked_example(tasks: list, max_calls: int = 4, max_result_chars: int = 300)
                         result = str(tool.fn(env, **call.get("arguments", {})))
                     except (ToolBlocked, ToolFailed) as e:
                         result = f"error: {e}"
-                calls.append({"thought": "", "name": call["name"], "arguments": dict(call.get("arguments", {})), "result": result[:max_result_chars]})
+                calls.append(
+                    {
+                        "thought": "",
+                        "name": call["name"],
+                        "arguments": dict(call.get("arguments", {})),
+                        "result": result[:max_result_chars],
+                    }
+                )
             else:
                 return {"instruction": task.instruction, "calls": calls}
         finally:
@@ -173,7 +180,8 @@ def _blocked_lesson(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, Any]:
     common = Counter(re.sub(r"\s+", " ", ev)[:160] for ev in _evidence(ctx, "blocked_call")).most_common(1)
     seen = f" Earlier a call was refused: {common[0][0]}" if common else ""
     return _with_lessons(
-        spec, [f"Call only the listed tools, with every required argument, and paths relative to the workspace.{seen}"[:400]]
+        spec,
+        [f"Call only the listed tools, with every required argument, and paths relative to the workspace.{seen}"[:400]],
     )
 
 
@@ -242,7 +250,9 @@ def _experience_library(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, An
         short = [name for name, value in re.findall(r"(\w+)=([0-9.]+)", evidence) if float(value) < 1.0]
         what = ", ".join(short) or "the final result"
         task = " ".join(instructions.get(family, family).split())[:90]
-        lessons.append(f"In a task like \"{task}\", submitted work fell short on: {what}. Check exactly that before submitting.")
+        lessons.append(
+            f'In a task like "{task}", submitted work fell short on: {what}. Check exactly that before submitting.'
+        )
     return _with_lessons(spec, lessons)
 
 
@@ -254,7 +264,10 @@ HELPER_CATALOGUE: list[tuple[set[str], dict[str, Any]]] = [
             "name": "look_and_read",
             "description": "List the workspace, then read one file: both outputs in one step.",
             "parameters": {"path": "the file to read, relative to the workspace"},
-            "calls": [{"tool": "list_dir", "arguments": {"path": "."}}, {"tool": "read_file", "arguments": {"path": "{path}"}}],
+            "calls": [
+                {"tool": "list_dir", "arguments": {"path": "."}},
+                {"tool": "read_file", "arguments": {"path": "{path}"}},
+            ],
         },
     ),
     (
@@ -284,34 +297,93 @@ def _helper_tools(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, Any]:
 
 RULE_EDITS: dict[str, list[RuleEdit]] = {
     "malformed_call": [
-        RuleEdit("format-demonstration", "Malformed replies: a worked example in the exact call format, with a tool the tasks have, shows the model what to write.", _format_demonstration),
-        RuleEdit("format-feedback", "Malformed replies: feedback that says why the reply failed and shows the format, and a lenient parser, turn near-misses into calls.", _full_feedback),
+        RuleEdit(
+            "format-demonstration",
+            "Malformed replies: a worked example in the exact call format, with a tool the tasks have, "
+            "shows the model what to write.",
+            _format_demonstration,
+        ),
+        RuleEdit(
+            "format-feedback",
+            "Malformed replies: feedback that says why the reply failed and shows the format, and a lenient parser, "
+            "turn near-misses into calls.",
+            _full_feedback,
+        ),
     ],
     "blocked_call": [
-        RuleEdit("blocked-feedback", "Refused calls: telling the model why a call was refused, with the format, lets it correct the call.", _full_feedback),
-        RuleEdit("tool-usage-lesson", "Refused calls: a lesson naming the refusal seen before steers the model to valid tools and arguments.", _blocked_lesson),
+        RuleEdit(
+            "blocked-feedback",
+            "Refused calls: telling the model why a call was refused, with the format, lets it correct the call.",
+            _full_feedback,
+        ),
+        RuleEdit(
+            "tool-usage-lesson",
+            "Refused calls: a lesson naming the refusal seen before steers the model to valid tools and arguments.",
+            _blocked_lesson,
+        ),
     ],
     "loop": [
-        RuleEdit("loop-guard", "Loops: a guard that notices repeated action/result pairs and tells the model to change course breaks them.", _loop_guard),
-        RuleEdit("state-ledger", "Loops: a ledger of what was already done shows the model it is repeating itself.", _ledger),
+        RuleEdit(
+            "loop-guard",
+            "Loops: a guard that notices repeated action/result pairs and tells the model to change course "
+            "breaks them.",
+            _loop_guard,
+        ),
+        RuleEdit(
+            "state-ledger", "Loops: a ledger of what was already done shows the model it is repeating itself.", _ledger
+        ),
     ],
     "budget_exhausted": [
-        RuleEdit("budget-notice", "Budget runs out: an earlier notice of the remaining steps makes the model submit in time.", _budget_notice),
-        RuleEdit("plan-checkpoint", "Budget runs out: a plan written before acting keeps the episode on a short path.", _plan_checkpoint),
+        RuleEdit(
+            "budget-notice",
+            "Budget runs out: an earlier notice of the remaining steps makes the model submit in time.",
+            _budget_notice,
+        ),
+        RuleEdit(
+            "plan-checkpoint",
+            "Budget runs out: a plan written before acting keeps the episode on a short path.",
+            _plan_checkpoint,
+        ),
         RuleEdit("more-steps", "Budget runs out: the tasks need more steps than the harness allows.", _more_steps),
     ],
     "no_delivery": [
-        RuleEdit("submit-lesson", "No delivery: the model stops without submitting; a standing lesson to always submit fixes it.", _submit_lesson),
+        RuleEdit(
+            "submit-lesson",
+            "No delivery: the model stops without submitting; a standing lesson to always submit fixes it.",
+            _submit_lesson,
+        ),
         RuleEdit("budget-notice", "No delivery: a notice of the remaining steps prompts a submission.", _budget_notice),
     ],
     "insufficient_evidence": [
-        RuleEdit("verify-before-submit", "Submits without evidence: holding back the first submit with a reminder to verify makes the model read first.", _verify_checkpoint),
-        RuleEdit("evidence-lesson", "Submits without evidence: a lesson naming the tools to call before answering.", _evidence_lesson),
+        RuleEdit(
+            "verify-before-submit",
+            "Submits without evidence: holding back the first submit with a reminder to verify "
+            "makes the model read first.",
+            _verify_checkpoint,
+        ),
+        RuleEdit(
+            "evidence-lesson",
+            "Submits without evidence: a lesson naming the tools to call before answering.",
+            _evidence_lesson,
+        ),
     ],
     "content": [
-        RuleEdit("experience-library", "Poor delivered work: short lessons from the earlier failures of each task family point at what fell short.", _experience_library),
-        RuleEdit("state-ledger", "Poor delivered work: a ledger of every call and result keeps the facts the answer needs in view.", _ledger),
-        RuleEdit("helper-tools", "Poor delivered work: helper tools that read back what was written make verification one step.", _helper_tools),
+        RuleEdit(
+            "experience-library",
+            "Poor delivered work: short lessons from the earlier failures of each task family "
+            "point at what fell short.",
+            _experience_library,
+        ),
+        RuleEdit(
+            "state-ledger",
+            "Poor delivered work: a ledger of every call and result keeps the facts the answer needs in view.",
+            _ledger,
+        ),
+        RuleEdit(
+            "helper-tools",
+            "Poor delivered work: helper tools that read back what was written make verification one step.",
+            _helper_tools,
+        ),
     ],
 }
 
@@ -325,7 +397,9 @@ class RulesProposer:
 
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
         counts = ctx.triage.get("counts", {})
-        classes = sorted((c for c in PROCESS + CONTENT if counts.get(c, 0) > 0), key=lambda c: (-counts[c], CLASSES.index(c)))
+        classes = sorted(
+            (c for c in PROCESS + CONTENT if counts.get(c, 0) > 0), key=lambda c: (-counts[c], CLASSES.index(c))
+        )
         out: list[Proposal] = []
         seen = set(ctx.tried) | {spec_fingerprint(ctx.incumbent)}
         for cls in classes:
@@ -393,7 +467,10 @@ def render_trajectory(traj: Trajectory, verdict: dict[str, Any] | None) -> str:
         for iv in step.interventions:
             lines.append(f"HARNESS ({iv.kind}): {iv.message}")
     grade = "not graded" if traj.grade is None else f"score {traj.grade.score:.2f} {traj.grade.subscores}"
-    lines.append(f"END: {traj.termination.value if traj.termination else '?'} ({traj.termination_detail}); submitted={traj.submitted}; {grade}")
+    lines.append(
+        f"END: {traj.termination.value if traj.termination else '?'} ({traj.termination_detail}); "
+        f"submitted={traj.submitted}; {grade}"
+    )
     return "\n".join(lines)
 
 
@@ -405,7 +482,10 @@ def render_history(history: list[dict[str, Any]], limit: int = 12) -> str:
         if not h.get("accepted") and (h.get("confirmation") or {}).get("delta") is not None:
             verdict += f", beat the threshold once, confirmation delta {h['confirmation']['delta']:+.3f}"
         changed = ", ".join(c["path"] for c in h.get("diff", [])) or "-"
-        rows.append(f"- iteration {h['iteration']} [{verdict}, delta {delta}, threshold {h.get('threshold')}]: {h['hypothesis']} (changed: {changed})")
+        rows.append(
+            f"- iteration {h['iteration']} [{verdict}, delta {delta}, threshold {h.get('threshold')}]: "
+            f"{h['hypothesis']} (changed: {changed})"
+        )
     return "\n".join(rows) or "(none yet)"
 
 
@@ -417,7 +497,13 @@ class LLMProposer:
 
     name = "llm"
 
-    def __init__(self, policy: Policy, sampling: SamplingParams | None = None, max_trajectories: int = 4, max_new_tokens: int = 3000):
+    def __init__(
+        self,
+        policy: Policy,
+        sampling: SamplingParams | None = None,
+        max_trajectories: int = 4,
+        max_new_tokens: int = 3000,
+    ):
         self.policy = policy
         self.sampling = sampling or SamplingParams(temperature=0.7)
         self.max_trajectories = max_trajectories
@@ -438,7 +524,8 @@ class LLMProposer:
         tools = ", ".join(t.name for t in ctx.tools)
         user = (
             f"## Current harness spec\n```yaml\n{ctx.incumbent.to_yaml()}```\n\n"
-            f"## Triage of its dev episodes\n{json.dumps(counts)} (passed {ctx.triage.get('n_passed', 0)} of {ctx.triage.get('n_valid', 0)})\n\n"
+            f"## Triage of its dev episodes\n{json.dumps(counts)} "
+            f"(passed {ctx.triage.get('n_passed', 0)} of {ctx.triage.get('n_valid', 0)})\n\n"
             f"## Tools the tasks offer\n{tools}\n\n"
             f"## Earlier candidates\n{render_history(ctx.history)}\n\n"
             f"## Failing trajectories (full)\n{traces or '(none)'}\n\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harnessrl.evolve.config import EvolveConfig
-from harnessrl.evolve.loop import EvolveError, Evolution
+from harnessrl.evolve.loop import Evolution, EvolveError
 from harnessrl.rundir import CONFIG, RunFolder, holds_run
 
 

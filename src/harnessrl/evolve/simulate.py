@@ -99,8 +99,14 @@ def simulate_search(
 
 
 def acceptance_rate(
-    rule: Rule | str, dev_tasks: int, rollouts: int, iterations: int, candidates: int, runs: int,
-    seed: int = 0, effect: float = 0.0,
+    rule: Rule | str,
+    dev_tasks: int,
+    rollouts: int,
+    iterations: int,
+    candidates: int,
+    runs: int,
+    seed: int = 0,
+    effect: float = 0.0,
 ) -> float:
     """Share of `runs` simulated searches (seeds seed..seed+runs-1) that accepted an edit."""
     rule = RULES[rule] if isinstance(rule, str) else rule
@@ -122,8 +128,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     shape = (args.dev_tasks, args.rollouts, args.iterations, args.candidates)
-    print(f"{args.dev_tasks} dev tasks x {args.rollouts} rollouts, {args.iterations} iterations x "
-          f"{args.candidates} candidates, {args.runs} searches per rule")
+    print(
+        f"{args.dev_tasks} dev tasks x {args.rollouts} rollouts, {args.iterations} iterations x "
+        f"{args.candidates} candidates, {args.runs} searches per rule"
+    )
     p = np.random.default_rng(args.seed).beta(0.5, 0.5, 100_000)
     gain = float(np.mean(np.minimum(1.0, p + args.effect) - p))
     print(f"better candidate: p_t + {args.effect:.2f} capped at 1, a true dev-mean gain of {gain:.3f}")

@@ -249,7 +249,12 @@ class Episode:
                 Message(role="user", content=self.spec.loop.execute_prompt),
             ]
             self.steps.append(
-                Step(index=index, model_call=call, action=ActionKind.plan, interventions=[Intervention(kind="plan", message=call.text.strip())])
+                Step(
+                    index=index,
+                    model_call=call,
+                    action=ActionKind.plan,
+                    interventions=[Intervention(kind="plan", message=call.text.strip())],
+                )
             )
             self._check_budgets()
             return
@@ -289,7 +294,10 @@ class Episode:
                     self.ledger.append(R.ledger_entry(len(self.steps) + 1, tc, result))
                 if result.blocked is not None:
                     notes_for = R.blocked_feedback(
-                        self.rules, result.output, self._format_reminder, result.blocked == BlockReason.invalid_arguments
+                        self.rules,
+                        result.output,
+                        self._format_reminder,
+                        result.blocked == BlockReason.invalid_arguments,
                     )
                     step.interventions.append(Intervention(kind="blocked_feedback", message=notes_for))
                 if self.env.submitted:
@@ -346,10 +354,20 @@ class Episode:
         tool = next((t for t in tools if t.name == tc.name), None)
         if tool is None:
             names = ", ".join(t.name for t in tools)
-            return ToolResult(name=tc.name, output=f"unknown tool '{tc.name}' (available: {names})", ok=False, blocked=BlockReason.unknown_tool)
+            return ToolResult(
+                name=tc.name,
+                output=f"unknown tool '{tc.name}' (available: {names})",
+                ok=False,
+                blocked=BlockReason.unknown_tool,
+            )
         args, err = validate_arguments(tool.parameters, tc.arguments)
         if err:
-            return ToolResult(name=tc.name, output=f"invalid arguments for {tc.name}: {err}", ok=False, blocked=BlockReason.invalid_arguments)
+            return ToolResult(
+                name=tc.name,
+                output=f"invalid arguments for {tc.name}: {err}",
+                ok=False,
+                blocked=BlockReason.invalid_arguments,
+            )
         self._helper_inner = []
         result = self._run_tool(tool, tc, args)
         # a helper tool leaves its calls there, whatever their outcome; any other tool leaves it empty
@@ -375,7 +393,8 @@ class Episode:
         if len(output) > MAX_OBSERVATION_CHARS:
             return ToolResult(
                 name=tc.name,
-                output=output[:MAX_OBSERVATION_CHARS] + f"\n[... {len(output) - MAX_OBSERVATION_CHARS} more characters]",
+                output=output[:MAX_OBSERVATION_CHARS]
+                + f"\n[... {len(output) - MAX_OBSERVATION_CHARS} more characters]",
                 full_output=output,
             )
         return ToolResult(name=tc.name, output=output)

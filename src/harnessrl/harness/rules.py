@@ -6,7 +6,6 @@ Pure functions over the steps of an episode, so each rule is testable on hand-wr
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 from harnessrl.harness.spec import CapabilitiesSpec, HelperToolSpec, RulesSpec

@@ -63,8 +63,7 @@ class ProtocolSpec(_Spec):
 class LoopSpec(_Spec):
     kind: Literal["react", "plan-execute"] = "react"
     plan_prompt: str = (
-        "Before acting, write a short numbered plan (at most 5 steps) for this task. "
-        "Do not call any tool yet."
+        "Before acting, write a short numbered plan (at most 5 steps) for this task. Do not call any tool yet."
     )
     execute_prompt: str = "Now carry out your plan, one tool call at a time."
 
@@ -291,4 +290,3 @@ def load_spec(path: str | Path) -> HarnessSpec:
 
 def spec_json_schema() -> dict[str, Any]:
     return HarnessSpec.model_json_schema()
-

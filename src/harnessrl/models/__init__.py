@@ -71,7 +71,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_spec(spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env") -> None:
+def check_spec(
+    spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env"
+) -> None:
     """Raise ValueError for a model spec that cannot name a model, before anything slow is loaded:
     an unknown name, an hf: path that does not exist, a malformed openai: spec, or an API-key
     variable that is not set. `option` prefixes the messages ("--judge-model: ...")."""
@@ -102,26 +104,10 @@ def load_policy(spec: str, sampling: SamplingParams | None = None, *, api_key_en
     `api_key_env`: for openai: specs, the environment variable holding the API key (default
     $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it."""
     spec = spec.strip()
-    if spec == "tiny-random":
-        from harnessrl.models.embedded import load_tokenizer, tiny_random_model
-        from harnessrl.models.hf import HFPolicy
+    if spec in MODEL_NAMES or spec.startswith("hf:"):
+        from harnessrl.models.hf import load_local
 
-        return HFPolicy(tiny_random_model(), load_tokenizer(), name=spec, default_sampling=sampling)
-    if spec == "smollm2-135m":
-        from harnessrl.models.embedded import load_smollm2, load_tokenizer
-        from harnessrl.models.hf import HFPolicy
-
-        return HFPolicy(load_smollm2(), load_tokenizer(), name=spec, default_sampling=sampling)
-    if spec.startswith("hf:"):
-        path = spec[3:]
-        if not path:
-            raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
-        from harnessrl.models.hf import HFPolicy
-
-        policy = HFPolicy.from_pretrained(path)
-        if sampling is not None:
-            policy.default_sampling = sampling
-        return policy
+        return load_local(spec, sampling)
     if spec.startswith("openai:"):
         from harnessrl.models.openai_compat import OpenAIPolicy
 

@@ -152,9 +152,7 @@ def build_atomically(target: Path, write: Callable[[Path], None], source: Path |
     return target
 
 
-def _cached_folder(
-    target: Path, write: Callable[[Path], None], load: Callable[[Path], object], source: Path | None
-):
+def _cached_folder(target: Path, write: Callable[[Path], None], load: Callable[[Path], object], source: Path | None):
     """Load from `target`, (re)building it first when absent or incomplete, and rebuilding it
     once more if loading an apparently complete folder fails (corrupt content)."""
     if not is_complete(target, source):

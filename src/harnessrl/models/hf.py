@@ -39,8 +39,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
-from transformers import StoppingCriteria, StoppingCriteriaList, TopPLogitsWarper  # noqa: E402
+from transformers import (  # noqa: E402  # noqa: E402
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TopPLogitsWarper,
+)
 
 from harnessrl.models import chat  # noqa: E402
 from harnessrl.models.base import (  # noqa: E402
@@ -245,24 +251,27 @@ class HFPolicy(Policy):
                 raise ModelUnavailable(f"{meta} is not valid JSON ({exc})") from exc
         if not base_spec:
             try:
-                base_path = json.loads((p / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+                base_path = json.loads((p / "adapter_config.json").read_text(encoding="utf-8")).get(
+                    "base_model_name_or_path"
+                )
             except ValueError as exc:
                 raise ModelUnavailable(f"{p / 'adapter_config.json'} is not valid JSON ({exc})") from exc
             if not base_path or not Path(base_path).expanduser().is_dir():
                 raise ModelUnavailable(
                     f"{p} is a LoRA adapter whose base model ({base_path or 'not named'}) is not a local folder; "
-                    f"write {{\"base_model\": \"hf:PATH\"}} into {meta}"
+                    f'write {{"base_model": "hf:PATH"}} into {meta}'
                 )
             base_spec = f"hf:{base_path}"
         if base_spec.startswith("hf:") and Path(base_spec[3:]).expanduser().resolve() == p.resolve():
             raise ModelUnavailable(f"{p}: the adapter names itself as its base model")
         from peft import PeftModel
 
-        from harnessrl.models import load_policy
-
-        base = load_policy(base_spec)
-        if not isinstance(base, HFPolicy):
-            raise ModelUnavailable(f"{p}: the base model {base_spec!r} is not a local transformers model")
+        try:
+            base = load_local(base_spec)
+        except ValueError as exc:
+            raise ModelUnavailable(
+                f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})"
+            ) from exc
         try:
             model = PeftModel.from_pretrained(base.model, str(p)).merge_and_unload()
         except Exception as exc:  # noqa: BLE001
@@ -292,9 +301,7 @@ class HFPolicy(Policy):
 
     # ------------------------------------------------------------------------- generation
 
-    def complete(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall]:
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
         if not requests:
             return []
         sampling = sampling or self.default_sampling
@@ -402,3 +409,28 @@ class HFPolicy(Policy):
         new = sequences[:, width:]
         logprobs = sampler.finish(new)
         return new.tolist(), logprobs.tolist()
+
+
+LOCAL_FORMS = "tiny-random, smollm2-135m, hf:PATH"
+
+
+def load_local(spec: str, sampling: SamplingParams | None = None) -> HFPolicy:
+    """A local model spec (tiny-random, smollm2-135m, hf:PATH) as an HFPolicy; ValueError for
+    any other form. `sampling` becomes the policy's default SamplingParams."""
+    spec = spec.strip()
+    if spec == "tiny-random":
+        from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+
+        return HFPolicy(tiny_random_model(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec == "smollm2-135m":
+        from harnessrl.models.embedded import load_smollm2, load_tokenizer
+
+        return HFPolicy(load_smollm2(), load_tokenizer(), name=spec, default_sampling=sampling)
+    if spec.startswith("hf:"):
+        if not spec[3:]:
+            raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
+        policy = HFPolicy.from_pretrained(spec[3:])
+        if sampling is not None:
+            policy.default_sampling = sampling
+        return policy
+    raise ValueError(f"{spec!r} is not a local model ({LOCAL_FORMS})")

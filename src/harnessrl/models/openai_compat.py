@@ -101,7 +101,9 @@ def resolve_api_key(api_key_env: str | None = None) -> str:
         value = os.environ.get(api_key_env)
         if not value:
             state = "is empty" if value == "" else "is not set"
-            raise ValueError(f"the API key variable ${api_key_env} {state} (export {api_key_env}=... or drop the option)")
+            raise ValueError(
+                f"the API key variable ${api_key_env} {state} (export {api_key_env}=... or drop the option)"
+            )
         return value
     return os.environ.get("OPENAI_API_KEY") or NO_KEY
 
@@ -285,7 +287,9 @@ def parse_completion(data: Any) -> tuple[str, str, list[int], list[int], list[fl
         if all(found):
             completion_ids = [int(f.group(1)) for f in found]  # type: ignore[union-attr]
     if completion_ids and logprobs and len(completion_ids) != len(logprobs):
-        log.warning("server sent %d token ids but %d logprobs; keeping the ids only", len(completion_ids), len(logprobs))
+        log.warning(
+            "server sent %d token ids but %d logprobs; keeping the ids only", len(completion_ids), len(logprobs)
+        )
         logprobs = []
     prompt_ids = _number_list(data.get("prompt_token_ids")) or []
     return text, finish, prompt_ids, completion_ids, logprobs
@@ -371,9 +375,7 @@ class OpenAIPolicy(Policy):
 
     # -------------------------------------------------------------------------------- calls
 
-    def complete(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall]:
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
         outcomes = self.complete_each(requests, sampling)
         failed = next((o for o in outcomes if isinstance(o, PolicyError)), None)
         if failed is not None:

@@ -57,9 +57,7 @@ class ScriptedPolicy(Policy):
             raise PolicyError(f"{self.name}: script exhausted ({len(self.script)} replies, asked for reply {turn + 1})")
         return self.script[turn]
 
-    def complete(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall]:
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
         return [self._complete_one(request) for request in requests]
 
     def complete_each(

@@ -12,4 +12,13 @@ from harnessrl.report.build import ReportError, build_report, change_sentence, r
 from harnessrl.report.episodes import MAX_FIELD_CHARS, PAGE_SIZE, read_data_file
 from harnessrl.report.serve import serve
 
-__all__ = ["ReportError", "build_report", "change_sentence", "report_json", "read_data_file", "serve", "PAGE_SIZE", "MAX_FIELD_CHARS"]
+__all__ = [
+    "ReportError",
+    "build_report",
+    "change_sentence",
+    "report_json",
+    "read_data_file",
+    "serve",
+    "PAGE_SIZE",
+    "MAX_FIELD_CHARS",
+]

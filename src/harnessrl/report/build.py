@@ -77,7 +77,8 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             tri = triage(trajs).get(h)
             data.triage[h] = tri or {
                 "n_episodes": 0, "n_valid": 0, "n_passed": 0, "n_failed": 0,
-                "counts": {c: 0 for c in CLASSES}, "rates": {}, "process_share": None, "content_share": None, "episodes": [],
+                "counts": {c: 0 for c in CLASSES}, "rates": {}, "process_share": None, "content_share": None,
+                "episodes": [],
             }  # fmt: skip
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
@@ -85,7 +86,16 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
             for t in trajs:
                 data.families.add(t.family)
                 v = verdicts.get(t.episode_id)
-                shown = None if v is None else {"class": v["class"], "kind": plots.class_kind(v["class"]), "step": v["step"], "evidence": v["evidence"]}
+                shown = (
+                    None
+                    if v is None
+                    else {
+                        "class": v["class"],
+                        "kind": plots.class_kind(v["class"]),
+                        "step": v["step"],
+                        "evidence": v["evidence"],
+                    }
+                )
                 writer.add(t, shown, run=label, subdir=label, completion_tokens=lengths.get(t.episode_id))
             del trajs
     finally:
@@ -129,10 +139,15 @@ def _comparison(a: RunData, b: RunData) -> dict:
             }
         )
     if all(r["n_tasks"] == 0 for r in rows):
-        raise ReportError(f"cannot compare {a.folder} and {b.folder}: the runs share no task (a comparison pairs scores task by task)")
+        raise ReportError(
+            f"cannot compare {a.folder} and {b.folder}: the runs share no task (a comparison pairs scores task by task)"
+        )
     for r in rows:
         if r["n_only_a"] or r["n_only_b"]:
-            notes.append(f"{r['label']}: {r['n_only_a']} tasks only in A and {r['n_only_b']} only in B are left out of the pairing.")
+            notes.append(
+                f"{r['label']}: {r['n_only_a']} tasks only in A and {r['n_only_b']} only in B "
+                "are left out of the pairing."
+            )
     return {"rows": rows, "sentence": change_sentence(rows), "notes": notes}
 
 
@@ -210,9 +225,15 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
         figs = {}
         scored = {h: m for h, m in r.summaries.items() if m.n_episodes}
         if scored:
-            figs["mean_score"] = _rel(plots.mean_score_chart(scored, out_dir / "plots" / f"mean_score{sfx}.svg", colors), out_dir)
-            figs["pass_k"] = _rel(plots.pass_k_chart(scored, r.attempts, out_dir / "plots" / f"pass_k{sfx}.svg", colors), out_dir)
-            figs["triage"] = _rel(plots.triage_chart(r.triage, list(scored), out_dir / "plots" / f"triage{sfx}.svg"), out_dir)
+            figs["mean_score"] = _rel(
+                plots.mean_score_chart(scored, out_dir / "plots" / f"mean_score{sfx}.svg", colors), out_dir
+            )
+            figs["pass_k"] = _rel(
+                plots.pass_k_chart(scored, r.attempts, out_dir / "plots" / f"pass_k{sfx}.svg", colors), out_dir
+            )
+            figs["triage"] = _rel(
+                plots.triage_chart(r.triage, list(scored), out_dir / "plots" / f"triage{sfx}.svg"), out_dir
+            )
         figures[r.label] = figs
     evolution_html = ""
     if len(runs) == 1 and evolution.is_evolution_folder(runs[0].folder):
@@ -236,7 +257,12 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     index = out_dir / "index.html"
     index.write_text(
         render_index(
-            runs=runs, figures=figures, comparison=comparison, viewer=viewer, built_s=time.monotonic() - t0, evolution=evolution_html
+            runs=runs,
+            figures=figures,
+            comparison=comparison,
+            viewer=viewer,
+            built_s=time.monotonic() - t0,
+            evolution=evolution_html,
         ),
         encoding="utf-8",
     )
@@ -250,5 +276,7 @@ def _rel(path: Path, root: Path) -> str:
 def report_json(index: Path) -> dict:
     """The viewer summary embedded in a built index.html (for tests and tools)."""
     html = Path(index).read_text(encoding="utf-8")
-    start = html.index('<script type="application/json" id="hr-summary">') + len('<script type="application/json" id="hr-summary">')
+    start = html.index('<script type="application/json" id="hr-summary">') + len(
+        '<script type="application/json" id="hr-summary">'
+    )
     return json.loads(html[start : html.index("</script>", start)])

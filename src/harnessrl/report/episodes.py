@@ -89,7 +89,9 @@ def _common_prefix(a: list[Message], b: list[Message]) -> int:
     return n
 
 
-def episode_detail(t: Trajectory, verdict: dict | None, run: str, completion_tokens: dict[int, int] | None = None) -> dict:
+def episode_detail(
+    t: Trajectory, verdict: dict | None, run: str, completion_tokens: dict[int, int] | None = None
+) -> dict:
     """Everything the detail view shows about one episode (token ids left out).
 
     Each step's prompt is stored as `prompt_prefix` (how many messages it shares with the
@@ -118,7 +120,8 @@ def episode_detail(t: Trajectory, verdict: dict | None, run: str, completion_tok
                 "messages": [{"role": m.role, "name": m.name, "content": truncate(m.content)} for m in msgs[prefix:]],
                 "completion": truncate(s.model_call.text),
                 "tool_calls": [
-                    {"name": c.name, "arguments": _json_text(c.arguments) or "{}", "raw": truncate(c.raw)} for c in s.tool_calls
+                    {"name": c.name, "arguments": _json_text(c.arguments) or "{}", "raw": truncate(c.raw)}
+                    for c in s.tool_calls
                 ],
                 "parse_error": truncate(s.parse_error),
                 "tool_results": [
@@ -201,7 +204,14 @@ class EpisodeWriter:
         self.pages: list[str] = []
         self.n = 0
 
-    def add(self, t: Trajectory, verdict: dict | None, run: str, subdir: str = "", completion_tokens: dict[int, int] | None = None) -> None:
+    def add(
+        self,
+        t: Trajectory,
+        verdict: dict | None,
+        run: str,
+        subdir: str = "",
+        completion_tokens: dict[int, int] | None = None,
+    ) -> None:
         folder = self.dir / subdir if subdir else self.dir
         if subdir:
             folder.mkdir(exist_ok=True)

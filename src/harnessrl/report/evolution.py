@@ -101,12 +101,20 @@ def progress_chart(evo: Evolution, path: Path) -> Path:
             it = np.array([i for i, _ in inc], dtype=float)
             mean = np.array([d.get("mean", np.nan) for _, d in inc], dtype=float)
             ci = np.array([d.get("ci95") or [np.nan, np.nan] for _, d in inc], dtype=float).reshape(-1, 2)
-            left.fill_between(it, ci[:, 0], ci[:, 1], color="#1f77b4", alpha=0.15, linewidth=0, label="incumbent 95% CI")
+            left.fill_between(
+                it, ci[:, 0], ci[:, 1], color="#1f77b4", alpha=0.15, linewidth=0, label="incumbent 95% CI"
+            )
             left.plot(it, mean, color="#1f77b4", marker="o", markersize=4, label="incumbent (re-measured)")
         measured = [r for r in evo.records if r.get("dev") and r.get("iteration") is not None]
-        for accepted, style in ((False, {"marker": "o", "s": 18, "color": "#7f7f7f", "label": "candidate"}),
-                                (True, {"marker": "*", "s": 110, "color": "#2ca02c", "label": "accepted", "edgecolors": "black"})):
-            pts = [(r["iteration"], r["dev"].get("mean")) for r in measured if bool(r.get("accepted")) == accepted and r["dev"].get("mean") is not None]
+        for accepted, style in (
+            (False, {"marker": "o", "s": 18, "color": "#7f7f7f", "label": "candidate"}),
+            (True, {"marker": "*", "s": 110, "color": "#2ca02c", "label": "accepted", "edgecolors": "black"}),
+        ):
+            pts = [
+                (r["iteration"], r["dev"].get("mean"))
+                for r in measured
+                if bool(r.get("accepted")) == accepted and r["dev"].get("mean") is not None
+            ]
             if pts:
                 left.scatter(*zip(*pts), zorder=3, **style)
         left.set_xlabel("iteration")
@@ -120,10 +128,18 @@ def progress_chart(evo: Evolution, path: Path) -> Path:
             color = "#2ca02c" if r.get("accepted") else "#d62728" if r["delta"] < 0 else "#7f7f7f"
             lo, hi = r.get("delta_ci95") or (r["delta"], r["delta"])
             right.plot([r["iteration"], r["iteration"]], [lo, hi], color=color, alpha=0.5, linewidth=1)
-            right.scatter([r["iteration"]], [r["delta"]], color=color, s=22 if not r.get("accepted") else 60, zorder=3,
-                          marker="*" if r.get("accepted") else "o")
+            right.scatter(
+                [r["iteration"]],
+                [r["delta"]],
+                color=color,
+                s=22 if not r.get("accepted") else 60,
+                zorder=3,
+                marker="*" if r.get("accepted") else "o",
+            )
         if evo.threshold is not None:
-            right.axhline(evo.threshold, color="#d62728", linestyle="--", linewidth=1, label=f"threshold {evo.threshold:.3f}")
+            right.axhline(
+                evo.threshold, color="#d62728", linestyle="--", linewidth=1, label=f"threshold {evo.threshold:.3f}"
+            )
             right.legend(fontsize=7, frameon=False, loc="best")
         right.axhline(0, color="black", linewidth=0.6)
         right.set_xlabel("iteration")
@@ -146,10 +162,19 @@ def triage_shares_chart(final: dict, path: Path) -> Path:
         bottom = np.zeros(len(sides))
         for cls in CLASSES:
             vals = np.array([float(((s.get("triage") or {}).get("rates") or {}).get(cls) or 0.0) for _, s in sides])
-            ax.barh(range(len(sides)), vals, left=bottom, color=CLASS_COLORS[cls], edgecolor="white",
-                    hatch="//" if class_kind(cls) == "process" else None, label=f"{class_kind(cls)}: {cls}")
+            ax.barh(
+                range(len(sides)),
+                vals,
+                left=bottom,
+                color=CLASS_COLORS[cls],
+                edgecolor="white",
+                hatch="//" if class_kind(cls) == "process" else None,
+                label=f"{class_kind(cls)}: {cls}",
+            )
             bottom += vals
-        ax.set_yticks(range(len(sides)), [f"{name} ({(s.get('triage') or {}).get('n_failed', '-')} failed)" for name, s in sides])
+        ax.set_yticks(
+            range(len(sides)), [f"{name} ({(s.get('triage') or {}).get('n_failed', '-')} failed)" for name, s in sides]
+        )
         ax.invert_yaxis()
         ax.set_xlim(0, max(1.0, float(bottom.max()) if bottom.size else 1.0))
         ax.set_xlabel("share of the failed held-out episodes, by first failure signal")
@@ -162,7 +187,9 @@ def write_figures(evo: Evolution, plots_dir: Path, root: Path) -> None:
     if evo.records:
         evo.figures["progress"] = progress_chart(evo, plots_dir / "evolution.svg").relative_to(root).as_posix()
     if evo.final:
-        evo.figures["triage"] = triage_shares_chart(evo.final, plots_dir / "evolution_triage.svg").relative_to(root).as_posix()
+        evo.figures["triage"] = (
+            triage_shares_chart(evo.final, plots_dir / "evolution_triage.svg").relative_to(root).as_posix()
+        )
 
 
 # -------------------------------------------------------------------------------------------- HTML
@@ -201,17 +228,21 @@ def _candidate_rows(records: list[dict], only_accepted: bool) -> str:
         cls = "good" if r.get("accepted") else "bad" if status in ("invalid", "crashed") else ""
         dev = r.get("dev") or {}
         rows.append(
-            f'<tr><td class="num">{escape(str(r.get("iteration", "-")))}</td><th class="harness">{escape(str(r.get("candidate", "-")))}</th>'
-            f'<td>{escape(str(r.get("edit", "-")))}</td><td>{escape(str(r.get("target", "-")))}</td>'
-            f'<td>{escape(str(r.get("hypothesis") or ""))}<div class="note">{escape(_diff_text(r.get("diff")))}</div></td>'
+            f'<tr><td class="num">{escape(str(r.get("iteration", "-")))}</td>'
+            f'<th class="harness">{escape(str(r.get("candidate", "-")))}</th>'
+            f"<td>{escape(str(r.get('edit', '-')))}</td><td>{escape(str(r.get('target', '-')))}</td>"
+            f"<td>{escape(str(r.get('hypothesis') or ''))}"
+            f'<div class="note">{escape(_diff_text(r.get("diff")))}</div></td>'
             f'<td class="num">{_n(dev.get("mean"))}</td><td class="num">{_n(r.get("delta"), "+.3f")}</td>'
             f'<td class="num">{_ci(r.get("delta_ci95"), "+.3f")}</td><td class="num">{_n(r.get("threshold"))}</td>'
             f'<td class="{cls}">{escape(status)}</td></tr>'
         )
     if not rows:
         return '<p class="note">None.</p>'
-    head = ("<tr><th>iter.</th><th>candidate</th><th>edit</th><th>targets</th><th>hypothesis and spec change</th>"
-            "<th>dev mean</th><th>delta</th><th>delta 95% CI</th><th>threshold</th><th>verdict</th></tr>")
+    head = (
+        "<tr><th>iter.</th><th>candidate</th><th>edit</th><th>targets</th><th>hypothesis and spec change</th>"
+        "<th>dev mean</th><th>delta</th><th>delta 95% CI</th><th>threshold</th><th>verdict</th></tr>"
+    )
     return f'<table class="metrics evolution"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 
 
@@ -229,7 +260,7 @@ def _final_table(final: dict) -> str:
         cells = []
         for side in (seed, best):
             if key == "n":
-                cells.append(f'{side.get("n_tasks", "-")} / {side.get("n_episodes", "-")}')
+                cells.append(f"{side.get('n_tasks', '-')} / {side.get('n_episodes', '-')}")
             elif key is None:
                 cells.append(_n((side.get("pass_at_k") or {}).get("1")))
             elif key in ("process", "content"):
@@ -239,8 +270,10 @@ def _final_table(final: dict) -> str:
             else:
                 cells.append(_n(side.get(key), fmt))
         rows.append(f'<tr><th>{label}</th><td class="num">{cells[0]}</td><td class="num">{cells[1]}</td></tr>')
-    return ('<table class="metrics"><thead><tr><th></th><th>seed</th><th>best</th></tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return (
+        '<table class="metrics"><thead><tr><th></th><th>seed</th><th>best</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def render_section(evo: Evolution) -> str:
@@ -248,35 +281,56 @@ def render_section(evo: Evolution) -> str:
     n_meas = sum(1 for r in evo.records if r.get("status") == "measured")
     n_acc = sum(1 for r in evo.records if r.get("accepted"))
     iterations = max((int(r["iteration"]) for r in evo.records if r.get("iteration") is not None), default=0)
-    counts = (f"{iterations} iterations, {len(evo.records)} candidates ({n_meas} measured, {n_acc} accepted, "
-              f"{sum(1 for r in evo.records if r.get('status') == 'invalid')} invalid, "
-              f"{sum(1 for r in evo.records if r.get('status') == 'crashed')} crashed); "
-              f"acceptance threshold {_n(evo.threshold)}")
+    counts = (
+        f"{iterations} iterations, {len(evo.records)} candidates ({n_meas} measured, {n_acc} accepted, "
+        f"{sum(1 for r in evo.records if r.get('status') == 'invalid')} invalid, "
+        f"{sum(1 for r in evo.records if r.get('status') == 'crashed')} crashed); "
+        f"acceptance threshold {_n(evo.threshold)}"
+    )
     banners = []
     if final is None:
-        banners.append(f"Search in progress or interrupted (phase: {state.get('phase', 'unknown')}): the held-out tasks have "
-                       "not been run yet, so there is no held-out comparison.")
+        banners.append(
+            f"Search in progress or interrupted (phase: {state.get('phase', 'unknown')}): the held-out tasks have "
+            "not been run yet, so there is no held-out comparison."
+        )
     if evo.skipped_lines:
         banners.append(f"{evo.skipped_lines} line(s) of {LOG} could not be read and are left out.")
     parts = [
         '<section id="evolution"><h2>Harness evolution</h2>',
         f'<p class="sub">{escape(counts)}</p>',
-        "".join(f'<div class="banner {"partial" if i == 0 and final is None else "info"}">{escape(b)}</div>' for i, b in enumerate(banners)),
+        "".join(
+            f'<div class="banner {"partial" if i == 0 and final is None else "info"}">{escape(b)}</div>'
+            for i, b in enumerate(banners)
+        ),
     ]
     if final is not None:
         pd = final.get("paired_difference") or {}
         ci = pd.get("ci95")
-        verdict = "" if not ci else " (better beyond noise)" if ci[0] > 0 else " (worse beyond noise)" if ci[1] < 0 else " (within noise)"
+        verdict = (
+            ""
+            if not ci
+            else " (better beyond noise)"
+            if ci[0] > 0
+            else " (worse beyond noise)"
+            if ci[1] < 0
+            else " (within noise)"
+        )
         parts.append(
             f'<p class="sentence">On {escape(str(pd.get("n_tasks", "-")))} held-out tasks, best minus seed = '
-            f'{_n(pd.get("mean_difference"), "+.3f")}, 95% CI {_ci(ci, "+.3f")}{escape(verdict)}. '
-            f'Best harness: {escape(str(final.get("best", "-")))}; accepted edits: '
-            f'{escape(", ".join(final.get("accepted_edits") or []) or "none")}.</p>'
+            f"{_n(pd.get('mean_difference'), '+.3f')}, 95% CI {_ci(ci, '+.3f')}{escape(verdict)}. "
+            f"Best harness: {escape(str(final.get('best', '-')))}; accepted edits: "
+            f"{escape(', '.join(final.get('accepted_edits') or []) or 'none')}.</p>"
         )
         parts.append("<h3>Held-out: seed vs best (run once, at the end)</h3>" + _final_table(final))
-    parts.append('<div class="figures">' + _img(evo.figures.get("progress"), "dev score per iteration and paired deltas")
-                 + _img(evo.figures.get("triage"), "held-out triage shares, seed vs best") + "</div>")
+    parts.append(
+        '<div class="figures">'
+        + _img(evo.figures.get("progress"), "dev score per iteration and paired deltas")
+        + _img(evo.figures.get("triage"), "held-out triage shares, seed vs best")
+        + "</div>"
+    )
     parts.append("<h3>Accepted edits</h3>" + _candidate_rows(evo.records, only_accepted=True))
-    parts.append("<details><summary>Every candidate</summary>" + _candidate_rows(evo.records, only_accepted=False) + "</details>")
+    parts.append(
+        "<details><summary>Every candidate</summary>" + _candidate_rows(evo.records, only_accepted=False) + "</details>"
+    )
     parts.append("</section>")
     return "".join(parts)

@@ -42,11 +42,16 @@ def _metrics_table(run: RunData) -> str:
         def k_cell(rates: dict[str, float | None], kk: int) -> str:
             v = rates.get(str(kk))
             note = notes.get(str(kk))
-            return f'<td class="num" title="{escape(note)}">-*</td>' if v is None and note else f'<td class="num">{_num(v)}</td>'
+            return (
+                f'<td class="num" title="{escape(note)}">-*</td>'
+                if v is None and note
+                else f'<td class="num">{_num(v)}</td>'
+            )
 
         rows.append(
             "<tr>"
-            f'<th class="harness"><a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}">{escape(h)}</a></th>'
+            f'<th class="harness"><a href="#episodes" data-harness="{escape(h)}" '
+            f'data-run="{escape(run.label)}">{escape(h)}</a></th>'
             f'<td class="num">{m.n_tasks}</td><td class="num">{m.n_episodes}</td>'
             f'<td class="num strong">{_num(m.mean_score)}</td>'
             f'<td class="num">{"-" if not ci else f"{ci[0]:.3f} to {ci[1]:.3f}"}</td>'
@@ -58,30 +63,47 @@ def _metrics_table(run: RunData) -> str:
         )
     foot = ""
     if any(run.summaries[h].k_notes for h in run.harnesses):
-        foot = '<p class="note">-* : not estimated (hover for the reason): some task has fewer valid attempts than k.</p>'
+        foot = (
+            '<p class="note">-* : not estimated (hover for the reason): some task has fewer valid attempts than k.</p>'
+        )
     return f'<table class="metrics"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>{foot}'
 
 
 def _class_head(cls: str) -> str:
-    return f'<th class="cls {class_kind(cls)}"><span class="swatch" style="background:{CLASS_COLORS[cls]}"></span>{escape(cls)}</th>'
+    return (
+        f'<th class="cls {class_kind(cls)}"><span class="swatch" style="background:{CLASS_COLORS[cls]}"></span>'
+        f"{escape(cls)}</th>"
+    )
 
 
 def _triage_table(run: RunData) -> str:
     groups = (
-        f'<tr><th></th><th colspan="2"></th><th colspan="{len(PROCESS)}" class="group process">process: fix the harness</th>'
-        f'<th colspan="{len(CONTENT)}" class="group content">content: fix the weights</th><th class="group infra"></th><th></th></tr>'
+        f'<tr><th></th><th colspan="2"></th>'
+        f'<th colspan="{len(PROCESS)}" class="group process">process: fix the harness</th>'
+        f'<th colspan="{len(CONTENT)}" class="group content">content: fix the weights</th>'
+        '<th class="group infra"></th><th></th></tr>'
     )
-    head = "<tr><th>harness</th><th>passed</th><th>failed</th>" + "".join(_class_head(c) for c in CLASSES) + "<th>process share</th></tr>"
+    head = (
+        "<tr><th>harness</th><th>passed</th><th>failed</th>"
+        + "".join(_class_head(c) for c in CLASSES)
+        + "<th>process share</th></tr>"
+    )
     rows = []
     for h in run.harnesses:
         t = run.triage[h]
         cells = []
         for c in CLASSES:
             n = t["counts"].get(c, 0)
-            link = f'<a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}" data-class="{c}">{n}</a>' if n else "0"
+            link = (
+                f'<a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}" '
+                f'data-class="{c}">{n}</a>'
+                if n
+                else "0"
+            )
             cells.append(f'<td class="num {class_kind(c)}">{link}</td>')
         rows.append(
-            f'<tr><th class="harness">{escape(h)}</th><td class="num">{t["n_passed"]}</td><td class="num">{t["n_failed"]}</td>'
+            f'<tr><th class="harness">{escape(h)}</th><td class="num">{t["n_passed"]}</td>'
+            f'<td class="num">{t["n_failed"]}</td>'
             + "".join(cells)
             + f'<td class="num">{_pct(t["process_share"])}</td></tr>'
         )
@@ -103,7 +125,10 @@ def _config_block(run: RunData) -> str:
     if "task_ids" in c:
         ids = c["task_ids"]
         shown["task_ids"] = ids if len(ids) <= 12 else ids[:12] + [f"... {len(ids) - 12} more"]
-    return f"<details class=\"config\"><summary>Run configuration</summary><pre>{escape(json.dumps(shown, indent=2))}</pre></details>"
+    return (
+        '<details class="config"><summary>Run configuration</summary>'
+        f"<pre>{escape(json.dumps(shown, indent=2))}</pre></details>"
+    )
 
 
 def _run_section(run: RunData, figs: dict[str, str], several: bool) -> str:
@@ -111,7 +136,8 @@ def _run_section(run: RunData, figs: dict[str, str], several: bool) -> str:
     anchor = f"run-{run.label}" if run.label else "overview"
     found = f"{run.n_found} episodes" + (f" of {run.n_planned} planned" if run.n_planned is not None else "")
     notes = "".join(
-        f'<div class="banner {"partial" if i == 0 and run.partial else "info"}">{escape(n)}</div>' for i, n in enumerate(run.notes)
+        f'<div class="banner {"partial" if i == 0 and run.partial else "info"}">{escape(n)}</div>'
+        for i, n in enumerate(run.notes)
     )
     if not run.harnesses:
         body = "<p>No episodes yet.</p>"
@@ -156,9 +182,9 @@ def _comparison_section(cmp: dict, runs: list[RunData]) -> str:
         f'<p class="sentence">{escape(cmp["sentence"])}</p>{notes}'
         '<table class="metrics"><thead><tr><th>harness</th><th>shared tasks</th><th>mean A</th><th>mean B</th>'
         "<th>B minus A</th><th>95% CI (paired bootstrap)</th><th>verdict</th></tr></thead>"
-        f'<tbody>{"".join(rows)}</tbody></table>'
-        '<p class="note">Per task: d = score_B(task) - score_A(task) over the tasks both runs scored; the CI is a bootstrap '
-        "over the d values, so task difficulty cancels out of the noise.</p>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        '<p class="note">Per task: d = score_B(task) - score_A(task) over the tasks both runs scored; '
+        "the CI is a bootstrap over the d values, so task difficulty cancels out of the noise.</p>"
         f'<div class="figures">{_figure(cmp.get("figure"), "paired per-task differences")}</div></section>'
     )
 
@@ -169,7 +195,8 @@ _VIEWER = """
   <form id="filters" class="filters" autocomplete="off">
     <label class="run-filter">run <select name="run"><option value="">all</option></select></label>
     <label>harness <select name="harness"><option value="">all</option></select></label>
-    <label>outcome <select name="outcome"><option value="">all</option><option value="failed">failed</option><option value="passed">passed</option></select></label>
+    <label>outcome <select name="outcome"><option value="">all</option><option value="failed">failed</option>\
+<option value="passed">passed</option></select></label>
     <label>triage class <select name="cls"><option value="">all</option></select></label>
     <label>family <select name="family"><option value="">all</option></select></label>
     <label>task <input name="task" type="search" placeholder="task id contains"></label>
@@ -177,10 +204,12 @@ _VIEWER = """
   <div class="viewer">
     <div class="list-pane">
       <p id="list-status" class="status">loading episodes...</p>
-      <table id="episode-list" class="episodes"><thead><tr><th></th><th>harness</th><th>task</th><th>try</th><th>score</th><th>triage</th><th>steps</th><th>end</th></tr></thead><tbody></tbody></table>
+      <table id="episode-list" class="episodes"><thead><tr><th></th><th>harness</th><th>task</th><th>try</th>\
+<th>score</th><th>triage</th><th>steps</th><th>end</th></tr></thead><tbody></tbody></table>
       <button id="more" type="button" hidden>show more</button>
     </div>
-    <div id="detail" class="detail-pane"><p class="hint">Pick an episode on the left to see every step: the prompt, the completion, the parsed action, the tool results, guard interventions and the grade.</p></div>
+    <div id="detail" class="detail-pane"><p class="hint">Pick an episode on the left to see every step: \
+the prompt, the completion, the parsed action, the tool results, guard interventions and the grade.</p></div>
   </div>
 </section>
 """
@@ -193,10 +222,16 @@ def render_index(
     title = "harnessrl comparison" if several else f"harnessrl report: {runs[0].title}"
     nav = ['<a href="#comparison">comparison</a>'] if comparison else []
     nav += ['<a href="#evolution">evolution</a>'] if evolution else []
-    nav += [f'<a href="#run-{r.label}">run {r.label}</a>' for r in runs] if several else ['<a href="#overview">overview</a>']
+    nav += (
+        [f'<a href="#run-{r.label}">run {r.label}</a>' for r in runs]
+        if several
+        else ['<a href="#overview">overview</a>']
+    )
     nav.append('<a href="#episodes">episodes</a>')
-    sections = (_comparison_section(comparison, runs) if comparison else "") + evolution + "".join(
-        _run_section(r, figures.get(r.label, {}), several) for r in runs
+    sections = (
+        (_comparison_section(comparison, runs) if comparison else "")
+        + evolution
+        + "".join(_run_section(r, figures.get(r.label, {}), several) for r in runs)
     )
     summary_json = json.dumps(viewer, separators=(",", ":")).replace("</", "<\\/")
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -216,7 +251,8 @@ def render_index(
 {sections}
 {_VIEWER}
 </main>
-<footer>harnessrl {escape(__version__)} &middot; built {stamp} in {built_s:.1f} s &middot; {viewer["n_episodes"]} episodes in {len(viewer["pages"])} index pages of {viewer["page_size"]}</footer>
+<footer>harnessrl {escape(__version__)} &middot; built {stamp} in {built_s:.1f} s &middot; \
+{viewer["n_episodes"]} episodes in {len(viewer["pages"])} index pages of {viewer["page_size"]}</footer>
 <script type="application/json" id="hr-summary">{summary_json}</script>
 <script src="viewer.js"></script>
 </body>

@@ -31,7 +31,18 @@ CLASS_COLORS = {
     "infra": "#9e9e9e",
 }
 assert set(CLASS_COLORS) == set(CLASSES)
-HARNESS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+HARNESS_COLORS = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 
 _RC = {
     "svg.fonttype": "none",
@@ -88,7 +99,16 @@ def mean_score_chart(
         err = np.vstack([means - ci[:, 0], ci[:, 1] - means]).clip(min=0) if names else None
         x = np.arange(len(names))
         colors = colors or harness_colors(names)
-        ax.bar(x, means, yerr=err, color=[colors[h] for h in names], alpha=0.85, capsize=5, error_kw={"elinewidth": 1.2}, zorder=2)
+        ax.bar(
+            x,
+            means,
+            yerr=err,
+            color=[colors[h] for h in names],
+            alpha=0.85,
+            capsize=5,
+            error_kw={"elinewidth": 1.2},
+            zorder=2,
+        )
         for xi, m, hi in zip(x, means, ci[:, 1] if names else []):
             ax.text(xi, min(hi, 1.0) + 0.02, f"{m:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, names, rotation=_label_rotation(names), ha="right" if _label_rotation(names) else "center")
@@ -126,7 +146,9 @@ def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> P
             if total:
                 note = f"{int(total)}" + ("" if share is None else f"\n{share:.0%} process")
                 ax.text(xi, total, note, ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(x, harnesses, rotation=_label_rotation(harnesses), ha="right" if _label_rotation(harnesses) else "center")
+        ax.set_xticks(
+            x, harnesses, rotation=_label_rotation(harnesses), ha="right" if _label_rotation(harnesses) else "center"
+        )
         ax.set_ylabel("failed episodes")
         ax.set_ylim(0, max(1.0, float(bottom.max(initial=0))) * 1.25)
         ax.set_title("First failure signal of failed episodes (hatched: process, blue: content)")
@@ -144,7 +166,10 @@ def pass_k_chart(
     with matplotlib.rc_context(_RC):
         fig = Figure(figsize=(9.0, 3.4), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True)
-        for ax, key, title in ((axes[0], "pass_at_k", "pass@k: at least one of k attempts passes"), (axes[1], "pass_hat_k", "pass^k: all k attempts pass")):
+        for ax, key, title in (
+            (axes[0], "pass_at_k", "pass@k: at least one of k attempts passes"),
+            (axes[1], "pass_hat_k", "pass^k: all k attempts pass"),
+        ):
             for h, m in summaries.items():
                 pts = [(k, getattr(m, key).get(str(k))) for k in ks]
                 pts = [(k, v) for k, v in pts if v is not None]
@@ -171,12 +196,21 @@ def paired_chart(rows: list[dict], path: Path) -> Path:
         for i, r in enumerate(rows):
             y = len(rows) - 1 - i
             d = np.asarray(r["differences"], dtype=float)
-            ax.scatter(d, y + rng.uniform(-0.18, 0.18, size=d.size), s=9, color="#7f7f7f", alpha=0.5, zorder=2, linewidths=0)
+            ax.scatter(
+                d, y + rng.uniform(-0.18, 0.18, size=d.size), s=9, color="#7f7f7f", alpha=0.5, zorder=2, linewidths=0
+            )
             lo, hi = r["ci95"]
             color = "#2ca02c" if lo > 0 else "#d62728" if hi < 0 else "#555555"
             ax.plot([lo, hi], [y, y], color=color, linewidth=4, solid_capstyle="butt", zorder=3)
             ax.scatter([r["mean_difference"]], [y], marker="D", s=40, color=color, edgecolors="black", zorder=4)
-            ax.text(1.04, y, f"{r['mean_difference']:+.2f} [{lo:+.2f}, {hi:+.2f}]", va="center", fontsize=8, transform=ax.get_yaxis_transform())
+            ax.text(
+                1.04,
+                y,
+                f"{r['mean_difference']:+.2f} [{lo:+.2f}, {hi:+.2f}]",
+                va="center",
+                fontsize=8,
+                transform=ax.get_yaxis_transform(),
+            )
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_yticks(range(len(rows)), [r["label"] for r in reversed(rows)])
         ax.set_ylim(-0.6, len(rows) - 0.4)

@@ -201,7 +201,8 @@ def _submit(env: Environment, answer: str = "") -> str:
 
 SUBMIT_TOOL = Tool(
     name="submit",
-    description="Finish the task. Call it once, when the work is done, with your final answer if the task asks for one.",
+    description="Finish the task. Call it once, when the work is done, "
+    "with your final answer if the task asks for one.",
     parameters={
         "type": "object",
         "properties": {"answer": {"type": "string", "description": "final answer (optional)"}},

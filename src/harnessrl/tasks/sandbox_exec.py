@@ -79,7 +79,9 @@ _SANDBOX_INIT = ["sh", "-c", '"$@"; exit $?', "sandbox-init"]
 _FRESH_ROOT_ENTRIES = ("proc", "dev", "tmp")
 # Top-level folders every command runs on (programs, libraries, configuration, kernel views):
 # nothing is mounted at or inside them.
-SYSTEM_TOP_LEVEL = frozenset({"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr"})
+SYSTEM_TOP_LEVEL = frozenset(
+    {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr"}
+)
 # Top-level folders that may hold software or state a command needs: they stay visible, so a
 # mount inside one must be at a folder that already exists there (it hides only that folder).
 KEPT_TOP_LEVEL = frozenset({"nix", "opt", "run", "snap", "var"})
@@ -114,13 +116,22 @@ def isolation_description(isolation: str) -> str:
 
 @functools.cache
 def isolation_available() -> str:
-    """"bwrap" if bubblewrap works here (probed once with a real sandboxed `true`), else "rlimits-only"."""
+    """ "bwrap" if bubblewrap works here (probed once with a real sandboxed `true`), else "rlimits-only"."""
     if shutil.which("bwrap") is None:
         return "rlimits-only"
     probe_dir = Path(tempfile.mkdtemp(prefix="harnessrl-bwrap-probe-"))
     try:
-        result = _run(["true"], workdir=probe_dir, mounts=None, env=None, limits=ExecLimits(wall_s=10.0),
-                      network=False, stdin=None, cwd_in_sandbox=None, isolation="bwrap")
+        result = _run(
+            ["true"],
+            workdir=probe_dir,
+            mounts=None,
+            env=None,
+            limits=ExecLimits(wall_s=10.0),
+            network=False,
+            stdin=None,
+            cwd_in_sandbox=None,
+            isolation="bwrap",
+        )
         return "bwrap" if result.returncode == 0 else "rlimits-only"
     except OSError:
         return "rlimits-only"
@@ -150,8 +161,17 @@ def run_sandboxed(
     point or one `mount_point_problem` refuses, a folder the sandbox user cannot reach) and, in
     rlimits-only mode, for mounts at a path other than their host path (they need bubblewrap).
     """
-    return _run(argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=network,
-                stdin=stdin, cwd_in_sandbox=cwd_in_sandbox, isolation=isolation_available())
+    return _run(
+        argv,
+        workdir=workdir,
+        mounts=mounts,
+        env=env,
+        limits=limits,
+        network=network,
+        stdin=stdin,
+        cwd_in_sandbox=cwd_in_sandbox,
+        isolation=isolation_available(),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,14 +199,25 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
             for src in binds.values():
                 _hand_over(src, identity.uid)
         if isolation == "bwrap":
-            command = _bwrap_argv(binds, cwd, network) + (
-                ["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else []
-            ) + _SANDBOX_INIT + list(argv)
+            command = (
+                _bwrap_argv(binds, cwd, network)
+                + (["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else [])
+                + _SANDBOX_INIT
+                + list(argv)
+            )
             host_cwd = None
         else:
             command, host_cwd = list(argv), cwd
-        return _launch(command, argv, env=child_env, cwd=host_cwd, stdin=stdin, limits=limits, identity=identity,
-                       isolation=isolation)
+        return _launch(
+            command,
+            argv,
+            env=child_env,
+            cwd=host_cwd,
+            stdin=stdin,
+            limits=limits,
+            identity=identity,
+            isolation=isolation,
+        )
     finally:
         identity.release()
 
@@ -249,8 +280,10 @@ def _pool_is_mapped() -> bool:
         except OSError:
             return False
         spans = [tuple(map(int, line.split())) for line in lines if len(line.split()) == 3]
-        if not any(inside <= PRIVATE_UID_POOL.start and PRIVATE_UID_POOL.stop <= inside + count
-                   for inside, _outside, count in spans):
+        if not any(
+            inside <= PRIVATE_UID_POOL.start and PRIVATE_UID_POOL.stop <= inside + count
+            for inside, _outside, count in spans
+        ):
             return False
     return True
 
@@ -324,8 +357,9 @@ def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Id
     except BlockingIOError as e:  # EAGAIN at exec: the uid is already at the process limit
         who = f"uid {identity.uid}" if identity.uid is not None else "this user"
         raise OSError(
-            e.errno, f"cannot start {argv[0]!r}: {who} already has {identity.nproc} processes "
-            f"(the process limit, counted over every process of that uid; isolation: {isolation})"
+            e.errno,
+            f"cannot start {argv[0]!r}: {who} already has {identity.nproc} processes "
+            f"(the process limit, counted over every process of that uid; isolation: {isolation})",
         ) from None
     out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
     if stdin is not None:
@@ -372,16 +406,20 @@ def mount_point_problem(dst: str) -> str | None:
     if norm == "/":
         return "cannot mount a folder at /: it would replace the whole file system"
     if top in SYSTEM_TOP_LEVEL:
-        return (f"cannot mount at {dst}: /{top} holds this machine's system files, which every command "
-                "in the sandbox runs on; choose a path such as /app, /workspace, /root/... or /tmp/...")
+        return (
+            f"cannot mount at {dst}: /{top} holds this machine's system files, which every command "
+            "in the sandbox runs on; choose a path such as /app, /workspace, /root/... or /tmp/..."
+        )
     if top == "tmp" or not os.path.lexists("/" + top):
         return None
     if not os.path.isdir("/" + top):
         return f"cannot mount at {dst}: /{top} exists on this machine and is not a folder"
     if top in KEPT_TOP_LEVEL and (norm == "/" + top or not os.path.isdir(norm)):
-        return (f"cannot mount at {dst}: /{top} stays visible in the sandbox (it may hold software or state "
-                "commands use), so a mount there must be at a folder that exists inside it; choose a path such "
-                "as /app, /workspace, /root/... or /tmp/...")
+        return (
+            f"cannot mount at {dst}: /{top} stays visible in the sandbox (it may hold software or state "
+            "commands use), so a mount there must be at a folder that exists inside it; choose a path such "
+            "as /app, /workspace, /root/... or /tmp/..."
+        )
     return None
 
 
@@ -413,8 +451,9 @@ def _hand_over(folder: Path, uid: int) -> None:
     """Give a folder to the sandbox uid (we are root), after checking that uid can reach it."""
     for parent in folder.parents:
         if not os.stat(parent).st_mode & 0o001:
-            raise ValueError(f"the sandbox user (uid {uid}) cannot reach {folder}: "
-                             f"{parent} is not searchable by others")
+            raise ValueError(
+                f"the sandbox user (uid {uid}) cannot reach {folder}: {parent} is not searchable by others"
+            )
     for root, dirs, files in os.walk(folder):
         os.lchown(root, uid, uid)
         for name in dirs + files:
@@ -423,8 +462,9 @@ def _hand_over(folder: Path, uid: int) -> None:
             # A file with several links may be a hard link a command made to a file outside the
             # folder: chowning it would hand that file over. (Those a command made are its own,
             # or an earlier call's, whose private uid owned it anyway: they are handed over.)
-            if info.st_uid != uid and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1
-                                       or info.st_uid in PRIVATE_UID_POOL):
+            if info.st_uid != uid and (
+                stat.S_ISDIR(info.st_mode) or info.st_nlink == 1 or info.st_uid in PRIVATE_UID_POOL
+            ):
                 os.lchown(path, uid, uid)
 
 

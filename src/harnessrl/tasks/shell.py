@@ -35,8 +35,9 @@ def shell_tool(limits: ExecLimits, shown_chars: int) -> Tool:
         root = env.workspace.root
         mount = env.workspace_mount
         try:
-            result = run_sandboxed(argv, workdir=root, limits=limits, mounts={mount: root} if mount else None,
-                                   cwd_in_sandbox=mount)
+            result = run_sandboxed(
+                argv, workdir=root, limits=limits, mounts={mount: root} if mount else None, cwd_in_sandbox=mount
+            )
         except ValueError as e:  # the sandbox cannot show the workspace where the task expects it
             raise RuntimeError(f"the shell cannot run this task's commands: {e}") from None
         full = render_result(result)

@@ -26,7 +26,9 @@ def _ws(env: Environment) -> Workspace:
 def _check_write(ws: Workspace, content: str, existing: int = 0) -> bytes:
     data = content.encode("utf-8")
     if len(data) > ws.max_write_bytes:
-        raise ToolBlocked(f"write of {len(data)} bytes refused: the limit is {ws.max_write_bytes} bytes per write", "sandbox")
+        raise ToolBlocked(
+            f"write of {len(data)} bytes refused: the limit is {ws.max_write_bytes} bytes per write", "sandbox"
+        )
     if ws.total_bytes() + len(data) - existing > ws.max_total_bytes:
         raise ToolBlocked(f"write refused: the workspace would exceed {ws.max_total_bytes} bytes", "sandbox")
     return data

@@ -84,7 +84,9 @@ class TrainConfig:
     aggregation: str = Field("token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip")
     clip_high: float = Field(0.28, ge=0, description="upper ratio clip")
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)")
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)"
+    )
     scale_advantages: bool = Field(True, description="divide advantages by the group std (off: Dr. GRPO)")
     sketch_dim: int = Field(512, ge=1, description="dimension of the gradient sketch")
     sketch_kind: str = Field("countsketch", description="countsketch or gaussian")

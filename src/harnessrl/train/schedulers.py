@@ -307,7 +307,15 @@ _MULTI = {
     "transfer-only": HarnessBanditScheduler,
 }
 _ABLATIONS = {"learnability-only": 1.0, "transfer-only": 0.0}
-KNOWN_SCHEDULERS = ("mixed", "uniform", "round-robin", "single:NAME", "harness-bandit", "learnability-only", "transfer-only")
+KNOWN_SCHEDULERS = (
+    "mixed",
+    "uniform",
+    "round-robin",
+    "single:NAME",
+    "harness-bandit",
+    "learnability-only",
+    "transfer-only",
+)
 
 
 def make_scheduler(name: str, harnesses: Sequence[str], seed: int = 0, **options: Any) -> Scheduler:

@@ -70,11 +70,18 @@ from typing import Any
 import torch
 
 from harnessrl import __version__
-from harnessrl.rundir import RunFolder, RunFolderError
-from harnessrl.train.config import DEFAULT_HARNESSES, DEFAULT_LORA_TARGETS, TrainConfig
 from harnessrl.harness.spec import HarnessSpec
+from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.tasks.base import Suite
-from harnessrl.train.grpo import TrainingUnit, grpo_loss, group_advantages, pad_units, token_logprobs, units_from_trajectories
+from harnessrl.train.config import TrainConfig
+from harnessrl.train.grpo import (
+    TrainingUnit,
+    group_advantages,
+    grpo_loss,
+    pad_units,
+    token_logprobs,
+    units_from_trajectories,
+)
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch, cosine
 
@@ -241,10 +248,15 @@ class Trainer:
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
         except (ValueError, TypeError) as e:
             raise TrainError(str(e)) from None
-        for split, wanted, option in (("train", config.tasks_per_step, "--tasks-per-step"), ("dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks")):
+        for split, wanted, option in (
+            ("train", config.tasks_per_step, "--tasks-per-step"),
+            ("dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks"),
+        ):
             have = self.suite.split_sizes.get(split, 0)
             if wanted > have:
-                raise TrainError(f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'")
+                raise TrainError(
+                    f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
+                )
         _check_model_spec(config.model)
 
         self.out = Path(out)
@@ -285,7 +297,9 @@ class Trainer:
         except (ValueError, ModelUnavailable, OSError) as e:
             raise TrainError(f"cannot load model '{cfg.model}': {e}") from None
         if not isinstance(policy, HFPolicy):
-            raise TrainError(f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {cfg.model!r}")
+            raise TrainError(
+                f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {cfg.model!r}"
+            )
         lora = LoraConfig(
             r=cfg.lora_r,
             lora_alpha=cfg.lora_alpha,
@@ -299,7 +313,9 @@ class Trainer:
                 torch.manual_seed(cfg.seed)
                 self.peft_model = get_peft_model(policy.model, lora)
         except ValueError as e:
-            raise TrainError(f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}") from None
+            raise TrainError(
+                f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}"
+            ) from None
         # The LoRA layers are injected into policy.model in place: generation uses the adapter.
         assert self.peft_model.get_base_model() is policy.model
         self.peft_model.eval()  # and it stays so, in training too: no dropout (see the module docstring)
@@ -309,17 +325,19 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
-        self.sampling = SamplingParams(
-            temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train")
+        self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
+        self.runner = Runner(
+            policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False
         )
-        self.runner = Runner(policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
         # Evaluation has its own policy object (same model) and so its own sampling-call counter,
         # reset before every evaluation: evaluations never perturb the training rollouts' noise,
         # and an evaluation's noise depends only on the run seed and the step it follows.
         self.eval_sampling = SamplingParams(
             temperature=cfg.eval_temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "eval")
         )
-        self.eval_policy = HFPolicy(policy.model, policy.tokenizer, name=f"{cfg.model}+lora", default_sampling=self.eval_sampling)
+        self.eval_policy = HFPolicy(
+            policy.model, policy.tokenizer, name=f"{cfg.model}+lora", default_sampling=self.eval_sampling
+        )
         self.train_tasks = self.suite.tasks("train")
 
     def _open_logs(self) -> None:
@@ -334,7 +352,14 @@ class Trainer:
             self.store = RunStore(self.out / "rollouts")
             self.store.set_meta(
                 "config",
-                {"kind": "train-rollouts", "suite": cfg.suite, "split": "train", "model": cfg.model, "seed": cfg.seed, "attempts": cfg.group_size},
+                {
+                    "kind": "train-rollouts",
+                    "suite": cfg.suite,
+                    "split": "train",
+                    "model": cfg.model,
+                    "seed": cfg.seed,
+                    "attempts": cfg.group_size,
+                },
             )
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
             self.store.delete_attempts_from(self.step * cfg.group_size)
@@ -450,7 +475,9 @@ class Trainer:
         # 2. tasks (seeded sample of the train split), each to one harness; G attempts each.
         # Attempt numbers are unique over the run (step * G + i): unique episode ids and store keys.
         picked = iter(self.task_rng.sample(range(len(self.train_tasks)), cfg.tasks_per_step))
-        assignment = [(self.train_tasks[next(picked)], self.spec_by_name[h]) for h, c in counts.items() for _ in range(c)]
+        assignment = [
+            (self.train_tasks[next(picked)], self.spec_by_name[h]) for h, c in counts.items() for _ in range(c)
+        ]
         jobs = [Job(task, spec, step * G + i) for task, spec in assignment for i in range(G)]
         self.sampling = self.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, "train")})
         self.runner.sampling = self.sampling
@@ -687,7 +714,13 @@ class Trainer:
         tasks = self.suite.tasks("dev", cfg.eval_tasks)
         self.eval_policy.generate_calls = 0
         self.eval_sampling = self.eval_sampling.model_copy(update={"seed": sampling_seed(cfg.seed, self.step, "eval")})
-        runner = Runner(self.eval_policy, self.eval_sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False)
+        runner = Runner(
+            self.eval_policy,
+            self.eval_sampling,
+            max_in_flight=cfg.max_in_flight,
+            max_retries=cfg.retries,
+            progress=False,
+        )
         trajectories = runner.run(make_jobs(tasks, self.specs, 1))
         summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
         scores = {h: m["mean_score"] for h, m in summaries.items()}
@@ -716,7 +749,9 @@ class Trainer:
         elif self.resume:
             self._say(f"{self.out} has no checkpoint yet: starting from step 0")
         if self.step > cfg.steps:
-            raise TrainError(f"--steps {cfg.steps} is below the checkpoint's step {self.step}; give --steps {self.step} or more")
+            raise TrainError(
+                f"--steps {cfg.steps} is below the checkpoint's step {self.step}; give --steps {self.step} or more"
+            )
         if self.resume:
             _truncate_jsonl(metrics_path, self.step)
             _truncate_jsonl(eval_path, self.step)
@@ -739,7 +774,9 @@ class Trainer:
                         else "no checkpoint was written yet"
                     )
                     _append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
-                    raise TrainingDiverged(f"{e}: training stopped; {where} (perhaps with a lower --lr in a new run)") from None
+                    raise TrainingDiverged(
+                        f"{e}: training stopped; {where} (perhaps with a lower --lr in a new run)"
+                    ) from None
                 _append_jsonl(metrics_path, record)
                 self._tensorboard(record)
                 bar.update(record)
@@ -797,7 +834,14 @@ class _StepProgress:
 
     def __enter__(self):
         if self.live:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = Progress(
                 TextColumn("[bold]step"),

@@ -118,7 +118,7 @@ class CodeProtocol(Protocol):
     and `ast.literal_eval` per argument: nothing is ever executed."""
 
     name = "code"
-    shape = "a call like name(arg=\"value\") in a ```python block"
+    shape = 'a call like name(arg="value") in a ```python block'
 
     def render_tools(self, tools: list[ToolSchema]) -> str:
         return "\n".join(
@@ -230,7 +230,7 @@ class CodeProtocol(Protocol):
             if isinstance(stmt, ast.Pass) or note:
                 continue  # pass / a docstring-like note
             if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-                raise _Malformed(f"{_describe_stmt(stmt)}; write only tool calls like name(arg=\"value\")")
+                raise _Malformed(f'{_describe_stmt(stmt)}; write only tool calls like name(arg="value")')
             raw = ast.get_source_segment(src, stmt) or ""
             calls.append(self._call(stmt.value, raw, tools))
         return calls

@@ -64,9 +64,7 @@ class JsonProtocol(Protocol):
         return _plain_result(result)
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
-        return "Call a tool by replying with one JSON object, exactly like:\n" + self.render_call(
-            _example_call(tools)
-        )
+        return "Call a tool by replying with one JSON object, exactly like:\n" + self.render_call(_example_call(tools))
 
     def _parse(self, text: str, tools: list[ToolSchema] | None) -> ParseResult:
         spans, unclosed = _scan_braces(text, "\"'" if self.lenient else '"')
@@ -130,7 +128,7 @@ class JsonProtocol(Protocol):
                 return []
             extra = sorted(set(value) - {"tool", "arguments"})
             if extra:
-                raise _Malformed(f"unexpected keys {extra}: use exactly {{\"tool\": \"name\", \"arguments\": {{...}}}}")
+                raise _Malformed(f'unexpected keys {extra}: use exactly {{"tool": "name", "arguments": {{...}}}}')
             if "arguments" not in value:
                 raise _Malformed('missing "arguments": give an object, {} when the tool takes none')
             if not isinstance(value["tool"], str):

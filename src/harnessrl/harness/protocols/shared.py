@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from harnessrl.harness.protocols.base import MAX_NESTING, _Malformed
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
-
 # --------------------------------------------------------------------------------------------
 # shared helpers: argument values, tool schemas, type conversion
 # --------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class XmlProtocol(Protocol):
             i = start.start()
             m = self._open.match(text, i)
             if m is None:
-                errors.append("the <tool ...> tag is not finished: write <tool name=\"NAME\">")
+                errors.append('the <tool ...> tag is not finished: write <tool name="NAME">')
                 spans.append((i, len(text)))
                 break
             attrs = m.group(1)

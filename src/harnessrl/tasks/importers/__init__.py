@@ -8,7 +8,11 @@ from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoa
 from harnessrl.tasks.importers.harbor import HarborSuite
 from harnessrl.tasks.importers.pinchbench import Judge, PinchBenchSuite
 
-IMPORTERS: dict[str, type[ImportedSuite]] = {"clawgym": ClawGymSuite, "pinchbench": PinchBenchSuite, "harbor": HarborSuite}
+IMPORTERS: dict[str, type[ImportedSuite]] = {
+    "clawgym": ClawGymSuite,
+    "pinchbench": PinchBenchSuite,
+    "harbor": HarborSuite,
+}
 
 
 def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:

@@ -12,8 +12,9 @@ As ClawGym's rollout does: the agent's workspace is `/root/.openclaw/workspace`;
 `<workspace>/reward/`, a payload `{task_id, user_query, metadata, final_message, transcript}` is
 written to `<workspace>/.openclaw_reward_payload.json` and named by `OPENCLAW_REWARD_PAYLOAD`,
 and `bash /root/.openclaw/workspace/reward/reward.sh` runs with HOME=/root, LC_ALL=C.UTF-8 and a
-120 s limit. The sandboxed shell (and the grader) see the live workspace at that path. Unlike ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout
-or a last line that is not a number in [0, 1] is an infrastructure error with the reason.
+120 s limit. The sandboxed shell (and the grader) see the live workspace at that path. Unlike
+ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout or a last line that
+is not a number in [0, 1] is an infrastructure error with the reason.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ class ClawGymSuite(ImportedSuite):
     layout = "PATH/<task>/data_entry.json, optional <task>/input_files/, <task>/reward/reward.sh"
 
     def load_entries(self) -> list[TaskEntry]:
-        folders = [self.path] if (self.path / "data_entry.json").exists() else sorted(
-            p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith(".")
+        folders = (
+            [self.path]
+            if (self.path / "data_entry.json").exists()
+            else sorted(p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith("."))
         )
         entries = []
         for folder in folders:

@@ -111,7 +111,9 @@ class ImportedSuite(Suite):
             raise ValueError(f"{self.kind}: no tasks found in '{self.path}'{extra}; expected layout: {self.layout}")
         self.split_sizes = {s: len(self.entries) for s in SPLITS}
         broken = sum(e.error is not None for e in self.entries)
-        self.description = f"{len(self.entries)} tasks from {self.path}" + (f", {broken} not runnable" if broken else "")
+        self.description = f"{len(self.entries)} tasks from {self.path}" + (
+            f", {broken} not runnable" if broken else ""
+        )
         if self.skipped:
             self.description += f", {len(self.skipped)} left out"
 
@@ -171,7 +173,9 @@ class ImportedSuite(Suite):
             return self.grader_limits
         base = ExecLimits()
         wall = float(own_wall_s) if own_wall_s else base.wall_s
-        return replace(base, wall_s=wall, cpu_s=max(base.cpu_s, int(wall)), memory_mb=max(base.memory_mb, memory_mb or 0))
+        return replace(
+            base, wall_s=wall, cpu_s=max(base.cpu_s, int(wall)), memory_mb=max(base.memory_mb, memory_mb or 0)
+        )
 
 
 def broken(native_id: str, family: str, reason: str) -> TaskEntry:
@@ -186,7 +190,9 @@ def _unique_ids(entries: list[TaskEntry], path: Path) -> list[TaskEntry]:
     for entry in entries:
         n = seen[entry.native_id] = seen.get(entry.native_id, 0) + 1
         if n > 1:
-            entry = broken(f"{entry.native_id}-{n}", entry.family, f"task id '{entry.native_id}' occurs more than once in {path}")
+            entry = broken(
+                f"{entry.native_id}-{n}", entry.family, f"task id '{entry.native_id}' occurs more than once in {path}"
+            )
         out.append(entry)
     return out
 
@@ -286,7 +292,10 @@ def openclaw_transcript(env: Environment, instruction: str, cwd: str) -> list[di
         if name == SUBMIT_TOOL.name:
             continue
         call_id = f"call_{i:04d}"
-        message("assistant", [{"type": "toolCall", "id": call_id, "name": name, "arguments": dict(args), "params": dict(args)}])
+        message(
+            "assistant",
+            [{"type": "toolCall", "id": call_id, "name": name, "arguments": dict(args), "params": dict(args)}],
+        )
         message("toolResult", [{"type": "text", "text": output}], toolCallId=call_id, toolName=name, isError=False)
     if env.answer:
         message("assistant", [{"type": "text", "text": env.answer}])
@@ -314,7 +323,9 @@ def run_grader(
     from harnessrl.tasks.sandbox_exec import run_sandboxed
 
     try:
-        result = run_sandboxed(argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=False, cwd_in_sandbox=cwd)
+        result = run_sandboxed(
+            argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=False, cwd_in_sandbox=cwd
+        )
     except ValueError as e:  # a mount the sandbox cannot make here
         raise GraderError(f"the sandbox cannot run the grader: {e}") from None
     if result.timed_out:

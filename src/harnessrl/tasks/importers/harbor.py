@@ -43,18 +43,18 @@ from typing import Any
 
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.importers.common import (
+    MAX_REASON_CHARS,
     GraderError,
     ImportedSuite,
     TaskEntry,
     TaskLoadError,
     broken,
     copy_tree_into,
-    MAX_REASON_CHARS,
+    mount_point_problem,
     parse_unit_float,
     read_text,
     run_grader,
     scratch_folder,
-    mount_point_problem,
     working_directory_note,
 )
 from harnessrl.types import Grade
@@ -63,7 +63,19 @@ DEFAULT_WORKDIR = "/app"
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
 TEST_OUTPUT = "test-stdout.txt"  # where Harbor keeps test.sh's output, in /logs/verifier/
 # Dockerfile instructions that need no image build here (metadata, or files we copy ourselves).
-HARMLESS = {"ARG", "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER", "SHELL", "STOPSIGNAL", "HEALTHCHECK", "VOLUME"}
+HARMLESS = {
+    "ARG",
+    "LABEL",
+    "USER",
+    "EXPOSE",
+    "CMD",
+    "ENTRYPOINT",
+    "MAINTAINER",
+    "SHELL",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "VOLUME",
+}
 
 
 @dataclass
@@ -146,7 +158,9 @@ def _env_pairs(args: str, where: str) -> dict[str, str]:
     return pairs
 
 
-def _copies(context: Path, word: str, args: str, workdir: str, where: str, name: str) -> list[tuple[Path, PurePosixPath]]:
+def _copies(
+    context: Path, word: str, args: str, workdir: str, where: str, name: str
+) -> list[tuple[Path, PurePosixPath]]:
     try:
         words = json.loads(args) if args.startswith("[") else shlex.split(args)
     except (ValueError, json.JSONDecodeError) as e:
@@ -187,7 +201,9 @@ def _table(config: dict[str, Any], key: str, name: str) -> dict[str, Any]:
 
 class HarborSuite(ImportedSuite):
     kind = "harbor"
-    layout = "PATH/<task>/task.toml, <task>/instruction.md, <task>/tests/test.sh, optional <task>/environment/Dockerfile"
+    layout = (
+        "PATH/<task>/task.toml, <task>/instruction.md, <task>/tests/test.sh, optional <task>/environment/Dockerfile"
+    )
 
     def load_entries(self) -> list[TaskEntry]:
         if (self.path / "task.toml").exists():
@@ -220,7 +236,9 @@ class HarborSuite(ImportedSuite):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise TaskLoadError(f"task.toml of {name}: verifier.timeout_sec must be a positive number")
         verifier_env = verifier.get("env", {})
-        if not isinstance(verifier_env, dict) or not all(isinstance(v, (str, int, float)) for v in verifier_env.values()):
+        if not isinstance(verifier_env, dict) or not all(
+            isinstance(v, (str, int, float)) for v in verifier_env.values()
+        ):
             raise TaskLoadError(f"task.toml of {name}: verifier.env must be a table of strings")
         memory = environment.get("memory_mb")
         if environment.get("docker_image"):
@@ -242,7 +260,9 @@ class HarborSuite(ImportedSuite):
 
         def grader(env: Environment) -> Grade:
             run_env = {**local.env, **resolve_verifier_env(verifier_env, name)}
-            return self._grade(folder, local.workdir, run_env, float(timeout), memory if isinstance(memory, int) else None, env)
+            return self._grade(
+                folder, local.workdir, run_env, float(timeout), memory if isinstance(memory, int) else None, env
+            )
 
         return TaskEntry(
             native_id=name,
@@ -254,7 +274,15 @@ class HarborSuite(ImportedSuite):
             workspace_mount=local.workdir,
         )
 
-    def _grade(self, folder: Path, workdir: str, run_env: dict[str, str], timeout: float, memory_mb: int | None, env: Environment) -> Grade:
+    def _grade(
+        self,
+        folder: Path,
+        workdir: str,
+        run_env: dict[str, str],
+        timeout: float,
+        memory_mb: int | None,
+        env: Environment,
+    ) -> Grade:
         with scratch_folder("harnessrl-harbor-") as scratch:
             tests, logs = scratch / "tests", scratch / "logs"
             shutil.copytree(folder / "tests", tests)
@@ -312,8 +340,10 @@ def read_reward(verifier_dir: Path, returncode: int | None) -> tuple[float, dict
             data = json.loads(js.read_text(encoding="utf-8", errors="replace"))
         except json.JSONDecodeError as e:
             raise GraderError(f"/logs/verifier/reward.json is not JSON: {e}") from None
-        if not isinstance(data, dict) or not data or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()
+        if (
+            not isinstance(data, dict)
+            or not data
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values())
         ):
             raise GraderError("/logs/verifier/reward.json must be an object of numbers")
         rewards = {str(k): float(v) for k, v in data.items()}

@@ -135,7 +135,11 @@ def _workspace_files(meta: dict[str, Any], assets: Path, name: str) -> list[tupl
                 raise TaskLoadError(f"{name}: a workspace_files entry with content needs a string 'path'")
             out.append((str(relative_inside(dest, "workspace file")), spec["content"]))
             continue
-        if not isinstance(spec, dict) or not isinstance(spec.get("source"), str) or not isinstance(spec.get("dest"), str):
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("source"), str)
+            or not isinstance(spec.get("dest"), str)
+        ):
             raise TaskLoadError(f"{name}: each workspace_files entry needs 'source' and 'dest' strings")
         source = assets / relative_inside(spec["source"], "asset")
         if not source.is_file():
@@ -183,7 +187,9 @@ class PinchBenchSuite(ImportedSuite):
             raise TaskLoadError(f"{name}: grading_type {grading_type} needs a ```python block in '## Automated Checks'")
         weights = _weights(meta, name)
         files = _workspace_files(meta, assets, name)
-        if self.judge is None and (grading_type == "llm_judge" or grading_type == "hybrid" and weights["automated"] == 0):
+        if self.judge is None and (
+            grading_type == "llm_judge" or grading_type == "hybrid" and weights["automated"] == 0
+        ):
             self.skipped[task_id] = f"{task_id}: graded by an LLM judge only, and no judge is configured"
             return None
         family = str(meta.get("category") or "pinchbench")

@@ -39,35 +39,187 @@ PAGE_SIZE = 4  # items per listing page: small pages keep observations short for
 MAX_SEARCH_RESULTS = 8
 
 CATEGORIES: dict[str, list[str]] = {
-    "garden": ["Planter", "Hose", "Trowel", "Rake", "Shears", "Bench", "Lantern", "Birdhouse", "Sprinkler",
-               "Wheelbarrow", "Trellis", "Watering Can"],
-    "kitchen": ["Kettle", "Skillet", "Whisk", "Teapot", "Colander", "Grater", "Ladle", "Mixer", "Toaster",
-                "Cutting Board", "Blender", "Spatula"],
-    "office": ["Stapler", "Desk Lamp", "Notebook", "Binder", "Monitor Stand", "Pen Set", "Paper Tray",
-               "Whiteboard", "Desk Chair", "Calculator", "Label Maker", "Bookend"],
-    "toys": ["Kite", "Puzzle", "Yo-Yo", "Robot", "Train Set", "Doll House", "Spinning Top", "Marble Run",
-             "Rocking Horse", "Block Set", "Jigsaw", "Race Car"],
-    "outdoor": ["Tent", "Backpack", "Sleeping Bag", "Camp Stove", "Compass", "Water Bottle", "Headlamp",
-                "Hammock", "Cooler", "Trekking Poles", "Tarp", "Camp Chair"],
-    "bath": ["Towel", "Bath Mat", "Soap Dish", "Shower Caddy", "Mirror", "Robe", "Toothbrush Cup", "Loofah",
-             "Bath Tray", "Hamper", "Sponge", "Shelf"],
+    "garden": [
+        "Planter",
+        "Hose",
+        "Trowel",
+        "Rake",
+        "Shears",
+        "Bench",
+        "Lantern",
+        "Birdhouse",
+        "Sprinkler",
+        "Wheelbarrow",
+        "Trellis",
+        "Watering Can",
+    ],
+    "kitchen": [
+        "Kettle",
+        "Skillet",
+        "Whisk",
+        "Teapot",
+        "Colander",
+        "Grater",
+        "Ladle",
+        "Mixer",
+        "Toaster",
+        "Cutting Board",
+        "Blender",
+        "Spatula",
+    ],
+    "office": [
+        "Stapler",
+        "Desk Lamp",
+        "Notebook",
+        "Binder",
+        "Monitor Stand",
+        "Pen Set",
+        "Paper Tray",
+        "Whiteboard",
+        "Desk Chair",
+        "Calculator",
+        "Label Maker",
+        "Bookend",
+    ],
+    "toys": [
+        "Kite",
+        "Puzzle",
+        "Yo-Yo",
+        "Robot",
+        "Train Set",
+        "Doll House",
+        "Spinning Top",
+        "Marble Run",
+        "Rocking Horse",
+        "Block Set",
+        "Jigsaw",
+        "Race Car",
+    ],
+    "outdoor": [
+        "Tent",
+        "Backpack",
+        "Sleeping Bag",
+        "Camp Stove",
+        "Compass",
+        "Water Bottle",
+        "Headlamp",
+        "Hammock",
+        "Cooler",
+        "Trekking Poles",
+        "Tarp",
+        "Camp Chair",
+    ],
+    "bath": [
+        "Towel",
+        "Bath Mat",
+        "Soap Dish",
+        "Shower Caddy",
+        "Mirror",
+        "Robe",
+        "Toothbrush Cup",
+        "Loofah",
+        "Bath Tray",
+        "Hamper",
+        "Sponge",
+        "Shelf",
+    ],
 }
-MATERIALS = ["Cedar", "Oak", "Copper", "Steel", "Bamboo", "Linen", "Granite", "Walnut", "Ceramic", "Brass",
-             "Canvas", "Maple", "Cobalt", "Amber", "Velvet", "Slate", "Ivory", "Pine", "Marble", "Willow",
-             "Crimson", "Silver"]
-BRANDS = ["Fenmark", "Oakhill", "Brightway", "Norvale", "Kestrel", "Lumora", "Tidewell", "Harrow", "Quillon",
-          "Ardent"]
-FIRST_NAMES = ["Kate", "John", "Maria", "Omar", "Lena", "Paul", "Aisha", "Ben", "Chloe", "David", "Eva", "Felix",
-               "Grace", "Hugo", "Iris", "Jonas", "Mia", "Noah", "Rosa", "Theo"]
-SURNAMES = ["Miller", "Doe", "Garcia", "Haddad", "Novak", "Reed", "Khan", "Stone", "Park", "Lind", "Moreau",
-            "Weber", "Quinn", "Vidal", "Ito", "Berg", "Costa", "Nash", "Olsen", "Price", "Tan", "Young"]
+MATERIALS = [
+    "Cedar",
+    "Oak",
+    "Copper",
+    "Steel",
+    "Bamboo",
+    "Linen",
+    "Granite",
+    "Walnut",
+    "Ceramic",
+    "Brass",
+    "Canvas",
+    "Maple",
+    "Cobalt",
+    "Amber",
+    "Velvet",
+    "Slate",
+    "Ivory",
+    "Pine",
+    "Marble",
+    "Willow",
+    "Crimson",
+    "Silver",
+]
+BRANDS = ["Fenmark", "Oakhill", "Brightway", "Norvale", "Kestrel", "Lumora", "Tidewell", "Harrow", "Quillon", "Ardent"]
+FIRST_NAMES = [
+    "Kate",
+    "John",
+    "Maria",
+    "Omar",
+    "Lena",
+    "Paul",
+    "Aisha",
+    "Ben",
+    "Chloe",
+    "David",
+    "Eva",
+    "Felix",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Mia",
+    "Noah",
+    "Rosa",
+    "Theo",
+]
+SURNAMES = [
+    "Miller",
+    "Doe",
+    "Garcia",
+    "Haddad",
+    "Novak",
+    "Reed",
+    "Khan",
+    "Stone",
+    "Park",
+    "Lind",
+    "Moreau",
+    "Weber",
+    "Quinn",
+    "Vidal",
+    "Ito",
+    "Berg",
+    "Costa",
+    "Nash",
+    "Olsen",
+    "Price",
+    "Tan",
+    "Young",
+]
 STATUSES = ["processing", "shipped", "delivered"]
 DAMAGES = ["cracked", "scratched", "dented", "torn", "bent", "leaking", "faded", "chipped"]
-TOPICS = ["Gift ideas", "Delivery times", "Spring sale", "Favourite buys", "Storage tips", "Product care",
-          "New arrivals", "Weekend projects", "Returns question", "Best value picks"]
-POST_TEMPLATES = ["I love my {product}.", "Is the {product} worth it?", "The {product} is good value.",
-                  "Mine arrived on time.", "Thanks for the tip!", "When is the {product} back in stock?",
-                  "I gave the {product} as a gift.", "Same here.", "The {product} looks nice in person."]
+TOPICS = [
+    "Gift ideas",
+    "Delivery times",
+    "Spring sale",
+    "Favourite buys",
+    "Storage tips",
+    "Product care",
+    "New arrivals",
+    "Weekend projects",
+    "Returns question",
+    "Best value picks",
+]
+POST_TEMPLATES = [
+    "I love my {product}.",
+    "Is the {product} worth it?",
+    "The {product} is good value.",
+    "Mine arrived on time.",
+    "Thanks for the tip!",
+    "When is the {product} back in stock?",
+    "I gave the {product} as a gift.",
+    "Same here.",
+    "The {product} looks nice in person.",
+]
 
 
 def money(cents: int) -> str:
@@ -143,8 +295,13 @@ class SiteBuilder:
             if order_id not in self._order_ids:
                 self._order_ids.add(order_id)
                 break
-        order = {"id": order_id, "customer": customer, "product": product["id"], "qty": self.rng.randint(1, 3),
-                 "status": status or self.rng.choice(STATUSES)}
+        order = {
+            "id": order_id,
+            "customer": customer,
+            "product": product["id"],
+            "qty": self.rng.randint(1, 3),
+            "status": status or self.rng.choice(STATUSES),
+        }
         self.orders.append(order)
         return order
 
@@ -173,8 +330,13 @@ class SiteBuilder:
         posts = [p for t in self.threads for p in t["posts"]]
         for i, post in enumerate(posts, 1):  # numbered in reading order, whatever was inserted where
             post["id"] = i
-        return {"categories": list(self.categories), "products": self.products, "customers": self.customers,
-                "orders": self.orders, "threads": self.threads}
+        return {
+            "categories": list(self.categories),
+            "products": self.products,
+            "customers": self.customers,
+            "orders": self.orders,
+            "threads": self.threads,
+        }
 
 
 def new_site(rng: random.Random, target: str | None = None) -> SiteBuilder:
@@ -339,8 +501,9 @@ def page_thread(site: dict, url: str, tid: str, q: dict) -> Page:
     shown, pages = _paged(t["posts"], page, url)
     b = _PageBuilder(url, f'Thread {t["id"]} "{t["title"]}", page {page} of {pages}')
     for post in shown:
-        b.lines.append(f"#{post['id']} {b.link(post['author'], '/customer/' + post['author'], post['author'])}: "
-                       f"{post['text']}")
+        b.lines.append(
+            f"#{post['id']} {b.link(post['author'], '/customer/' + post['author'], post['author'])}: {post['text']}"
+        )
     b.pager(f"/thread/{t['id']}", page, pages)
     return b.page()
 
@@ -370,7 +533,7 @@ def page_search(site: dict, url: str, q: dict) -> Page:
                 found += 1
                 where = f"/thread/{t['id']}?page={i // PAGE_SIZE + 1}"
                 author = b.link(post["author"], "/customer/" + post["author"], post["author"])
-                b.item(where, f"post #{post['id']}", f" by {author} in \"{t['title']}\": {post['text']}")
+                b.item(where, f"post #{post['id']}", f' by {author} in "{t["title"]}": {post["text"]}')
     for c in site["customers"]:
         if _matches(words, f"{c['user']} {c['name']}") and found < MAX_SEARCH_RESULTS:
             found += 1
@@ -439,7 +602,7 @@ def _show(env: Environment, page: Page) -> str:
 def _current(env: Environment) -> Page:
     page = env.state.get("page")
     if page is None:
-        raise ToolFailed("no page is open yet: open one with open(url), e.g. open(url=\"/\")")
+        raise ToolFailed('no page is open yet: open one with open(url), e.g. open(url="/")')
     return page
 
 
@@ -493,8 +656,9 @@ OPEN = Tool(
     {"type": "object", "properties": {"url": {"type": "string", "examples": ["/"]}}, "required": ["url"]},
     _open,
 )
-NEXT_PAGE = Tool("next_page", "Open the next page of the listing that is open.", {"type": "object", "properties": {}},
-                 _next_page)
+NEXT_PAGE = Tool(
+    "next_page", "Open the next page of the listing that is open.", {"type": "object", "properties": {}}, _next_page
+)
 SEARCH = Tool(
     "search",
     "Search the shop: products, forum threads, forum posts and customers with every word of the query.",
@@ -505,8 +669,11 @@ CLICK = Tool(
     "click",
     "Follow a link of the open page: its number (like 2) or its name (like next).",
     # no type: small models send link numbers as numbers and as strings alike
-    {"type": "object", "properties": {"link": {"description": "link number or name", "examples": ["1"]}},
-     "required": ["link"]},
+    {
+        "type": "object",
+        "properties": {"link": {"description": "link number or name", "examples": ["1"]}},
+        "required": ["link"],
+    },
     _click,
 )
 
@@ -543,8 +710,10 @@ def cheapest_pair(rng: random.Random) -> dict[str, Any]:
     total = (prices[0] + prices[1]) / 100
     site = b.site()
     return {
-        "instruction": (f"What is the total price of the two cheapest products in the {cat} category? "
-                        f"Its listing {_listing(cat)} has 2 pages. Submit the total."),
+        "instruction": (
+            f"What is the total price of the two cheapest products in the {cat} category? "
+            f"Its listing {_listing(cat)} has 2 pages. Submit the total."
+        ),
         "setup": _setup(site),
         "check": _numeric_check(total),
         "solution": [_call("open", url=_listing(cat)), _call("next_page"), _call("submit", answer=fmt_number(total))],
@@ -567,12 +736,18 @@ def out_of_stock_count(rng: random.Random) -> dict[str, Any]:
     filler_people(b)
     site = b.site()
     return {
-        "instruction": (f"How many products in the {cat} category are out of stock (stock 0)? "
-                        f"Its listing {_listing(cat)} has 3 pages. Submit the number."),
+        "instruction": (
+            f"How many products in the {cat} category are out of stock (stock 0)? "
+            f"Its listing {_listing(cat)} has 3 pages. Submit the number."
+        ),
         "setup": _setup(site),
         "check": _numeric_check(len(empty)),
-        "solution": [_call("open", url=_listing(cat)), _call("next_page"), _call("next_page"),
-                     _call("submit", answer=str(len(empty)))],
+        "solution": [
+            _call("open", url=_listing(cat)),
+            _call("next_page"),
+            _call("next_page"),
+            _call("submit", answer=str(len(empty))),
+        ],
         "data": {"site": site, "category": cat},
         "required_observations": ["open", "next_page"],
     }
@@ -607,8 +782,10 @@ def top_poster(rng: random.Random) -> dict[str, Any]:
         return {"answer": 1.0 if text_matches(env.answer, top, posters) else 0.0}
 
     return {
-        "instruction": (f'Who wrote the most posts in the forum thread "{title}" ({url})? The thread has 2 pages. '
-                        "Submit the user name."),
+        "instruction": (
+            f'Who wrote the most posts in the forum thread "{title}" ({url})? The thread has 2 pages. '
+            "Submit the user name."
+        ),
         "setup": _setup(site),
         "check": check,
         "solution": [_call("open", url=url), _call("next_page"), _call("submit", answer=top)],
@@ -644,8 +821,10 @@ def post_author_order(rng: random.Random) -> dict[str, Any]:
         return {"answer": 1.0 if target in named and not named & others else 0.0}
 
     return {
-        "instruction": (f'A forum post says a product arrived {damage}. Search for "{damage}", click the name of '
-                        "the post's author, and submit the number of that customer's order of the product."),
+        "instruction": (
+            f'A forum post says a product arrived {damage}. Search for "{damage}", click the name of '
+            "the post's author, and submit the number of that customer's order of the product."
+        ),
         "setup": _setup(site),
         "check": check,
         "solution": [_call("search", query=damage), _call("click", link=author), _call("submit", answer=str(target))],
@@ -681,12 +860,19 @@ def cancel_order(rng: random.Random) -> dict[str, Any]:
 
     url = f"/thread/{thread['id']}"
     return {
-        "instruction": (f"In the forum thread {url}, {user} says which of their orders to cancel. Open their customer "
-                        f"page /customer/{user}, open that order, click its cancel link, then submit."),
+        "instruction": (
+            f"In the forum thread {url}, {user} says which of their orders to cancel. Open their customer "
+            f"page /customer/{user}, open that order, click its cancel link, then submit."
+        ),
         "setup": _setup(site),
         "check": check,
-        "solution": [_call("open", url=url), _call("open", url=f"/customer/{user}"), _call("click", link=link),
-                     _call("click", link="cancel"), _call("submit", answer="")],
+        "solution": [
+            _call("open", url=url),
+            _call("open", url=f"/customer/{user}"),
+            _call("click", link=link),
+            _call("click", link="cancel"),
+            _call("submit", answer=""),
+        ],
         "data": {"site": site, "user": user},
         "required_observations": ["open", "click"],
     }

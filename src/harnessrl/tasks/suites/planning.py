@@ -106,12 +106,12 @@ def _bookings(value: Any, where: str) -> list[Booking]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise PlanFormatError(f"{where}: expected a list of {{\"id\": ..., \"time\": \"HH:MM\"}}")
+        raise PlanFormatError(f'{where}: expected a list of {{"id": ..., "time": "HH:MM"}}')
     _not_too_long(value, where)
     out = []
     for i, b in enumerate(value):
         if not isinstance(b, dict):
-            raise PlanFormatError(f"{where}[{i}]: expected {{\"id\": ..., \"time\": \"HH:MM\"}}, got {b!r}")
+            raise PlanFormatError(f'{where}[{i}]: expected {{"id": ..., "time": "HH:MM"}}, got {b!r}')
         out.append(Booking(_id(b.get("id"), f"{where}[{i}].id"), _time(b.get("time"), f"{where}[{i}].time")))
     return out
 
@@ -138,7 +138,9 @@ def parse_itinerary(value: Any) -> Itinerary:
     if isinstance(value, dict) and "days" not in value and isinstance(value.get("itinerary"), dict):
         value = value["itinerary"]  # {"itinerary": {...}} wrapped once more
     if not isinstance(value, dict):
-        raise PlanFormatError(f"the itinerary must be an object with 'days' and 'total_cost', got {type(value).__name__}")
+        raise PlanFormatError(
+            f"the itinerary must be an object with 'days' and 'total_cost', got {type(value).__name__}"
+        )
     days = value.get("days")
     if not isinstance(days, list) or not days:
         raise PlanFormatError("'days' must be a non-empty list of day objects")
@@ -257,7 +259,10 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
             if when is None or s.date != when.isoformat():
                 v["exists"].append(f"day {d.day}: {sid} runs on {s.date}, not on day {d.day}")
             items.append(_Item("leg", sid, s.depart, s.arrive, s.origin, s.destination))
-        for kind, bookings, venue_type, noun in (("meal", d.meals, Restaurant, "a restaurant"), ("visit", d.visits, Attraction, "an attraction")):
+        for kind, bookings, venue_type, noun in (
+            ("meal", d.meals, Restaurant, "a restaurant"),
+            ("visit", d.visits, Attraction, "an attraction"),
+        ):
             for b in bookings:
                 venue = _kind_ok(world, b.id, venue_type)
                 if venue is None:
@@ -267,7 +272,10 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
                 end = b.time + (MEAL_MINUTES if kind == "meal" else venue.duration)
                 items.append(_Item(kind, b.id, b.time, end, venue.city))
                 if not (venue.opens <= b.time and end <= venue.closes):
-                    v["hours"].append(f"day {d.day}: {b.id} {hhmm(b.time)}-{hhmm(end)} is outside {hhmm(venue.opens)}-{hhmm(venue.closes)}")
+                    v["hours"].append(
+                        f"day {d.day}: {b.id} {hhmm(b.time)}-{hhmm(end)} "
+                        f"is outside {hhmm(venue.opens)}-{hhmm(venue.closes)}"
+                    )
                 if kind == "visit":
                     if when is not None and venue.closed_on == WEEKDAYS[when.weekday()]:
                         v["hours"].append(f"day {d.day}: {b.id} is closed on {venue.closed_on}")
@@ -286,7 +294,9 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
         for i, a in enumerate(items):
             for b in items[i + 1 :]:
                 if b.start < a.end:
-                    v["time"].append(f"day {d.day}: {a.id} {hhmm(a.start)}-{hhmm(a.end)} overlaps {b.id} at {hhmm(b.start)}")
+                    v["time"].append(
+                        f"day {d.day}: {a.id} {hhmm(a.start)}-{hhmm(a.end)} overlaps {b.id} at {hhmm(b.start)}"
+                    )
         for it in items:
             if it.end > 24 * 60:
                 v["time"].append(f"day {d.day}: {it.id} ends after midnight")
@@ -384,7 +394,10 @@ CONSTRAINT_CHECKS: dict[str, tuple[Callable[[Any], str], Check]] = {
     "mode": (lambda v: "travel by train only" if v == "train" else "travel by plane only", _check_mode),
     "hotel_rating": (lambda v: f"hotels rated {v} or higher", _check_hotel_rating),
     "hotel_price": (lambda v: f"hotels at most {v} per night", _check_hotel_price),
-    "veg_dinner": (lambda v: "a vegetarian dinner (starting 17:00-21:30) every evening before the last day", _check_veg_dinner),
+    "veg_dinner": (
+        lambda v: "a vegetarian dinner (starting 17:00-21:30) every evening before the last day",
+        _check_veg_dinner,
+    ),
     "must_visit": (lambda v: f"visit the {v}", _check_must_visit),
     "cuisine": (lambda v: f"eat {v} food at least once", _check_cuisine),
     "restaurant_rating": (lambda v: f"only restaurants rated {v} or higher", _check_restaurant_rating),
@@ -506,14 +519,24 @@ def _search_services(mode: str) -> Callable[..., str]:
         day = str(date).strip()
         if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
             raise ToolFailed(f"date must be YYYY-MM-DD, got '{date}'")
-        found = sorted((s for s in _world(env).services if s.mode == mode and (s.origin, s.destination, s.date) == (a, b, day)), key=lambda s: s.price)
+        found = sorted(
+            (s for s in _world(env).services if s.mode == mode and (s.origin, s.destination, s.date) == (a, b, day)),
+            key=lambda s: s.price,
+        )
         rows = [f"{s.id} | {hhmm(s.depart)} | {hhmm(s.arrive)} | {s.price}" for s in found]
-        return _table(f"{label} {a} -> {b} on {day}:", "id | depart | arrive | price", rows, f"no {label} from {a} to {b} on {day}")
+        return _table(
+            f"{label} {a} -> {b} on {day}:",
+            "id | depart | arrive | price",
+            rows,
+            f"no {label} from {a} to {b} on {day}",
+        )
 
     return search
 
 
-def _search_city(label: str, items: Callable[[World], list[Any]], header: str, row: Callable[[Any], str]) -> Callable[..., str]:
+def _search_city(
+    label: str, items: Callable[[World], list[Any]], header: str, row: Callable[[Any], str]
+) -> Callable[..., str]:
     """A search over one kind of venue in a city, cheapest first."""
 
     def search(env: Environment, city: str) -> str:
@@ -524,18 +547,25 @@ def _search_city(label: str, items: Callable[[World], list[Any]], header: str, r
     return search
 
 
-_search_hotels = _search_city("hotels", lambda w: w.hotels, "id | rating | price per night", lambda h: f"{h.id} | {h.rating} | {h.price}")
+_search_hotels = _search_city(
+    "hotels", lambda w: w.hotels, "id | rating | price per night", lambda h: f"{h.id} | {h.rating} | {h.price}"
+)
 _search_restaurants = _search_city(
     "restaurants",
     lambda w: w.restaurants,
     "id | cuisine | vegetarian | rating | price | open",
-    lambda r: f"{r.id} | {r.cuisine} | {'yes' if r.vegetarian else 'no'} | {r.rating} | {r.price} | {hhmm(r.opens)}-{hhmm(r.closes)}",
+    lambda r: (
+        f"{r.id} | {r.cuisine} | {'yes' if r.vegetarian else 'no'} | {r.rating} | {r.price} | "
+        f"{hhmm(r.opens)}-{hhmm(r.closes)}"
+    ),
 )
 _search_attractions = _search_city(
     "attractions",
     lambda w: w.attractions,
     "id | name | ticket | open | closed on | visit",
-    lambda a: f"{a.id} | {a.name} | {a.price} | {hhmm(a.opens)}-{hhmm(a.closes)} | {a.closed_on or '-'} | {a.duration} min",
+    lambda a: (
+        f"{a.id} | {a.name} | {a.price} | {hhmm(a.opens)}-{hhmm(a.closes)} | {a.closed_on or '-'} | {a.duration} min"
+    ),
 )
 
 
@@ -561,15 +591,39 @@ _ROUTE = {
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 TOOLS = [
-    Tool("search_flights", "Flights between two cities on a date, cheapest first: id, depart, arrive, price.", _ROUTE, _search_services("flight")),
-    Tool("search_trains", "Trains between two cities on a date, cheapest first: id, depart, arrive, price.", _ROUTE, _search_services("train")),
+    Tool(
+        "search_flights",
+        "Flights between two cities on a date, cheapest first: id, depart, arrive, price.",
+        _ROUTE,
+        _search_services("flight"),
+    ),
+    Tool(
+        "search_trains",
+        "Trains between two cities on a date, cheapest first: id, depart, arrive, price.",
+        _ROUTE,
+        _search_services("train"),
+    ),
     Tool("search_hotels", "Hotels in a city, cheapest first: id, rating, price per night.", _CITY, _search_hotels),
-    Tool("search_restaurants", "Restaurants in a city, cheapest first: id, cuisine, vegetarian, rating, price per meal, opening hours.", _CITY, _search_restaurants),
-    Tool("search_attractions", "Attractions in a city, cheapest first: id, name, ticket price, opening hours, weekday closed, visit length.", _CITY, _search_attractions),
+    Tool(
+        "search_restaurants",
+        "Restaurants in a city, cheapest first: id, cuisine, vegetarian, rating, price per meal, opening hours.",
+        _CITY,
+        _search_restaurants,
+    ),
+    Tool(
+        "search_attractions",
+        "Attractions in a city, cheapest first: id, name, ticket price, opening hours, weekday closed, visit length.",
+        _CITY,
+        _search_attractions,
+    ),
     Tool(
         "submit",
         "Submit the final itinerary once, when it is complete. " + ITINERARY_FORMAT,
-        {"type": "object", "properties": {"itinerary": {"type": "object", "description": "the plan, see above"}}, "required": ["itinerary"]},
+        {
+            "type": "object",
+            "properties": {"itinerary": {"type": "object", "description": "the plan, see above"}},
+            "required": ["itinerary"],
+        },
         _submit,
     ),
 ]
@@ -584,7 +638,10 @@ def _instruction(request: Request) -> str:
         trip = f"Plan a day trip for one traveller on {when} from {request.home} to {request.stops[0][0]} and back."
     else:
         stays = ", then ".join(f"{n} night{'s' if n > 1 else ''} in {c}" for c, n in request.stops)
-        trip = f"Plan a {request.days}-day trip for one traveller from {request.home}, day 1 is {when}: {stays}, back in {request.home} on day {request.days}."
+        trip = (
+            f"Plan a {request.days}-day trip for one traveller from {request.home}, day 1 is {when}: {stays}, "
+            f"back in {request.home} on day {request.days}."
+        )
     wishes = [CONSTRAINT_CHECKS[c.kind][0](c.value) for c in request.constraints if c.kind != "stops"]
     needs = f" Requirements: {'; '.join(wishes)}." if wishes else ""
     return (
@@ -641,7 +698,10 @@ DIFFICULTY = {
 
 class PlanningSuite(Suite):
     name = "planning"
-    description = "Multi-day travel plans from searched flights, trains, hotels, restaurants and sights; DeepPlanning-style grading."
+    description = (
+        "Multi-day travel plans from searched flights, trains, hotels, restaurants and sights; "
+        "DeepPlanning-style grading."
+    )
     split_sizes = {"train": 2000, "dev": 48, "test": 72}
     pass_threshold = 1.0
     needs_workspace = False

@@ -21,17 +21,51 @@ from datetime import date, timedelta
 from typing import Any
 
 CITIES = [
-    "Lisbon", "Oslo", "Lima", "Hanoi", "Quito", "Dakar", "Tbilisi", "Porto", "Krakow", "Osaka",
-    "Perth", "Accra", "Bergen", "Valencia", "Tallinn", "Riga", "Zagreb", "Seville", "Bilbao",
-    "Kyoto", "Izmir", "Geneva", "Vienna", "Ghent",
+    "Lisbon",
+    "Oslo",
+    "Lima",
+    "Hanoi",
+    "Quito",
+    "Dakar",
+    "Tbilisi",
+    "Porto",
+    "Krakow",
+    "Osaka",
+    "Perth",
+    "Accra",
+    "Bergen",
+    "Valencia",
+    "Tallinn",
+    "Riga",
+    "Zagreb",
+    "Seville",
+    "Bilbao",
+    "Kyoto",
+    "Izmir",
+    "Geneva",
+    "Vienna",
+    "Ghent",
 ]
 CUISINES = ["Italian", "Japanese", "Indian", "Mexican", "Thai", "French", "Greek", "Lebanese", "Korean", "Spanish"]
 WEEKDAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 ADJECTIVES = ["Blue", "Golden", "Quiet", "Royal", "Old", "Green", "Silver", "Little", "Grand", "Red", "North", "Sunny"]
 SIGHTS = [
-    "Museum of Glass", "Old Fortress", "Botanical Garden", "City Aquarium", "Art Gallery", "Cathedral",
-    "Science Centre", "Royal Palace", "Maritime Museum", "Sky Tower", "Puppet Theatre", "Old Market Hall",
-    "Photo Museum", "Lighthouse", "Zoo", "Design Museum",
+    "Museum of Glass",
+    "Old Fortress",
+    "Botanical Garden",
+    "City Aquarium",
+    "Art Gallery",
+    "Cathedral",
+    "Science Centre",
+    "Royal Palace",
+    "Maritime Museum",
+    "Sky Tower",
+    "Puppet Theatre",
+    "Old Market Hall",
+    "Photo Museum",
+    "Lighthouse",
+    "Zoo",
+    "Design Museum",
 ]
 
 MEAL_MINUTES = 60  # every meal takes one hour
@@ -193,8 +227,15 @@ def plan_to_itinerary(days: list[PlannedDay]) -> dict[str, Any]:
 
 # Optional personal requirements; `stops` (sleep in the requested cities) is always part of a request.
 OPTIONAL_KINDS = (
-    "depart_after", "mode", "hotel_rating", "hotel_price", "veg_dinner",
-    "must_visit", "cuisine", "restaurant_rating", "visit_each_day",
+    "depart_after",
+    "mode",
+    "hotel_rating",
+    "hotel_price",
+    "veg_dinner",
+    "must_visit",
+    "cuisine",
+    "restaurant_rating",
+    "visit_each_day",
 )
 NEEDS_A_NIGHT = ("hotel_rating", "hotel_price", "veg_dinner")
 
@@ -299,7 +340,9 @@ class _Builder:
             early = rng.randrange(6 * 60, self.c["depart_after"] - 15 + 1, 5)
             self._service(mode, origin, dest, day, early, max(20, base - rng.randint(10, 30)))
         if "mode" in self.c:  # cheaper, same departure window, wrong mode
-            self._service(other, origin, dest, day, rng.randrange(lo, window[1] + 1, 5), max(20, base - rng.randint(5, 25)))
+            self._service(
+                other, origin, dest, day, rng.randrange(lo, window[1] + 1, 5), max(20, base - rng.randint(5, 25))
+            )
         for _ in range(rng.randint(1, 3)):  # other departures across the day, any mode
             m = rng.choice([mode, other])
             self._service(m, origin, dest, day, rng.randrange(6 * 60, 20 * 60, 5), base + rng.randint(-15, 60))
@@ -315,7 +358,9 @@ class _Builder:
             cheap = max(30, price - rng.randint(10, 30))
             self.hotels.append(Hotel("", city, _rating(rng, 2.5, min_rating - 0.1), cheap))
         if max_price:  # better rated, over the price limit
-            self.hotels.append(Hotel("", city, _rating(rng, max(min_rating or 0, 4.5)), max_price + rng.randint(10, 40)))
+            self.hotels.append(
+                Hotel("", city, _rating(rng, max(min_rating or 0, 4.5)), max_price + rng.randint(10, 40))
+            )
         for _ in range(rng.randint(1, 2)):
             self.hotels.append(Hotel("", city, _rating(rng, 2.8), price + rng.randint(15, 70)))
         return chosen
@@ -339,13 +384,50 @@ class _Builder:
         min_rating, veg_dinner = self.c.get("restaurant_rating"), bool(self.c.get("veg_dinner"))
         if dinner is not None and veg_dinner:  # cheaper dinner, not vegetarian
             price = max(8, dinner.price - rng.randint(4, 12))
-            add(Restaurant("", city, rng.choice(CUISINES), False, _rating(rng, min_rating or 3.0), price, 17 * 60, 23 * 60))
+            add(
+                Restaurant(
+                    "", city, rng.choice(CUISINES), False, _rating(rng, min_rating or 3.0), price, 17 * 60, 23 * 60
+                )
+            )
         if min_rating:  # cheaper, open all day, rated too low
-            add(Restaurant("", city, rng.choice(CUISINES), veg_dinner, _rating(rng, 2.8, min_rating - 0.1), rng.randint(8, 14), 11 * 60, 23 * 60))
+            add(
+                Restaurant(
+                    "",
+                    city,
+                    rng.choice(CUISINES),
+                    veg_dinner,
+                    _rating(rng, 2.8, min_rating - 0.1),
+                    rng.randint(8, 14),
+                    11 * 60,
+                    23 * 60,
+                )
+            )
         # a cheap breakfast place: closed at lunch and dinner time
-        add(Restaurant("", city, rng.choice(CUISINES), rng.random() < 0.5, _rating(rng, 3.0), rng.randint(6, 10), 7 * 60, 11 * 60 + 30))
+        add(
+            Restaurant(
+                "",
+                city,
+                rng.choice(CUISINES),
+                rng.random() < 0.5,
+                _rating(rng, 3.0),
+                rng.randint(6, 10),
+                7 * 60,
+                11 * 60 + 30,
+            )
+        )
         for _ in range(rng.randint(1, 2)):  # dearer alternatives
-            add(Restaurant("", city, rng.choice(CUISINES), rng.random() < 0.4, _rating(rng, 3.0), rng.randint(25, 60), 12 * 60, 22 * 60))
+            add(
+                Restaurant(
+                    "",
+                    city,
+                    rng.choice(CUISINES),
+                    rng.random() < 0.4,
+                    _rating(rng, 3.0),
+                    rng.randint(25, 60),
+                    12 * 60,
+                    22 * 60,
+                )
+            )
 
     def attraction(self, city: str, stay_days: list[int], other_days: list[int]) -> Attraction:
         """An attraction the plan visits on one day of the stay: closed on one of `other_days`
@@ -365,7 +447,18 @@ class _Builder:
         rng, add = self.rng, self.attractions.append
         for _ in range(rng.randint(1, 2)):  # cheap and tempting, but closed on a day of the stay
             closed = self.weekday(rng.choice(stay_days))
-            add(Attraction("", self.sight_names.make(city), city, rng.choice([0, 4, 6]), 9 * 60, 18 * 60, closed, rng.choice(VISIT_MINUTES)))
+            add(
+                Attraction(
+                    "",
+                    self.sight_names.make(city),
+                    city,
+                    rng.choice([0, 4, 6]),
+                    9 * 60,
+                    18 * 60,
+                    closed,
+                    rng.choice(VISIT_MINUTES),
+                )
+            )
         # short midday hours only: neither a 10:00 nor a 15:00 visit fits
         add(Attraction("", self.sight_names.make(city), city, rng.choice([0, 5, 10]), 12 * 60, 14 * 60 + 30, None, 60))
 
@@ -426,7 +519,9 @@ class _Builder:
         self._assign_ids()
         budget = int(math.ceil(plan_cost(plan) * rng.uniform(1.04, 1.12) / 10.0) * 10)
         request = Request(self.home, self.start.isoformat(), self.days, self.stops, budget, self.constraints)
-        world = World([self.home] + [c for c, _ in self.stops], self.services, self.hotels, self.restaurants, self.attractions)
+        world = World(
+            [self.home] + [c for c, _ in self.stops], self.services, self.hotels, self.restaurants, self.attractions
+        )
         return Trip(world, request, plan)
 
     def _assign_ids(self) -> None:
@@ -434,7 +529,13 @@ class _Builder:
         rng = self.rng
         flights = [s for s in self.services if s.mode == "flight"]
         trains = [s for s in self.services if s.mode == "train"]
-        for prefix, items in (("F", flights), ("T", trains), ("H", self.hotels), ("R", self.restaurants), ("A", self.attractions)):
+        for prefix, items in (
+            ("F", flights),
+            ("T", trains),
+            ("H", self.hotels),
+            ("R", self.restaurants),
+            ("A", self.attractions),
+        ):
             numbers = rng.sample(range(100, 1000), len(items))
             for item, n in zip(items, numbers):
                 item.id = f"{prefix}{n}"
@@ -445,6 +546,11 @@ class _Builder:
 def build_trip(rng: random.Random, days: int, n_stops: int, n_constraints: int) -> Trip:
     """A trip request, its world and a plan that meets every requirement (see module docstring)."""
     nights = days - 1
-    if days < 1 or n_stops < 1 or (days > 1 and not n_stops <= nights <= n_stops * MAX_NIGHTS_PER_STOP) or (days == 1 and n_stops != 1):
+    if (
+        days < 1
+        or n_stops < 1
+        or (days > 1 and not n_stops <= nights <= n_stops * MAX_NIGHTS_PER_STOP)
+        or (days == 1 and n_stops != 1)
+    ):
         raise ValueError(f"cannot build a {days}-day trip with {n_stops} stops")
     return _Builder(rng, days, n_stops, n_constraints).build()

@@ -117,12 +117,23 @@ LOOKUP = Tool(
 
 # unit -> (dimension, factor to the dimension's base unit); temperatures are handled apart.
 UNITS: dict[str, tuple[str, float]] = {
-    "km": ("length", 1000.0), "m": ("length", 1.0), "cm": ("length", 0.01), "mm": ("length", 0.001),
-    "mi": ("length", 1609.344), "ft": ("length", 0.3048), "in": ("length", 0.0254),
-    "kg": ("mass", 1000.0), "g": ("mass", 1.0), "lb": ("mass", 453.59237),
-    "l": ("volume", 1.0), "ml": ("volume", 0.001),
-    "h": ("time", 3600.0), "min": ("time", 60.0), "s": ("time", 1.0),
-    "C": ("temperature", 1.0), "F": ("temperature", 1.0),
+    "km": ("length", 1000.0),
+    "m": ("length", 1.0),
+    "cm": ("length", 0.01),
+    "mm": ("length", 0.001),
+    "mi": ("length", 1609.344),
+    "ft": ("length", 0.3048),
+    "in": ("length", 0.0254),
+    "kg": ("mass", 1000.0),
+    "g": ("mass", 1.0),
+    "lb": ("mass", 453.59237),
+    "l": ("volume", 1.0),
+    "ml": ("volume", 0.001),
+    "h": ("time", 3600.0),
+    "min": ("time", 60.0),
+    "s": ("time", 1.0),
+    "C": ("temperature", 1.0),
+    "F": ("temperature", 1.0),
 }
 _UNIT_ALIASES = {u.lower(): u for u in UNITS}
 
@@ -217,8 +228,7 @@ def add_then_multiply(rng: random.Random) -> dict[str, Any]:
     a, b, c = rng.randint(1, 30), rng.randint(1, 30), rng.randint(2, 9)
     result = (a + b) * c
     return {
-        "instruction": (f"What is ({a} plus {b}) times {c}? Use the add tool, then the multiply tool, "
-                        f"{SUBMIT_HINT}"),
+        "instruction": (f"What is ({a} plus {b}) times {c}? Use the add tool, then the multiply tool, {SUBMIT_HINT}"),
         "setup": _no_setup,
         "check": _numeric_check(result),
         "tools": [ADD, MULTIPLY],
@@ -228,11 +238,26 @@ def add_then_multiply(rng: random.Random) -> dict[str, Any]:
 
 
 ITEMS = [
-    ("apple", "apples"), ("pencil", "pencils"), ("notebook", "notebooks"), ("box", "boxes"),
-    ("candle", "candles"), ("mug", "mugs"), ("ticket", "tickets"), ("lemon", "lemons"),
-    ("battery", "batteries"), ("towel", "towels"), ("bottle", "bottles"), ("stamp", "stamps"),
-    ("brush", "brushes"), ("cookie", "cookies"), ("sandwich", "sandwiches"), ("plate", "plates"),
-    ("glove", "gloves"), ("rope", "ropes"), ("lamp", "lamps"), ("cable", "cables"),
+    ("apple", "apples"),
+    ("pencil", "pencils"),
+    ("notebook", "notebooks"),
+    ("box", "boxes"),
+    ("candle", "candles"),
+    ("mug", "mugs"),
+    ("ticket", "tickets"),
+    ("lemon", "lemons"),
+    ("battery", "batteries"),
+    ("towel", "towels"),
+    ("bottle", "bottles"),
+    ("stamp", "stamps"),
+    ("brush", "brushes"),
+    ("cookie", "cookies"),
+    ("sandwich", "sandwiches"),
+    ("plate", "plates"),
+    ("glove", "gloves"),
+    ("rope", "ropes"),
+    ("lamp", "lamps"),
+    ("cable", "cables"),
 ]
 
 
@@ -268,20 +293,49 @@ def price_times_quantity(rng: random.Random) -> dict[str, Any]:
     n = rng.randint(2, 9)
     total = table[single] * n
     return {
-        "instruction": (f'How much do {n} {plural} cost? Use the lookup tool with key "{single}" to get the price '
-                        f"of one, then the multiply tool, {SUBMIT_HINT}"),
+        "instruction": (
+            f'How much do {n} {plural} cost? Use the lookup tool with key "{single}" to get the price '
+            f"of one, then the multiply tool, {SUBMIT_HINT}"
+        ),
         "setup": _table_setup(table),
         "check": _numeric_check(total),
         "tools": [LOOKUP, MULTIPLY],
-        "solution": [_call("lookup", key=single), _call("multiply", a=table[single], b=n),
-                     _call("submit", answer=fmt_number(total))],
+        "solution": [
+            _call("lookup", key=single),
+            _call("multiply", a=table[single], b=n),
+            _call("submit", answer=fmt_number(total)),
+        ],
         "data": {"table": table, "key": single, "quantity": n},
         "required_observations": ["lookup"],
     }
 
 
-_SYLLABLES = ["ka", "lo", "mi", "ra", "ten", "vor", "sha", "el", "dun", "bri", "zel", "mar", "to", "ni",
-              "qua", "ver", "os", "tal", "ru", "fen", "gor", "pa", "sil", "um"]
+_SYLLABLES = [
+    "ka",
+    "lo",
+    "mi",
+    "ra",
+    "ten",
+    "vor",
+    "sha",
+    "el",
+    "dun",
+    "bri",
+    "zel",
+    "mar",
+    "to",
+    "ni",
+    "qua",
+    "ver",
+    "os",
+    "tal",
+    "ru",
+    "fen",
+    "gor",
+    "pa",
+    "sil",
+    "um",
+]
 
 
 def _made_up_name(rng: random.Random, syllables: int, suffix: str = "") -> str:
@@ -348,13 +402,16 @@ def convert_units(rng: random.Random) -> dict[str, Any]:
     result = convert_value(value, src, dst)
     shown = fmt_number(value)
     return {
-        "instruction": (f'Convert {shown} {src} to {dst}. Use the convert tool (from_unit "{src}", to_unit "{dst}"), '
-                        f"{SUBMIT_HINT}"),
+        "instruction": (
+            f'Convert {shown} {src} to {dst}. Use the convert tool (from_unit "{src}", to_unit "{dst}"), {SUBMIT_HINT}'
+        ),
         "setup": _no_setup,
         "check": _numeric_check(result),
         "tools": [CONVERT],
-        "solution": [_call("convert", value=value, from_unit=src, to_unit=dst),
-                     _call("submit", answer=fmt_number(result))],
+        "solution": [
+            _call("convert", value=value, from_unit=src, to_unit=dst),
+            _call("submit", answer=fmt_number(result)),
+        ],
         "data": {"value": value, "from": src, "to": dst},
     }
 

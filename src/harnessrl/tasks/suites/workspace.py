@@ -26,32 +26,170 @@ from harnessrl.tasks.workspace import WORKSPACE_TOOLS
 # -- word pools ---------------------------------------------------------------------------------
 
 NAMES = [
-    "Alice", "Bruno", "Carla", "Dmitri", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas",
-    "Kenji", "Lena", "Marco", "Nadia", "Omar", "Priya", "Quentin", "Rosa", "Samir", "Tara",
-    "Umar", "Vera", "Wen", "Ximena", "Yusuf", "Zoe",
+    "Alice",
+    "Bruno",
+    "Carla",
+    "Dmitri",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Kenji",
+    "Lena",
+    "Marco",
+    "Nadia",
+    "Omar",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Samir",
+    "Tara",
+    "Umar",
+    "Vera",
+    "Wen",
+    "Ximena",
+    "Yusuf",
+    "Zoe",
 ]
 CITIES = [
-    "Lisbon", "Oslo", "Nairobi", "Lima", "Hanoi", "Quito", "Dakar", "Tbilisi", "Porto", "Krakow",
-    "Cusco", "Osaka", "Perth", "Accra", "Bergen", "Valencia", "Medellin", "Tallinn", "Riga",
-    "Zagreb", "Seville", "Bilbao", "Kyoto", "Izmir",
+    "Lisbon",
+    "Oslo",
+    "Nairobi",
+    "Lima",
+    "Hanoi",
+    "Quito",
+    "Dakar",
+    "Tbilisi",
+    "Porto",
+    "Krakow",
+    "Cusco",
+    "Osaka",
+    "Perth",
+    "Accra",
+    "Bergen",
+    "Valencia",
+    "Medellin",
+    "Tallinn",
+    "Riga",
+    "Zagreb",
+    "Seville",
+    "Bilbao",
+    "Kyoto",
+    "Izmir",
 ]
 NOUNS = [
-    "acorn", "anchor", "apple", "badger", "banana", "beacon", "birch", "candle", "canyon", "cedar",
-    "cloud", "cobalt", "comet", "copper", "daisy", "delta", "dune", "ember", "falcon", "fern",
-    "flint", "garnet", "glacier", "grove", "harbor", "hazel", "heron", "iris", "island", "ivory",
-    "jasper", "juniper", "kettle", "lantern", "lemon", "lotus", "mango", "maple", "meadow",
-    "nectar", "nickel", "oasis", "olive", "onyx", "orchid", "pebble", "pepper", "plum", "quartz",
-    "quill", "raven", "ridge", "river", "saffron", "sage", "salmon", "thistle", "thorn", "tulip",
-    "umber", "valley", "velvet", "violet", "walnut", "willow", "yarrow", "zephyr", "zinc",
+    "acorn",
+    "anchor",
+    "apple",
+    "badger",
+    "banana",
+    "beacon",
+    "birch",
+    "candle",
+    "canyon",
+    "cedar",
+    "cloud",
+    "cobalt",
+    "comet",
+    "copper",
+    "daisy",
+    "delta",
+    "dune",
+    "ember",
+    "falcon",
+    "fern",
+    "flint",
+    "garnet",
+    "glacier",
+    "grove",
+    "harbor",
+    "hazel",
+    "heron",
+    "iris",
+    "island",
+    "ivory",
+    "jasper",
+    "juniper",
+    "kettle",
+    "lantern",
+    "lemon",
+    "lotus",
+    "mango",
+    "maple",
+    "meadow",
+    "nectar",
+    "nickel",
+    "oasis",
+    "olive",
+    "onyx",
+    "orchid",
+    "pebble",
+    "pepper",
+    "plum",
+    "quartz",
+    "quill",
+    "raven",
+    "ridge",
+    "river",
+    "saffron",
+    "sage",
+    "salmon",
+    "thistle",
+    "thorn",
+    "tulip",
+    "umber",
+    "valley",
+    "velvet",
+    "violet",
+    "walnut",
+    "willow",
+    "yarrow",
+    "zephyr",
+    "zinc",
 ]
 GROCERIES = [
-    "apples", "bread", "butter", "carrots", "cheese", "coffee", "eggs", "flour", "garlic", "honey",
-    "lemons", "milk", "oats", "olives", "onions", "pasta", "pears", "rice", "salt", "spinach",
-    "sugar", "tea", "tomatoes", "yogurt",
+    "apples",
+    "bread",
+    "butter",
+    "carrots",
+    "cheese",
+    "coffee",
+    "eggs",
+    "flour",
+    "garlic",
+    "honey",
+    "lemons",
+    "milk",
+    "oats",
+    "olives",
+    "onions",
+    "pasta",
+    "pears",
+    "rice",
+    "salt",
+    "spinach",
+    "sugar",
+    "tea",
+    "tomatoes",
+    "yogurt",
 ]
 FOLDERS = [
-    "notes", "docs", "projects", "archive", "work", "personal", "drafts", "inbox", "shared", "team",
-    "reports", "misc", "home", "admin",
+    "notes",
+    "docs",
+    "projects",
+    "archive",
+    "work",
+    "personal",
+    "drafts",
+    "inbox",
+    "shared",
+    "team",
+    "reports",
+    "misc",
+    "home",
+    "admin",
 ]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 TEAMS = ["red", "blue", "green", "amber", "violet", "teal", "silver", "coral"]
@@ -196,7 +334,9 @@ def create_file(rng: random.Random) -> dict[str, Any]:
     content = _sentence(rng)
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({"exists": lambda: _read(env, path) is not None, "content": lambda: _same(env, path, content)})
+        return _run_checks(
+            {"exists": lambda: _read(env, path) is not None, "content": lambda: _same(env, path, content)}
+        )
 
     return {
         "instruction": f"Create the file {path} containing exactly this one line:\n{content}",
@@ -215,8 +355,10 @@ def append_line(rng: random.Random) -> dict[str, Any]:
     elif kind == "guests":
         items = rng.sample(NAMES, n + 1)
     else:
-        items = [f"{v} {rng.choice(NAMES)} about the {noun} report" for v, noun in
-                 zip(rng.choices(["call", "email", "ask", "thank"], k=n + 1), rng.sample(NOUNS, n + 1))]
+        items = [
+            f"{v} {rng.choice(NAMES)} about the {noun} report"
+            for v, noun in zip(rng.choices(["call", "email", "ask", "thank"], k=n + 1), rng.sample(NOUNS, n + 1))
+        ]
     original, new = items[:n], items[n]
     path = f"{rng.choice(FOLDERS)}/{kind}.txt"
     text = "".join(x + "\n" for x in original)
@@ -225,10 +367,12 @@ def append_line(rng: random.Random) -> dict[str, Any]:
         def lines() -> list[str]:
             return _lines(env, path) or []
 
-        return _run_checks({
-            "kept": lambda: lines()[:n] == original,
-            "appended": lambda: bool(lines()) and lines()[-1] == new and lines().count(new) == 1,
-        })
+        return _run_checks(
+            {
+                "kept": lambda: lines()[:n] == original,
+                "appended": lambda: bool(lines()) and lines()[-1] == new and lines().count(new) == 1,
+            }
+        )
 
     return {
         "instruction": f"Add the line '{new}' at the end of {path}. Keep all the existing lines as they are.",
@@ -254,11 +398,13 @@ def rename_file(rng: random.Random) -> dict[str, Any]:
     others = {p: t for p, t in files.items() if p != src}
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({
-            "renamed": lambda: _same(env, dst, files[src]),
-            "old_gone": lambda: _gone(env, src),
-            "others_kept": lambda: _frac([_same(env, p, t) for p, t in others.items()]),
-        })
+        return _run_checks(
+            {
+                "renamed": lambda: _same(env, dst, files[src]),
+                "old_gone": lambda: _gone(env, src),
+                "others_kept": lambda: _frac([_same(env, p, t) for p, t in others.items()]),
+            }
+        )
 
     return {
         "instruction": instruction,
@@ -292,16 +438,19 @@ def delete_matching(rng: random.Random) -> dict[str, Any]:
     kept = {f"{folder}/{k}": files[f"{folder}/{k}"] for k in keep}
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({
-            "deleted": lambda: _frac([_gone(env, p) for p in doomed]),
-            "kept": lambda: _frac([_same(env, p, t) for p, t in kept.items()]),
-        })
+        return _run_checks(
+            {
+                "deleted": lambda: _frac([_gone(env, p) for p in doomed]),
+                "kept": lambda: _frac([_same(env, p, t) for p, t in kept.items()]),
+            }
+        )
 
     return {
         "instruction": f"Delete every file in {folder}/ {rule}. Do not delete or change any other file.",
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)] + [_call("delete_file", path=p) for p in sorted(doomed)]
+        "solution": [_call("list_dir", path=folder)]
+        + [_call("delete_file", path=p) for p in sorted(doomed)]
         + [_call("submit", answer="")],
         "data": {"files": files, "rule": rule, "delete": sorted(doomed)},
     }
@@ -327,10 +476,12 @@ def sort_by_extension(rng: random.Random) -> dict[str, Any]:
     moves = {src: f"{folder}/{src.rsplit('.', 1)[1]}/{src.split('/')[-1]}" for src in sorted(files)}
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({
-            "moved": lambda: _frac([_same(env, dst, files[src]) for src, dst in moves.items()]),
-            "no_leftovers": lambda: _frac([_gone(env, src) for src in moves]),
-        })
+        return _run_checks(
+            {
+                "moved": lambda: _frac([_same(env, dst, files[src]) for src, dst in moves.items()]),
+                "no_leftovers": lambda: _frac([_gone(env, src) for src in moves]),
+            }
+        )
 
     return {
         "instruction": (
@@ -339,7 +490,8 @@ def sort_by_extension(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)] + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
+        "solution": [_call("list_dir", path=folder)]
+        + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
         + [_call("submit", answer="")],
         "data": {"files": files},
     }
@@ -358,7 +510,11 @@ def copy_content(rng: random.Random) -> dict[str, Any]:
         "instruction": f"Copy the content of {src} into a new file {dst}. Keep {src} unchanged.",
         "setup": _setup_files({src: text}),
         "check": check,
-        "solution": [_call("read_file", path=src), _call("write_file", path=dst, content=text), _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=src),
+            _call("write_file", path=dst, content=text),
+            _call("submit", answer=""),
+        ],
         "data": {"source": src, "destination": dst, "text": text},
         "required_observations": ["read_file"],
     }
@@ -403,37 +559,46 @@ def csv_report(rng: random.Random) -> dict[str, Any]:
         def label_value() -> bool:
             for line in _lines(env, out) or []:
                 if line.strip().lower().startswith(label.lower()):
-                    return _number_answer_ok(line.strip()[len(label):], expected, tol)
+                    return _number_answer_ok(line.strip()[len(label) :], expected, tol)
             return False
 
         def one_line() -> bool:
             lines = [ln.strip() for ln in _lines(env, out) or [] if ln.strip()]
             return len(lines) == 1 and bool(line_re.match(lines[0]))
 
-        return _run_checks({"exists": lambda: bool((_read(env, out) or "").strip()), "format": one_line, "value": label_value})
+        return _run_checks(
+            {"exists": lambda: bool((_read(env, out) or "").strip()), "format": one_line, "value": label_value}
+        )
 
     return {
         "instruction": (
-            f"Read {csv_path}. Compute {what}, and write it to {out} as a single line in the form "
-            f"'{label}: <number>'."
+            f"Read {csv_path}. Compute {what}, and write it to {out} as a single line in the form '{label}: <number>'."
         ),
         "setup": _setup_files({csv_path: text}),
         "check": check,
-        "solution": [_call("read_file", path=csv_path), _call("write_file", path=out, content=f"{label}: {shown}\n"),
-                     _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=csv_path),
+            _call("write_file", path=out, content=f"{label}: {shown}\n"),
+            _call("submit", answer=""),
+        ],
         "data": {"csv": csv_path, "text": text, "mode": mode, "out": out, "label": label, "expected": expected},
         "required_observations": ["read_file"],
     }
 
 
 def fix_config(rng: random.Random) -> dict[str, Any]:
-    services = rng.sample(["api", "web", "worker", "scheduler", "billing", "search", "mailer", "auth"], rng.randint(3, 5))
+    services = rng.sample(
+        ["api", "web", "worker", "scheduler", "billing", "search", "mailer", "auth"], rng.randint(3, 5)
+    )
     kind = rng.choice(["host", "port", "url", "email"])
     noun = rng.choice(NOUNS)
     if kind == "host":
         key, old, new = "db_host", f"db-{noun}-old.internal", f"db-{noun}.internal"
     elif kind == "port":
-        key, (old, new) = "db_port", rng.choice([("5433", "5432"), ("3307", "3306"), ("6380", "6379"), ("8081", "8080")])
+        key, (old, new) = (
+            "db_port",
+            rng.choice([("5433", "5432"), ("3307", "3306"), ("6380", "6379"), ("8081", "8080")]),
+        )
     elif kind == "url":
         v = rng.randint(1, 3)
         key, old, new = "api_url", f"http://{noun}.example.com/v{v}", f"http://{noun}.example.com/v{v + 1}"
@@ -445,8 +610,12 @@ def fix_config(rng: random.Random) -> dict[str, Any]:
     files: dict[str, str] = {}
     fixed: dict[str, str] = {}
     for svc in services:
-        lines = [f"name = {svc}", f"log_level = {rng.choice(['info', 'debug', 'warning'])}",
-                 f"workers = {rng.randint(1, 16)}", f"timeout = {rng.randint(10, 120)}"]
+        lines = [
+            f"name = {svc}",
+            f"log_level = {rng.choice(['info', 'debug', 'warning'])}",
+            f"workers = {rng.randint(1, 16)}",
+            f"timeout = {rng.randint(10, 120)}",
+        ]
         lines = rng.sample(lines, rng.randint(2, 4))
         if svc in bad:
             lines.insert(rng.randint(0, len(lines)), f"{key} = {old}")
@@ -464,11 +633,13 @@ def fix_config(rng: random.Random) -> dict[str, Any]:
             under = [p for p in env.workspace.files() if p.startswith("config/")]
             return bool(under) and all(old not in (_read(env, p) or "") for p in under)
 
-        return _run_checks({
-            "fixed": lambda: _frac([_same(env, p, t) for p, t in fixed.items()]),
-            "others_unchanged": lambda: _frac([_same(env, p, t) for p, t in clean.items()]),
-            "no_old_value": no_old,
-        })
+        return _run_checks(
+            {
+                "fixed": lambda: _frac([_same(env, p, t) for p, t in fixed.items()]),
+                "others_unchanged": lambda: _frac([_same(env, p, t) for p, t in clean.items()]),
+                "no_old_value": no_old,
+            }
+        )
 
     solution = [_call("search_text", query=old, path="config")]
     for p in sorted(fixed):
@@ -495,36 +666,45 @@ def rename_by_rule(rng: random.Random) -> dict[str, Any]:
         date = f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
         names = [f"{s}.{ext}" for s in rng.sample(NOUNS, n)]
         new_names = [f"{date}_{x}" for x in names]
-        instruction = (f"Rename every file in {folder}/ by adding the prefix '{date}_' to its name. "
-                       f"For example, {folder}/a.txt would become {folder}/{date}_a.txt.")
+        instruction = (
+            f"Rename every file in {folder}/ by adding the prefix '{date}_' to its name. "
+            f"For example, {folder}/a.txt would become {folder}/{date}_a.txt."
+        )
     elif rule == "lowercase":
         names = []
         for a, b in zip(rng.sample(NOUNS, n), rng.sample(NOUNS, n)):
             parts = [rng.choice([str.upper, str.title])(a), rng.choice([str.upper, str.title, str.lower])(b)]
             names.append(f"{parts[0]}_{parts[1]}.{rng.choice([ext, ext.upper()])}")
         new_names = [x.lower() for x in names]
-        instruction = (f"Rename every file in {folder}/ so that its name is all lowercase. "
-                       f"For example, {folder}/My_File.TXT would become {folder}/my_file.txt.")
+        instruction = (
+            f"Rename every file in {folder}/ so that its name is all lowercase. "
+            f"For example, {folder}/My_File.TXT would become {folder}/my_file.txt."
+        )
     else:
         names = [" ".join(rng.sample(NOUNS, rng.randint(2, 3))) + f".{ext}" for _ in range(n)]
         names = sorted(set(names))
         new_names = [x.replace(" ", "_") for x in names]
-        instruction = (f"Rename every file in {folder}/ by replacing each space in its name with an underscore (_). "
-                       f"For example, '{folder}/my file.txt' would become '{folder}/my_file.txt'.")
+        instruction = (
+            f"Rename every file in {folder}/ by replacing each space in its name with an underscore (_). "
+            f"For example, '{folder}/my file.txt' would become '{folder}/my_file.txt'."
+        )
     files = {f"{folder}/{x}": _sentence(rng) + "\n" for x in names}
     moves = {f"{folder}/{a}": f"{folder}/{b}" for a, b in zip(names, new_names)}
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({
-            "renamed": lambda: _frac([_same(env, dst, files[src]) for src, dst in moves.items()]),
-            "old_gone": lambda: _frac([_gone(env, src) for src in moves]),
-        })
+        return _run_checks(
+            {
+                "renamed": lambda: _frac([_same(env, dst, files[src]) for src, dst in moves.items()]),
+                "old_gone": lambda: _frac([_gone(env, src) for src in moves]),
+            }
+        )
 
     return {
         "instruction": instruction,
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)] + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
+        "solution": [_call("list_dir", path=folder)]
+        + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
         + [_call("submit", answer="")],
         "data": {"files": files, "rule": rule, "moves": moves},
     }
@@ -548,10 +728,12 @@ def merge_lists(rng: random.Random) -> dict[str, Any]:
         def items() -> list[str]:
             return [ln.strip() for ln in _lines(env, out) or [] if ln.strip()]
 
-        return _run_checks({
-            "items": lambda: sorted(set(items())) == expected,
-            "sorted_unique": lambda: items() == expected,
-        })
+        return _run_checks(
+            {
+                "items": lambda: sorted(set(items())) == expected,
+                "sorted_unique": lambda: items() == expected,
+            }
+        )
 
     return {
         "instruction": (
@@ -560,17 +742,28 @@ def merge_lists(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files({path_a: "".join(x + "\n" for x in a), path_b: "".join(x + "\n" for x in b)}),
         "check": check,
-        "solution": [_call("read_file", path=path_a), _call("read_file", path=path_b),
-                     _call("write_file", path=out, content="".join(x + "\n" for x in expected)), _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=path_a),
+            _call("read_file", path=path_b),
+            _call("write_file", path=out, content="".join(x + "\n" for x in expected)),
+            _call("submit", answer=""),
+        ],
         "data": {"a": a, "b": b, "out": out, "paths": [path_a, path_b]},
         "required_observations": ["read_file"],
     }
 
 
 _LOG_MESSAGES = [
-    "request took {n} ms", "user {user} logged in", "cache miss for key {noun}", "retrying connection {n}",
-    "disk usage at {n} percent", "job {noun} finished", "timeout after {n} seconds", "queue length is {n}",
-    "could not open {noun}.dat", "payment {n} rejected",
+    "request took {n} ms",
+    "user {user} logged in",
+    "cache miss for key {noun}",
+    "retrying connection {n}",
+    "disk usage at {n} percent",
+    "job {noun} finished",
+    "timeout after {n} seconds",
+    "queue length is {n}",
+    "could not open {noun}.dat",
+    "payment {n} rejected",
 ]
 
 
@@ -584,7 +777,9 @@ def extract_lines(rng: random.Random) -> dict[str, Any]:
     t = rng.randint(0, 3600 * 20)
     for _ in range(rng.randint(8, 14)):
         t += rng.randint(1, 400)
-        msg = rng.choice(_LOG_MESSAGES).format(n=rng.randint(1, 999), user=rng.choice(NAMES).lower(), noun=rng.choice(NOUNS))
+        msg = rng.choice(_LOG_MESSAGES).format(
+            n=rng.randint(1, 999), user=rng.choice(NAMES).lower(), noun=rng.choice(NOUNS)
+        )
         stamp = f"2024-05-{day:02d} {t // 3600:02d}:{t % 3600 // 60:02d}:{t % 60:02d}"
         entries.append([stamp, rng.choice(["INFO", "INFO", "DEBUG", "WARN", "ERROR"]), rng.choice(components), msg])
     field = 1 if mode != "component" else 2
@@ -607,11 +802,13 @@ def extract_lines(rng: random.Random) -> dict[str, Any]:
         def got() -> list[str]:
             return [ln for ln in _lines(env, out) or [] if ln.strip()]
 
-        return _run_checks({
-            "recall": lambda: _frac([m in got() for m in matching]),
-            "precision": lambda: bool(got()) and _frac([g in matching for g in got()]),
-            "exact": lambda: got() == matching,
-        })
+        return _run_checks(
+            {
+                "recall": lambda: _frac([m in got() for m in matching]),
+                "precision": lambda: bool(got()) and _frac([g in matching for g in got()]),
+                "exact": lambda: got() == matching,
+            }
+        )
 
     return {
         "instruction": (
@@ -620,8 +817,11 @@ def extract_lines(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files({log: "".join(ln + "\n" for ln in lines)}),
         "check": check,
-        "solution": [_call("read_file", path=log), _call("write_file", path=out, content="".join(m + "\n" for m in matching)),
-                     _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=log),
+            _call("write_file", path=out, content="".join(m + "\n" for m in matching)),
+            _call("submit", answer=""),
+        ],
         "data": {"log": log, "lines": lines, "pattern": pattern, "out": out},
         "required_observations": ["read_file"],
     }
@@ -639,16 +839,22 @@ def count_text(rng: random.Random) -> dict[str, Any]:
         def body() -> str:
             return (_read(env, out) or "").strip()
 
-        return _run_checks({
-            "number": lambda: _number_answer_ok(body(), n),
-            "format": lambda: re.fullmatch(r"\d+", body()) is not None,
-        })
+        return _run_checks(
+            {
+                "number": lambda: _number_answer_ok(body(), n),
+                "format": lambda: re.fullmatch(r"\d+", body()) is not None,
+            }
+        )
 
     return {
         "instruction": f"Count {what} in {path} and write only that number to {out}.",
         "setup": _setup_files({path: text}),
         "check": check,
-        "solution": [_call("read_file", path=path), _call("write_file", path=out, content=f"{n}\n"), _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=path),
+            _call("write_file", path=out, content=f"{n}\n"),
+            _call("submit", answer=""),
+        ],
         "data": {"path": path, "text": text, "mode": mode, "out": out},
         "required_observations": ["read_file"],
     }
@@ -766,20 +972,27 @@ def json_update(rng: random.Random) -> dict[str, Any]:
 
         def others() -> bool:
             data = loaded()
-            return sorted(data) == sorted(final) and all(same(data[k], settings[k]) for k in settings if k not in changes)
+            return sorted(data) == sorted(final) and all(
+                same(data[k], settings[k]) for k in settings if k not in changes
+            )
 
-        return _run_checks({
-            "updated": lambda: _frac([k in loaded() and same(loaded()[k], v) for k, v in changes.items()]),
-            "others_kept": others,
-        })
+        return _run_checks(
+            {
+                "updated": lambda: _frac([k in loaded() and same(loaded()[k], v) for k, v in changes.items()]),
+                "others_kept": others,
+            }
+        )
 
     wanted = " and ".join(f'"{k}" to {json.dumps(v)}' for k, v in changes.items())
     return {
         "instruction": f"In {path}, set {wanted}. Keep every other setting unchanged and keep the file valid JSON.",
         "setup": _setup_files({path: json.dumps(settings, indent=2) + "\n"}),
         "check": check,
-        "solution": [_call("read_file", path=path), _call("write_file", path=path, content=json.dumps(final, indent=2) + "\n"),
-                     _call("submit", answer="")],
+        "solution": [
+            _call("read_file", path=path),
+            _call("write_file", path=path, content=json.dumps(final, indent=2) + "\n"),
+            _call("submit", answer=""),
+        ],
         "data": {"path": path, "settings": settings, "changes": changes},
         "required_observations": ["read_file"],
     }
@@ -799,18 +1012,22 @@ def scaffold_project(rng: random.Random) -> dict[str, Any]:
     paths = list(files)
 
     def check(env: Environment) -> dict[str, float]:
-        return _run_checks({
-            "readme": lambda: _same(env, paths[0], files[paths[0]]),
-            "main": lambda: _same(env, paths[1], files[paths[1]]),
-            "config": lambda: _same(env, paths[2], files[paths[2]]),
-        })
+        return _run_checks(
+            {
+                "readme": lambda: _same(env, paths[0], files[paths[0]]),
+                "main": lambda: _same(env, paths[1], files[paths[1]]),
+                "config": lambda: _same(env, paths[2], files[paths[2]]),
+            }
+        )
 
     listing = "\n".join(f"- {p} containing the line: {t}" for p, t in files.items())
     return {
-        "instruction": f"Create a small project in the folder {name}/ with these three files, one line each:\n{listing}",
+        "instruction": f"Create a small project in the folder {name}/ with these three files, "
+        f"one line each:\n{listing}",
         "setup": lambda env: None,
         "check": check,
-        "solution": [_call("write_file", path=p, content=t + "\n") for p, t in files.items()] + [_call("submit", answer="")],
+        "solution": [_call("write_file", path=p, content=t + "\n") for p, t in files.items()]
+        + [_call("submit", answer="")],
         "data": {"files": files},
     }
 
