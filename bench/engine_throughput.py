@@ -130,23 +130,33 @@ def run_lockstep(policy, work: Workload, args) -> dict:
             work.next_prompt(policy.tokenizer, p, out[0], e, turn) for e, (p, out) in enumerate(zip(prompts, outputs))
         ]
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "completion_tokens": completion_tokens, "prompt_tokens": prompt_tokens,
-            "prefilled_tokens": padded_tokens}
+    return {
+        "wall_s": wall,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens": prompt_tokens,
+        "prefilled_tokens": padded_tokens,
+    }
 
 
 def run_engine(policy, work: Workload, args, cache_budget: int) -> dict:
     from harnessrl.models.engine import Engine
 
-    engine = Engine(policy.model, policy.tokenizer, max_batch=args.max_batch or args.episodes,
-                    cache_budget_tokens=cache_budget)
+    engine = Engine(
+        policy.model, policy.tokenizer, max_batch=args.max_batch or args.episodes, cache_budget_tokens=cache_budget
+    )
     errors: list[BaseException] = []
 
     def episode(e: int) -> None:
         try:
             prompt = work.first_prompts[e]
             for turn in range(args.turns):
-                result = engine.submit(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                       seed=request_seed(args.seed, e, turn)).result()
+                result = engine.submit(
+                    prompt,
+                    args.max_new_tokens,
+                    temperature=args.temperature,
+                    top_p=args.top_p,
+                    seed=request_seed(args.seed, e, turn),
+                ).result()
                 prompt = work.next_prompt(policy.tokenizer, prompt, result.ids, e, turn)
         except BaseException as exc:  # noqa: BLE001 - reported after the run
             errors.append(exc)
@@ -163,10 +173,18 @@ def run_engine(policy, work: Workload, args, cache_budget: int) -> dict:
     if errors:
         raise errors[0]
     s = engine.stats()
-    return {"wall_s": wall, "completion_tokens": s.completion_tokens, "prompt_tokens": s.prompt_tokens,
-            "prefilled_tokens": s.prefilled_tokens, "cached_tokens": s.cached_tokens,
-            "decode_steps": s.decode_steps, "mean_batch": round(s.mean_batch, 2),
-            "prefill_s": s.prefill_seconds, "decode_s": s.decode_seconds, "evictions": s.evictions}
+    return {
+        "wall_s": wall,
+        "completion_tokens": s.completion_tokens,
+        "prompt_tokens": s.prompt_tokens,
+        "prefilled_tokens": s.prefilled_tokens,
+        "cached_tokens": s.cached_tokens,
+        "decode_steps": s.decode_steps,
+        "mean_batch": round(s.mean_batch, 2),
+        "prefill_s": s.prefill_seconds,
+        "decode_s": s.decode_seconds,
+        "evictions": s.evictions,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,11 +212,30 @@ def main(argv: list[str] | None = None) -> int:
         values = [r[key] for r in runs[mode] if key in r]
         return statistics.median(values) if values else None
 
-    summary = {"model": args.model, "threads": threads, "episodes": args.episodes, "turns": args.turns,
-               "demos": args.demos, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-               "first_prompt_tokens": [len(p) for p in work.first_prompts], "repeats": args.repeats, "modes": {}}
-    keys = ("wall_s", "tok_s", "completion_tokens", "prompt_tokens", "prefilled_tokens", "cached_tokens",
-            "decode_steps", "mean_batch", "prefill_s", "decode_s")
+    summary = {
+        "model": args.model,
+        "threads": threads,
+        "episodes": args.episodes,
+        "turns": args.turns,
+        "demos": args.demos,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "first_prompt_tokens": [len(p) for p in work.first_prompts],
+        "repeats": args.repeats,
+        "modes": {},
+    }
+    keys = (
+        "wall_s",
+        "tok_s",
+        "completion_tokens",
+        "prompt_tokens",
+        "prefilled_tokens",
+        "cached_tokens",
+        "decode_steps",
+        "mean_batch",
+        "prefill_s",
+        "decode_s",
+    )
     print(f"{'mode':15s} " + " ".join(f"{k:>17s}" for k in keys))
     for mode in args.modes:
         row = {k: median(mode, k) for k in keys}

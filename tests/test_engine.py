@@ -29,9 +29,12 @@ def _generate_alone(model, prompt: list[int], max_new: int, stops: list[int]) ->
         max_new_tokens=max_new, do_sample=False, num_beams=1, eos_token_id=stops or None, pad_token_id=0
     )
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             generation_config=config)
-    ids = out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            generation_config=config,
+        )
+    ids = out[0, len(prompt) :].tolist()
     for i, t in enumerate(ids):
         if t in stops:
             return ids[: i + 1]
