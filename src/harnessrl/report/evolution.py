@@ -19,7 +19,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from harnessrl.report.plots import _RC, CLASS_COLORS, _save, class_kind
+from harnessrl.report.plots import CLASS_COLORS, PLOT_STYLE, class_kind, save_figure
 from harnessrl.triage import CLASSES
 
 LOG = "evolution.jsonl"
@@ -93,7 +93,7 @@ def load_evolution(folder: Path) -> Evolution:
 def progress_chart(evo: Evolution, path: Path) -> Path:
     """Left: dev score per iteration (re-measured incumbent with CI; candidates as dots, accepted
     ones as stars). Right: each candidate's paired delta vs the incumbent, with the threshold."""
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(10.0, 3.6), layout="constrained")
         left, right = fig.subplots(1, 2)
         inc = evo.incumbent_per_iteration()
@@ -149,14 +149,14 @@ def progress_chart(evo: Evolution, path: Path) -> Path:
             its = sorted({int(r["iteration"]) for r in evo.records if r.get("iteration") is not None})
             if its:
                 ax.set_xticks(its if len(its) <= 20 else its[:: max(1, len(its) // 10)])
-        return _save(fig, path)
+        return save_figure(fig, path)
 
 
 def triage_shares_chart(final: dict, path: Path) -> Path:
     """How the failed held-out episodes split by first failure signal, seed vs best (each bar
     sums to 1 over its failed episodes; the number failed is in the label)."""
     sides = [("seed", final.get("seed") or {}), ("best", final.get("best_harness") or {})]
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(7.5, 3.2), layout="constrained")
         ax = fig.add_subplot()
         bottom = np.zeros(len(sides))
@@ -180,7 +180,7 @@ def triage_shares_chart(final: dict, path: Path) -> Path:
         ax.set_xlabel("share of the failed held-out episodes, by first failure signal")
         ax.set_title("Held-out triage: seed vs best harness")
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        return _save(fig, path)
+        return save_figure(fig, path)
 
 
 def write_figures(evo: Evolution, plots_dir: Path, root: Path) -> None:

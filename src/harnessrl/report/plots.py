@@ -44,7 +44,7 @@ HARNESS_COLORS = [
     "#17becf",
 ]
 
-_RC = {
+PLOT_STYLE = {
     "svg.fonttype": "none",
     "svg.hashsalt": "harnessrl-report",
     "font.size": 9,
@@ -59,7 +59,7 @@ def class_kind(cls: str) -> str:
     return "process" if cls in PROCESS else "content" if cls in CONTENT else "infra"
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
     fig.savefig(path, format="svg", metadata={"Date": None})
     # Drop the DOCTYPE and the RDF metadata block: they only name external URLs (never fetched,
     # but a self-contained report should not even mention them). xmlns attributes stay.
@@ -91,7 +91,7 @@ def mean_score_chart(
 ) -> Path:
     """Bars of mean task score with bootstrap CI whiskers; harnesses with no episode are skipped."""
     names = [h for h, m in summaries.items() if m.mean_score is not None]
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(_width(len(names)), 3.4), layout="constrained")
         ax = fig.add_subplot()
         means = np.array([summaries[h].mean_score for h in names], dtype=float)
@@ -116,12 +116,12 @@ def mean_score_chart(
         ax.set_ylabel("mean score")
         ax.set_title(title)
         ax.grid(axis="x", visible=False)
-        return _save(fig, path)
+        return save_figure(fig, path)
 
 
 def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> Path:
     """Stacked bars: failed episodes per harness split by first failure signal (CLASSES order)."""
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(_width(len(harnesses)) + 2.2, 3.6), layout="constrained")
         ax = fig.add_subplot()
         x = np.arange(len(harnesses))
@@ -154,7 +154,7 @@ def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> P
         ax.set_title("First failure signal of failed episodes (hatched: process, blue: content)")
         ax.grid(axis="x", visible=False)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        return _save(fig, path)
+        return save_figure(fig, path)
 
 
 def pass_k_chart(
@@ -163,7 +163,7 @@ def pass_k_chart(
     """pass@k (at least one of k passes) and pass^k (all k pass) over k = 1..attempts."""
     ks = list(range(1, attempts + 1))
     colors = colors or harness_colors(list(summaries))
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(9.0, 3.4), layout="constrained")
         axes = fig.subplots(1, 2, sharey=True)
         for ax, key, title in (
@@ -182,7 +182,7 @@ def pass_k_chart(
             ax.set_title(title)
         axes[0].set_ylabel("rate over tasks")
         axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        return _save(fig, path)
+        return save_figure(fig, path)
 
 
 def paired_chart(rows: list[dict], path: Path) -> Path:
@@ -190,7 +190,7 @@ def paired_chart(rows: list[dict], path: Path) -> Path:
     thick bar for its 95% CI, a line at zero."""
     rows = [r for r in rows if r["mean_difference"] is not None]
     rng = np.random.default_rng(0)
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(8.0, 1.0 + 0.7 * max(1, len(rows))), layout="constrained")
         ax = fig.add_subplot()
         for i, r in enumerate(rows):
@@ -218,4 +218,4 @@ def paired_chart(rows: list[dict], path: Path) -> Path:
         ax.set_xlabel("score difference per task (B minus A); mean and 95% CI")
         ax.set_title("Paired per-task differences")
         ax.grid(axis="y", visible=False)
-        return _save(fig, path)
+        return save_figure(fig, path)

@@ -409,3 +409,8 @@ def generate_from_seed(family: Family, seed: Any) -> dict[str, Any]:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"task seed must be a non-negative integer, got {seed!r}")
     return family(random.Random(seed))
+
+
+def solution_call(name: str, **arguments: Any) -> dict[str, Any]:
+    """One tool call of a task's known-good solution, as suites write them."""
+    return {"name": name, "arguments": arguments}

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlsplit
 
-from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed
-from harnessrl.tasks.suites.toolcalc import _call, _numeric_check, fmt_number, text_matches
+from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.suites.toolcalc import fmt_number, numeric_check, text_matches
 
 PAGE_SIZE = 4  # items per listing page: small pages keep observations short for a 135M model
 MAX_SEARCH_RESULTS = 8
@@ -715,8 +715,12 @@ def cheapest_pair(rng: random.Random) -> dict[str, Any]:
             f"Its listing {_listing(cat)} has 2 pages. Submit the total."
         ),
         "setup": _setup(site),
-        "check": _numeric_check(total),
-        "solution": [_call("open", url=_listing(cat)), _call("next_page"), _call("submit", answer=fmt_number(total))],
+        "check": numeric_check(total),
+        "solution": [
+            solution_call("open", url=_listing(cat)),
+            solution_call("next_page"),
+            solution_call("submit", answer=fmt_number(total)),
+        ],
         "data": {"site": site, "category": cat},
         "required_observations": ["open", "next_page"],
     }
@@ -741,12 +745,12 @@ def out_of_stock_count(rng: random.Random) -> dict[str, Any]:
             f"Its listing {_listing(cat)} has 3 pages. Submit the number."
         ),
         "setup": _setup(site),
-        "check": _numeric_check(len(empty)),
+        "check": numeric_check(len(empty)),
         "solution": [
-            _call("open", url=_listing(cat)),
-            _call("next_page"),
-            _call("next_page"),
-            _call("submit", answer=str(len(empty))),
+            solution_call("open", url=_listing(cat)),
+            solution_call("next_page"),
+            solution_call("next_page"),
+            solution_call("submit", answer=str(len(empty))),
         ],
         "data": {"site": site, "category": cat},
         "required_observations": ["open", "next_page"],
@@ -788,7 +792,7 @@ def top_poster(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup(site),
         "check": check,
-        "solution": [_call("open", url=url), _call("next_page"), _call("submit", answer=top)],
+        "solution": [solution_call("open", url=url), solution_call("next_page"), solution_call("submit", answer=top)],
         "data": {"site": site, "thread": thread["id"]},
         "required_observations": ["open", "next_page"],
     }
@@ -827,7 +831,11 @@ def post_author_order(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup(site),
         "check": check,
-        "solution": [_call("search", query=damage), _call("click", link=author), _call("submit", answer=str(target))],
+        "solution": [
+            solution_call("search", query=damage),
+            solution_call("click", link=author),
+            solution_call("submit", answer=str(target)),
+        ],
         "data": {"site": site, "damage": damage},
         "required_observations": ["search", "click"],
     }
@@ -867,11 +875,11 @@ def cancel_order(rng: random.Random) -> dict[str, Any]:
         "setup": _setup(site),
         "check": check,
         "solution": [
-            _call("open", url=url),
-            _call("open", url=f"/customer/{user}"),
-            _call("click", link=link),
-            _call("click", link="cancel"),
-            _call("submit", answer=""),
+            solution_call("open", url=url),
+            solution_call("open", url=f"/customer/{user}"),
+            solution_call("click", link=link),
+            solution_call("click", link="cancel"),
+            solution_call("submit", answer=""),
         ],
         "data": {"site": site, "user": user},
         "required_observations": ["open", "click"],

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harnessrl.tasks.base import Environment, Family, Suite, Task, Tool, ToolFailed
+from harnessrl.tasks.base import Environment, Family, Suite, Task, Tool, ToolFailed, solution_call
 from harnessrl.tasks.suites.planning_world import (
     DINNER_WINDOW,
     MAX_ROWS,
@@ -650,10 +650,6 @@ def _instruction(request: Request) -> str:
     )
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"name": name, "arguments": arguments}
-
-
 def _family(days: tuple[int, int], stops: int, constraints: tuple[int, int]) -> Family:
     def family(rng: random.Random) -> dict[str, Any]:
         trip = build_trip(rng, rng.randint(*days), stops, rng.randint(*constraints))
@@ -662,12 +658,12 @@ def _family(days: tuple[int, int], stops: int, constraints: tuple[int, int]) -> 
         for d, p in enumerate(trip.plan, start=1):
             for s in p.travel:
                 tool = "search_flights" if s.mode == "flight" else "search_trains"
-                calls.append(_call(tool, origin=s.origin, destination=s.destination, date=s.date))
+                calls.append(solution_call(tool, origin=s.origin, destination=s.destination, date=s.date))
         for city, _ in request.stops:
             for tool in ("search_hotels", "search_restaurants", "search_attractions"):
                 if tool != "search_hotels" or request.days > 1:
-                    calls.append(_call(tool, city=city))
-        calls.append(_call("submit", itinerary=plan_to_itinerary(trip.plan)))
+                    calls.append(solution_call(tool, city=city))
+        calls.append(solution_call("submit", itinerary=plan_to_itinerary(trip.plan)))
 
         def setup(env: Environment) -> None:
             env.state["world"] = world

@@ -18,7 +18,7 @@ import random
 import re
 from typing import Any, Callable
 
-from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed
+from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
 
 # -- number formatting and lenient parsing ------------------------------------------------------
 
@@ -177,15 +177,11 @@ CONVERT = Tool(
 SUBMIT_HINT = "then submit the result with the submit tool."
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"name": name, "arguments": arguments}
-
-
 def _no_setup(env: Environment) -> None:
     return None
 
 
-def _numeric_check(expected: float) -> Callable[[Environment], dict[str, float]]:
+def numeric_check(expected: float) -> Callable[[Environment], dict[str, float]]:
     def check(env: Environment) -> dict[str, float]:
         return {"answer": 1.0 if numbers_match(parse_number(env.answer), expected) else 0.0}
 
@@ -196,9 +192,9 @@ def _binary(op: str, word: str, tool: Tool, a: int, b: int, result: float) -> di
     return {
         "instruction": f"What is {a} {word} {b}? Use the {tool.name} tool, {SUBMIT_HINT}",
         "setup": _no_setup,
-        "check": _numeric_check(result),
+        "check": numeric_check(result),
         "tools": [tool],
-        "solution": [_call(tool.name, a=a, b=b), _call("submit", answer=fmt_number(result))],
+        "solution": [solution_call(tool.name, a=a, b=b), solution_call("submit", answer=fmt_number(result))],
         "data": {"op": op, "a": a, "b": b},
     }
 
@@ -230,9 +226,13 @@ def add_then_multiply(rng: random.Random) -> dict[str, Any]:
     return {
         "instruction": (f"What is ({a} plus {b}) times {c}? Use the add tool, then the multiply tool, {SUBMIT_HINT}"),
         "setup": _no_setup,
-        "check": _numeric_check(result),
+        "check": numeric_check(result),
         "tools": [ADD, MULTIPLY],
-        "solution": [_call("add", a=a, b=b), _call("multiply", a=a + b, b=c), _call("submit", answer=str(result))],
+        "solution": [
+            solution_call("add", a=a, b=b),
+            solution_call("multiply", a=a + b, b=c),
+            solution_call("submit", answer=str(result)),
+        ],
         "data": {"op": "add_then_multiply", "a": a, "b": b, "c": c},
     }
 
@@ -279,9 +279,9 @@ def lookup_price(rng: random.Random) -> dict[str, Any]:
     return {
         "instruction": f'How much does one {item} cost? Use the lookup tool with key "{item}", {SUBMIT_HINT}',
         "setup": _table_setup(table),
-        "check": _numeric_check(table[item]),
+        "check": numeric_check(table[item]),
         "tools": [LOOKUP],
-        "solution": [_call("lookup", key=item), _call("submit", answer=fmt_number(table[item]))],
+        "solution": [solution_call("lookup", key=item), solution_call("submit", answer=fmt_number(table[item]))],
         "data": {"table": table, "key": item},
         "required_observations": ["lookup"],
     }
@@ -298,12 +298,12 @@ def price_times_quantity(rng: random.Random) -> dict[str, Any]:
             f"of one, then the multiply tool, {SUBMIT_HINT}"
         ),
         "setup": _table_setup(table),
-        "check": _numeric_check(total),
+        "check": numeric_check(total),
         "tools": [LOOKUP, MULTIPLY],
         "solution": [
-            _call("lookup", key=single),
-            _call("multiply", a=table[single], b=n),
-            _call("submit", answer=fmt_number(total)),
+            solution_call("lookup", key=single),
+            solution_call("multiply", a=table[single], b=n),
+            solution_call("submit", answer=fmt_number(total)),
         ],
         "data": {"table": table, "key": single, "quantity": n},
         "required_observations": ["lookup"],
@@ -366,7 +366,7 @@ def lookup_capital(rng: random.Random) -> dict[str, Any]:
         "setup": _table_setup(table),
         "check": check,
         "tools": [LOOKUP],
-        "solution": [_call("lookup", key=country), _call("submit", answer=capital)],
+        "solution": [solution_call("lookup", key=country), solution_call("submit", answer=capital)],
         "data": {"table": table, "key": country},
         "required_observations": ["lookup"],
     }
@@ -406,11 +406,11 @@ def convert_units(rng: random.Random) -> dict[str, Any]:
             f'Convert {shown} {src} to {dst}. Use the convert tool (from_unit "{src}", to_unit "{dst}"), {SUBMIT_HINT}'
         ),
         "setup": _no_setup,
-        "check": _numeric_check(result),
+        "check": numeric_check(result),
         "tools": [CONVERT],
         "solution": [
-            _call("convert", value=value, from_unit=src, to_unit=dst),
-            _call("submit", answer=fmt_number(result)),
+            solution_call("convert", value=value, from_unit=src, to_unit=dst),
+            solution_call("submit", answer=fmt_number(result)),
         ],
         "data": {"value": value, "from": src, "to": dst},
     }

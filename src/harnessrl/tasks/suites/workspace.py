@@ -20,7 +20,7 @@ import random
 import re
 from typing import Any, Callable
 
-from harnessrl.tasks.base import Environment, Family, Suite, Tool
+from harnessrl.tasks.base import Environment, Family, Suite, Tool, solution_call
 from harnessrl.tasks.workspace import WORKSPACE_TOOLS
 
 # -- word pools ---------------------------------------------------------------------------------
@@ -227,10 +227,6 @@ def _paragraph(rng: random.Random, lo: int, hi: int) -> str:
 # -- grading helpers ----------------------------------------------------------------------------
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"name": name, "arguments": arguments}
-
-
 def _norm_lines(text: str | None) -> list[str] | None:
     """Lines with trailing whitespace and trailing blank lines removed (None stays None)."""
     if text is None:
@@ -342,7 +338,10 @@ def create_file(rng: random.Random) -> dict[str, Any]:
         "instruction": f"Create the file {path} containing exactly this one line:\n{content}",
         "setup": lambda env: None,
         "check": check,
-        "solution": [_call("write_file", path=path, content=content + "\n"), _call("submit", answer="")],
+        "solution": [
+            solution_call("write_file", path=path, content=content + "\n"),
+            solution_call("submit", answer=""),
+        ],
         "data": {"path": path, "content": content},
     }
 
@@ -378,7 +377,7 @@ def append_line(rng: random.Random) -> dict[str, Any]:
         "instruction": f"Add the line '{new}' at the end of {path}. Keep all the existing lines as they are.",
         "setup": _setup_files({path: text}),
         "check": check,
-        "solution": [_call("append_file", path=path, content=new + "\n"), _call("submit", answer="")],
+        "solution": [solution_call("append_file", path=path, content=new + "\n"), solution_call("submit", answer="")],
         "data": {"path": path, "lines": original, "new": new},
     }
 
@@ -410,7 +409,7 @@ def rename_file(rng: random.Random) -> dict[str, Any]:
         "instruction": instruction,
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("move_file", source=src, destination=dst), _call("submit", answer="")],
+        "solution": [solution_call("move_file", source=src, destination=dst), solution_call("submit", answer="")],
         "data": {"files": files, "source": src, "destination": dst},
     }
 
@@ -449,9 +448,9 @@ def delete_matching(rng: random.Random) -> dict[str, Any]:
         "instruction": f"Delete every file in {folder}/ {rule}. Do not delete or change any other file.",
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)]
-        + [_call("delete_file", path=p) for p in sorted(doomed)]
-        + [_call("submit", answer="")],
+        "solution": [solution_call("list_dir", path=folder)]
+        + [solution_call("delete_file", path=p) for p in sorted(doomed)]
+        + [solution_call("submit", answer="")],
         "data": {"files": files, "rule": rule, "delete": sorted(doomed)},
     }
 
@@ -490,9 +489,9 @@ def sort_by_extension(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)]
-        + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
-        + [_call("submit", answer="")],
+        "solution": [solution_call("list_dir", path=folder)]
+        + [solution_call("move_file", source=s, destination=d) for s, d in moves.items()]
+        + [solution_call("submit", answer="")],
         "data": {"files": files},
     }
 
@@ -511,9 +510,9 @@ def copy_content(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({src: text}),
         "check": check,
         "solution": [
-            _call("read_file", path=src),
-            _call("write_file", path=dst, content=text),
-            _call("submit", answer=""),
+            solution_call("read_file", path=src),
+            solution_call("write_file", path=dst, content=text),
+            solution_call("submit", answer=""),
         ],
         "data": {"source": src, "destination": dst, "text": text},
         "required_observations": ["read_file"],
@@ -577,9 +576,9 @@ def csv_report(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({csv_path: text}),
         "check": check,
         "solution": [
-            _call("read_file", path=csv_path),
-            _call("write_file", path=out, content=f"{label}: {shown}\n"),
-            _call("submit", answer=""),
+            solution_call("read_file", path=csv_path),
+            solution_call("write_file", path=out, content=f"{label}: {shown}\n"),
+            solution_call("submit", answer=""),
         ],
         "data": {"csv": csv_path, "text": text, "mode": mode, "out": out, "label": label, "expected": expected},
         "required_observations": ["read_file"],
@@ -641,9 +640,9 @@ def fix_config(rng: random.Random) -> dict[str, Any]:
             }
         )
 
-    solution = [_call("search_text", query=old, path="config")]
+    solution = [solution_call("search_text", query=old, path="config")]
     for p in sorted(fixed):
-        solution += [_call("read_file", path=p), _call("write_file", path=p, content=fixed[p])]
+        solution += [solution_call("read_file", path=p), solution_call("write_file", path=p, content=fixed[p])]
     return {
         "instruction": (
             f"Some files in config/ use the wrong value '{old}'. Replace it with '{new}' in every file "
@@ -651,7 +650,7 @@ def fix_config(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files(files),
         "check": check,
-        "solution": solution + [_call("submit", answer="")],
+        "solution": solution + [solution_call("submit", answer="")],
         "data": {"files": files, "old": old, "new": new},
         "required_observations": ["read_file"],
     }
@@ -703,9 +702,9 @@ def rename_by_rule(rng: random.Random) -> dict[str, Any]:
         "instruction": instruction,
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("list_dir", path=folder)]
-        + [_call("move_file", source=s, destination=d) for s, d in moves.items()]
-        + [_call("submit", answer="")],
+        "solution": [solution_call("list_dir", path=folder)]
+        + [solution_call("move_file", source=s, destination=d) for s, d in moves.items()]
+        + [solution_call("submit", answer="")],
         "data": {"files": files, "rule": rule, "moves": moves},
     }
 
@@ -743,10 +742,10 @@ def merge_lists(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({path_a: "".join(x + "\n" for x in a), path_b: "".join(x + "\n" for x in b)}),
         "check": check,
         "solution": [
-            _call("read_file", path=path_a),
-            _call("read_file", path=path_b),
-            _call("write_file", path=out, content="".join(x + "\n" for x in expected)),
-            _call("submit", answer=""),
+            solution_call("read_file", path=path_a),
+            solution_call("read_file", path=path_b),
+            solution_call("write_file", path=out, content="".join(x + "\n" for x in expected)),
+            solution_call("submit", answer=""),
         ],
         "data": {"a": a, "b": b, "out": out, "paths": [path_a, path_b]},
         "required_observations": ["read_file"],
@@ -818,9 +817,9 @@ def extract_lines(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({log: "".join(ln + "\n" for ln in lines)}),
         "check": check,
         "solution": [
-            _call("read_file", path=log),
-            _call("write_file", path=out, content="".join(m + "\n" for m in matching)),
-            _call("submit", answer=""),
+            solution_call("read_file", path=log),
+            solution_call("write_file", path=out, content="".join(m + "\n" for m in matching)),
+            solution_call("submit", answer=""),
         ],
         "data": {"log": log, "lines": lines, "pattern": pattern, "out": out},
         "required_observations": ["read_file"],
@@ -851,9 +850,9 @@ def count_text(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({path: text}),
         "check": check,
         "solution": [
-            _call("read_file", path=path),
-            _call("write_file", path=out, content=f"{n}\n"),
-            _call("submit", answer=""),
+            solution_call("read_file", path=path),
+            solution_call("write_file", path=out, content=f"{n}\n"),
+            solution_call("submit", answer=""),
         ],
         "data": {"path": path, "text": text, "mode": mode, "out": out},
         "required_observations": ["read_file"],
@@ -894,7 +893,7 @@ def answer_from_file(rng: random.Random) -> dict[str, Any]:
         "instruction": f"Read {path} and answer: {question} Give the answer with the submit tool (answer=...).",
         "setup": _setup_files({path: text}),
         "check": check,
-        "solution": [_call("read_file", path=path), _call("submit", answer=expected)],
+        "solution": [solution_call("read_file", path=path), solution_call("submit", answer=expected)],
         "data": {"path": path, "text": text, "question": question, "expected": expected},
         "required_observations": ["read_file"],
     }
@@ -931,7 +930,7 @@ def find_file(rng: random.Random) -> dict[str, Any]:
         ),
         "setup": _setup_files(files),
         "check": check,
-        "solution": [_call("search_text", query=code, path=folder), _call("submit", answer=target)],
+        "solution": [solution_call("search_text", query=code, path=folder), solution_call("submit", answer=target)],
         "data": {"files": files, "code": code, "target": target},
     }
 
@@ -989,9 +988,9 @@ def json_update(rng: random.Random) -> dict[str, Any]:
         "setup": _setup_files({path: json.dumps(settings, indent=2) + "\n"}),
         "check": check,
         "solution": [
-            _call("read_file", path=path),
-            _call("write_file", path=path, content=json.dumps(final, indent=2) + "\n"),
-            _call("submit", answer=""),
+            solution_call("read_file", path=path),
+            solution_call("write_file", path=path, content=json.dumps(final, indent=2) + "\n"),
+            solution_call("submit", answer=""),
         ],
         "data": {"path": path, "settings": settings, "changes": changes},
         "required_observations": ["read_file"],
@@ -1026,8 +1025,8 @@ def scaffold_project(rng: random.Random) -> dict[str, Any]:
         f"one line each:\n{listing}",
         "setup": lambda env: None,
         "check": check,
-        "solution": [_call("write_file", path=p, content=t + "\n") for p, t in files.items()]
-        + [_call("submit", answer="")],
+        "solution": [solution_call("write_file", path=p, content=t + "\n") for p, t in files.items()]
+        + [solution_call("submit", answer="")],
         "data": {"files": files},
     }
 
