@@ -90,6 +90,46 @@ def episode_scores(trajectories: list[Trajectory]) -> dict[str, list[float]]:
 
 
 @dataclass
+class Confirmation:
+    """The re-measure on fresh samples of a candidate that beat the threshold once."""
+
+    incumbent_dev: dict[str, Any]
+    dev: dict[str, Any] | None = None
+    delta: float | None = None
+    delta_ci95: list[float] | None = None
+    beats_threshold: bool = False
+    error: str | None = None
+
+
+@dataclass
+class CandidateLine:
+    """One line of evolution.jsonl: a proposal, how it was measured and what was decided."""
+
+    iteration: int
+    candidate: str  # its label, e.g. i03.c2
+    parent: str  # the incumbent it was proposed against
+    proposer: str
+    edit: str | None
+    hypothesis: str | None
+    target: str | None
+    incumbent_dev: dict[str, Any]
+    threshold: float | None
+    error: str | None = None
+    diff: list[Any] = field(default_factory=list)
+    spec_fingerprint: str | None = None
+    status: str = "measured"  # measured, invalid, no-op, crashed
+    dev: dict[str, Any] | None = None
+    delta: float | None = None
+    delta_ci95: list[float] | None = None
+    beats_threshold: bool = False
+    confirmation: Confirmation | None = None
+    accepted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class Measurement:
     label: str
     seed: int  # the sampling seed it ran with (from its stream)
@@ -319,14 +359,14 @@ class Evolution:
             lines.append(self._candidate(state, it, k, p, incumbent, inc))
         chosen = self._confirm(state, it, incumbent, lines)
         if chosen is not None:
-            best = next(line for line in lines if line["candidate"] == chosen)
-            best["accepted"] = True
+            best = next(line for line in lines if line.candidate == chosen)
+            best.accepted = True
             state.incumbent = chosen
             state.accepted.append(chosen)
             self._write(BEST, renamed(self._load_spec(chosen), self._best_name()).to_yaml())
         with open(self._path(LOG), "a", encoding="utf-8") as f:
             for line in lines:
-                f.write(json.dumps(line) + "\n")
+                f.write(json.dumps(line.to_json()) + "\n")
             f.flush()
             os.fsync(f.fileno())
         state.iterations_done = it
@@ -335,49 +375,38 @@ class Evolution:
         self.log(f"iteration {it}: incumbent {inc.summary['mean_score']}, {verdicts}")
 
     @staticmethod
-    def _verdict_text(line: dict[str, Any]) -> str:
-        text = f"{line['candidate']} {line['status']} delta={line['delta']}"
-        if line["confirmation"] is not None:
-            text += f" confirmation delta={line['confirmation']['delta']}"
-            confirmed = line["confirmation"]["beats_threshold"]
-            text += " ACCEPTED" if line["accepted"] else " confirmed" if confirmed else " not confirmed"
+    def _verdict_text(line: CandidateLine) -> str:
+        text = f"{line.candidate} {line.status} delta={line.delta}"
+        if line.confirmation is not None:
+            text += f" confirmation delta={line.confirmation.delta}"
+            confirmed = line.confirmation.beats_threshold
+            text += " ACCEPTED" if line.accepted else " confirmed" if confirmed else " not confirmed"
         return text
 
-    def _confirm(self, state: State, it: int, incumbent: HarnessSpec, lines: list[dict[str, Any]]) -> str | None:
+    def _confirm(self, state: State, it: int, incumbent: HarnessSpec, lines: list[CandidateLine]) -> str | None:
         """Re-measure every screening winner and the incumbent on fresh samples (stream iNN.confirm);
         the label of the candidate to accept, or None. Fills each winner's `confirmation`."""
-        screened = {line["candidate"]: line["delta"] for line in lines if line["beats_threshold"]}
+        screened = {line.candidate: line.delta for line in lines if line.beats_threshold}
         winners = screening_winners(screened, state.threshold)
         if not winners:
             return None
         stream = f"i{it:02d}.confirm"
         inc = self.measure(incumbent, f"i{it:02d}.incumbent.confirm", self.dev_tasks, stream, "search")
-        by_label = {line["candidate"]: line for line in lines}
+        by_label = {line.candidate: line for line in lines}
         deltas: dict[str, float | None] = {}
         for label in winners:
-            conf: dict[str, Any] = {
-                "dev": None,
-                "incumbent_dev": inc.dev_record(),
-                "delta": None,
-                "delta_ci95": None,
-                "beats_threshold": False,
-                "error": None,
-            }
-            by_label[label]["confirmation"] = conf
+            conf = Confirmation(incumbent_dev=inc.dev_record())
+            by_label[label].confirmation = conf
             try:
                 cand = self.measure(self._load_spec(label), f"{label}.confirm", self.dev_tasks, stream, "search")
             except Exception as e:  # as in screening: a candidate that breaks the runner is skipped
                 state.crashed_candidates += 1
-                by_label[label]["status"] = "crashed"
-                conf["error"] = by_label[label]["error"] = f"{type(e).__name__}: {e}"
+                by_label[label].status = "crashed"
+                conf.error = by_label[label].error = f"{type(e).__name__}: {e}"
                 continue
             verdict = compare(inc.scores, cand.scores, state.threshold)
-            conf.update(
-                dev=cand.dev_record(),
-                delta=verdict["delta"],
-                delta_ci95=verdict["delta_ci95"],
-                beats_threshold=verdict["accepted"],
-            )
+            conf.dev, conf.delta = cand.dev_record(), verdict["delta"]
+            conf.delta_ci95, conf.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
             deltas[label] = verdict["delta"]
             if not verdict["accepted"]:
                 state.unconfirmed_candidates += 1
@@ -388,54 +417,41 @@ class Evolution:
 
     def _candidate(
         self, state: State, it: int, k: int, p: Proposal, incumbent: HarnessSpec, inc: Measurement
-    ) -> dict[str, Any]:
+    ) -> CandidateLine:
         label = f"i{it:02d}.c{k}"
-        line: dict[str, Any] = {
-            "iteration": it,
-            "candidate": label,
-            "parent": state.incumbent,
-            "proposer": self.proposer.name,
-            "edit": p.edit,
-            "hypothesis": p.hypothesis,
-            "target": p.target,
-            "diff": [],
-            "spec_fingerprint": None,
-            "status": "measured",
-            "error": p.error,
-            "dev": None,
-            "incumbent_dev": inc.dev_record(),
-            "delta": None,
-            "delta_ci95": None,
-            "threshold": state.threshold,
-            "beats_threshold": False,
-            "confirmation": None,  # the re-measure on fresh samples, for a candidate that beat the threshold
-            "accepted": False,
-        }
+        line = CandidateLine(
+            iteration=it,
+            candidate=label,
+            parent=state.incumbent,
+            proposer=self.proposer.name,
+            edit=p.edit,
+            hypothesis=p.hypothesis,
+            target=p.target,
+            incumbent_dev=inc.dev_record(),
+            threshold=state.threshold,
+            error=p.error,
+        )
         if p.spec is None:
             state.invalid_proposals += 1
-            line["status"] = "invalid"
+            line.status = "invalid"
             return line
-        line["diff"] = spec_diff(incumbent, p.spec)
-        line["spec_fingerprint"] = spec_fingerprint(p.spec)
-        if not line["diff"]:
-            line["status"] = "no-op"
-            line["error"] = "the candidate is identical to the incumbent"
+        line.diff = spec_diff(incumbent, p.spec)
+        line.spec_fingerprint = spec_fingerprint(p.spec)
+        if not line.diff:
+            line.status = "no-op"
+            line.error = "the candidate is identical to the incumbent"
             return line
         self._save_spec(label, p.spec)
         try:
             cand = self.measure(p.spec, label, self.dev_tasks, f"i{it:02d}", "search")
         except Exception as e:  # a candidate that breaks the runner is skipped, not fatal
             state.crashed_candidates += 1
-            line["status"] = "crashed"
-            line["error"] = f"{type(e).__name__}: {e}"
+            line.status = "crashed"
+            line.error = f"{type(e).__name__}: {e}"
             return line
         verdict = compare(inc.scores, cand.scores, state.threshold)
-        line.update(
-            dev=cand.dev_record(),
-            delta=verdict["delta"],
-            delta_ci95=verdict["delta_ci95"],
-            beats_threshold=verdict["accepted"],
-        )
+        line.dev, line.delta = cand.dev_record(), verdict["delta"]
+        line.delta_ci95, line.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
         return line
 
     # -- held-out, once -------------------------------------------------------------------------------
