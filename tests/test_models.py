@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -426,9 +428,98 @@ def test_backend_failure_is_a_policy_error(tokenizer, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(policy.model, "generate", boom)
+    monkeypatch.setattr(policy.model, "forward", boom)
     with pytest.raises(PolicyError, match="out of memory"):
         policy.complete([GenerationRequest(messages=user("hi"))], GREEDY)
+    assert isinstance(policy.submit(GenerationRequest(messages=user("hi")), GREEDY).exception(timeout=60), PolicyError)
+    monkeypatch.undo()
+    assert policy.complete([GenerationRequest(messages=user("hi"), max_new_tokens=3)], GREEDY)[0].completion_ids
+    policy.close()
+
+
+# ------------------------------------------------------------------------ submit: the engine
+
+
+def test_submit_from_many_threads_gives_what_complete_gives(tokenizer):
+    """Each thread submits its own request: same samples as `complete` (seeded requests), the
+    futures resolve independently, and a multi-turn follow-up reuses the cached prefix."""
+    sampling = SamplingParams(temperature=1.0, seed=0)
+    requests = [GenerationRequest(messages=m, max_new_tokens=8, seed=40 + i) for i, m in enumerate(PROMPTS * 2)]
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random", max_batch=3)
+    assert policy.max_concurrency == 3
+    expected = policy.complete(requests, sampling)
+    got: dict[int, ModelCall] = {}
+
+    def episode(i: int) -> None:
+        got[i] = policy.submit(requests[i], sampling).result(timeout=60)
+
+    threads = [threading.Thread(target=episode, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [got[i].completion_ids for i in range(len(requests))] == [c.completion_ids for c in expected]
+    for i, call in got.items():
+        assert call.logprobs == pytest.approx(expected[i].logprobs, abs=1e-4) and call.prompt_ids
+    stats = policy.engine_stats()
+    assert stats["cached_tokens"] > 0 and stats["peak_batch"] <= 3 and stats["finished"] == 2 * len(requests)
+    policy.close()
+
+
+def test_submit_never_waits_and_paused_holds_every_step(tokenizer):
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    request = GenerationRequest(messages=PROMPTS[0], max_new_tokens=4, seed=1)
+    with policy.paused():  # what the trainer holds while it trains this model
+        future = policy.submit(request, GREEDY)
+        time.sleep(0.2)
+        assert not future.done() and policy.engine_stats()["decode_steps"] == 0
+    assert future.result(timeout=60).completion_ids == policy.complete([request], GREEDY)[0].completion_ids
+    policy.close()
+    closed = policy.submit(request, GREEDY)  # close() stops the thread; a later request starts a new engine
+    assert closed.result(timeout=60).completion_ids == future.result().completion_ids
+    policy.close()
+
+
+def test_a_failing_submitted_request_fails_only_its_own_future(tokenizer):
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    good = GenerationRequest(messages=PROMPTS[1], max_new_tokens=5, seed=3)
+    too_long = GenerationRequest(messages=user("word " * 8300), max_new_tokens=5)  # past the model's context
+    unrenderable = GenerationRequest(messages=[], max_new_tokens=5)
+    futures = [policy.submit(r, GREEDY) for r in (good, too_long, unrenderable, good)]
+    assert futures[0].result(timeout=60).completion_ids == futures[3].result(timeout=60).completion_ids
+    assert "context" in str(futures[1].exception(timeout=60))
+    assert "cannot render" in str(futures[2].exception(timeout=60))
+    assert all(isinstance(f.exception(), PolicyError) for f in futures[1:3])
+    with pytest.raises(PolicyError, match="context"):  # complete stays all or nothing
+        policy.complete([good, too_long], GREEDY)
+    outcomes = policy.complete_each([good, too_long], GREEDY)
+    assert isinstance(outcomes[0], ModelCall) and isinstance(outcomes[1], PolicyError)
+    policy.close()
+
+
+def test_cancelling_a_submitted_request_takes_it_out_of_the_engine(tokenizer):
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random", max_batch=1)
+    request = GenerationRequest(messages=PROMPTS[2], max_new_tokens=200)
+    with policy.paused():
+        futures = [policy.submit(request, GREEDY) for _ in range(2)]
+        assert futures[1].cancel()
+    assert futures[0].result(timeout=60).completion_ids
+    stats = policy.engine_stats()
+    assert stats["cancelled"] == 1 and stats["finished"] == 1
+    policy.close()
+
+
+def test_with_sampling_shares_the_engine_but_not_the_call_counter(tokenizer):
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    other = policy.with_sampling(SamplingParams(temperature=0.0, seed=9), name="other")
+    request = GenerationRequest(messages=PROMPTS[1], max_new_tokens=4)
+    policy.complete([request], SamplingParams(temperature=1.0))
+    assert other.complete([request])[0].completion_ids
+    assert (policy.generate_calls, other.generate_calls) == (1, 1)
+    assert other.name == "other" and other.default_sampling.seed == 9 and policy.name == "tiny-random"
+    assert policy.engine_stats()["finished"] == 2 and policy.engine_stats()["cached_tokens"] > 0
+    assert policy.describe()["engine"] == {"max_batch": 16, "cache_budget_tokens": 32768}
+    policy.close()
 
 
 def test_describe_models(tokenizer):

@@ -59,6 +59,8 @@ METRIC_KEYS = {
     "ratio_mean",
     "kl",
     "grad_norm",
+    "rollout_logprob_diff_max",
+    "rollout_logprob_diff_mean",
     "optimizer_step",
     "optimizer_steps",
     "sampling_seed",
@@ -193,9 +195,12 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
         assert r["adv_abs_mean"] > 0 and r["units_trained"] > 0 and math.isfinite(r["loss"]) and r["grad_norm"] > 0
         # one pass, one mini-batch: one optimizer step at the sampling policy, nothing clipped
         assert r["optimizer_steps"] == 1 and r["clip_fraction_by_epoch"] == [0.0] and r["clip_fraction"] == 0.0
+        # the engine's recorded log-probs agree with the trainer's teacher-forced recomputation
+        assert 0 <= r["rollout_logprob_diff_mean"] <= r["rollout_logprob_diff_max"] < 1e-4
     for r in records:
         if not r["optimizer_step"]:
             assert r["optimizer_steps"] == 0 and r["clip_fraction_by_epoch"] is None
+            assert r["rollout_logprob_diff_max"] is None
     assert [e["step"] for e in lines(out / "eval.jsonl")] == [0, 2, 3]
     assert set(lines(out / "eval.jsonl")[0]["mean_score"]) == {"json-tools", "react"}
     config = json.loads((out / "config.json").read_text())
@@ -300,13 +305,18 @@ def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_p
     from harnessrl.models.hf import HFPolicy
 
     seen: list[tuple[str, int]] = []
-    complete = HFPolicy.complete
+    complete, submit = HFPolicy.complete, HFPolicy.submit
 
     def spy(self, requests, sampling=None):
         seen.append(("eval" if "+lora" in self.name else "train", sampling.seed))
         return complete(self, requests, sampling)
 
-    monkeypatch.setattr(HFPolicy, "complete", spy)
+    def submit_spy(self, request, sampling=None):
+        seen.append(("eval" if "+lora" in self.name else "train", sampling.seed))
+        return submit(self, request, sampling)
+
+    monkeypatch.setattr(HFPolicy, "complete", spy)  # whichever of the two the runner uses
+    monkeypatch.setattr(HFPolicy, "submit", submit_spy)
     trainer(tmp_path / "seeds", dataclasses.replace(BASE, steps=2, eval_every=1, seed=5)).run()
     assert {s for kind, s in seen if kind == "train"} == {sampling_seed(5, step, "train") for step in (0, 1)}
     assert {s for kind, s in seen if kind == "eval"} == {sampling_seed(5, step, "eval") for step in (0, 1, 2)}
@@ -464,10 +474,76 @@ def test_one_pass_one_mini_batch_is_one_adamw_step_on_the_full_batch_gradient(tm
     assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
 
 
+def test_old_logprobs_are_recomputed_before_the_first_update(tmp_path, monkeypatch):
+    """Rollout log-probs off by 0.5 (as if the engine had mis-recorded them): the loss still sees
+    ratio 1 at the first mini-step, and the gap is reported."""
+    t = _set_up(tmp_path / "out")
+    units = _units(t)
+    for u in units:
+        u.old_logprobs = [lp + 0.5 for lp in u.old_logprobs]
+    ratios: list[torch.Tensor] = []
+
+    def recording(logprobs, old_logprobs, advantages, completion_mask, **kwargs):
+        ratios.append(torch.exp(logprobs.detach() - old_logprobs)[completion_mask > 0])
+        return grpo_loss(logprobs, old_logprobs, advantages, completion_mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", recording)
+    update = t._update(units, 0)
+    assert len(ratios) == 1 and torch.allclose(ratios[0], torch.ones_like(ratios[0]), atol=1e-6)
+    assert update["rollout_logprob_diff_max"] == pytest.approx(0.5, abs=1e-4)
+    assert update["rollout_logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_generation_after_an_update_uses_the_new_weights(tmp_path, tokenizer):
+    """The engine's prefix cache holds keys/values of the old weights: after an optimizer step
+    (and after a checkpoint restore) the policy generates what a cache-less engine over the new
+    weights generates."""
+    from harnessrl.models.base import GenerationRequest, SamplingParams
+    from harnessrl.models.hf import HFPolicy
+    from harnessrl.types import Message
+
+    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, lr=5e-2))
+    greedy = SamplingParams(temperature=0.0)
+    request = GenerationRequest(messages=[Message(role="user", content="Say anything (7).")], max_new_tokens=6)
+    first = t.policy.complete([request], greedy)[0]
+    follow_up = request.model_copy(
+        update={"messages": [*request.messages, Message(role="assistant", content=first.text or "x")]}
+    )
+    t.policy.complete([follow_up], greedy)  # its prompt prefix is now cached
+
+    def uncached():
+        fresh = HFPolicy(t.policy.model, tokenizer, cache_budget_tokens=0)
+        try:
+            return fresh.complete([follow_up], greedy)[0]
+        finally:
+            fresh.close()
+
+    clears = t.policy.engine_stats()["cache_clears"]
+    with t.policy.paused():
+        t._update(_units(t), 0)
+    after = t.policy.complete([follow_up], greedy)[0]
+    assert t.policy.engine_stats()["cache_clears"] > clears
+    assert after.completion_ids == uncached().completion_ids
+    assert after.logprobs == pytest.approx(uncached().logprobs, abs=1e-5)
+    t.policy.complete([follow_up], greedy)
+    t.out.mkdir(parents=True, exist_ok=True)
+    t.save_checkpoint()
+    with torch.no_grad():  # move the adapter away, then restore the checkpoint over it
+        for p in t.trainable:
+            p.add_(0.5)
+    clears = t.policy.engine_stats()["cache_clears"]
+    assert t.load_checkpoint()
+    restored = t.policy.complete([follow_up], greedy)[0]
+    assert t.policy.engine_stats()["cache_clears"] > clears
+    assert restored.completion_ids == after.completion_ids
+    assert restored.logprobs == pytest.approx(after.logprobs, abs=1e-5)
+    t.policy.close()
+
+
 @pytest.mark.parametrize("epochs, minis", [(2, 1), (1, 2), (2, 3)])
 def test_later_mini_steps_see_ratios_away_from_1_and_the_clip_acts(tmp_path, monkeypatch, epochs, minis):
-    """ppo_epochs > 1 or mini_batches > 1: the old log-probs stay the rollout's, so from the second
-    mini-step on the ratio differs from 1, and with a large step some tokens are clipped."""
+    """ppo_epochs > 1 or mini_batches > 1: the old log-probs stay those of the sampling weights, so
+    from the second mini-step on the ratio differs from 1, and with a large step some tokens are clipped."""
     t = _set_up(tmp_path / "out", dataclasses.replace(BASE, lr=5e-2, ppo_epochs=epochs, mini_batches=minis))
     units = _units(t)
     ratios: list[torch.Tensor] = []

@@ -15,7 +15,9 @@ backend cannot serve fails only its own episode.
 from __future__ import annotations
 
 import hashlib
+import threading
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -66,9 +68,34 @@ class PolicyError(RuntimeError):
 
 
 class Policy(ABC):
-    """A model that completes chat prompts, batched."""
+    """A model that completes chat prompts.
+
+    The runner sends single requests with `submit` (each episode advances on its own); a backend
+    decides how to batch them: the local engine joins them into its running batch, an HTTP backend
+    sends them concurrently and lets the server batch. `complete` takes a list and waits for all.
+    """
 
     name: str = "policy"
+    # how many `submit`ted requests this backend serves at once (the rest wait in its queue)
+    max_concurrency: int = 16
+
+    def submit(self, request: GenerationRequest, sampling: SamplingParams) -> Future[ModelCall]:
+        """Start one request; the future holds its ModelCall, or the PolicyError it got (a failure
+        belongs to this request only).
+
+        This default runs `complete([request])` on a pool of `max_concurrency` threads (no
+        batching across requests); backends that can do better override it.
+        """
+        with _POOL_LOCK:
+            pool = self.__dict__.get("_submit_pool")
+            if pool is None:
+                pool = ThreadPoolExecutor(max_workers=max(1, self.max_concurrency), thread_name_prefix="policy")
+                self.__dict__["_submit_pool"] = pool
+
+        def one() -> ModelCall:
+            return _checked(self.complete([request], sampling), 1)[0]
+
+        return pool.submit(one)
 
     @abstractmethod
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[ModelCall]:
@@ -105,6 +132,9 @@ class Policy(ABC):
     def describe(self) -> dict:
         """What to record about this model in the run config."""
         return {"name": self.name}
+
+
+_POOL_LOCK = threading.Lock()
 
 
 def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:

@@ -47,12 +47,13 @@ implementation (the default of transformers' Llama, Qwen2, Mistral without slidi
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import asdict, dataclass, field
 
@@ -387,7 +388,7 @@ class Engine:
         self._next_id = 0
         self._lock = threading.Lock()  # waiting queue, cancel flags, closed flag
         self._work = threading.Condition(self._lock)  # signalled on submit, close and idle
-        self._step_lock = threading.Lock()  # one step at a time
+        self._step_lock = threading.RLock()  # one step at a time (re-entrant: clear_cache inside paused)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -530,6 +531,14 @@ class Engine:
         """Forget every cached prefix (call it after changing what the model computes)."""
         with self._step_lock:
             self._invalidate()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No step runs inside this block: a step in progress finishes first, and requests
+        submitted meanwhile wait until it ends. For training the model between generations
+        (a forward or backward on the same model must never overlap a step)."""
+        with self._step_lock:
+            yield
 
     def stats(self) -> EngineStats:
         s = EngineStats(**asdict(self._stats))

@@ -10,16 +10,30 @@ One training step, read top to bottom in `Trainer.train_step`:
     group advantages from grade.score      per (task, harness) group; infrastructure errors left out;
                                            a group with < 2 valid episodes gives no units
     units_from_trajectories                one training unit per model call
+    old log-probs recomputed               no-grad teacher-forced pass on the current weights
     ppo_epochs passes over the units, each split into mini_batches; per mini-batch:
         micro-batches -> token_logprobs -> grpo_loss -> backward     (gradient accumulation)
         GradientSketch of the LoRA gradient (first pass only), BEFORE the optimizer step
         clip, AdamW step
     scheduler.observe(harness, advantages, sketch)
 
-The old log-probs of the ratio are the rollout's (recorded by the policy as it sampled), so the
-first mini-step has ratio 1 (up to numerics) and the clip is inert there; from the second
-mini-step on (ppo_epochs > 1 or mini_batches > 1) the weights have moved and the clip acts.
-With one pass and one mini-batch the step is a single on-policy update.
+The old log-probs of the ratio are recomputed by the trainer before the batch's first update: a
+no-grad teacher-forced pass over the units with the weights that sampled them (verl computes
+old_log_prob with the actor the same way). The log-probs the engine recorded while sampling are
+the same numbers up to float rounding (~1e-7), but that rounding depends on what else was in the
+engine's batch and on prefix-cache hits, so they are not bit-for-bit reproducible; the recomputed
+ones are a function of the weights and the units alone, which keeps a resumed run exactly equal
+to an uninterrupted one. How far the recorded values are from the recomputed ones is logged
+(rollout_logprob_diff_max / _mean: a health check of the generation engine). So the first
+mini-step has ratio 1 and the clip is inert there; from the second mini-step on
+(ppo_epochs > 1 or mini_batches > 1) the weights have moved and the clip acts. With one pass and
+one mini-batch the step is a single on-policy update.
+
+Rollouts and updates share one model: the runner returns only when every episode has ended, and
+the update runs inside `policy.paused()`, so no generation step can overlap a training forward
+or backward. The update first drops the engine's prefix cache (stale after the optimizer step,
+and its memory is better spent on the backward pass); the engine would also notice the changed
+weights by itself.
 
 Gradient accumulation reproduces the mini-batch loss exactly: each micro-batch's loss (a mean
 over its own tokens, or sequences for "seq-mean") is weighted by its share of the mini-batch's
@@ -335,9 +349,8 @@ class Trainer:
         self.eval_sampling = SamplingParams(
             temperature=cfg.eval_temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "eval")
         )
-        self.eval_policy = HFPolicy(
-            policy.model, policy.tokenizer, name=f"{cfg.model}+lora", default_sampling=self.eval_sampling
-        )
+        # the same engine (one batch, one prefix cache, one thread) with its own counter
+        self.eval_policy = policy.with_sampling(self.eval_sampling, name=f"{cfg.model}+lora")
         self.train_tasks = self.suite.tasks("train")
 
     def _open_logs(self) -> None:
@@ -515,8 +528,13 @@ class Trainer:
         all_rewards = [r for values in rewards_by_harness.values() for r in values]
         signal = any(u.advantage != 0 for u in units)
 
-        # 4.-6. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each
-        update = self._update(units, step) if signal else None
+        # 4.-6. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each, with no
+        # generation step in between (the runner is done; paused() makes sure)
+        update = None
+        if signal:
+            with self.policy.paused():
+                self.policy.clear_cache()
+                update = self._update(units, step)
         t_backward = update["time_backward"] if update else 0.0
         t_sketch = update["time_sketch"] if update else 0.0
         t_opt = update["time_optimizer"] if update else 0.0
@@ -560,6 +578,8 @@ class Trainer:
             "ratio_mean": update["ratio_mean"] if update else None,
             "kl": update["kl"] if update else None,
             "grad_norm": update["grad_norm"] if update else None,
+            "rollout_logprob_diff_max": update["rollout_logprob_diff_max"] if update else None,
+            "rollout_logprob_diff_mean": update["rollout_logprob_diff_mean"] if update else None,
             "optimizer_step": signal,
             "optimizer_steps": update["optimizer_steps"] if update else 0,
             "skipped": None if signal else ("all advantages are zero" if units else "no training units"),
@@ -577,19 +597,23 @@ class Trainer:
     def _update(self, units: list[TrainingUnit], step: int) -> dict[str, Any]:
         """The optimizer steps of one rollout batch: ppo_epochs passes, each of mini_batches mini-steps.
 
-        Every mini-step's loss compares the current log-probs with the rollout's (the policy that
-        sampled the batch), so from the second mini-step on the ratio moves away from 1 and the
-        clip acts. The sketch is of the first pass's gradients, each mini-batch's weighted by its
-        share of the batch: the whole batch's gradient at the sampling policy when there is one
-        mini-batch (each later mini-batch's is taken where the earlier mini-steps left the weights).
+        Every mini-step's loss compares the current log-probs with the old ones, recomputed here
+        first under the weights that sampled the batch (`_recompute_old_logprobs`), so from the
+        second mini-step on the ratio moves away from 1 and the clip acts. The sketch is of the
+        first pass's gradients, each mini-batch's weighted by its share of the batch: the whole
+        batch's gradient at the sampling policy when there is one mini-batch (each later
+        mini-batch's is taken where the earlier mini-steps left the weights).
         Mini-batches whose units all have advantage 0 (KL off) have no gradient: no step.
 
         Returns loss (mean over mini-steps), clip_fraction / ratio_mean / kl (over every trained
         token of every pass), clip_fraction_by_epoch, grad_norm (mean of the mini-steps' norms
         before clipping), optimizer_steps, units_trained (first pass), padded_tokens (all passes),
-        the sketch and the time split.
+        rollout_logprob_diff_max / _mean, the sketch and the time split.
         """
         cfg = self.config
+        t0 = time.perf_counter()
+        units, drift = self._recompute_old_logprobs(units)
+        t_old = time.perf_counter() - t0
         batch_tokens = sum(len(u.completion_ids) for u in units)
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         sketch = None
@@ -649,10 +673,44 @@ class Trainer:
             "units_trained": units_trained,
             "padded_tokens": padded_tokens,
             "sketch": sketch,
-            "time_backward": t_backward,
+            **drift,
+            "time_backward": t_backward + t_old,
             "time_sketch": t_sketch,
             "time_optimizer": t_opt,
         }
+
+    def _recompute_old_logprobs(self, units: list[TrainingUnit]) -> tuple[list[TrainingUnit], dict[str, Any]]:
+        """The units with their old log-probs recomputed by a no-grad teacher-forced pass on the
+        current weights (the weights that sampled them), and how far the rollout's recorded
+        log-probs were from these: rollout_logprob_diff_max / _mean over the recomputed tokens.
+
+        Only the units the loss will forward are recomputed (with the KL term off, those with a
+        nonzero advantage); the others keep the rollout's numbers, which nothing reads. Same
+        micro-batches as the loss, in eval mode (no dropout); the order of the units is kept.
+        """
+        cfg = self.config
+        active = [u for u in units if cfg.kl_coef > 0 or u.advantage != 0]
+        recomputed: dict[int, list[float]] = {}
+        diff_max, diff_sum, tokens = 0.0, 0.0, 0
+        self.peft_model.eval()
+        with torch.no_grad():
+            for mb in micro_batches(active, cfg.micro_batch):
+                batch = pad_units(mb, self.policy.pad_id)
+                logprobs = token_logprobs(self.peft_model, batch, temperature=cfg.temperature)
+                for row, u in enumerate(mb):
+                    p, c = len(u.prompt_ids), len(u.completion_ids)
+                    new = logprobs[row, p : p + c]
+                    diff = (new - batch["old_logprobs"][row, p : p + c]).abs()
+                    diff_max = max(diff_max, float(diff.max()))
+                    diff_sum += float(diff.sum())
+                    tokens += c
+                    recomputed[id(u)] = new.tolist()
+        fresh = [dataclasses.replace(u, old_logprobs=recomputed[id(u)]) if id(u) in recomputed else u for u in units]
+        drift = {
+            "rollout_logprob_diff_max": diff_max if tokens else None,
+            "rollout_logprob_diff_mean": diff_sum / tokens if tokens else None,
+        }
+        return fresh, drift
 
     def _accumulate_gradient(self, units: list[TrainingUnit]) -> tuple[dict[str, float], int, int, int]:
         """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
@@ -788,6 +846,7 @@ class Trainer:
         if not (self.out / "checkpoint").exists():
             self.save_checkpoint()
         adapter = self.save_adapter()
+        self.policy.close()  # the engine thread (a later use of the policy starts a new one)
         if self.tb is not None:
             self.tb.close()
         if self.store is not None:
