@@ -8,9 +8,10 @@ plus its own task; each later turn's prompt is the previous prompt + the previou
 token, the way an agent's conversation grows. Three ways to run `--episodes` episodes of
 `--turns` turns:
 
-  lockstep         HFPolicy.generate_ids on all episodes' prompts of a turn at once (one padded
-                   model.generate per turn; finished rows keep occupying their decode slot
-                   until the longest row of the batch ends), as the runner does today.
+  lockstep         the lock-step generate HFPolicy used to have (bench/lockstep.py) on all
+                   episodes' prompts of a turn at once (one padded model.generate per turn;
+                   finished rows keep occupying their decode slot until the longest row of the
+                   batch ends), as the runner did before the engine.
   engine-nocache   the Engine with its prefix cache off, each episode in its own thread
                    submitting its next turn as soon as its previous completion is back
                    (continuous batching alone).
@@ -35,6 +36,9 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODES = ("lockstep", "engine-nocache", "engine")
 
@@ -114,6 +118,8 @@ class Workload:
 
 
 def run_lockstep(policy, work: Workload, args) -> dict:
+    from lockstep import lockstep_generate_ids
+
     from harnessrl.models.base import SamplingParams
 
     policy.generate_calls = 0
@@ -122,7 +128,7 @@ def run_lockstep(policy, work: Workload, args) -> dict:
     completion_tokens = prompt_tokens = padded_tokens = 0
     t0 = time.perf_counter()
     for turn in range(args.turns):
-        outputs = policy.generate_ids(prompts, args.max_new_tokens, sampling)
+        outputs = lockstep_generate_ids(policy, prompts, [args.max_new_tokens] * len(prompts), sampling)
         prompt_tokens += sum(len(p) for p in prompts)
         padded_tokens += len(prompts) * max(len(p) for p in prompts)  # what the padded prefill runs
         completion_tokens += sum(len(ids) for ids, _, _ in outputs)

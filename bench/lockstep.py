@@ -143,21 +143,35 @@ def _generate(
     return new.tolist(), logprobs.tolist()
 
 
-def lockstep_complete(policy, requests: list[GenerationRequest], sampling: SamplingParams) -> list[ModelCall]:
-    """One padded generate for all requests (HFPolicy.complete as it was)."""
-    prompts = [policy.prompt_ids(r) for r in requests]
-    limits = [r.max_new_tokens for r in requests]
+def lockstep_generate_ids(
+    policy, prompts: list[list[int]], limits: list[int], sampling: SamplingParams, seeds: list[int | None] | None = None
+) -> list[tuple[list[int], list[float], str]]:
+    """One padded generate for all prompts (HFPolicy.generate_ids as it was): per prompt its
+    completion ids (cut after the first stop id, kept), logprobs and finish reason."""
     stops = set(policy.stop_ids)
-    new_tokens, logprobs = _generate(policy, prompts, limits, sampling, sorted(stops), [r.seed for r in requests])
-    calls = []
-    for row, (request, prompt, limit) in enumerate(zip(requests, prompts, limits)):
+    seeds = [None] * len(prompts) if seeds is None else seeds
+    new_tokens, logprobs = _generate(policy, prompts, limits, sampling, sorted(stops), seeds)
+    results = []
+    for row, limit in enumerate(limits):
         ids, finish = new_tokens[row][:limit], "length"
         for i, token in enumerate(ids):
             if token in stops:
                 ids, finish = ids[: i + 1], "stop"
                 break
-        calls.append(chat.finish_call(policy.tokenizer, request, prompt, ids, logprobs[row][: len(ids)], finish))
-    return calls
+        results.append((ids, logprobs[row][: len(ids)], finish))
+    return results
+
+
+def lockstep_complete(policy, requests: list[GenerationRequest], sampling: SamplingParams) -> list[ModelCall]:
+    """One padded generate for all requests (HFPolicy.complete as it was)."""
+    prompts = [policy.prompt_ids(r) for r in requests]
+    outputs = lockstep_generate_ids(
+        policy, prompts, [r.max_new_tokens for r in requests], sampling, [r.seed for r in requests]
+    )
+    return [
+        chat.finish_call(policy.tokenizer, request, prompt, ids, logprobs, finish)
+        for request, prompt, (ids, logprobs, finish) in zip(requests, prompts, outputs)
+    ]
 
 
 class LockstepRunner:
