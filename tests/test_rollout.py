@@ -366,7 +366,7 @@ def _sleep(env, seconds):
     return "worked"
 
 
-def _slow_suite(work=_sleep):
+def _slow_suite(work=_sleep, grade_s=0.0):
     class SlowSuite(Suite):
         """Tasks whose one tool, `work`, sleeps as long as it is asked to."""
 
@@ -380,9 +380,13 @@ def _slow_suite(work=_sleep):
                 return {
                     "instruction": f"work, then submit ({n})",
                     "setup": lambda env: None,
-                    "check": lambda env: {"done": float(env.submitted)},
+                    "check": check,
                     "solution": [],
                 }
+
+            def check(env):
+                time.sleep(grade_s)
+                return {"done": float(env.submitted)}
 
             return {"only": fam}
 
@@ -448,10 +452,10 @@ def test_a_slow_tool_holds_up_its_own_episode_only(tokenizer, tmp_path):
     assert Trajectory.model_validate(old).own_s == 0.0
 
 
-def test_own_time_counts_the_episodes_requests_and_tools_not_its_wait_for_a_slot(tokenizer):
-    """With one episode at a time, a queued episode's wall time starts when it starts: own time
-    and wall time agree; the request latency is own time."""
-    tasks = _slow_suite().tasks("dev", 2)
+def test_own_time_counts_the_episodes_requests_tools_and_grading(tokenizer):
+    """With one episode at a time, a queued episode's clocks start when it starts: own time and
+    wall time agree; request latency, tools and grading are own time."""
+    tasks = _slow_suite(grade_s=0.1).tasks("dev", 2)
 
     class SlowReplies(ScriptedPolicy):
         def submit(self, request, sampling=None):
@@ -468,7 +472,7 @@ def test_own_time_counts_the_episodes_requests_and_tools_not_its_wait_for_a_slot
     trajs = runner.run(make_jobs(tasks, [spec], 1))
     for t in trajs:
         assert t.termination == Termination.submitted
-        assert 0.2 * 2 + 0.3 <= t.own_s <= t.duration_s < t.own_s + 0.3
+        assert 0.2 * 2 + 0.3 + 0.1 <= t.own_s <= t.duration_s < t.own_s + 0.3  # requests, tool, grading
     assert runner.stats.requests == 4 and runner.stats.model_s >= 0.2 * 4
 
 
