@@ -157,16 +157,17 @@ def _submit_while_busy(policy: _BatchFailsOnBadRequest, texts: list[str]):
     return first, futures
 
 
-def test_default_submit_batches_waiting_requests_and_fails_only_the_failing_one():
+def test_default_submit_serves_requests_one_at_a_time_and_fails_only_the_failing_one():
     policy = _BatchFailsOnBadRequest()
     first, futures = _submit_while_busy(policy, ["a", "bad", "c"])
+    assert not any(f.done() for f in futures)  # submit returned at once, while `complete` was busy
     policy.gate.set()
     assert first.result(5).text == "first"
     assert [futures[0].result(5).text, futures[2].result(5).text] == ["a", "c"]
     with pytest.raises(PolicyError, match="cannot serve 'bad'"):
         futures[1].result(5)
-    # the requests that waited went as one batch, which failed: then each alone
-    assert policy.batches == [["first"], ["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+    # each request alone, in the order they came: a bad one fails nobody else
+    assert policy.batches == [["first"], ["a"], ["bad"], ["c"]]
     assert not policy.overlapped  # `complete` was never called from two threads at once
     # a request cancelled while it waits is never asked
     policy.batches.clear()

@@ -431,7 +431,9 @@ def test_a_slow_tool_holds_up_its_own_episode_only(tokenizer, tmp_path):
             on_episode=on_episode,
         )
         t0 = time.monotonic()
-        trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
+        result = runner.run(make_jobs(tasks, [spec], 1))
+        assert [t.task_id for t in result] == [t.id for t in tasks]  # job order: the slow one finished last
+        trajs = {t.task_id: t for t in result}
         slow = trajs[tasks[0].id]
         assert slow.termination == Termination.timeout and "own time" in slow.termination_detail
         assert slow.own_s > 3.0 and len(slow.steps) == 1

@@ -127,13 +127,14 @@ class Runner:
 
     def run(self, jobs: Iterable[Job]) -> list[Trajectory]:
         """Run every job (and the retries of its infrastructure failures); returns the recorded
-        trajectories in the order they finished. `on_episode` is called from this thread only."""
+        trajectories in job order, whatever order they finished in (`on_episode` sees them as they
+        finish, from this thread only)."""
         self.stats = RunStats()
         sampling = self.sampling  # fixed for this call, whatever is assigned meanwhile
-        pending = deque(jobs)
+        pending = deque(enumerate(jobs))  # (position in `jobs`, job): results come back in job order
         total = len(pending)
-        results: list[Trajectory] = []
-        finished: queue.SimpleQueue[tuple[Job, Trajectory | BaseException | None]] = queue.SimpleQueue()
+        results: dict[int, Trajectory] = {}
+        finished: queue.SimpleQueue[tuple[int, Job, Trajectory | BaseException | None]] = queue.SimpleQueue()
         stop = threading.Event()
         t_start = time.monotonic()
         console = Console(stderr=True)
@@ -156,9 +157,9 @@ class Runner:
             ) as bar:
                 task_bar = bar.add_task("run", total=total, pass_rate=0.0, tok_s=0.0, infra=0)
 
-                def record(traj: Trajectory, job: Job) -> None:
+                def record(position: int, traj: Trajectory, job: Job) -> None:
                     if traj.is_infra_error and job.retries < self.max_retries:
-                        pending.appendleft(Job(job.task, job.harness, job.attempt, job.retries + 1))
+                        pending.appendleft((position, Job(job.task, job.harness, job.attempt, job.retries + 1)))
                         return
                     self.stats.episodes += 1
                     if traj.is_infra_error:
@@ -168,7 +169,7 @@ class Runner:
                         self.stats.passed += int(traj.grade.passed)
                     if self.on_episode is not None:
                         self.on_episode(traj)  # the store commits here, before anything else happens
-                    results.append(traj)
+                    results[position] = traj
                     self.stats.wall_s = max(time.monotonic() - t_start, 1e-9)
                     tok_s = self.stats.tok_s
                     bar.update(
@@ -184,25 +185,26 @@ class Runner:
                 running = 0
                 while pending or running:
                     while pending and running < self.max_in_flight:
-                        pool.submit(self._worker, pending.popleft(), sampling, stop, finished)
+                        pool.submit(self._worker, *pending.popleft(), sampling, stop, finished)
                         running += 1
-                    job, outcome = finished.get()  # Ctrl-C interrupts this wait
+                    position, job, outcome = finished.get()  # Ctrl-C interrupts this wait
                     running -= 1
                     if isinstance(outcome, BaseException):
                         raise outcome  # a bug outside every episode hook: the run cannot go on
                     if outcome is not None:
-                        record(outcome, job)
+                        record(position, outcome, job)
             clean_exit = True
         finally:
             self.stats.wall_s = max(time.monotonic() - t_start, 1e-9)
             # on an interruption or error, do not wait: the running episodes see `stop` at their next turn
             stop.set()
             pool.shutdown(wait=clean_exit, cancel_futures=True)
-        return results
+        return [results[k] for k in sorted(results)]
 
     # -- one episode, in a worker thread -----------------------------------------------------------
     def _worker(
         self,
+        position: int,
         job: Job,
         sampling: SamplingParams,
         stop: threading.Event,
@@ -214,7 +216,7 @@ class Runner:
             outcome: Trajectory | BaseException | None = self._play(job, sampling, stop)
         except BaseException as e:  # noqa: BLE001 - re-raised by the run's thread
             outcome = e
-        finished.put((job, outcome))
+        finished.put((position, job, outcome))
 
     def _play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
         if stop.is_set():

@@ -19,7 +19,6 @@ import hashlib
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections import deque
 from concurrent.futures import Future
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,7 +78,8 @@ class Policy(ABC):
     """
 
     name: str = "policy"
-    # how many `submit`ted requests this backend serves at once (the rest wait in its queue)
+    # how many `submit`ted requests a concurrent backend serves at once (the rest wait in its
+    # queue); the default `submit` serves one at a time
     max_concurrency: int = 16
 
     def submit(self, request: GenerationRequest, sampling: SamplingParams) -> Future[ModelCall]:
@@ -91,19 +91,17 @@ class Policy(ABC):
         future (`Future.cancel`) withdraws a request that has not started.
 
         This default needs nothing of `complete` but that it works when called from one thread
-        at a time: one background thread per policy calls `complete` on every request waiting at
-        that moment with the same sampling settings (at most `max_concurrency`), so requests that
-        arrive together are generated as one batch. If that batch raises PolicyError, its requests
-        are asked again one at a time, so only the request(s) that fail on their own fail (a
-        request with a seed gets the same sample alone as in a batch). Backends that can do
-        better (join a running batch, send requests concurrently) override this.
+        at a time: one background thread per policy serves the requests in the order they came,
+        each alone (`complete([request])`). So a request's outcome never depends on which others
+        were in flight (no batch padding, no batch-wide failure), at the price of no batching:
+        backends that can do better (join a running batch, send requests concurrently) override it.
         """
         future: Future[ModelCall] = Future()
         with _POOL_LOCK:
-            batcher = self.__dict__.get("_batcher")
-            if batcher is None:
-                batcher = self.__dict__["_batcher"] = _Batcher(self)
-        batcher.put(request, sampling, future)
+            server = self.__dict__.get("_serial_server")
+            if server is None:
+                server = self.__dict__["_serial_server"] = _SerialServer(self)
+        server.put(request, sampling, future)
         return future
 
     @abstractmethod
@@ -119,8 +117,8 @@ class Policy(ABC):
 _POOL_LOCK = threading.Lock()
 
 
-class _Batcher:
-    """The default `Policy.submit`: a daemon thread that feeds waiting requests to `complete`."""
+class _SerialServer:
+    """The default `Policy.submit`: a daemon thread that serves queued requests one at a time."""
 
     def __init__(self, policy: Policy):
         self.policy = policy
@@ -132,51 +130,14 @@ class _Batcher:
         self.queue.put((request, sampling, future))
 
     def _loop(self) -> None:
-        held: deque[tuple[GenerationRequest, SamplingParams, Future]] = deque()
         while True:
-            if not held:
-                held.append(self.queue.get())
-            while True:  # everything waiting now
-                try:
-                    held.append(self.queue.get_nowait())
-                except queue.Empty:
-                    break
-            sampling = held[0][1]
-            batch: list[tuple[GenerationRequest, Future]] = []
-            rest: deque[tuple[GenerationRequest, SamplingParams, Future]] = deque()
-            limit = max(1, self.policy.max_concurrency)
-            for item in held:
-                if item[1] == sampling and len(batch) < limit:
-                    if item[2].set_running_or_notify_cancel():  # a cancelled request is dropped
-                        batch.append((item[0], item[2]))
-                else:
-                    rest.append(item)
-            held = rest
-            if batch:
-                self._serve(batch, sampling)
-
-    def _serve(self, batch: list[tuple[GenerationRequest, Future]], sampling: SamplingParams) -> None:
-        try:
-            calls = _checked(self.policy.complete([r for r, _ in batch], sampling), len(batch))
-        except PolicyError as exc:
-            if len(batch) == 1:
-                batch[0][1].set_exception(exc)
-                return
-            for request, future in batch:
-                self._serve_one(request, future, sampling)
-            return
-        except BaseException as exc:  # noqa: BLE001 - a bug: every waiting caller gets it
-            for _, future in batch:
+            request, sampling, future = self.queue.get()
+            if not future.set_running_or_notify_cancel():  # cancelled while it waited
+                continue
+            try:
+                future.set_result(_checked(self.policy.complete([request], sampling), 1)[0])
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
                 future.set_exception(exc)
-            return
-        for (_, future), call in zip(batch, calls):
-            future.set_result(call)
-
-    def _serve_one(self, request: GenerationRequest, future: Future, sampling: SamplingParams) -> None:
-        try:
-            future.set_result(_checked(self.policy.complete([request], sampling), 1)[0])
-        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
-            future.set_exception(exc)
 
 
 def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:
