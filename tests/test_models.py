@@ -121,34 +121,72 @@ def test_request_seed_depends_on_run_seed_task_attempt_and_turn():
 
 
 class _BatchFailsOnBadRequest(Policy):
-    """All or nothing, like a batched backend: a bad request in the batch fails the whole call."""
+    """All or nothing, like a batched backend: a bad request in the batch fails the whole call.
+    Not thread-safe on purpose: it records whether two threads ever ran `complete` at once."""
 
     def __init__(self, error: type[Exception] = PolicyError):
         self.error = error
-        self.calls = 0
+        self.batches: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.inside = 0
+        self.overlapped = False
 
     def complete(self, requests, sampling=None):
-        self.calls += 1
-        if any(r.messages[-1].content == "bad" for r in requests):
-            raise self.error("cannot serve 'bad'")
-        texts = [r.messages[-1].content for r in requests]
-        return [ModelCall(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=t) for t in texts]
+        self.inside += 1
+        self.overlapped |= self.inside > 1
+        try:
+            self.gate.wait(5)
+            texts = [r.messages[-1].content for r in requests]
+            self.batches.append(texts)
+            if "bad" in texts:
+                raise self.error("cannot serve 'bad'")
+            return [ModelCall(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text=t) for t in texts]
+        finally:
+            self.inside -= 1
 
 
-def test_complete_each_fails_only_the_failing_request():
+def _submit_while_busy(policy: _BatchFailsOnBadRequest, texts: list[str]):
+    """Submits 'first', then `texts` while `complete` is still busy with 'first'."""
+    policy.gate.clear()
+    first = policy.submit(GenerationRequest(messages=user("first")), GREEDY)
+    deadline = time.monotonic() + 5
+    while not policy.inside and time.monotonic() < deadline:
+        time.sleep(0.005)
+    futures = [policy.submit(GenerationRequest(messages=user(t)), GREEDY) for t in texts]
+    return first, futures
+
+
+def test_default_submit_serves_requests_one_at_a_time_and_fails_only_the_failing_one():
     policy = _BatchFailsOnBadRequest()
-    requests = [GenerationRequest(messages=user(t)) for t in ("a", "bad", "c")]
-    outcomes = policy.complete_each(requests, GREEDY)
-    assert [o.text for o in (outcomes[0], outcomes[2])] == ["a", "c"]
-    assert isinstance(outcomes[1], PolicyError) and "cannot serve 'bad'" in str(outcomes[1])
-    assert policy.calls == 4  # the batch, then each request alone
-    assert [o.text for o in policy.complete_each([GenerationRequest(messages=user("a"))], GREEDY)] == ["a"]
-    assert policy.calls == 5  # a batch that succeeds is asked once
-    with pytest.raises(ValueError, match="cannot serve"):  # not a backend failure: a bug, raised
-        _BatchFailsOnBadRequest(ValueError).complete_each(requests, GREEDY)
+    first, futures = _submit_while_busy(policy, ["a", "bad", "c"])
+    assert not any(f.done() for f in futures)  # submit returned at once, while `complete` was busy
+    policy.gate.set()
+    assert first.result(5).text == "first"
+    assert [futures[0].result(5).text, futures[2].result(5).text] == ["a", "c"]
+    with pytest.raises(PolicyError, match="cannot serve 'bad'"):
+        futures[1].result(5)
+    # each request alone, in the order they came: a bad one fails nobody else
+    assert policy.batches == [["first"], ["a"], ["bad"], ["c"]]
+    assert not policy.overlapped  # `complete` was never called from two threads at once
+    # a request cancelled while it waits is never asked
+    policy.batches.clear()
+    first, (dropped, kept) = _submit_while_busy(policy, ["dropped", "kept"])
+    assert dropped.cancel()
+    policy.gate.set()
+    assert kept.result(5).text == "kept" and dropped.cancelled()
+    assert policy.batches == [["first"], ["kept"]]
 
 
-def test_scripted_complete_each_asks_the_script_once_per_request(tokenizer):
+def test_default_submit_hands_a_bug_to_the_caller():
+    policy = _BatchFailsOnBadRequest(ValueError)
+    future = policy.submit(GenerationRequest(messages=user("bad")), GREEDY)
+    with pytest.raises(ValueError, match="cannot serve"):  # not a backend failure: a bug, not a PolicyError
+        future.result(5)
+    assert policy.submit(GenerationRequest(messages=user("a")), GREEDY).result(5).text == "a"  # it goes on
+
+
+def test_scripted_submit_answers_at_once_one_request_at_a_time(tokenizer):
     asked = []
 
     def script(messages):
@@ -157,9 +195,12 @@ def test_scripted_complete_each_asks_the_script_once_per_request(tokenizer):
             raise RuntimeError("no reply for that")
         return "ok"
 
-    requests = [GenerationRequest(messages=user(t)) for t in ("a", "bad", "c")]
-    outcomes = ScriptedPolicy(script, tokenizer=tokenizer).complete_each(requests)
-    assert [type(o).__name__ for o in outcomes] == ["ModelCall", "PolicyError", "ModelCall"]
+    policy = ScriptedPolicy(script, tokenizer=tokenizer)
+    futures = [policy.submit(GenerationRequest(messages=user(t))) for t in ("a", "bad", "c")]
+    assert all(f.done() for f in futures)  # answered in the caller's thread
+    assert [f.result().text for f in (futures[0], futures[2])] == ["ok", "ok"]
+    with pytest.raises(PolicyError, match="no reply for that"):
+        futures[1].result()
     assert asked == ["a", "bad", "c"]
 
 

@@ -292,14 +292,31 @@ def test_malformed_bodies():
 def test_one_failed_request_fails_only_itself(make_server):
     server = make_server(fail_first=1, fail_status=400)
     policy = policy_for(server, max_concurrency=1, logprobs=False)
-    outcomes = policy.complete_each([ask(), ask("b"), ask("c")])
-    assert isinstance(outcomes[0], PolicyError) and "HTTP 400" in str(outcomes[0])
-    assert [o.messages[0].content for o in outcomes[1:]] == ["b", "c"]  # the others completed
+    futures = [policy.submit(r) for r in (ask(), ask("b"), ask("c"))]
+    assert isinstance(futures[0].exception(10), PolicyError) and "HTTP 400" in str(futures[0].exception())
+    assert [f.result(10).messages[0].content for f in futures[1:]] == ["b", "c"]  # the others completed
     assert server.completion_requests == 3
     # complete() is all or nothing: it raises the failed request's error
     server.options.fail_first = 4
     with pytest.raises(PolicyError, match="HTTP 400"):
         policy.complete([ask(), ask("b")])
+
+
+def test_a_withdrawn_request_is_not_sent_or_retried(make_server):
+    """Cancelling a request's future: one waiting for a free slot is never sent, one waiting to
+    retry gives up at once and frees its slot."""
+    server = make_server(fail_first=1, fail_status=503)
+    policy = policy_for(server, max_concurrency=1, backoff_base_s=30.0, backoff_max_s=30.0)
+    retrying = policy.submit(ask("a"))
+    queued = policy.submit(ask("b"))
+    deadline = time.monotonic() + 10
+    while server.completion_requests < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert queued.cancel() and retrying.cancel()  # "a" is waiting 15-30 s to retry
+    t0 = time.monotonic()
+    assert policy.submit(ask("c")).result(10).messages[0].content == "c"
+    assert time.monotonic() - t0 < 5.0  # the one slot was freed: "a" stopped waiting
+    assert [r.body["messages"][0]["content"] for r in server.requests] == ["a", "c"]  # "b" never sent
 
 
 def test_runner_fails_only_the_episode_whose_request_fails(make_server):

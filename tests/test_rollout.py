@@ -3,6 +3,7 @@ and the tiny random model."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
@@ -342,9 +343,9 @@ class _RecordingScript(ScriptedPolicy):
         super().__init__(script, tokenizer=tokenizer)
         self.requests = []
 
-    def complete_each(self, requests, sampling=None):
-        self.requests.extend(requests)
-        return super().complete_each(requests, sampling)
+    def submit(self, request, sampling=None):
+        self.requests.append(request)
+        return super().submit(request, sampling)
 
 
 def test_every_request_carries_its_seed_and_harnesses_share_them(tokenizer):
@@ -360,13 +361,18 @@ def test_every_request_carries_its_seed_and_harnesses_share_them(tokenizer):
     assert seen == {request_seed(5, t.id, a, turn): 2 for t in tasks for a in range(2) for turn in range(2)}
 
 
-def _slow_suite():
+def _sleep(env, seconds):
+    time.sleep(seconds)
+    return "worked"
+
+
+def _slow_suite(work=_sleep, grade_s=0.0):
     class SlowSuite(Suite):
-        """Tasks whose one tool sleeps as long as it is asked to."""
+        """Tasks whose one tool, `work`, sleeps as long as it is asked to."""
 
         name = "slow"
         needs_workspace = False
-        split_sizes = {"train": 1, "dev": 4, "test": 1}
+        split_sizes = {"train": 1, "dev": 6, "test": 1}
 
         def families(self):
             def fam(rng):
@@ -374,55 +380,70 @@ def _slow_suite():
                 return {
                     "instruction": f"work, then submit ({n})",
                     "setup": lambda env: None,
-                    "check": lambda env: {"done": float(env.submitted)},
+                    "check": check,
                     "solution": [],
                 }
+
+            def check(env):
+                time.sleep(grade_s)
+                return {"done": float(env.submitted)}
 
             return {"only": fam}
 
         def base_tools(self):
-            def work(env, seconds):
-                time.sleep(seconds)
-                return "worked"
-
             params = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
             return [Tool("work", "works for a while", params, work)]
 
     return SlowSuite()
 
 
-def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, tmp_path):
-    """One episode's slow tool holds the whole lock-step batch back; only that episode times out."""
+def test_a_slow_tool_holds_up_its_own_episode_only(tokenizer, tmp_path):
+    """One episode's tool sleeps 3 s: the others advance meanwhile and finish long before it,
+    none of them times out, and only the slow one runs over its own-time limit."""
     tasks = _slow_suite().tasks("dev", 4)
     slow_instruction = tasks[0].instruction
 
     def script(messages):
         turn = sum(m.role == "assistant" for m in messages)
         if any(m.content == slow_instruction for m in messages):
-            return '{"tool": "work", "arguments": {"seconds": 0.6}}'
+            return '{"tool": "work", "arguments": {"seconds": 3.0}}'
         if turn < 4:
             return '{"tool": "work", "arguments": {"seconds": 0}}'
         return '{"tool": "submit", "arguments": {}}'
 
     spec = with_rules(
-        load_harness("json-tools"), timeout_s=1.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
+        load_harness("json-tools"), timeout_s=2.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
     )
+    recorded: dict[str, float] = {}
+    threads: set[int] = set()
     with RunStore(tmp_path / "run") as store:
+
+        def on_episode(t: Trajectory) -> None:
+            recorded[t.task_id] = time.monotonic() - t0
+            threads.add(threading.get_ident())
+            store.add(t)  # sqlite: this connection may only be used by the thread that made it
+
         runner = Runner(
             ScriptedPolicy(script, tokenizer=tokenizer),
             SamplingParams(temperature=0.0),
             progress=False,
             max_in_flight=4,
-            on_episode=store.add,
+            on_episode=on_episode,
         )
-        trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
+        t0 = time.monotonic()
+        result = runner.run(make_jobs(tasks, [spec], 1))
+        assert [t.task_id for t in result] == [t.id for t in tasks]  # job order: the slow one finished last
+        trajs = {t.task_id: t for t in result}
+        slow = trajs[tasks[0].id]
+        assert slow.termination == Termination.timeout and "own time" in slow.termination_detail
+        assert slow.own_s > 3.0 and len(slow.steps) == 1
+        assert recorded[tasks[0].id] >= 3.0
         for task in tasks[1:]:
             t = trajs[task.id]
             assert t.termination == Termination.submitted and len(t.steps) == 5
-            assert t.own_s < 1.0 < t.duration_s  # it waited over a second for its slow neighbour
-        slow = trajs[tasks[0].id]
-        assert slow.termination == Termination.timeout and "own time" in slow.termination_detail
-        assert slow.own_s > 1.0 and len(slow.steps) == 2
+            assert t.duration_s < 1.5 and t.own_s <= t.duration_s  # it never waited for the slow tool
+            assert recorded[task.id] < 1.5
+        assert threads == {threading.get_ident()}  # on_episode ran in the thread that called run()
         # both clocks are kept by the store
         back = {t.task_id: t for t in store.trajectories(with_tokens=False)}
         clocks = {k: (t.own_s, t.duration_s) for k, t in trajs.items()}
@@ -431,6 +452,30 @@ def test_timeout_counts_the_episodes_own_time_not_time_spent_waiting(tokenizer, 
     old = slow.model_dump(mode="json")
     del old["own_s"]
     assert Trajectory.model_validate(old).own_s == 0.0
+
+
+def test_own_time_counts_the_episodes_requests_tools_and_grading(tokenizer):
+    """With one episode at a time, a queued episode's clocks start when it starts: own time and
+    wall time agree; request latency, tools and grading are own time."""
+    tasks = _slow_suite(grade_s=0.1).tasks("dev", 2)
+
+    class SlowReplies(ScriptedPolicy):
+        def submit(self, request, sampling=None):
+            time.sleep(0.2)  # a slow backend: this latency is the episode's own time
+            return super().submit(request, sampling)
+
+    def script(messages):
+        if sum(m.role == "assistant" for m in messages) == 0:
+            return '{"tool": "work", "arguments": {"seconds": 0.3}}'
+        return '{"tool": "submit", "arguments": {}}'
+
+    spec = with_rules(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
+    runner = Runner(SlowReplies(script, tokenizer=tokenizer), progress=False, max_in_flight=1)
+    trajs = runner.run(make_jobs(tasks, [spec], 1))
+    for t in trajs:
+        assert t.termination == Termination.submitted
+        assert 0.2 * 2 + 0.3 + 0.1 <= t.own_s <= t.duration_s < t.own_s + 0.3  # requests, tool, grading
+    assert runner.stats.requests == 4 and runner.stats.model_s >= 0.2 * 4
 
 
 def test_a_failing_request_fails_only_its_episode(tokenizer):
@@ -460,5 +505,111 @@ def test_stats_count_one_run_call(tokenizer):
     runner = Runner(replies_policy(['{"tool": "submit", "arguments": {"answer": "1"}}'], tokenizer), progress=False)
     for _ in range(2):
         trajs = runner.run(make_jobs(tasks, [spec], 1))
-        assert runner.stats.episodes == 2 and runner.stats.batches == 1
+        assert runner.stats.episodes == 2 and runner.stats.requests == 2
         assert runner.stats.completion_tokens == sum(t.completion_tokens for t in trajs) > 0
+        assert runner.stats.wall_s > 0 and runner.stats.tok_s == runner.stats.completion_tokens / runner.stats.wall_s
+
+
+def _token_ids(trajs: list[Trajectory]) -> dict[tuple[str, str, int], list[list[int]]]:
+    return {(t.task_id, t.harness, t.attempt): [s.model_call.completion_ids for s in t.steps] for t in trajs}
+
+
+def test_episodes_do_not_depend_on_how_many_run_at_once(tiny_policy):
+    """Sampled at T=1 through the tiny random model: each request's own seed decides its sample,
+    so one episode at a time and eight at once give the same episodes, token for token."""
+    tasks = get_suite("toolcalc").tasks("dev", 3)
+    specs = [with_rules(load_harness(n), max_steps=3, max_new_tokens=10) for n in ("json-tools", "react")]
+    jobs = make_jobs(tasks, specs, 2)
+    sampling = SamplingParams(temperature=1.0, seed=11)
+    one = Runner(tiny_policy, sampling, progress=False, max_in_flight=1).run(jobs)
+    eight = Runner(tiny_policy, sampling, progress=False, max_in_flight=8).run(jobs)
+    assert len(one) == len(eight) == 12
+    assert _token_ids(one) == _token_ids(eight)
+    assert sum(len(s.model_call.completion_ids) for t in one for s in t.steps) > 12 * 3
+    # and the seed matters: another run seed samples other tokens
+    other = Runner(tiny_policy, sampling.model_copy(update={"seed": 12}), progress=False, max_in_flight=8).run(jobs)
+    assert _token_ids(other) != _token_ids(one)
+
+
+def test_seeded_script_gives_the_same_episodes_at_any_concurrency(tokenizer):
+    """A policy whose reply depends on the request's seed only: the order in which replies come
+    back (random here: every request is served after a random delay) changes nothing."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    class SeededReplies(ScriptedPolicy):
+        def __init__(self):
+            super().__init__(self._reply, tokenizer=tokenizer)
+            self.pool = ThreadPoolExecutor(8)
+            self.seed_of: dict[int, int] = {}
+
+        def _reply(self, messages):
+            n = random.Random(self._seed).randint(0, 9)
+            if n == 0:
+                return '{"tool": "submit", "arguments": {"answer": "0"}}'
+            return '{"tool": "add", "arguments": {"a": %d, "b": %d}}' % (n, n * 7)
+
+        def submit(self, request, sampling=None):
+            def later():
+                time.sleep(random.random() * 0.02)
+                with self._lock:
+                    self._seed = request.seed
+                    return self._complete_one(request)
+
+            return self.pool.submit(later)
+
+    tasks = get_suite("toolcalc").tasks("dev", 4)
+    spec = with_rules(load_harness("json-tools"), max_steps=4, demonstrations=[], loop_guard={"enabled": False})
+    jobs = make_jobs(tasks, [spec], 3)
+    runs = [Runner(SeededReplies(), SamplingParams(seed=3), progress=False, max_in_flight=k).run(jobs) for k in (1, 8)]
+    assert _token_ids(runs[0]) == _token_ids(runs[1])
+    texts = {s.model_call.text for t in runs[0] for s in t.steps}
+    assert len(texts) > 3  # the seeds really vary the replies
+
+
+def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp_path):
+    """SIGINT while an episode sits in a 3 s tool: run() raises KeyboardInterrupt at once, the
+    episodes recorded before are in the store, and no episode starts afterwards."""
+    import os
+    import signal
+
+    started: list[str] = []
+
+    def interrupting_work(env, seconds):
+        if seconds:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while this tool runs
+            time.sleep(seconds)
+        return "worked"
+
+    tasks = _slow_suite(interrupting_work).tasks("dev", 6)
+    slow_instruction = tasks[0].instruction
+
+    class CountingScript(ScriptedPolicy):
+        def submit(self, request, sampling=None):
+            if sum(m.role == "assistant" for m in request.messages) == 0:
+                started.append(next(m.content for m in request.messages if m.role == "user"))
+            return super().submit(request, sampling)
+
+    def script(messages):
+        if any(m.content == slow_instruction for m in messages):
+            return '{"tool": "work", "arguments": {"seconds": 3.0}}'
+        return '{"tool": "submit", "arguments": {}}'
+
+    spec = with_rules(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
+    with RunStore(tmp_path / "run") as store:
+        runner = Runner(
+            CountingScript(script, tokenizer=tokenizer),
+            SamplingParams(temperature=0.0),
+            progress=False,
+            max_in_flight=2,
+            on_episode=store.add,
+        )
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(make_jobs(tasks, [spec], 1))
+        assert time.monotonic() - t0 < 2.0  # the 3 s tool was not waited for
+        stored = {t.task_id for t in store.trajectories(with_tokens=False)}
+        n_started = len(started)
+        time.sleep(0.5)
+        assert len(started) == n_started < 6  # nothing started after the interruption
+        assert tasks[0].id not in stored and runner.stats.episodes == len(stored)

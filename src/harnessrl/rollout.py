@@ -1,31 +1,43 @@
-"""The runner: many episodes in flight, one batched generation per turn.
+"""The runner: many episodes in flight, each advancing on its own.
 
-At every turn the runner gathers the pending model call of every episode in flight and issues
-ONE batched `Policy.complete_each`, then steps each episode with its reply. Finished episodes are
-graded, written to the store at once, and replaced by new ones up to `max_in_flight`.
+Every episode runs in a worker thread of its own (at most `max_in_flight` at once): it sets up its
+environment, then asks the model (`Policy.submit`, one request at a time), waits for that reply
+only, runs its tools, and asks again, until it ends; then it is graded in the same thread. An
+episode never waits for another one: a slow tool or a long completion holds up its own episode
+alone, and the backend batches whatever requests are in flight at the moment (the local engine
+joins them into its running batch, an HTTP backend sends them concurrently). Finished episodes
+go back to the thread that called `run`, which alone records them (`on_episode`: the store
+commits there), re-queues infrastructure failures, keeps the counters and draws the progress.
 
 Seeds: every request carries its own sampling seed, `request_seed(sampling.seed, task id,
-attempt, turn)`, so an episode's samples do not depend on its batch neighbours or on how many
-calls came before (a resumed run replays them), and the same task/attempt/turn under two
-harnesses shares its random numbers.
+attempt, turn)`, so an episode's samples depend on the episode alone, not on what else was in
+flight, on the order replies came back, or on how many calls came before (a resumed run replays
+them), and the same task/attempt/turn under two harnesses shares its random numbers.
 
-Time: an episode's own time is the latency of the generation calls that served its turns plus
-the time its own steps took (tools); time spent waiting while other episodes of the batch run
-their tools is not its own. `rules.timeout_s` limits own time; the trajectory records both own
-time (`own_s`) and wall time (`duration_s`).
+Time: an episode's own time is its setup and grading, the latency of each of its model requests
+(from submission to reply, queueing in the backend included) and its own steps (tools).
+`rules.timeout_s` limits own time and is checked before each request; the trajectory records
+both own time (`own_s`) and wall time (`duration_s`).
 
 Failures:
 - per-episode limits (steps, tokens, own time) end an episode with a termination reason;
-- a crash inside a tool, the environment setup or the grader, or a failed model request, is an
-  infrastructure error of that episode alone: it is re-run from scratch up to `max_retries`
-  times, then recorded with termination `error` (excluded from metric denominators). The other
-  episodes of the batch and the run go on.
+- a crash inside a tool, the environment setup, a harness hook or the grader, or a failed model
+  request (the request's future holds a PolicyError), is an infrastructure error of that episode
+  alone: it is re-run from scratch up to `max_retries` times, then recorded with termination
+  `error` (excluded from metric denominators). The other episodes and the run go on.
+- Ctrl-C: no new episode starts and `run` raises KeyboardInterrupt at once; every episode
+  recorded before is already stored. Episodes still running stop at their next turn (their
+  workspaces are removed) and are not recorded.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import deque
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -37,6 +49,9 @@ from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models.base import Policy, PolicyError, SamplingParams, request_seed
 from harnessrl.tasks.base import Task
 from harnessrl.types import ModelCall, Termination, Trajectory
+
+# how often an episode waiting for its reply looks whether the run was interrupted (seconds)
+_STOP_POLL_S = 0.2
 
 
 @dataclass
@@ -64,19 +79,29 @@ def make_jobs(tasks: list[Task], harnesses: list[HarnessSpec], attempts: int) ->
 @dataclass
 class RunStats:
     """Counters of one `Runner.run` call (reset at the start of each), so tokens per second is
-    the completion tokens of that call over its own elapsed time."""
+    the completion tokens of that call over its own wall time. Requests and their tokens count
+    as they are served, those of episodes later retried included."""
 
     episodes: int = 0
     passed: int = 0
     graded: int = 0
     infra_errors: int = 0
+    requests: int = 0
     completion_tokens: int = 0
-    generate_s: float = 0.0
-    batches: int = 0
+    model_s: float = 0.0  # the sum of request latencies (requests overlap: it can exceed wall_s)
+    wall_s: float = 0.0
 
     @property
     def pass_rate(self) -> float:
         return self.passed / self.graded if self.graded else 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class _Stopped(Exception):
+    """The run was interrupted while this episode waited for its reply."""
 
 
 class Runner:
@@ -98,116 +123,190 @@ class Runner:
         self.on_episode = on_episode
         self.progress = progress
         self.stats = RunStats()
+        self._stats_lock = threading.Lock()  # workers count requests and tokens as they come
 
     def run(self, jobs: Iterable[Job]) -> list[Trajectory]:
+        """Run every job (and the retries of its infrastructure failures); returns the recorded
+        trajectories in job order, whatever order they finished in (`on_episode` sees them as they
+        finish, from this thread only)."""
         self.stats = RunStats()
-        pending = deque(jobs)
+        sampling = self.sampling  # fixed for this call, whatever is assigned meanwhile
+        pending = deque(enumerate(jobs))  # (position in `jobs`, job): results come back in job order
         total = len(pending)
-        results: list[Trajectory] = []
-        in_flight: list[Episode] = []
+        results: dict[int, Trajectory] = {}
+        finished: queue.SimpleQueue[tuple[int, Job, Trajectory | BaseException | None]] = queue.SimpleQueue()
+        stop = threading.Event()
         t_start = time.monotonic()
         console = Console(stderr=True)
         # Not a terminal (CI logs, `make demo | tee`): no live bar, a plain line every ~10 %.
         log_every = 0 if console.is_terminal or not self.progress else max(1, total // 10)
-        with Progress(
-            TextColumn("[bold]episodes"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("pass {task.fields[pass_rate]:.0%}"),
-            TextColumn("{task.fields[tok_s]:.0f} tok/s"),
-            TextColumn("infra {task.fields[infra]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not self.progress or not console.is_terminal,
-            transient=False,
-        ) as bar:
-            task_bar = bar.add_task("run", total=total, pass_rate=0.0, tok_s=0.0, infra=0)
-
-            def record(traj: Trajectory, job: Job) -> None:
-                if traj.is_infra_error and job.retries < self.max_retries:
-                    pending.appendleft(Job(job.task, job.harness, job.attempt, job.retries + 1))
-                    return
-                self.stats.episodes += 1
-                if traj.is_infra_error:
-                    self.stats.infra_errors += 1
-                elif traj.grade is not None:
-                    self.stats.graded += 1
-                    self.stats.passed += int(traj.grade.passed)
-                if self.on_episode is not None:
-                    self.on_episode(traj)  # the store commits here, before anything else happens
-                results.append(traj)
-                elapsed = max(time.monotonic() - t_start, 1e-9)
-                tok_s = self.stats.completion_tokens / elapsed
-                bar.update(
-                    task_bar, advance=1, pass_rate=self.stats.pass_rate, tok_s=tok_s, infra=self.stats.infra_errors
-                )
-                if log_every and (self.stats.episodes % log_every == 0 or self.stats.episodes == total):
-                    console.print(
-                        f"episodes {self.stats.episodes}/{total}  pass {self.stats.pass_rate:.0%}  "
-                        f"{tok_s:.0f} tok/s  infra {self.stats.infra_errors}  {elapsed:.0f} s",
-                        highlight=False,
-                    )
-
-            jobs_of: dict[int, Job] = {}
-            while pending or in_flight:
-                while pending and len(in_flight) < self.max_in_flight:
-                    job = pending.popleft()
-                    try:
-                        ep = Episode(job.task, job.harness, job.attempt, retries=job.retries)
-                    except InfraError as e:
-                        record(_infra_trajectory(job, str(e)), job)
-                        continue
-                    in_flight.append(ep)
-                    jobs_of[id(ep)] = job
-
-                for ep in in_flight:
-                    t = ep.rules.timeout_s
-                    if not ep.done and t is not None and ep.elapsed() > t:
-                        ep.terminate(Termination.timeout, f"own time (model + tools) over {t:g} s")
-                active = [ep for ep in in_flight if not ep.done]
-                if active:
-                    self._turn(active)
-                still: list[Episode] = []
-                for ep in in_flight:
-                    if ep.done:
-                        record(ep.finish(), jobs_of.pop(id(ep)))
-                    else:
-                        still.append(ep)
-                in_flight = still
-        return results
-
-    def _turn(self, active: list[Episode]) -> None:
-        """One batched generation for every active episode, then each episode's own step."""
-        requests = []
-        for ep in active:
-            request = ep.request()
-            request.seed = request_seed(self.sampling.seed, ep.task.id, ep.attempt, len(ep.steps))
-            requests.append(request)
-        t0 = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="episode")
+        clean_exit = False
         try:
-            outcomes = self.policy.complete_each(requests, self.sampling)
-            if len(outcomes) != len(requests):
-                raise PolicyError(f"backend returned {len(outcomes)} outcomes for {len(requests)} requests")
-        except PolicyError as e:  # the backend could not say which request failed: all of them did
-            outcomes = [e] * len(requests)
-        latency = time.monotonic() - t0
-        self.stats.generate_s += latency
-        self.stats.batches += 1
-        for ep, outcome in zip(active, outcomes):
-            ep.add_model_time(latency)  # lock-step: the call that served this turn took this long
-            if not isinstance(outcome, ModelCall):
-                ep.infra_error = f"model backend failed: {outcome}"
-                ep.terminate(Termination.error, "model backend failed")
-                continue
-            self.stats.completion_tokens += outcome.completion_tokens
+            with Progress(
+                TextColumn("[bold]episodes"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("pass {task.fields[pass_rate]:.0%}"),
+                TextColumn("{task.fields[tok_s]:.0f} tok/s"),
+                TextColumn("infra {task.fields[infra]}"),
+                TimeElapsedColumn(),
+                console=console,
+                disable=not self.progress or not console.is_terminal,
+                transient=False,
+            ) as bar:
+                task_bar = bar.add_task("run", total=total, pass_rate=0.0, tok_s=0.0, infra=0)
+
+                def record(position: int, traj: Trajectory, job: Job) -> None:
+                    if traj.is_infra_error and job.retries < self.max_retries:
+                        pending.appendleft((position, Job(job.task, job.harness, job.attempt, job.retries + 1)))
+                        return
+                    self.stats.episodes += 1
+                    if traj.is_infra_error:
+                        self.stats.infra_errors += 1
+                    elif traj.grade is not None:
+                        self.stats.graded += 1
+                        self.stats.passed += int(traj.grade.passed)
+                    if self.on_episode is not None:
+                        self.on_episode(traj)  # the store commits here, before anything else happens
+                    results[position] = traj
+                    self.stats.wall_s = max(time.monotonic() - t_start, 1e-9)
+                    tok_s = self.stats.tok_s
+                    bar.update(
+                        task_bar, advance=1, pass_rate=self.stats.pass_rate, tok_s=tok_s, infra=self.stats.infra_errors
+                    )
+                    if log_every and (self.stats.episodes % log_every == 0 or self.stats.episodes == total):
+                        console.print(
+                            f"episodes {self.stats.episodes}/{total}  pass {self.stats.pass_rate:.0%}  "
+                            f"{tok_s:.0f} tok/s  infra {self.stats.infra_errors}  {self.stats.wall_s:.0f} s",
+                            highlight=False,
+                        )
+
+                running = 0
+                while pending or running:
+                    while pending and running < self.max_in_flight:
+                        pool.submit(self._worker, *pending.popleft(), sampling, stop, finished)
+                        running += 1
+                    position, job, outcome = finished.get()  # Ctrl-C interrupts this wait
+                    running -= 1
+                    if isinstance(outcome, BaseException):
+                        raise outcome  # a bug outside every episode hook: the run cannot go on
+                    if outcome is not None:
+                        record(position, outcome, job)
+            clean_exit = True
+        finally:
+            self.stats.wall_s = max(time.monotonic() - t_start, 1e-9)
+            # on an interruption or error, do not wait: the running episodes see `stop` at their next turn
+            stop.set()
+            pool.shutdown(wait=clean_exit, cancel_futures=True)
+        return [results[k] for k in sorted(results)]
+
+    # -- one episode, in a worker thread -----------------------------------------------------------
+    def _worker(
+        self,
+        position: int,
+        job: Job,
+        sampling: SamplingParams,
+        stop: threading.Event,
+        finished: queue.SimpleQueue,
+    ) -> None:
+        """Plays one job and hands its trajectory (None when interrupted), or the exception that
+        escaped every hook, to the run's thread. Always hands something: the run waits for it."""
+        try:
+            outcome: Trajectory | BaseException | None = self._play(job, sampling, stop)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the run's thread
+            outcome = e
+        finished.put((position, job, outcome))
+
+    def _play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
+        if stop.is_set():
+            return None
+        try:
+            ep = Episode(job.task, job.harness, job.attempt, retries=job.retries)
+        except InfraError as e:
+            return _infra_trajectory(job, str(e))
+        try:
+            completed = self._advance(ep, sampling, stop)
+        except BaseException:
+            _close(ep)
+            raise
+        if not completed:
+            _close(ep)
+            return None
+        return ep.finish()  # grading, in this thread
+
+    def _advance(self, ep: Episode, sampling: SamplingParams, stop: threading.Event) -> bool:
+        """Turns until the episode ends; False if the run was interrupted first."""
+        while not ep.done:
+            if stop.is_set():
+                return False
+            t = ep.rules.timeout_s
+            if t is not None and ep.elapsed() > t:
+                ep.terminate(Termination.timeout, f"own time (model + tools) over {t:g} s")
+                break
             try:
-                ep.consume(outcome)
+                request = ep.request()
+            except Exception as e:  # a bug in a harness hook must not kill the run
+                _crashed(ep, e)
+                break
+            request.seed = request_seed(sampling.seed, ep.task.id, ep.attempt, len(ep.steps))
+            t0 = time.monotonic()
+            try:
+                call = _wait(self.policy.submit(request, sampling), stop)
+            except _Stopped:
+                return False
+            except (PolicyError, CancelledError) as e:  # this request failed: this episode alone does
+                latency = time.monotonic() - t0
+                ep.add_model_time(latency)
+                self._count(latency, None)
+                ep.infra_error = f"model backend failed: {str(e) or type(e).__name__}"
+                ep.terminate(Termination.error, "model backend failed")
+                break
+            latency = time.monotonic() - t0
+            ep.add_model_time(latency)
+            self._count(latency, call)
+            try:
+                ep.consume(call)  # the tools run here, in this episode's thread
             except InfraError as e:
                 ep.infra_error = str(e)
                 ep.terminate(Termination.error, "infrastructure error")
             except Exception as e:  # a bug in a harness hook must not kill the run
-                ep.infra_error = f"episode crashed: {_short_tb(e)}"
-                ep.terminate(Termination.error, "infrastructure error")
+                _crashed(ep, e)
+        return True
+
+    def _count(self, latency: float, call: ModelCall | None) -> None:
+        with self._stats_lock:
+            self.stats.requests += 1
+            self.stats.model_s += latency
+            if call is not None:
+                self.stats.completion_tokens += call.completion_tokens
+
+
+def _wait(future: Future[ModelCall], stop: threading.Event) -> ModelCall:
+    """The future's ModelCall (or its exception); raises _Stopped, cancelling the request if it
+    has not started, once the run is interrupted."""
+    while True:
+        try:
+            return future.result(timeout=_STOP_POLL_S)
+        except FutureTimeout:
+            if future.done():  # the request itself failed with a timeout
+                raise
+            if stop.is_set():
+                future.cancel()
+                raise _Stopped from None
+
+
+def _crashed(ep: Episode, e: Exception) -> None:
+    ep.infra_error = f"episode crashed: {_short_tb(e)}"
+    ep.terminate(Termination.error, "infrastructure error")
+
+
+def _close(ep: Episode) -> None:
+    """Remove the workspace of an episode that will not be graded; a failure to do so changes nothing."""
+    try:
+        ep.env.close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _infra_trajectory(job: Job, error: str) -> Trajectory:

@@ -1,6 +1,6 @@
 """Control loops: one episode of one task through one harness, as a step-wise state machine.
 
-The runner owns time and batching; an Episode only answers two questions, over and over:
+The runner owns time and the model; an Episode only answers two questions, over and over:
 `request()` (what to ask the model next) and `consume(model_call)` (what the reply does to the
 world). Loops:
 
@@ -212,8 +212,9 @@ class Episode:
 
     def elapsed(self) -> float:
         """The episode's own time, which rules.timeout_s limits: its setup, the latency of the model
-        calls that served it (charged by the runner, `add_model_time`) and its own `consume` calls
-        (tools). Time it spent waiting while other episodes of its batch ran their tools is not in it."""
+        calls that served it (charged by the runner, `add_model_time`), its own `consume` calls
+        (tools) and, once finished, its grading. Time it spent on anything else (waiting for the
+        runner to pick up its next turn) is in `wall_s` only."""
         return self.own_s
 
     def wall_s(self) -> float:
@@ -401,8 +402,10 @@ class Episode:
 
     # -- end ----------------------------------------------------------------------------------------
     def finish(self) -> Trajectory:
-        """Grade (unless an infrastructure error ended the episode), delete the workspace, return the record."""
+        """Grade (unless an infrastructure error ended the episode), delete the workspace, return the record.
+        Grading is own time."""
         grade = None
+        t0 = time.monotonic()
         try:
             if self.termination != Termination.error:
                 try:
@@ -412,6 +415,7 @@ class Episode:
                     self.infra_error = f"grader crashed: {_short_tb(e)}"
         finally:
             self.env.close()
+            self.own_s += time.monotonic() - t0
         return self.trajectory(grade)
 
     def trajectory(self, grade: Any = None) -> Trajectory:

@@ -1,23 +1,25 @@
 """The Policy interface: a model behind one door.
 
-The runner hands a policy a batch of GenerationRequests (one per episode in flight) and gets
-one ModelCall back per request, in order: prompt token ids, completion token ids and the
-log-probability of every sampled token. Token in, token out: nothing downstream re-tokenizes
-text the model produced.
+The runner hands a policy one GenerationRequest at a time (`submit`, from the thread of the
+episode that asks) and gets a future of its ModelCall: prompt token ids, completion token ids
+and the log-probability of every sampled token. Token in, token out: nothing downstream
+re-tokenizes text the model produced. How concurrent requests are batched is the backend's
+business.
 
 Random streams are per request: the runner gives every request its own sampling seed
 (`request_seed`), so what an episode samples depends on the episode alone, not on what else
-was in the batch or on how many calls the process made before (a resumed run replays it).
-Failures are per request too: `complete_each` returns one outcome per request, so a request the
-backend cannot serve fails only its own episode.
+was in flight or on how many calls the process made before (a resumed run replays it).
+Failures are per request too: a request the backend cannot serve gets a PolicyError in its own
+future, which fails only its own episode.
 """
 
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
 from abc import ABC, abstractmethod
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,58 +78,36 @@ class Policy(ABC):
     """
 
     name: str = "policy"
-    # how many `submit`ted requests this backend serves at once (the rest wait in its queue)
+    # how many `submit`ted requests a concurrent backend serves at once (the rest wait in its
+    # queue); the default `submit` serves one at a time
     max_concurrency: int = 16
 
     def submit(self, request: GenerationRequest, sampling: SamplingParams) -> Future[ModelCall]:
         """Start one request; the future holds its ModelCall, or the PolicyError it got (a failure
         belongs to this request only).
 
-        This default runs `complete([request])` on a pool of `max_concurrency` threads (no
-        batching across requests); backends that can do better override it.
+        Called from many threads at once (the runner calls it from every episode's own thread):
+        it must be thread-safe and return without waiting for the completion. Cancelling the
+        future (`Future.cancel`) withdraws a request that has not started.
+
+        This default needs nothing of `complete` but that it works when called from one thread
+        at a time: one background thread per policy serves the requests in the order they came,
+        each alone (`complete([request])`). So a request's outcome never depends on which others
+        were in flight (no batch padding, no batch-wide failure), at the price of no batching:
+        backends that can do better (join a running batch, send requests concurrently) override it.
         """
+        future: Future[ModelCall] = Future()
         with _POOL_LOCK:
-            pool = self.__dict__.get("_submit_pool")
-            if pool is None:
-                pool = ThreadPoolExecutor(max_workers=max(1, self.max_concurrency), thread_name_prefix="policy")
-                self.__dict__["_submit_pool"] = pool
-
-        def one() -> ModelCall:
-            return _checked(self.complete([request], sampling), 1)[0]
-
-        return pool.submit(one)
+            server = self.__dict__.get("_serial_server")
+            if server is None:
+                server = self.__dict__["_serial_server"] = _SerialServer(self)
+        server.put(request, sampling, future)
+        return future
 
     @abstractmethod
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[ModelCall]:
         """One ModelCall per request, same order. Raises PolicyError on backend failure (all or
-        nothing: use `complete_each` to learn which requests failed)."""
-
-    def complete_each(
-        self, requests: list[GenerationRequest], sampling: SamplingParams
-    ) -> list[ModelCall | PolicyError]:
-        """One outcome per request, same order: its ModelCall, or the PolicyError that request got.
-
-        This default runs the batch through `complete`; if that raises PolicyError on more than
-        one request, it asks again one request at a time, so only the request(s) that fail on
-        their own fail. (A request with a seed gets the same sample alone as in the batch.) Any
-        other exception is a bug, not a backend failure, and propagates. Backends that serve
-        requests independently (openai), or whose answer depends on how often they were asked
-        (scripted), override this with one outcome per request directly.
-        """
-        if not requests:
-            return []
-        try:
-            return list(_checked(self.complete(requests, sampling), len(requests)))
-        except PolicyError as exc:
-            if len(requests) == 1:
-                return [exc]
-        outcomes: list[ModelCall | PolicyError] = []
-        for request in requests:
-            try:
-                outcomes.append(_checked(self.complete([request], sampling), 1)[0])
-            except PolicyError as exc:
-                outcomes.append(exc)
-        return outcomes
+        nothing: `submit` each request to learn which ones failed)."""
 
     def describe(self) -> dict:
         """What to record about this model in the run config."""
@@ -135,6 +115,29 @@ class Policy(ABC):
 
 
 _POOL_LOCK = threading.Lock()
+
+
+class _SerialServer:
+    """The default `Policy.submit`: a daemon thread that serves queued requests one at a time."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.queue: queue.SimpleQueue[tuple[GenerationRequest, SamplingParams, Future]] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=f"policy-{policy.name}", daemon=True)
+        self.thread.start()
+
+    def put(self, request: GenerationRequest, sampling: SamplingParams, future: Future) -> None:
+        self.queue.put((request, sampling, future))
+
+    def _loop(self) -> None:
+        while True:
+            request, sampling, future = self.queue.get()
+            if not future.set_running_or_notify_cancel():  # cancelled while it waited
+                continue
+            try:
+                future.set_result(_checked(self.policy.complete([request], sampling), 1)[0])
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
+                future.set_exception(exc)
 
 
 def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:

@@ -17,7 +17,8 @@ use a server that returns them, or the hf backend.
 Note that a server's logprobs need not be the hf backend's: vLLM reports raw logprobs (before
 temperature) by default.
 
-**Calls.** One chat completion per request, ``max_concurrency`` at a time (threads), with
+**Calls.** One chat completion per request, ``max_concurrency`` at a time (a pool of threads that
+``submit`` hands requests to, in the order they come; no batching of ours: the server batches), with
 temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and the
 request's own ``seed`` (its low 31 bits: every server accepts that; the runner sets one per
 request, see ``harnessrl.models.base.request_seed``). A request without one gets a seed derived
@@ -32,9 +33,9 @@ backoff and jitter (``backoff_base_s * 2**k``, at most ``backoff_max_s``, then a
 fraction between 1/2 and 1 of that), ``max_retries`` times; any other 4xx is not retried. Then
 that request's outcome is a PolicyError, which the runner records as an infrastructure error of
 that request's episode alone (termination ``error``), never as a model failure. A failure
-belongs to its request: ``complete_each`` returns one outcome per request and every other
-request of the batch completes as usual; ``complete`` (all or nothing) raises the first
-request's error once every request has its outcome.
+belongs to its request: ``submit`` gives each request its own future, and every other request
+completes as usual; ``complete`` (all or nothing) raises the first request's error once every
+request has its outcome.
 
 **Native tools** (``GenerationRequest.native_tools``, from a harness's
 ``protocol.native_tools``, json protocol only): the request's tools are sent as OpenAI
@@ -58,7 +59,7 @@ import random
 import re
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import openai
@@ -346,6 +347,7 @@ class OpenAIPolicy(Policy):
         self._sleep = sleep
         self._lock = threading.Lock()
         self._requests_issued = 0
+        self._pool: ThreadPoolExecutor | None = None  # made by the first submit
         self._rng = random.Random()
         self.client = openai.OpenAI(
             base_url=self.base_url,
@@ -375,54 +377,65 @@ class OpenAIPolicy(Policy):
 
     # -------------------------------------------------------------------------------- calls
 
-    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
-        outcomes = self.complete_each(requests, sampling)
-        failed = next((o for o in outcomes if isinstance(o, PolicyError)), None)
-        if failed is not None:
-            raise failed
-        return outcomes  # type: ignore[return-value]
+    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+        """Send one request (on one of ``max_concurrency`` threads; the rest wait their turn).
 
-    def complete_each(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall | PolicyError]:
-        """One outcome per request: each request is sent, retried and failed on its own."""
-        if not requests:
-            return []
+        The future holds its ModelCall or its PolicyError. Cancelling it withdraws the request:
+        one still waiting is never sent, one waiting to retry gives up (the reply of one on the
+        wire is dropped)."""
         sampling = sampling or self.default_sampling
         with self._lock:
-            first = self._requests_issued
-            self._requests_issued += len(requests)
-        seeds = [
-            counter_seed(sampling.seed, first + i) if r.seed is None else r.seed & SEED_MASK
-            for i, r in enumerate(requests)
-        ]
-        abort = threading.Event()  # set only when we are interrupted: requests waiting to retry give up
-        workers = min(self.max_concurrency, len(requests))
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harnessrl-openai")
-        done = False
-        try:
-            futures = [pool.submit(self._outcome, r, sampling, s, abort) for r, s in zip(requests, seeds)]
-            outcomes = [f.result() for f in futures]
-            done = True
-            return outcomes
-        finally:
-            if not done:
-                abort.set()
-            pool.shutdown(wait=done, cancel_futures=True)
+            index = self._requests_issued
+            self._requests_issued += 1
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="harnessrl-openai")
+            pool = self._pool
+        seed = counter_seed(sampling.seed, index) if request.seed is None else request.seed & SEED_MASK
+        future: Future[ModelCall] = Future()
+        pool.submit(self._serve, request, sampling, seed, future)
+        return future
 
-    def _outcome(
-        self, request: GenerationRequest, sampling: SamplingParams, seed: int, abort: threading.Event
-    ) -> ModelCall | PolicyError:
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
+        """All requests at once (up to the cap); raises the first failed request's PolicyError
+        once every request has its outcome. Interrupted, it withdraws the requests not done."""
+        futures = [self.submit(r, sampling) for r in requests]
         try:
-            return self._complete_one(request, sampling, seed, abort)
-        except PolicyError as exc:
-            return exc
+            wait(futures)
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            raise failed
+        return [f.result() for f in futures]
+
+    def _serve(self, request: GenerationRequest, sampling: SamplingParams, seed: int, future: Future) -> None:
+        """Runs on a pool thread: answers `future` unless it was cancelled meanwhile. The future
+        stays pending until then, so the caller can cancel it at any point."""
+        if future.cancelled():
+            return
+        withdrawn = threading.Event()
+        future.add_done_callback(lambda _: withdrawn.set())  # a cancel wakes a retry's wait
+        try:
+            call: ModelCall | None = self._complete_one(request, sampling, seed, withdrawn)
+            error: BaseException | None = None
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
+            call, error = None, exc
+        if not future.set_running_or_notify_cancel():
+            return  # cancelled while it ran: nobody waits for it
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(call)
 
     def _complete_one(
         self, request: GenerationRequest, sampling: SamplingParams, seed: int, abort: threading.Event
     ) -> ModelCall:
         attempt = 0
         while True:
+            if abort.is_set():
+                raise PolicyError(f"{self.name}: request withdrawn")
             try:
                 data = self._request_once(request, sampling, seed)
                 text, finish, prompt_ids, completion_ids, logprobs = parse_completion(data)
@@ -446,7 +459,7 @@ class OpenAIPolicy(Policy):
                 if self._sleep is not None:
                     self._sleep(delay)
                 elif abort.wait(delay):
-                    raise PolicyError(f"{self.name}: {exc} (stopped: the batch was interrupted)") from None
+                    raise PolicyError(f"{self.name}: {exc} (stopped: the request was withdrawn)") from None
                 attempt += 1
             except PolicyError:
                 raise

@@ -8,7 +8,9 @@ Logprobs are all 0.0: a scripted policy is deterministic, every token has probab
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 from harnessrl.models import chat
 from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
@@ -38,6 +40,7 @@ class ScriptedPolicy(Policy):
         self.script = script if callable(script) else list(script)
         self.tokenizer = tokenizer
         self.name = name
+        self._lock = threading.Lock()
         self.tool_role = chat.default_tool_role(tokenizer)
         self.end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
         if self.end_of_turn is None or self.end_of_turn == tokenizer.unk_token_id:
@@ -58,19 +61,21 @@ class ScriptedPolicy(Policy):
         return self.script[turn]
 
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
-        return [self._complete_one(request) for request in requests]
+        with self._lock:
+            return [self._complete_one(request) for request in requests]
 
-    def complete_each(
-        self, requests: list[GenerationRequest], sampling: SamplingParams | None = None
-    ) -> list[ModelCall | PolicyError]:
-        """One outcome per request; the script is asked once per request (scripts may keep state)."""
-        outcomes: list[ModelCall | PolicyError] = []
-        for request in requests:
-            try:
-                outcomes.append(self._complete_one(request))
-            except PolicyError as exc:
-                outcomes.append(exc)
-        return outcomes
+    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+        """Answers at once, in the caller's thread, into a completed future. One request at a
+        time (scripts may keep state; the tokenizer is not shared between threads)."""
+        future: Future[ModelCall] = Future()
+        try:
+            with self._lock:
+                call = self._complete_one(request)
+        except Exception as exc:  # noqa: BLE001 - the future carries it, as any backend's would
+            future.set_exception(exc)
+        else:
+            future.set_result(call)
+        return future
 
     def _complete_one(self, request: GenerationRequest) -> ModelCall:
         try:

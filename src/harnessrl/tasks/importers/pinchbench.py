@@ -330,13 +330,15 @@ def judge_prompt(task_prompt: str, expected: str, transcript: list, rubric: str)
 
 
 def policy_judge(policy: "Policy", max_new_tokens: int = 1024) -> Judge:
-    """A judge from any harnessrl model (`OpenAIPolicy`, a local HF model, ...), greedy."""
+    """A judge from any harnessrl model (`OpenAIPolicy`, a local HF model, ...), greedy. Episodes
+    are graded in their own threads, so the judge asks through `submit`, which any backend serves
+    from many threads at once."""
     from harnessrl.models.base import GenerationRequest, SamplingParams
     from harnessrl.types import Message
 
     def judge(prompt: str) -> str:
         request = GenerationRequest(messages=[Message(role="user", content=prompt)], max_new_tokens=max_new_tokens)
-        (call,) = policy.complete([request], SamplingParams(temperature=0.0))
+        call = policy.submit(request, SamplingParams(temperature=0.0)).result()
         return call.text
 
     return judge
