@@ -140,3 +140,23 @@ def finish_call(tokenizer, request, prompt_ids: list[int], ids: list[int], logpr
         finish_reason="stop" if stopped else finish,
         messages=list(request.messages),
     )
+
+
+def end_of_turn_ids(model, tokenizer) -> list[int]:
+    """The ids that end an assistant turn: <|im_end|> where the vocabulary has it, the
+    tokenizer's eos and the model's (generation) config eos ids."""
+    from harnessrl.models.embedded import END_OF_TURN
+
+    ids: set[int] = set()
+    im_end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
+        ids.add(im_end)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    return sorted(ids)

@@ -356,7 +356,7 @@ class Engine:
         if isinstance(tokenizer_or_stop_ids, Sequence) and not isinstance(tokenizer_or_stop_ids, str):
             stops = [int(s) for s in tokenizer_or_stop_ids]
         else:
-            from harnessrl.models.hf import end_of_turn_ids
+            from harnessrl.models.chat import end_of_turn_ids
 
             stops = end_of_turn_ids(model, tokenizer_or_stop_ids)
         self.model = model

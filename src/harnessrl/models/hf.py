@@ -58,7 +58,6 @@ from harnessrl.models.base import (  # noqa: E402
     PolicyError,
     SamplingParams,
 )
-from harnessrl.models.embedded import END_OF_TURN  # noqa: E402
 from harnessrl.models.engine import Completion, Engine  # noqa: E402
 from harnessrl.types import ModelCall  # noqa: E402
 
@@ -102,22 +101,6 @@ def call_seed(seed: int, call_index: int, row: int | None = None) -> int:
     key = f"harnessrl:{seed}:{call_index}" + ("" if row is None else f":{row}")
     digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def end_of_turn_ids(model, tokenizer) -> list[int]:
-    ids: set[int] = set()
-    im_end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-        ids.add(im_end)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    return sorted(ids)
 
 
 DEFAULT_MAX_BATCH = 16
@@ -185,7 +168,7 @@ class HFPolicy(Policy):
         self.name = name
         self.tool_role: chat.ToolRole = tool_role or chat.default_tool_role(tokenizer)
         self.default_sampling = default_sampling or SamplingParams()
-        self.stop_ids = end_of_turn_ids(model, tokenizer)
+        self.stop_ids = chat.end_of_turn_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.stop_ids[0] if self.stop_ids else 0)
         self.generate_calls = 0  # calls so far: seeds requests that carry none (saved by the trainer)
