@@ -60,8 +60,10 @@ from harnessrl.train.trainer import (
     micro_batches,
 )
 
-# Options that may change when a run is resumed: neither changes what the next steps compute.
-SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every")
+# Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
+# next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
+# fingerprint of the examples is what a resume is checked against.
+SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "data")
 
 
 def units_of(examples: ExampleSet) -> list[TrainingUnit]:
