@@ -397,3 +397,14 @@ def test_a_resume_on_other_episodes_is_refused(source_run, tmp_path):
     _store(data, trajectories[:3])  # the same --from, other episodes in it
     with pytest.raises(SFTError, match="the examples differ from the ones its checkpoint was trained on"):
         run_sft(config, out, resume=True, progress=False)
+
+
+def test_episodes_the_target_cannot_reproduce_are_dropped_with_their_reason(source_run, renderer):
+    tight = load_harness("json-tools")
+    tight = tight.model_copy(update={"rules": tight.rules.model_copy(update={"max_steps": 1})})
+    with pytest.raises(
+        SFTError,
+        match=r"none of the 5 selected episodes can be replayed in json-tools: 5 x the "
+        r"episode ended in json-tools before submitting \(1 steps used\)",
+    ):
+        build_examples(select_episodes([source_run]), tight, renderer)
