@@ -408,3 +408,15 @@ def test_episodes_the_target_cannot_reproduce_are_dropped_with_their_reason(sour
         r"episode ended in json-tools before submitting \(1 steps used\)",
     ):
         build_examples(select_episodes([source_run]), tight, renderer)
+
+
+def test_a_target_that_holds_back_the_submit_gets_it_again(source_run, renderer):
+    spec = load_harness("json-tools")
+    checkpoint = spec.rules.submit_checkpoint.model_copy(update={"enabled": True})
+    held = spec.model_copy(update={"rules": spec.rules.model_copy(update={"submit_checkpoint": checkpoint})})
+    plain = build_examples(select_episodes([source_run]), spec, renderer)
+    found = build_examples(select_episodes([source_run]), held, renderer)
+    assert found.stats["dropped"] == {} and len(found.examples) == len(plain.examples) + N_TASKS
+    last_two = [ex for ex in found.examples if "submit" in ex.completion]
+    assert len(last_two) == 2 * N_TASKS
+    assert any(m.content.endswith(checkpoint.message) for ex in last_two for m in ex.messages)
