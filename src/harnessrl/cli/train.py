@@ -1,18 +1,35 @@
-"""`harnessrl train ...`: the training commands. Their options are TrainConfig's fields."""
+"""`harnessrl train ...`: the training commands. Their options are the fields of TrainConfig and SFTConfig."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
+from pydantic import Field
 
 from harnessrl.cli.common import config_command, err, fail, out
-from harnessrl.config import run_options
-from harnessrl.train.config import TrainConfig
+from harnessrl.config import cli, run_options
+from harnessrl.train.config import SFTConfig, TrainConfig
 
-train_app = typer.Typer(no_args_is_help=True, help="Train the model's weights across harnesses (GRPO with LoRA).")
+train_app = typer.Typer(
+    no_args_is_help=True,
+    help="Train the model's weights: across harnesses (GRPO with LoRA), or on stored episodes (supervised LoRA).",
+)
 
 TrainRun = run_options("runs/train", "continue the run in --out from its checkpoint")
+SFTRunOptions = run_options(
+    "runs/sft",
+    "continue the run in --out from its checkpoint",
+    export_jsonl=(
+        Optional[Path],
+        Field(None, description="also write the examples as JSONL in the chat messages format (one model call a line)"),
+    ),
+    export_only=(
+        bool,
+        Field(False, description="write --export-jsonl and train nothing", json_schema_extra=cli(bool_flag=True)),
+    ),
+)
 
 
 @train_app.command("grpo")
@@ -37,3 +54,46 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+@train_app.command("sft")
+@config_command(SFTConfig, SFTRunOptions)
+def sft_cmd(config: SFTConfig, run: Any) -> None:
+    """Supervised LoRA on stored episodes (passing ones by default), re-rendered into the harness given
+    with --as-harness: every example is a model call as that harness would show it."""
+    from harnessrl.train.sft import SFTError, TrainingDiverged, run_sft
+
+    try:
+        summary = run_sft(
+            config,
+            run.out,
+            resume=run.resume,
+            export_jsonl=run.export_jsonl,
+            export_only=run.export_only,
+            progress=run.progress,
+            console=err,
+        )
+    except SFTError as e:
+        fail(str(e), 2)
+    except TrainingDiverged as e:
+        fail(str(e), 1)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
+        raise typer.Exit(130)
+    data = summary["data"]
+    dropped = sum(data["dropped"].values())
+    out.print(
+        f"{data['examples']} examples from {data['replayed']} of {data['selected']} selected episodes, "
+        f"as {summary['harness']}" + (f" ({dropped} could not be replayed there)" if dropped else ""),
+        highlight=False,
+    )
+    if "exported" in summary:
+        out.print(f"exported: {summary['exported']}", highlight=False)
+    if "adapter" in summary:
+        out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
+        out.print(
+            f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {summary['suite']} "
+            f"--harness {summary['harness']}",
+            highlight=False,
+            soft_wrap=True,
+        )

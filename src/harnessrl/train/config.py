@@ -1,10 +1,10 @@
-"""TrainConfig: every option of `harnessrl train grpo`, declared once (the command line is
-generated from these fields). Light to import: no torch."""
+"""TrainConfig (`harnessrl train grpo`) and SFTConfig (`harnessrl train sft`): every option,
+declared once (the command line is generated from these fields). Light to import: no torch."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -103,6 +103,54 @@ class TrainConfig:
     _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
     _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
+class SFTConfig:
+    """Every option of a supervised fine-tuning run on stored episodes (recorded in
+    OUT/config.json), declared once: the command line is generated from these fields. See
+    docs/training.md, "Supervised fine-tuning on trajectories"."""
+
+    from_runs: list[str] = Field(
+        default_factory=list,
+        description="run folder whose episodes to learn from (its run.db, or a training run's rollouts/); repeat",
+        json_schema_extra=cli("--from"),
+    )
+    as_harness: Optional[str] = Field(
+        None,
+        description="re-render every episode into this harness (name or spec path); default: the episodes' own "
+        "harness, when they all have one",
+        json_schema_extra=cli("--as-harness"),
+    )
+    model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")
+    min_score: Optional[float] = Field(
+        None, ge=0, le=1, description="keep episodes scoring >= this (default: the passing ones)"
+    )
+    placebo: str = Field(
+        "none", description="none, or shuffle-answers: the final submit's arguments swapped across tasks (seeded)"
+    )
+    epochs: int = Field(3, ge=1, description="passes over the examples")
+    batch_size: int = Field(8, ge=1, description="examples (model calls) per optimizer step")
+    micro_batch: int = Field(4096, ge=1, description="tokens (rows x padded length) per forward/backward")
+    lr: float = Field(2e-4, gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to --lr")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0 = off)")
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description="module names that get LoRA; comma-separate or repeat",
+    )
+    checkpoint_every: int = Field(20, ge=1, description="write OUT/checkpoint every N optimizer steps (and at the end)")
+    seed: int = Field(0, description="seed of the LoRA init, the example order and the placebo's shuffle")
+
+    _lists = field_validator("lora_targets", mode="before")(comma_list)
+    _placebo = field_validator("placebo")(_one_of("none", "shuffle-answers"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,0 +1,460 @@
+"""Supervised LoRA fine-tuning on stored episodes, re-rendered into one target harness.
+
+    select_episodes + build_examples     (sft_data.py) one example per model call of each replayed
+                                         episode: the prompt the target harness shows, the reply
+    per optimizer step                   batch_size examples, in a seeded order per epoch;
+        micro-batches by tokens -> token_logprobs -> mean negative log-likelihood of the
+        completion tokens (every completion token of the batch weighs the same) -> backward
+        clip, AdamW step
+
+An example is the same unit GRPO trains on (grpo.TrainingUnit: prompt ids, completion ids, per
+model call), padded and scored by the same functions, so the loss falls on the completion tokens
+only (the reply and its end-of-turn token) and never on the prompt, the tool results or the
+earlier turns. The model stays in eval mode (no dropout) and the example order is a function of
+(seed, epoch) alone: a resumed run computes exactly what the uninterrupted run would have.
+
+Files in the run folder OUT:
+    config.json      every option, the target harness's spec and what the data came to (episodes
+                     selected, replayed, dropped and why; examples; a fingerprint of their tokens).
+                     A resume with different options is refused, except --epochs and
+                     --checkpoint-every; with different examples (other episodes in --from) too
+    metrics.jsonl    one line per optimizer step: step, epoch, loss, tokens, padded_tokens,
+                     examples, lr, grad_norm, seconds
+    checkpoint/      adapter/, optimizer.pt, state.json (step, data fingerprint)
+    adapter/         the final peft adapter + harnessrl.json naming the base model
+                     (`--model hf:OUT/adapter`)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl import __version__
+from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.train.config import SFTConfig
+from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
+from harnessrl.train.sft_data import (
+    ChatRenderer,
+    ExampleSet,
+    SFTError,
+    build_examples,
+    select_episodes,
+    write_jsonl,
+)
+from harnessrl.train.trainer import (
+    ADAPTER_META,
+    TrainingDiverged,
+    _append_jsonl,
+    _truncate_jsonl,
+    _write_json,
+    lora_parameters,
+    micro_batches,
+)
+
+# Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
+# next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
+# fingerprint of the examples is what a resume is checked against.
+SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "data")
+
+
+def units_of(examples: ExampleSet) -> list[TrainingUnit]:
+    """The examples as GRPO's training units (advantage and old log-probs unused here)."""
+    return [
+        TrainingUnit(
+            prompt_ids=list(ex.prompt_ids),
+            completion_ids=list(ex.completion_ids),
+            old_logprobs=[0.0] * len(ex.completion_ids),
+            advantage=1.0,
+            harness=ex.harness,
+            episode_id=ex.source_episode,
+        )
+        for ex in examples.examples
+    ]
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The example order of one epoch: a shuffle seeded by (seed, epoch) only."""
+    order = list(range(n))
+    random.Random(f"harnessrl-sft-order:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def sft_loss(model, units: list[TrainingUnit], pad_id: int, micro_batch: int) -> tuple[float, int, int]:
+    """Backward of the mean negative log-likelihood of every completion token of `units`, one
+    micro-batch at a time (each weighted by its share of the tokens, so the gradient is that of
+    the whole batch). Returns the loss, the completion tokens and the padded tokens."""
+    total = sum(len(u.completion_ids) for u in units)
+    loss_sum, padded = 0.0, 0
+    for mb in micro_batches(units, micro_batch):
+        batch = pad_units(mb, pad_id)
+        padded += batch["input_ids"].numel()
+        logp = token_logprobs(model, batch)
+        nll = -(logp * batch["completion_mask"].to(logp.device)).sum()
+        if not torch.isfinite(nll):
+            raise TrainingDiverged(f"the loss is {float(nll.detach())}")
+        (nll / total).backward()
+        loss_sum += float(nll.detach())
+    return loss_sum / total, total, padded
+
+
+class SFTRun:
+    """`SFTRun(config, out, resume=...)` checks everything cheap (options, harness, model spec,
+    run folder) and raises SFTError; `prepare()` loads the tokenizer and builds the examples
+    (SFTError on bad data, nothing written); `train()` writes the run folder and trains."""
+
+    def __init__(
+        self,
+        config: SFTConfig,
+        out: str | os.PathLike | None,
+        *,
+        resume: bool = False,
+        spec=None,
+        progress: bool = True,
+        console=None,
+    ):
+        from harnessrl.harness.spec import SpecError
+        from harnessrl.models import MODEL_NAMES
+
+        self.config = config
+        if not config.from_runs:
+            raise SFTError("no --from run folder given: name the run folders whose episodes to learn from")
+        if config.model not in MODEL_NAMES and not config.model.startswith("hf:"):
+            raise SFTError(
+                f"cannot train '{config.model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)"
+            )
+        if config.model.startswith("hf:") and not Path(config.model[3:]).expanduser().exists():
+            raise SFTError(f"model path '{config.model[3:]}' does not exist")
+        self.selection = select_episodes(config.from_runs, config.min_score)
+        if spec is None:
+            from harnessrl.harness.registry import load_harness
+
+            name = config.as_harness
+            if name is None:
+                sources = sorted({e.trajectory.harness for e in self.selection.episodes})
+                if len(sources) != 1:
+                    raise SFTError(
+                        f"the selected episodes come from several harnesses ({', '.join(sources)}): "
+                        "name the one to train for with --as-harness"
+                    )
+                name = sources[0]
+            try:
+                spec = load_harness(name)
+            except SpecError as e:
+                raise SFTError(f"--as-harness: {e}") from None
+        self.spec = spec
+        self.out = None if out is None else Path(out)
+        self.resume = resume
+        self.progress = progress
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+        self.folder: RunFolder | None = None
+        if self.out is not None:
+            record = {
+                **config.to_dict(),
+                "as_harness": spec.name,
+                "harness_spec": spec.to_dict(),
+                "suite": self.selection.suite,
+            }
+            try:
+                self.folder = RunFolder.open(
+                    self.out, "fine-tuning", record, resume=resume, may_differ=SFT_RESUMABLE_CHANGES
+                )
+            except RunFolderError as e:
+                raise SFTError(str(e)) from None
+        self.policy = None
+        self.examples: ExampleSet | None = None
+        self.step = 0
+
+    # -- data -------------------------------------------------------------------------------------------
+    def prepare(self) -> ExampleSet:
+        """Load the model's tokenizer (with the model) and replay the episodes into examples."""
+        from harnessrl.models import load_policy
+        from harnessrl.models.base import ModelUnavailable
+        from harnessrl.models.hf import HFPolicy
+
+        cfg = self.config
+        try:
+            policy = load_policy(cfg.model)
+        except (ValueError, ModelUnavailable, OSError) as e:
+            raise SFTError(f"cannot load model '{cfg.model}': {e}") from None
+        if not isinstance(policy, HFPolicy):
+            raise SFTError(f"training needs a local transformers model, not {cfg.model!r}")
+        self.policy = policy
+        self.renderer = ChatRenderer(policy.tokenizer, policy.tool_role)
+        self.examples = build_examples(
+            self.selection, self.spec, self.renderer, min_score=cfg.min_score, placebo=cfg.placebo, seed=cfg.seed
+        )
+        return self.examples
+
+    def export(self, path: str | os.PathLike) -> Path:
+        """The examples as JSONL in the chat `messages` format (one model call per line)."""
+        assert self.examples is not None, "prepare() first"
+        return write_jsonl(path, self.examples.examples, self.renderer.tool_role)
+
+    # -- model ------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        cfg = self.config
+        lora = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=0.0,  # eval mode throughout: a resumed run computes what the uninterrupted one would
+            target_modules=list(cfg.lora_targets),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        try:
+            with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
+                torch.manual_seed(cfg.seed)
+                self.peft_model = get_peft_model(self.policy.model, lora)
+        except ValueError as e:
+            raise SFTError(
+                f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}"
+            ) from None
+        self.peft_model.eval()
+        self.trainable = [p for _, p in lora_parameters(self.peft_model)]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of optimizer step `step` (0-based): linear warm-up, then constant."""
+        cfg = self.config
+        return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Train for --epochs over the examples; returns a short summary."""
+        assert self.examples is not None and self.folder is not None and self.out is not None
+        cfg = self.config
+        units = units_of(self.examples)
+        fingerprint = self.examples.fingerprint()
+        per_epoch = math.ceil(len(units) / cfg.batch_size)
+        total = per_epoch * cfg.epochs
+        self._setup()
+        metrics_path = self.out / "metrics.jsonl"
+        if self.resume and self.load_checkpoint(fingerprint):
+            self._say(f"resuming {self.out} from step {self.step}")
+        elif self.resume:
+            self._say(f"{self.out} has no checkpoint yet: starting from step 0")
+        if self.step > total:
+            raise SFTError(
+                f"--epochs {cfg.epochs} ({total} steps) is below the checkpoint's step {self.step}; give more --epochs"
+            )
+        self.folder.start()
+        self.folder.record(data={**self.examples.stats, "fingerprint": fingerprint, "steps_per_epoch": per_epoch})
+        if self.resume:
+            _truncate_jsonl(metrics_path, self.step)
+        pad_id = self.policy.pad_id
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        last: dict[str, Any] = {}
+        with _Progress(self.console, total, self.step, self.progress) as bar:
+            while self.step < total:
+                t0 = time.perf_counter()
+                epoch, k = divmod(self.step, per_epoch)
+                order = epoch_order(len(units), cfg.seed, epoch)
+                batch = [units[i] for i in order[k * cfg.batch_size : (k + 1) * cfg.batch_size]]
+                lr = self.lr_at(self.step)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.zero_grad(set_to_none=True)
+                self.peft_model.eval()
+                try:
+                    loss, tokens, padded = sft_loss(self.peft_model, batch, pad_id, cfg.micro_batch)
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+                    if not math.isfinite(grad_norm):
+                        raise TrainingDiverged(f"the gradient norm is {grad_norm}")
+                except TrainingDiverged as e:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    _append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
+                    raise TrainingDiverged(
+                        f"step {self.step + 1}: {e}: training stopped; the last checkpoint in {self.out} is intact "
+                        "(continue with --resume, or start again with a lower --lr)"
+                    ) from None
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                last = {
+                    "step": self.step,
+                    "epoch": epoch + 1,
+                    "loss": loss,
+                    "tokens": tokens,
+                    "padded_tokens": padded,
+                    "examples": len(batch),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "seconds": time.perf_counter() - t0,
+                }
+                _append_jsonl(metrics_path, last)
+                bar.update(last)
+                if self.step % cfg.checkpoint_every == 0 or self.step == total:
+                    self.save_checkpoint(fingerprint)
+        if not (self.out / "checkpoint").exists():
+            self.save_checkpoint(fingerprint)
+        adapter = self.save_adapter()
+        return {"steps": self.step, "adapter": str(adapter), "examples": len(units), "last": last}
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self, fingerprint: str) -> Path:
+        """OUT/checkpoint, written in a temporary folder then renamed into place."""
+        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=self.out))
+        final, old = self.out / "checkpoint", self.out / ".checkpoint-old"
+        try:
+            self.peft_model.save_pretrained(str(tmp / "adapter"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            _write_json(tmp / "state.json", {"step": self.step, "data_fingerprint": fingerprint})
+            if old.exists():
+                shutil.rmtree(old)
+            if final.exists():
+                os.rename(final, old)  # a crash right here leaves .checkpoint-old, which resume uses
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, fingerprint: str) -> bool:
+        """Restore adapter, optimizer and step; False when there is none yet. The examples must be
+        the ones the checkpoint was trained on."""
+        import json
+
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = next((f for f in (self.out / "checkpoint", self.out / ".checkpoint-old") if f.is_dir()), None)
+        if folder is None or not (folder / "state.json").is_file():
+            return False
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        if state.get("data_fingerprint") != fingerprint:
+            raise SFTError(
+                f"{self.out}: the examples differ from the ones its checkpoint was trained on (the episodes in --from "
+                "changed?); start a new --out"
+            )
+        weights = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(self.peft_model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise SFTError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        self.step = int(state["step"])
+        return True
+
+    def save_adapter(self) -> Path:
+        """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model."""
+        cfg = self.config
+        base = cfg.model
+        if base.startswith("hf:"):
+            base = "hf:" + str(Path(base[3:]).expanduser().resolve())
+        tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=self.out))
+        final = self.out / "adapter"
+        try:
+            self.peft_model.save_pretrained(str(tmp))
+            _write_json(
+                tmp / ADAPTER_META,
+                {
+                    "base_model": base,
+                    "trained_by": "harnessrl train sft",
+                    "harnessrl_version": __version__,
+                    "steps": self.step,
+                    "suite": self.examples.suite,
+                    "harness": self.spec.name,
+                    "placebo": cfg.placebo,
+                    "examples": len(self.examples.examples),
+                },
+            )
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            self.console.print(text, highlight=False, markup=False)
+
+
+def run_sft(
+    config: SFTConfig,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    export_jsonl: str | os.PathLike | None = None,
+    export_only: bool = False,
+    spec=None,
+    progress: bool = True,
+    console=None,
+) -> dict[str, Any]:
+    """`harnessrl train sft` as a library call: select, replay, (export), train.
+
+    Every bad input raises SFTError before anything is written. `export_only`: write the JSONL
+    (`export_jsonl` is then required) and train nothing; no run folder is opened.
+    """
+    if export_only and export_jsonl is None:
+        raise SFTError("--export-only needs --export-jsonl PATH")
+    run = SFTRun(config, None if export_only else out, resume=resume, spec=spec, progress=progress, console=console)
+    examples = run.prepare()
+    summary: dict[str, Any] = {"data": examples.stats, "harness": run.spec.name, "suite": examples.suite}
+    if export_jsonl is not None:
+        summary["exported"] = str(run.export(export_jsonl))
+    if export_only:
+        return summary
+    return {**summary, **run.train()}
+
+
+class _Progress:
+    """A rich bar on a terminal; a plain line per step otherwise (CI logs, `| tee`)."""
+
+    def __init__(self, console, total: int, done: int, enabled: bool):
+        self.console, self.total, self.done, self.enabled = console, total, done, enabled
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled and self.console.is_terminal:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("[bold]sft step"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task("sft", total=self.total, completed=self.done, loss="-")
+        return self
+
+    def update(self, r: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=r["step"], loss=f"{r['loss']:.4f}")
+        elif self.enabled:
+            self.console.print(
+                f"step {r['step']}/{self.total}  epoch {r['epoch']}  loss {r['loss']:.4f}  "
+                f"tokens {r['tokens']}  lr {r['lr']:.2e}  {r['seconds']:.1f} s",
+                highlight=False,
+                markup=False,
+            )
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        return False

@@ -1,0 +1,422 @@
+"""Supervised fine-tuning on stored episodes: selection, the replay into a target harness, the
+loss mask on the real chat template, training (loss, adapter, exact resume), the placebo, the
+JSONL export and every refused input. Source episodes come from the oracle (each task's known
+solution) run through the real runner into a run database on toolcalc."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from helpers import oracle_policy, replies_policy
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from harnessrl.cli.train import train_app
+from harnessrl.harness.loops import Episode
+from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.registry import load_harness
+from harnessrl.models.base import GenerationRequest, SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.store import RunStore
+from harnessrl.tasks import get_suite
+from harnessrl.train.config import SFTConfig
+from harnessrl.train.grpo import pad_units
+from harnessrl.train.sft import run_sft, units_of
+from harnessrl.train.sft_data import (
+    ChatRenderer,
+    SFTError,
+    SourceEpisode,
+    build_examples,
+    select_episodes,
+    source_actions,
+)
+from harnessrl.types import (
+    ActionKind,
+    InnerCall,
+    Intervention,
+    ModelCall,
+    Step,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+)
+
+N_TASKS = 5
+
+
+def _store(folder: Path, trajectories) -> Path:
+    with RunStore(folder) as store:
+        for t in trajectories:
+            store.add(t)
+    return folder
+
+
+def _run(policy, tasks, spec):
+    return Runner(policy, SamplingParams(temperature=0.0), max_retries=0, progress=False).run(
+        make_jobs(tasks, [spec], 1)
+    )
+
+
+@pytest.fixture(scope="module")
+def toolcalc_tasks():
+    return get_suite("toolcalc").tasks("train", N_TASKS)
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory, toolcalc_tasks, tokenizer) -> Path:
+    """The oracle's passing json-tools episodes of N_TASKS toolcalc tasks."""
+    spec = load_harness("json-tools")
+    trajectories = _run(oracle_policy(toolcalc_tasks, spec, tokenizer), toolcalc_tasks, spec)
+    assert all(t.grade.passed for t in trajectories)
+    return _store(tmp_path_factory.mktemp("src") / "run", trajectories)
+
+
+@pytest.fixture(scope="module")
+def renderer(tokenizer):
+    return ChatRenderer(tokenizer)
+
+
+def _config(source_run, **kw) -> SFTConfig:
+    base = dict(from_runs=[str(source_run)], as_harness="react", model="tiny-random", epochs=1, batch_size=4)
+    return SFTConfig(**{**base, **kw})
+
+
+# ------------------------------------------------------------------------------------ the data
+
+
+def test_the_mask_covers_exactly_the_reply_and_its_end_of_turn_on_the_chat_template(source_run, renderer, tokenizer):
+    examples = build_examples(select_episodes([source_run]), load_harness("react"), renderer).examples
+    assert examples
+    units = units_of(type("S", (), {"examples": examples})())
+    batch = pad_units(units, pad_id=tokenizer.pad_token_id or 0)
+    for row, ex in enumerate(examples):
+        # the whole conversation rendered by the template: prompt ids, then exactly the completion ids
+        full = tokenizer.apply_chat_template(ex.chat_messages(renderer.tool_role), tokenize=False)
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        p, c = len(ex.prompt_ids), len(ex.completion_ids)
+        assert ids[: p + c] == ex.prompt_ids + ex.completion_ids
+        assert tokenizer.decode(ids[p + c :]).strip() == ""  # only the template's newline after <|im_end|>
+        assert tokenizer.decode(ex.completion_ids) == ex.completion + "<|im_end|>"
+        mask = batch["completion_mask"][row]
+        assert mask.nonzero().flatten().tolist() == list(range(p, p + c))
+        assert tokenizer.decode(batch["input_ids"][row][mask.bool()].tolist()) == ex.completion + "<|im_end|>"
+
+
+def test_json_episodes_replayed_as_react_show_react_prompts_with_the_same_actions(source_run, renderer, toolcalc_tasks):
+    selection = select_episodes([source_run])
+    target = load_harness("react")
+    found = build_examples(selection, target, renderer)
+    assert found.stats["replayed"] == N_TASKS and found.stats["dropped"] == {}
+    assert found.stats["result_mismatches"] == 0
+    source_calls = {e.trajectory.task_id: [s.tool_calls for s in e.trajectory.steps] for e in selection.episodes}
+    assert len(found.examples) == sum(len(v) for v in source_calls.values())  # one example per model call
+    react = get_protocol("react")
+    by_id = {t.id: t for t in toolcalc_tasks}
+    for ex in found.examples:
+        episode = Episode(by_id[ex.task_id], target, 0)
+        try:
+            intro = episode.messages()  # the target's system prompt, its demonstrations, the task
+        finally:
+            episode.env.close()
+        assert ex.messages[: len(intro)] == intro
+        assert "Action Input:" in intro[0].content  # the tools shown in react form
+        assert ex.completion.startswith("Action: ") and '"tool"' not in ex.completion
+        assert all('{"tool"' not in m.content for m in ex.messages)
+        assert all(m.content.startswith("Observation: ") for m in ex.messages if m.role == "tool")
+        turn = sum(m.role == "assistant" for m in ex.messages[len(intro) :])
+        calls = react.parse(ex.completion).calls
+        expected = source_calls[ex.task_id][turn]
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in expected]
+
+
+def test_plan_execute_target_gets_a_plan_turn_it_does_not_learn(source_run, renderer):
+    found = build_examples(select_episodes([source_run]), load_harness("plan-execute"), renderer)
+    assert found.stats["dropped"] == {}
+    plain = build_examples(select_episodes([source_run]), load_harness("json-tools"), renderer)
+    assert len(found.examples) == len(plain.examples)  # the derived plan is context, not an example
+    assert all(any(m.content.startswith("1. ") for m in ex.messages) for ex in found.examples)
+
+
+def _step(index, calls, results, action=ActionKind.tool_calls, text="", interventions=()):
+    return Step(
+        index=index,
+        model_call=ModelCall(prompt_ids=[], completion_ids=[], logprobs=[], text=text),
+        action=action,
+        tool_calls=calls,
+        tool_results=results,
+        interventions=list(interventions),
+    )
+
+
+def test_source_actions_keep_what_happened_and_drop_what_did_not():
+    add = ToolCall(name="add", arguments={"a": 1, "b": 2})
+    steps = [
+        _step(0, [], [], ActionKind.malformed, text="{oops"),
+        _step(
+            1,
+            [ToolCall(name="add", arguments={"a": "x"})],
+            [ToolResult(name="add", output="bad", ok=False, blocked="invalid_arguments")],
+        ),
+        _step(
+            2,
+            [ToolCall(name="sum3", arguments={"x": "1"})],
+            [
+                ToolResult(
+                    name="sum3",
+                    output="3",
+                    inner_calls=[InnerCall(call=add, result=ToolResult(name="add", output="3"))],
+                )
+            ],
+            text='{"tool": "sum3", "arguments": {"x": "1"}}',
+        ),
+        _step(3, [ToolCall(name="remember", arguments={"note": "n"})], [ToolResult(name="remember", output="Saved.")]),
+        _step(
+            4,
+            [ToolCall(name="submit", arguments={"answer": "3"})],
+            [ToolResult(name="submit", output="Check.")],
+            interventions=[Intervention(kind="submit_checkpoint", message="Check.")],
+        ),
+        _step(5, [], [], ActionKind.text, text="It is 3."),
+    ]
+    traj = Trajectory(
+        episode_id="e",
+        task_id="toolcalc/train/0",
+        suite="toolcalc",
+        family="f",
+        split="train",
+        harness="h",
+        attempt=0,
+        instruction="i",
+        steps=steps,
+        answer="It is 3.",
+    )
+    found = source_actions(SourceEpisode(traj, "run", "json"), {"add", "submit"})
+    assert [[(c.name, c.arguments) for c in a.calls] for a in found.actions] == [
+        [("add", {"a": 1, "b": 2})],  # the helper's own call, with its recorded result
+        [("submit", {"answer": "It is 3."})],  # a prose final answer, submitted
+    ]
+    assert found.actions[0].expected[0].output == "3"
+    assert found.dropped == {
+        "malformed": 1,
+        "refused_calls": 1,
+        "helper_calls_expanded": 1,
+        "memory_notes": 1,
+        "held_back_submits": 1,
+    }
+    with pytest.raises(SFTError, match="calls add, which the target harness does not offer"):
+        source_actions(SourceEpisode(traj, "run", "json"), {"submit"})
+
+
+def test_placebo_shuffles_only_the_submit_answers_across_tasks(source_run, renderer):
+    selection = select_episodes([source_run])
+    spec = load_harness("json-tools")
+    real = build_examples(selection, spec, renderer).examples
+    placebo = build_examples(selection, spec, renderer, placebo="shuffle-answers", seed=3).examples
+    assert len(real) == len(placebo)
+    proto = get_protocol("json")
+    answers = {}
+    for r, p in zip(real, placebo):
+        assert (r.source_episode, r.step, r.messages, r.prompt_ids) == (
+            p.source_episode,
+            p.step,
+            p.messages,
+            p.prompt_ids,
+        )
+        rc, pc = proto.parse(r.completion).calls, proto.parse(p.completion).calls
+        if rc[0].name != "submit":
+            assert r.completion == p.completion and r.completion_ids == p.completion_ids
+            continue
+        assert pc[0].name == "submit" and pc[0].arguments != rc[0].arguments
+        answers[r.task_id] = (rc[0].arguments["answer"], pc[0].arguments["answer"])
+    assert len(answers) == N_TASKS
+    # a permutation of the real answers, none kept by its own task
+    assert sorted(a for a, _ in answers.values()) == sorted(b for _, b in answers.values())
+    again = build_examples(selection, spec, renderer, placebo="shuffle-answers", seed=3).examples
+    assert [e.completion for e in again] == [e.completion for e in placebo]  # seeded
+
+
+# ---------------------------------------------------------------------------------- training
+
+
+def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_adapter(source_run, tmp_path):
+    from harnessrl.models import load_policy
+
+    out = tmp_path / "sft"
+    export = tmp_path / "ex.jsonl"
+    summary = run_sft(_config(source_run, epochs=6, batch_size=64, lr=1e-2), out, export_jsonl=export, progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 7))
+    assert lines[-1]["loss"] < lines[0]["loss"] - 0.5  # one batch of every example: the same loss, going down
+    assert {"loss", "tokens", "lr", "epoch", "grad_norm"} <= set(lines[0])
+    meta = json.loads((out / "adapter" / "harnessrl.json").read_text())
+    assert meta["base_model"] == "tiny-random" and meta["harness"] == "react"
+    assert json.loads((out / "config.json").read_text())["data"]["examples"] == summary["examples"]
+
+    policy = load_policy(f"hf:{out / 'adapter'}")
+    request = GenerationRequest(
+        messages=json.loads(export.read_text().splitlines()[0])["messages"][:-1], max_new_tokens=4
+    )
+    call = policy.complete([request], SamplingParams(temperature=0.0))[0]
+    assert call.completion_ids
+
+    # the export: one model call per line, the chat messages whose template gives the prompt ids
+    rows = [json.loads(x) for x in export.read_text().splitlines()]
+    assert len(rows) == summary["examples"]
+    assert all(set(r) == {"messages"} and r["messages"][-1]["role"] == "assistant" for r in rows)
+    assert {m["role"] for r in rows for m in r["messages"]} <= {"system", "user", "assistant"}
+
+
+def test_resume_equals_the_uninterrupted_run(source_run, tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    run_sft(_config(source_run, epochs=2, lr=1e-2), whole, progress=False)
+    run_sft(_config(source_run, epochs=1, lr=1e-2), cut, progress=False)
+    run_sft(_config(source_run, epochs=2, lr=1e-2), cut, resume=True, progress=False)
+
+    def metrics(folder):
+        return [
+            {k: v for k, v in json.loads(x).items() if k != "seconds"}
+            for x in (folder / "metrics.jsonl").read_text().splitlines()
+        ]
+
+    assert metrics(whole) == metrics(cut)
+    a = load_file(str(whole / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(cut / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------- refusals
+
+
+def _cli():
+    app = typer.Typer()
+    app.add_typer(train_app, name="train")
+
+    @app.command()
+    def version() -> None:  # a second command, so that `train` stays a sub-command
+        pass
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory, toolcalc_tasks, tokenizer) -> Path:
+    spec = load_harness("json-tools")
+    wrong = replies_policy(['{"tool": "submit", "arguments": {"answer": "no idea"}}'], tokenizer)
+    trajectories = _run(wrong, toolcalc_tasks[:2], spec)
+    assert not any(t.grade.passed for t in trajectories)
+    return _store(tmp_path_factory.mktemp("fail") / "run", trajectories)
+
+
+@pytest.fixture(scope="module")
+def other_suite_run(tmp_path_factory, tokenizer) -> Path:
+    spec = load_harness("json-tools")
+    tasks = get_suite("planning").tasks("train", 1)
+    trajectories = _run(oracle_policy(tasks, spec, tokenizer), tasks, spec)
+    return _store(tmp_path_factory.mktemp("other") / "run", trajectories)
+
+
+@pytest.fixture(scope="module")
+def foreign_tool_run(tmp_path_factory, source_run) -> Path:
+    """A passing episode whose first call used a tool (web_search) that no toolcalc task offers."""
+    with RunStore(source_run) as store:
+        traj = next(store.trajectories())
+    traj.steps[0].tool_calls[0].name = "web_search"
+    traj.steps[0].tool_results[0].name = "web_search"
+    return _store(tmp_path_factory.mktemp("foreign") / "run", [traj])
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no-from", "no --from run folder given"),
+        ("not-a-run", "no run database there"),
+        ("only-failing", "no episode to learn from"),
+        ("min-score-too-high", "no episode to learn from"),
+        ("mixed-suites", "episodes of different suites"),
+        ("foreign-tool", "calls web_search, which the target harness does not offer"),
+        ("unknown-harness", "--as-harness: unknown harness 'nope'"),
+        ("placebo-one-task", "needs episodes of at least two tasks"),
+        ("bad-placebo", "--placebo must be none or shuffle-answers"),
+        ("export-only-alone", "--export-only needs --export-jsonl"),
+        ("resume-nothing", "holds no fine-tuning run to resume"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
+    case, message, tmp_path, source_run, failing_run, other_suite_run, foreign_tool_run
+):
+    out, export = tmp_path / "o", tmp_path / "ex.jsonl"
+    args = {
+        "no-from": [],
+        "not-a-run": ["--from", str(tmp_path / "nothing")],
+        "only-failing": ["--from", str(failing_run)],
+        "min-score-too-high": ["--from", str(failing_run), "--min-score", "0.5"],
+        "mixed-suites": ["--from", str(source_run), "--from", str(other_suite_run)],
+        "foreign-tool": ["--from", str(foreign_tool_run)],
+        "unknown-harness": ["--from", str(source_run), "--as-harness", "nope"],
+        "placebo-one-task": [
+            "--from",
+            str(foreign_tool_run),
+            "--as-harness",
+            "json-tools",
+            "--placebo",
+            "shuffle-answers",
+        ],
+        "bad-placebo": ["--from", str(source_run), "--placebo", "swap"],
+        "export-only-alone": ["--from", str(source_run), "--export-only"],
+        "resume-nothing": ["--from", str(source_run), "--resume"],
+    }[case]
+    if case == "placebo-one-task":  # one task only, and its tools all offered: only the placebo is wrong
+        args[1] = str(_one_task_run(tmp_path, source_run))
+    if case != "export-only-alone":
+        args += ["--export-jsonl", str(export)]
+    r = CliRunner().invoke(_cli(), ["train", "sft", "--model", "tiny-random", "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not out.exists() and not export.exists()
+
+
+def _one_task_run(tmp_path: Path, source_run: Path) -> Path:
+    with RunStore(source_run) as store:
+        traj = next(store.trajectories())
+    return _store(tmp_path / "one", [traj])
+
+
+def test_a_resume_on_other_episodes_is_refused(source_run, tmp_path):
+    import shutil
+
+    with RunStore(source_run) as store:
+        trajectories = list(store.trajectories())
+    data, out = tmp_path / "data", tmp_path / "o"
+    config = _config(data, as_harness="json-tools")
+    _store(data, trajectories)
+    run_sft(config, out, progress=False)
+    shutil.rmtree(data)
+    _store(data, trajectories[:3])  # the same --from, other episodes in it
+    with pytest.raises(SFTError, match="the examples differ from the ones its checkpoint was trained on"):
+        run_sft(config, out, resume=True, progress=False)
+
+
+def test_episodes_the_target_cannot_reproduce_are_dropped_with_their_reason(source_run, renderer):
+    tight = load_harness("json-tools")
+    tight = tight.model_copy(update={"rules": tight.rules.model_copy(update={"max_steps": 1})})
+    with pytest.raises(
+        SFTError,
+        match=r"none of the 5 selected episodes can be replayed in json-tools: 5 x the "
+        r"episode ended in json-tools before submitting \(1 steps used\)",
+    ):
+        build_examples(select_episodes([source_run]), tight, renderer)
+
+
+def test_a_target_that_holds_back_the_submit_gets_it_again(source_run, renderer):
+    spec = load_harness("json-tools")
+    checkpoint = spec.rules.submit_checkpoint.model_copy(update={"enabled": True})
+    held = spec.model_copy(update={"rules": spec.rules.model_copy(update={"submit_checkpoint": checkpoint})})
+    plain = build_examples(select_episodes([source_run]), spec, renderer)
+    found = build_examples(select_episodes([source_run]), held, renderer)
+    assert found.stats["dropped"] == {} and len(found.examples) == len(plain.examples) + N_TASKS
+    last_two = [ex for ex in found.examples if "submit" in ex.completion]
+    assert len(last_two) == 2 * N_TASKS
+    assert any(m.content.endswith(checkpoint.message) for ex in last_two for m in ex.messages)
