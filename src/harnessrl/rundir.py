@@ -21,6 +21,7 @@ has no finished episode in the database) and records how shell commands were iso
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -220,3 +221,36 @@ class RunFolder:
     def lock(self, reason: str) -> None:
         """Refuse every later start in this folder (the run's result is final)."""
         (self.path / LOCK).write_text(reason + "\n", encoding="utf-8")
+
+
+# -- files of a run folder ---------------------------------------------------------------------------
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (temporary file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line per record (metrics.jsonl, eval.jsonl)."""
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the lines of steps <= last_step: a resumed run restarts from its checkpoint and writes
+    the later steps again."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from harnessrl import __version__
-from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl, write_json
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
 from harnessrl.train.sft_data import (
@@ -53,9 +53,6 @@ from harnessrl.train.sft_data import (
 from harnessrl.train.trainer import (
     ADAPTER_META,
     TrainingDiverged,
-    _append_jsonl,
-    _truncate_jsonl,
-    _write_json,
     lora_parameters,
     micro_batches,
 )
@@ -255,7 +252,7 @@ class SFTRun:
         self.folder.start()
         self.folder.record(data={**self.examples.stats, "fingerprint": fingerprint, "steps_per_epoch": per_epoch})
         if self.resume:
-            _truncate_jsonl(metrics_path, self.step)
+            truncate_jsonl(metrics_path, self.step)
         pad_id = self.policy.pad_id
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         last: dict[str, Any] = {}
@@ -277,7 +274,7 @@ class SFTRun:
                         raise TrainingDiverged(f"the gradient norm is {grad_norm}")
                 except TrainingDiverged as e:
                     self.optimizer.zero_grad(set_to_none=True)
-                    _append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
+                    append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
                     raise TrainingDiverged(
                         f"step {self.step + 1}: {e}: training stopped; the last checkpoint in {self.out} is intact "
                         "(continue with --resume, or start again with a lower --lr)"
@@ -296,7 +293,7 @@ class SFTRun:
                     "grad_norm": grad_norm,
                     "seconds": time.perf_counter() - t0,
                 }
-                _append_jsonl(metrics_path, last)
+                append_jsonl(metrics_path, last)
                 bar.update(last)
                 if self.step % cfg.checkpoint_every == 0 or self.step == total:
                     self.save_checkpoint(fingerprint)
@@ -313,7 +310,7 @@ class SFTRun:
         try:
             self.peft_model.save_pretrained(str(tmp / "adapter"))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            _write_json(tmp / "state.json", {"step": self.step, "data_fingerprint": fingerprint})
+            write_json(tmp / "state.json", {"step": self.step, "data_fingerprint": fingerprint})
             if old.exists():
                 shutil.rmtree(old)
             if final.exists():
@@ -359,7 +356,7 @@ class SFTRun:
         final = self.out / "adapter"
         try:
             self.peft_model.save_pretrained(str(tmp))
-            _write_json(
+            write_json(
                 tmp / ADAPTER_META,
                 {
                     "base_model": base,

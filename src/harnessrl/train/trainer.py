@@ -85,7 +85,7 @@ import torch
 
 from harnessrl import __version__
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl, write_json
 from harnessrl.tasks.base import Suite
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.grpo import (
@@ -190,34 +190,6 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
 
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temporary file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop the lines of steps after the checkpoint a resumed run restarts from (they are re-run)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a crash
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------- the trainer
@@ -395,7 +367,7 @@ class Trainer:
             self.peft_model.save_pretrained(str(tmp / "adapter"))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            _write_json(
+            write_json(
                 tmp / "state.json",
                 {
                     "step": self.step,
@@ -450,7 +422,7 @@ class Trainer:
         final = self.out / "adapter"
         try:
             self.peft_model.save_pretrained(str(tmp))
-            _write_json(
+            write_json(
                 tmp / ADAPTER_META,
                 {
                     "base_model": base,
@@ -811,8 +783,8 @@ class Trainer:
                 f"--steps {cfg.steps} is below the checkpoint's step {self.step}; give --steps {self.step} or more"
             )
         if self.resume:
-            _truncate_jsonl(metrics_path, self.step)
-            _truncate_jsonl(eval_path, self.step)
+            truncate_jsonl(metrics_path, self.step)
+            truncate_jsonl(eval_path, self.step)
         self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
 
@@ -831,11 +803,11 @@ class Trainer:
                         if at is not None
                         else "no checkpoint was written yet"
                     )
-                    _append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
+                    append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
                     raise TrainingDiverged(
                         f"{e}: training stopped; {where} (perhaps with a lower --lr in a new run)"
                     ) from None
-                _append_jsonl(metrics_path, record)
+                append_jsonl(metrics_path, record)
                 self._tensorboard(record)
                 bar.update(record)
                 last = record
@@ -854,7 +826,7 @@ class Trainer:
         return {"steps": self.step, "adapter": str(adapter), "last": last}
 
     def _log_eval(self, path: Path, record: dict[str, Any]) -> None:
-        _append_jsonl(path, record)
+        append_jsonl(path, record)
         if self.tb is not None:
             for h, v in record["mean_score"].items():
                 if v is not None:
