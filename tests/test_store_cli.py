@@ -257,6 +257,33 @@ def test_cli_config_errors_are_one_line_and_before_any_work(tmp_path, args, mess
     assert not (out / "run.db").exists()
 
 
+def test_cli_eval_oracle_passes_every_task_through_each_harness_on_every_attempt(tmp_path):
+    """`--model oracle`: the tasks' solutions through each harness's protocol (plan-first included),
+    every attempt a whole episode: supervised data a user can collect without a model."""
+    out = tmp_path / "oracle"
+    args = ["eval", "--suite", "toolcalc", "--split", "train", "--tasks", "3", "--attempts", "2", "--out", str(out)]
+    r = cli.invoke(app, [*args, "--harness", "json-tools,plan-execute", "--model", "oracle", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    with RunStore(out) as store:
+        trajectories = list(store.trajectories())
+        assert store.get_meta("model")["name"] == "oracle"
+    assert len(trajectories) == 3 * 2 * 2
+    assert all(t.submitted and t.grade.passed for t in trajectories), [
+        (t.task_id, t.harness, t.attempt, t.termination) for t in trajectories if not (t.grade and t.grade.passed)
+    ]
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [(["train", "grpo"], "cannot train 'oracle'"), (["evolve"], "only `harnessrl eval` runs it")],
+)
+def test_the_oracle_is_refused_where_a_model_is_trained_or_evolved(tmp_path, command, message):
+    r = cli.invoke(app, [*command, "--model", "oracle", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_harness_commands(tmp_path):
     r = cli.invoke(app, ["harness", "list"])
     assert r.exit_code == 0 and "workspace-agent" in r.output and "plan-execute" in r.output

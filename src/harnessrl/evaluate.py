@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from harnessrl.config import EvalConfig, RunOptions
 from harnessrl.metrics import summarize_harness
+from harnessrl.models import ORACLE
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.store import RunStore
 
@@ -86,7 +87,7 @@ def run_eval(
                     f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
                     "(only PinchBench llm_judge and hybrid tasks do)"
                 )
-        check_spec(config.model, config.api_key_env)
+        check_spec(config.model, config.api_key_env, oracle=True)
     except EvalError:
         raise
     except ValueError as e:
@@ -119,6 +120,10 @@ def run_eval(
         if run.resume:
             log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
 
+        if config.model.strip() == ORACLE:
+            _run_oracle(task_list, specs, todo, store, config.retries, run.progress)
+            return write_summary(store, folder.config, run.out)
+
         # -- the model (slow) -----------------------------------------------------------------------
         try:
             policy = load_policy(config.model, sampling, api_key_env=config.api_key_env)
@@ -140,3 +145,23 @@ def run_eval(
         )
         runner.run(todo)
         return write_summary(store, folder.config, run.out)
+
+
+def _run_oracle(task_list, specs, todo, store: RunStore, retries: int, progress: bool) -> None:
+    """`--model oracle`: every harness's jobs with that harness's oracle, one episode at a time
+    (the oracle tracks an episode's progress by its task)."""
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.models.embedded import load_tokenizer
+    from harnessrl.models.oracle import oracle_policy
+    from harnessrl.rollout import Runner
+
+    tokenizer = load_tokenizer()
+    store.set_meta("model", {"name": ORACLE, "backend": "scripted"})
+    for spec in specs:
+        jobs = [j for j in todo if j.harness.name == spec.name]
+        if not jobs:
+            continue
+        policy = oracle_policy(task_list, spec, tokenizer)
+        Runner(
+            policy, SamplingParams(), max_in_flight=1, max_retries=retries, on_episode=store.add, progress=progress
+        ).run(jobs)

@@ -7,6 +7,8 @@ Model specs:
   openai:MODEL@URL  a model on an OpenAI-compatible server (vLLM, ...), e.g.
                  openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1 (evaluation: no token ids
                  unless the server returns them)
+  oracle         no model: replays each task's known-good solution (`harnessrl eval` only;
+                 see harnessrl.models.oracle)
 
 This module stays light to import (no torch / transformers until a model is asked for), since
 `harnessrl.models.base` is imported everywhere.
@@ -39,7 +41,14 @@ SPEC_FORMS = (
     "openai:MODEL@URL (an OpenAI-compatible server, e.g. openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1)"
 )
 
+ORACLE = "oracle"
+ORACLE_ONLY = (
+    "'oracle' is no model: it replays the tasks' known solutions, and only `harnessrl eval` runs it "
+    "(e.g. to collect supervised data for `harnessrl train sft`)"
+)
+
 __all__ = [
+    "ORACLE",
     "MODEL_NAMES",
     "GenerationRequest",
     "HFPolicy",
@@ -72,11 +81,17 @@ def __getattr__(name: str):
 
 
 def check_spec(
-    spec: str, api_key_env: str | None = None, *, option: str = "", key_option: str = "--api-key-env"
+    spec: str,
+    api_key_env: str | None = None,
+    *,
+    option: str = "",
+    key_option: str = "--api-key-env",
+    oracle: bool = False,
 ) -> None:
     """Raise ValueError for a model spec that cannot name a model, before anything slow is loaded:
     an unknown name, an hf: path that does not exist, a malformed openai: spec, or an API-key
-    variable that is not set. `option` prefixes the messages ("--judge-model: ...")."""
+    variable that is not set. `option` prefixes the messages ("--judge-model: ...").
+    `oracle`: the caller accepts the `oracle` spec (evaluation); elsewhere it is refused."""
     import os
     from pathlib import Path
 
@@ -94,6 +109,9 @@ def check_spec(
             raise ValueError(f"{prefix}{e}") from None
         if api_key_env and not os.environ.get(api_key_env):
             raise ValueError(f"{key_option} {api_key_env}: that environment variable is not set")
+    elif spec == ORACLE:
+        if not oracle:
+            raise ValueError(f"{prefix}{ORACLE_ONLY}")
     elif spec not in MODEL_NAMES:
         raise ValueError(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
 
@@ -112,6 +130,8 @@ def load_policy(spec: str, sampling: SamplingParams | None = None, *, api_key_en
         from harnessrl.models.openai_compat import OpenAIPolicy
 
         return OpenAIPolicy.from_spec(spec, sampling, api_key_env=api_key_env)
+    if spec == ORACLE:
+        raise ValueError(ORACLE_ONLY)
     raise ValueError(f"unknown model {spec!r}; known forms: {SPEC_FORMS}")
 
 
