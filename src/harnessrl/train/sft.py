@@ -1,5 +1,7 @@
 """Supervised LoRA fine-tuning on stored episodes, re-rendered into one target harness.
 
+    plan_sampling + run_samples          (sft_sample.py, --sample) N attempts per task with the
+                                         model; each task's best passing one joins the selection
     select_episodes + build_examples     (sft_data.py) one example per model call of each replayed
                                          episode: the prompt the target harness shows, the reply
     per optimizer step                   batch_size examples, in a seeded order per epoch;
@@ -14,8 +16,11 @@ earlier turns. The model stays in eval mode (no dropout) and the example order i
 (seed, epoch) alone: a resumed run computes exactly what the uninterrupted run would have.
 
 Files in the run folder OUT:
+    samples/         --sample: the attempts, an evaluation run folder (sft_sample.py); written
+                     first, and kept for the next start when the run stops before training
     config.json      every option, the target harness's spec and what the data came to (episodes
-                     selected, replayed, dropped and why; examples; a fingerprint of their tokens).
+                     selected, replayed, dropped and why; with --sample, per task the attempt
+                     kept or why none was; examples; a fingerprint of their tokens).
                      A resume with different options is refused, except --epochs and
                      --checkpoint-every; with different examples (other episodes in --from) too
     metrics.jsonl    one line per optimizer step: step, epoch, loss, tokens, padded_tokens,

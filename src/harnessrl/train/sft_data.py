@@ -602,13 +602,16 @@ def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: st
     import tempfile
 
     path = check_hf_export(path)
-    from datasets import Dataset
+    import datasets
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     old = path.with_name(f".{path.name}.old")
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # one small save: its bar would only interleave with ours
     try:
-        Dataset.from_list([example_row(ex, tool_role, suite) for ex in examples]).save_to_disk(str(tmp / "data"))
+        rows = [example_row(ex, tool_role, suite) for ex in examples]
+        datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "data"))
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
             os.rename(path, old)
@@ -616,6 +619,8 @@ def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: st
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if bars:
+            datasets.enable_progress_bars()
     return path
 
 
