@@ -587,21 +587,39 @@ def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts
     assert json.loads((out / "config.json").read_text())["data"]["sampling"]["per_task"] == per_task
 
 
-def test_sampling_with_from_samples_the_tasks_its_runs_name(failing_run, toolcalc_tasks, tokenizer, tmp_path):
+def test_sampling_with_from_samples_the_tasks_its_runs_name(
+    failing_run, toolcalc_tasks, tokenizer, tmp_path, monkeypatch
+):
+    import harnessrl.train.sft as sft
+
     with RunStore(failing_run) as store:
         named = [t.task_id for t in store.trajectories(with_tokens=False)]
-    spec = load_harness("react")  # the target, where the attempts run by default
+    # no --as-harness: the harness of the --from episodes (none passes), where the attempts run too
+    spec = load_harness("json-tools")
     tasks = [t for t in toolcalc_tasks if t.id in named]
     policy = AttemptPolicy(tasks, spec, tokenizer, {(0, 0), (1, 0)}, attempts=1)
-    config = SFTConfig(from_runs=[str(failing_run)], as_harness="react", model="tiny-random", sample=1)
+    summaries = []
+
+    def run_sft_with_the_policy(*args, **kw):
+        summaries.append(run_sft(*args, **kw, sample_policy=policy))
+        return summaries[-1]
+
+    monkeypatch.setattr(sft, "run_sft", run_sft_with_the_policy)
     out, export = tmp_path / "o", tmp_path / "ex.jsonl"
-    summary = run_sft(config, out, export_jsonl=export, export_only=True, sample_policy=policy, progress=False)
+    r = CliRunner().invoke(
+        _cli(),
+        ["train", "sft", "--model", "tiny-random", "--from", str(failing_run), "--sample", "1", "--out", str(out)]
+        + ["--export-only", "--export-jsonl", str(export)],
+    )
+    assert r.exit_code == 0, r.output
+    said = f"sampled 1 attempts of each of 2 tasks in json-tools: 2 tasks kept their best one ({out / 'samples'})"
+    assert said in r.output
     samples = json.loads((out / "samples" / "config.json").read_text())
-    assert samples["task_ids"] == named and list(samples["harnesses"]) == ["react"]
+    assert samples["task_ids"] == named and list(samples["harnesses"]) == ["json-tools"]
     assert not (out / "config.json").exists()  # --export-only: no fine-tuning run folder
-    data = summary["data"]
+    data = summaries[0]["data"]
     assert data["not_selected"] == 2 and data["selected"] == data["replayed"] == 2  # the --from ones all failed
-    assert summary["harness"] == "react" and len(export.read_text().splitlines()) == data["examples"]
+    assert summaries[0]["harness"] == "json-tools" and len(export.read_text().splitlines()) == data["examples"]
 
 
 def test_nothing_passing_after_sampling_exits_2_and_keeps_the_attempts_for_the_next_start(tmp_path):

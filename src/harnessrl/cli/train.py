@@ -101,6 +101,7 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             f"sampled {sampled['attempts']} attempts of each of {sampled['tasks']} tasks in {sampled['harness']}: "
             f"{sampled['kept']} tasks kept their best one ({sampled['run']})",
             highlight=False,
+            soft_wrap=True,
         )
     dropped = sum(data["dropped"].values())
     out.print(
