@@ -165,14 +165,14 @@ class SFTRun:
         if spec is None:
             from harnessrl.harness.registry import load_harness
 
-            name = config.as_harness
+            name, option = config.as_harness, "--as-harness"
             if name is None:
                 # the selected episodes' harness; when sampling is to find them all, the --from runs'
                 sources = sorted({e.trajectory.harness for e in self.selection.episodes}) if self.selection else []
                 if not sources and self.selection is not None:
                     sources = self.selection.harnesses
                 if not sources and config.sample_harness is not None:
-                    name = config.sample_harness
+                    name, option = config.sample_harness, "--sample-harness"
                 elif not sources:
                     raise SFTError("no episode to take the harness from: name the one to train for with --as-harness")
                 elif len(sources) > 1:
@@ -185,7 +185,7 @@ class SFTRun:
             try:
                 spec = load_harness(name)
             except SpecError as e:
-                raise SFTError(f"--as-harness: {e}") from None
+                raise SFTError(f"{option}: {e}") from None
         self.spec = spec
         self.suite = self.selection.suite if self.selection is not None else config.sample_suite
         self.out = None if out is None else Path(out)
