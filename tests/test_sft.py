@@ -5,7 +5,10 @@ solution) run through the real runner into a run database on toolcalc."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
-from harnessrl.harness.loops import Episode
+from harnessrl.harness.loops import Episode, episode_id
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
-from harnessrl.models.base import GenerationRequest, SamplingParams
+from harnessrl.models.base import GenerationRequest, SamplingParams, request_seed
+from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
@@ -33,6 +37,7 @@ from harnessrl.train.sft_data import (
     select_episodes,
     source_actions,
 )
+from harnessrl.train.sft_sample import check_sampling_harness
 from harnessrl.types import (
     ActionKind,
     InnerCall,
@@ -340,12 +345,21 @@ def foreign_tool_run(tmp_path_factory, source_run) -> Path:
         ("unknown-harness", "--as-harness: unknown harness 'nope'"),
         ("placebo-one-task", "needs episodes of at least two tasks"),
         ("bad-placebo", "--placebo must be none or shuffle-answers"),
-        ("export-only-alone", "--export-only needs --export-jsonl"),
+        ("export-only-alone", "--export-only needs --export-jsonl PATH or --export-hf DIR"),
         ("resume-nothing", "holds no fine-tuning run to resume"),
+        ("no-datasets", "--export-hf needs the Hugging Face datasets package: pip install 'harnessrl[datasets]'"),
+        ("sample-zero", "--sample must be >= 1"),
+        ("sample-option-alone", "--sample-harness needs --sample N"),
+        ("unknown-sample-harness", "--sample-harness: unknown harness 'nope'"),
+        ("sample-without-suite", "--sample without --from needs --sample-suite NAME"),
+        ("sample-harness-as-target", "--sample-harness: unknown harness 'nope'"),
+        ("sample-without-tasks", "--sample without --from needs --sample-tasks M"),
+        ("sample-tasks-with-from", "--sample-tasks chooses the tasks to sample when there is no --from"),
+        ("sample-other-suite", "--sample-suite planning: the --from runs hold episodes of suite toolcalc"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
-    case, message, tmp_path, source_run, failing_run, other_suite_run, foreign_tool_run
+    case, message, tmp_path, monkeypatch, source_run, failing_run, other_suite_run, foreign_tool_run
 ):
     out, export = tmp_path / "o", tmp_path / "ex.jsonl"
     args = {
@@ -367,15 +381,26 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
         "bad-placebo": ["--from", str(source_run), "--placebo", "swap"],
         "export-only-alone": ["--from", str(source_run), "--export-only"],
         "resume-nothing": ["--from", str(source_run), "--resume"],
+        "no-datasets": ["--from", str(source_run), "--export-hf", str(tmp_path / "hf")],
+        "sample-zero": ["--from", str(source_run), "--sample", "0"],
+        "sample-option-alone": ["--from", str(source_run), "--sample-harness", "react"],
+        "unknown-sample-harness": ["--from", str(source_run), "--sample", "2", "--sample-harness", "nope"],
+        "sample-without-suite": ["--as-harness", "react", "--sample", "2", "--sample-tasks", "2"],
+        "sample-harness-as-target": ["--sample", "2", "--sample-suite", "toolcalc", "--sample-harness", "nope"],
+        "sample-without-tasks": ["--as-harness", "react", "--sample", "2", "--sample-suite", "toolcalc"],
+        "sample-tasks-with-from": ["--from", str(failing_run), "--sample", "2", "--sample-tasks", "2"],
+        "sample-other-suite": ["--from", str(source_run), "--sample", "2", "--sample-suite", "planning"],
     }[case]
+    if case == "no-datasets":
+        monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
     if case == "placebo-one-task":  # one task only, and its tools all offered: only the placebo is wrong
         args[1] = str(_one_task_run(tmp_path, source_run))
     if case != "export-only-alone":
         args += ["--export-jsonl", str(export)]
     r = CliRunner().invoke(_cli(), ["train", "sft", "--model", "tiny-random", "--out", str(out), *args])
     assert r.exit_code == 2, r.output
-    assert message in r.output and "Traceback" not in r.output
-    assert not out.exists() and not export.exists()
+    assert message in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not out.exists() and not export.exists() and not (tmp_path / "hf").exists()
 
 
 def _one_task_run(tmp_path: Path, source_run: Path) -> Path:
@@ -420,3 +445,218 @@ def test_a_target_that_holds_back_the_submit_gets_it_again(source_run, renderer)
     last_two = [ex for ex in found.examples if "submit" in ex.completion]
     assert len(last_two) == 2 * N_TASKS
     assert any(m.content.endswith(checkpoint.message) for ex in last_two for m in ex.messages)
+
+
+# ------------------------------------------------------------------------------- the HF dataset
+
+
+def test_the_hf_dataset_holds_the_jsonl_messages_and_renders_to_the_training_tokens(
+    source_run, renderer, tokenizer, tmp_path
+):
+    import datasets
+
+    out, export, hf = tmp_path / "o", tmp_path / "ex.jsonl", tmp_path / "hf"
+    base = ["train", "sft", "--model", "tiny-random", "--from", str(source_run), "--as-harness", "react"]
+    r = CliRunner().invoke(
+        _cli(), [*base, "--out", str(out), "--export-only", "--export-jsonl", str(export), "--export-hf", str(hf)]
+    )
+    assert r.exit_code == 0, r.output
+    assert f"exported: {hf}" in r.output and not out.exists()
+    ds = datasets.load_from_disk(str(hf))
+    lines = [json.loads(x) for x in export.read_text().splitlines()]
+    assert ds["messages"] == [line["messages"] for line in lines]  # exactly what the JSONL holds
+    examples = build_examples(select_episodes([source_run]), load_harness("react"), renderer).examples
+    assert len(ds) == len(examples) > N_TASKS
+    for row, ex in zip(ds, examples):
+        # the chat template on the row's messages gives the example's training tokens
+        prompt = tokenizer.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        assert tokenizer(prompt, add_special_tokens=False)["input_ids"] == ex.prompt_ids
+        full = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        assert ids[: len(ex.prompt_ids) + len(ex.completion_ids)] == ex.prompt_ids + ex.completion_ids
+        assert {k: v for k, v in row.items() if k != "messages"} == {
+            "task_id": ex.task_id,
+            "suite": "toolcalc",
+            "harness": "react",
+            "source_harness": "json-tools",
+            "source_run": str(source_run),
+            "source_episode": ex.source_episode,
+            "step": ex.step,
+            "placebo": False,
+        }
+
+    # the placebo's examples say so; a dataset saved before in the folder is replaced
+    r = CliRunner().invoke(_cli(), [*base, "--export-only", "--export-hf", str(hf), "--placebo", "shuffle-answers"])
+    assert r.exit_code == 0, r.output
+    placebo = datasets.load_from_disk(str(hf))
+    assert len(placebo) == len(examples) and set(placebo["placebo"]) == {True}
+    assert placebo["messages"] != ds["messages"]
+
+
+def test_export_hf_refuses_a_folder_holding_other_files(source_run, tmp_path):
+    hf = tmp_path / "mine"
+    hf.mkdir()
+    (hf / "notes.txt").write_text("keep me")
+    with pytest.raises(SFTError, match="holds files other than a saved dataset"):
+        run_sft(_config(source_run), tmp_path / "o", export_hf=hf, export_only=True, progress=False)
+    assert [p.name for p in hf.iterdir()] == ["notes.txt"]
+
+
+# ------------------------------------------------------------------------- rejection sampling
+
+
+class AttemptPolicy(ScriptedPolicy):
+    """Per (task, attempt): the task's known solution, or a wrong answer submitted at once. The
+    runner's per-request seed says which task, attempt and turn a request belongs to."""
+
+    def __init__(self, tasks, spec, tokenizer, passing: set[tuple[int, int]], attempts: int, seed: int = 0):
+        self.turns = {
+            request_seed(seed, t.id, a, turn): (i, t, a, turn)
+            for i, t in enumerate(tasks)
+            for a in range(attempts)
+            for turn in range(spec.rules.max_steps)
+        }
+        self.passing, self.spec, self.current = passing, spec, None
+        self.proto = get_protocol(spec.protocol.format)
+        self.calls = 0
+        super().__init__(self.script, tokenizer=tokenizer, name="attempts")
+
+    def _complete_one(self, request):
+        self.calls += 1
+        self.current = self.turns[request.seed]
+        return super()._complete_one(request)
+
+    def script(self, messages):
+        i, task, attempt, turn = self.current
+        if (i, attempt) not in self.passing:
+            return self.proto.render_call(ToolCall(name="submit", arguments={"answer": "no idea"}))
+        per_reply = max(1, math.ceil(len(task.solution) / self.spec.rules.max_steps))
+        chunk = task.solution[turn * per_reply : (turn + 1) * per_reply]
+        return "\n".join(self.proto.render_call(ToolCall(name=c["name"], arguments=c["arguments"])) for c in chunk)
+
+
+def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts(toolcalc_tasks, tokenizer, tmp_path):
+    import datasets
+
+    spec = load_harness("json-tools")
+    tasks = toolcalc_tasks[:3]
+    # task 0: attempts 1 and 2 pass (keep 1, the first of the best); task 1: none does; task 2: all do
+    policy = AttemptPolicy(tasks, spec, tokenizer, {(0, 1), (0, 2), (2, 0), (2, 1), (2, 2)}, attempts=3)
+    config = SFTConfig(
+        as_harness="json-tools",
+        model="tiny-random",
+        sample=3,
+        sample_suite="toolcalc",
+        sample_tasks=3,
+        epochs=1,
+        batch_size=64,
+    )
+    out, hf = tmp_path / "sft", tmp_path / "hf"
+    summary = run_sft(config, out, export_hf=hf, sample_policy=policy, progress=False)
+    assert policy.calls > 0
+    data = json.loads((out / "config.json").read_text())["data"]
+    sampling = data["sampling"]
+    assert (sampling["attempts"], sampling["tasks"], sampling["kept"]) == (3, 3, 2)
+    assert sampling["run"] == str(out / "samples") and sampling["harness"] == "json-tools"
+    per_task = sampling["per_task"]
+    t0, t1, t2 = (t.id for t in tasks)
+    assert per_task[t0] == {
+        "attempts": 3,
+        "infra_errors": 0,
+        "best_score": 1.0,
+        "kept": episode_id(t0, "json-tools", 1),
+        "attempt": 1,
+    }
+    assert per_task[t1]["kept"] is None and per_task[t1]["why"] == "no attempt passes (best score 0.00)"
+    assert per_task[t2]["kept"] == episode_id(t2, "json-tools", 0)
+    assert data["selected"] == data["replayed"] == 2 and summary["steps"] == 1
+    rows = datasets.load_from_disk(str(hf))
+    assert set(rows["source_episode"]) == {per_task[t0]["kept"], per_task[t2]["kept"]}
+    assert set(rows["source_run"]) == {str(out / "samples")}
+
+    # OUT/samples is an evaluation run folder holding every attempt
+    samples = json.loads((out / "samples" / "config.json").read_text())
+    assert samples["task_ids"] == [t0, t1, t2] and samples["attempts"] == 3
+    with RunStore(out / "samples") as store:
+        assert len(list(store.trajectories(with_tokens=False))) == 9
+    assert (out / "samples" / "summary.json").is_file()
+
+    # a resume samples nothing again and trains on the same examples
+    idle = AttemptPolicy(tasks, spec, tokenizer, set(), attempts=3)
+    config.epochs = 2
+    again = run_sft(config, out, resume=True, sample_policy=idle, progress=False)
+    assert idle.calls == 0 and again["steps"] == 2
+    assert json.loads((out / "config.json").read_text())["data"]["sampling"]["per_task"] == per_task
+
+
+def test_sampling_with_from_samples_the_tasks_its_runs_name(
+    failing_run, toolcalc_tasks, tokenizer, tmp_path, monkeypatch
+):
+    import harnessrl.train.sft as sft
+
+    with RunStore(failing_run) as store:
+        named = [t.task_id for t in store.trajectories(with_tokens=False)]
+    # no --as-harness: the harness of the --from episodes (none passes), where the attempts run too
+    spec = load_harness("json-tools")
+    tasks = [t for t in toolcalc_tasks if t.id in named]
+    policy = AttemptPolicy(tasks, spec, tokenizer, {(0, 0), (1, 0)}, attempts=1)
+    summaries = []
+
+    def run_sft_with_the_policy(*args, **kw):
+        summaries.append(run_sft(*args, **kw, sample_policy=policy))
+        return summaries[-1]
+
+    monkeypatch.setattr(sft, "run_sft", run_sft_with_the_policy)
+    out, export = tmp_path / "o", tmp_path / "ex.jsonl"
+    r = CliRunner().invoke(
+        _cli(),
+        ["train", "sft", "--model", "tiny-random", "--from", str(failing_run), "--sample", "1", "--out", str(out)]
+        + ["--export-only", "--export-jsonl", str(export)],
+    )
+    assert r.exit_code == 0, r.output
+    said = f"sampled 1 attempts of each of 2 tasks in json-tools: 2 tasks kept their best one ({out / 'samples'})"
+    assert said in r.output
+    samples = json.loads((out / "samples" / "config.json").read_text())
+    assert samples["task_ids"] == named and list(samples["harnesses"]) == ["json-tools"]
+    assert not (out / "config.json").exists()  # --export-only: no fine-tuning run folder
+    data = summaries[0]["data"]
+    assert data["not_selected"] == 2 and data["selected"] == data["replayed"] == 2  # the --from ones all failed
+    assert summaries[0]["harness"] == "json-tools" and len(export.read_text().splitlines()) == data["examples"]
+
+
+def test_nothing_passing_after_sampling_exits_2_and_keeps_the_attempts_for_the_next_start(tmp_path):
+    import yaml
+
+    short = load_harness("json-tools").to_dict()
+    short["name"] = "json-tools-short"
+    short["rules"].update(max_steps=1, max_new_tokens=8)  # the tiny random model: one short reply
+    spec_path = tmp_path / "short.yaml"
+    spec_path.write_text(yaml.safe_dump(short))
+    out = tmp_path / "o"
+    base = ["train", "sft", "--model", "tiny-random", "--as-harness", "json-tools", "--out", str(out)]
+    base += ["--sample-suite", "toolcalc", "--sample-tasks", "1", "--sample-harness", str(spec_path)]
+    for _ in range(2):
+        r = CliRunner().invoke(_cli(), [*base, "--sample", "1"])
+        assert r.exit_code == 2, r.output
+        assert "no episode to learn from: no attempt passes among the 1 per task of the 1 tasks sampled in " in (
+            " ".join(r.output.split())
+        )
+        assert "Traceback" not in r.output and not (out / "config.json").exists()
+        with RunStore(out / "samples") as store:
+            assert len(list(store.trajectories(with_tokens=False))) == 1  # the second start ran nothing new
+    # other sampling options with these attempts there: refused, saying why
+    r = CliRunner().invoke(_cli(), [*base, "--sample", "2"])
+    assert r.exit_code == 2 and "holds attempts sampled with other options" in r.output, r.output
+
+
+def test_a_sampling_harness_whose_tools_the_target_lacks_is_refused(toolcalc_tasks):
+    target = load_harness("json-tools")
+    shell = target.rules.shell.model_copy(update={"enabled": True})
+    sampler = target.model_copy(
+        update={"name": "json-shell", "rules": target.rules.model_copy(update={"shell": shell})}
+    )
+    task = dataclasses.replace(toolcalc_tasks[0], offers_shell=True)
+    check_sampling_harness([task], target, target)
+    check_sampling_harness([toolcalc_tasks[0]], sampler, target)  # no shell on a task that offers none
+    with pytest.raises(SFTError, match="--sample-harness json-shell offers shell for task .* which the target"):
+        check_sampling_harness([task], sampler, target)

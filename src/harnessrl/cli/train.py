@@ -25,9 +25,21 @@ SFTRunOptions = run_options(
         Optional[Path],
         Field(None, description="also write the examples as JSONL in the chat messages format (one model call a line)"),
     ),
+    export_hf=(
+        Optional[Path],
+        Field(
+            None,
+            description="also save the examples as a Hugging Face dataset in this folder (messages, task_id, "
+            "harness, source run, placebo, ...); needs pip install 'harnessrl[datasets]'",
+        ),
+    ),
     export_only=(
         bool,
-        Field(False, description="write --export-jsonl and train nothing", json_schema_extra=cli(bool_flag=True)),
+        Field(
+            False,
+            description="write --export-jsonl / --export-hf and train nothing",
+            json_schema_extra=cli(bool_flag=True),
+        ),
     ),
 )
 
@@ -60,7 +72,8 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
 @config_command(SFTConfig, SFTRunOptions)
 def sft_cmd(config: SFTConfig, run: Any) -> None:
     """Supervised LoRA on stored episodes (passing ones by default), re-rendered into the harness given
-    with --as-harness: every example is a model call as that harness would show it."""
+    with --as-harness: every example is a model call as that harness would show it. --sample N first
+    samples N attempts per task with the model and adds each task's best passing one."""
     from harnessrl.train.sft import SFTError, TrainingDiverged, run_sft
 
     try:
@@ -69,6 +82,7 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             run.out,
             resume=run.resume,
             export_jsonl=run.export_jsonl,
+            export_hf=run.export_hf,
             export_only=run.export_only,
             progress=run.progress,
             console=err,
@@ -81,14 +95,23 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
         err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
         raise typer.Exit(130)
     data = summary["data"]
+    sampled = data.get("sampling")
+    if sampled:
+        out.print(
+            f"sampled {sampled['attempts']} attempts of each of {sampled['tasks']} tasks in {sampled['harness']}: "
+            f"{sampled['kept']} tasks kept their best one ({sampled['run']})",
+            highlight=False,
+            soft_wrap=True,
+        )
     dropped = sum(data["dropped"].values())
     out.print(
         f"{data['examples']} examples from {data['replayed']} of {data['selected']} selected episodes, "
         f"as {summary['harness']}" + (f" ({dropped} could not be replayed there)" if dropped else ""),
         highlight=False,
     )
-    if "exported" in summary:
-        out.print(f"exported: {summary['exported']}", highlight=False)
+    for key in ("exported", "exported_hf"):
+        if key in summary:
+            out.print(f"exported: {summary[key]}", highlight=False)
     if "adapter" in summary:
         out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
         out.print(

@@ -147,7 +147,25 @@ class SFTConfig:
         description="module names that get LoRA; comma-separate or repeat",
     )
     checkpoint_every: int = Field(20, ge=1, description="write OUT/checkpoint every N optimizer steps (and at the end)")
-    seed: int = Field(0, description="seed of the LoRA init, the example order and the placebo's shuffle")
+    seed: int = Field(0, description="seed of the LoRA init, the example order, the placebo's shuffle and --sample")
+    # Rejection sampling (docs/training.md, "Sampling new episodes"): all None = off.
+    sample: Optional[int] = Field(
+        None,
+        ge=1,
+        description="first run N attempts per task with --model and keep each task's best one if it passes the "
+        "selection (tasks: those of the --from runs, else --sample-tasks of --sample-split)",
+    )
+    sample_harness: Optional[str] = Field(
+        None, description="harness (name or spec path) the --sample attempts run in (default: --as-harness)"
+    )
+    sample_suite: Optional[str] = Field(None, description="suite to sample tasks of when there is no --from")
+    sample_split: Optional[str] = Field(None, description="split to sample tasks of when there is no --from (train)")
+    sample_tasks: Optional[int] = Field(
+        None, ge=1, description="first M tasks of --sample-split to sample (needed when there is no --from)"
+    )
+    sample_temperature: Optional[float] = Field(
+        None, ge=0.0, le=5.0, description="sampling temperature of the --sample attempts (default 0.7)"
+    )
 
     _lists = field_validator("lora_targets", mode="before")(comma_list)
     _placebo = field_validator("placebo")(_one_of("none", "shuffle-answers"))

@@ -1,5 +1,7 @@
 """Supervised LoRA fine-tuning on stored episodes, re-rendered into one target harness.
 
+    plan_sampling + run_samples          (sft_sample.py, --sample) N attempts per task with the
+                                         model; each task's best passing one joins the selection
     select_episodes + build_examples     (sft_data.py) one example per model call of each replayed
                                          episode: the prompt the target harness shows, the reply
     per optimizer step                   batch_size examples, in a seeded order per epoch;
@@ -14,8 +16,11 @@ earlier turns. The model stays in eval mode (no dropout) and the example order i
 (seed, epoch) alone: a resumed run computes exactly what the uninterrupted run would have.
 
 Files in the run folder OUT:
+    samples/         --sample: the attempts, an evaluation run folder (sft_sample.py); written
+                     first, and kept for the next start when the run stops before training
     config.json      every option, the target harness's spec and what the data came to (episodes
-                     selected, replayed, dropped and why; examples; a fingerprint of their tokens).
+                     selected, replayed, dropped and why; with --sample, per task the attempt
+                     kept or why none was; examples; a fingerprint of their tokens).
                      A resume with different options is refused, except --epochs and
                      --checkpoint-every; with different examples (other episodes in --from) too
     metrics.jsonl    one line per optimizer step: step, epoch, loss, tokens, padded_tokens,
@@ -45,10 +50,21 @@ from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
 from harnessrl.train.sft_data import (
     ChatRenderer,
     ExampleSet,
+    Selection,
     SFTError,
+    SourceEpisode,
     build_examples,
+    check_hf_export,
     select_episodes,
+    write_hf_dataset,
     write_jsonl,
+)
+from harnessrl.train.sft_sample import (
+    SamplingPlan,
+    best_attempts,
+    plan_sampling,
+    run_samples,
+    sampling_options_given,
 )
 from harnessrl.train.trainer import (
     ADAPTER_META,
@@ -105,8 +121,12 @@ def sft_loss(model, units: list[TrainingUnit], pad_id: int, micro_batch: int) ->
 
 class SFTRun:
     """`SFTRun(config, out, resume=...)` checks everything cheap (options, harness, model spec,
-    run folder) and raises SFTError; `prepare()` loads the tokenizer and builds the examples
-    (SFTError on bad data, nothing written); `train()` writes the run folder and trains."""
+    run folders) and raises SFTError; `prepare()` loads the model, samples (--sample: into
+    `samples_root`/samples) and builds the examples (SFTError on bad data; nothing written but
+    the resumable samples); `train()` writes the run folder and trains.
+
+    `out` None: no run folder (an export only). `sample_policy`: the policy that makes the
+    --sample attempts instead of the model being trained (tests: a scripted one)."""
 
     def __init__(
         self,
@@ -117,37 +137,57 @@ class SFTRun:
         spec=None,
         progress: bool = True,
         console=None,
+        samples_root: str | os.PathLike | None = None,
+        sample_policy=None,
     ):
         from harnessrl.harness.spec import SpecError
         from harnessrl.models import MODEL_NAMES
 
         self.config = config
-        if not config.from_runs:
-            raise SFTError("no --from run folder given: name the run folders whose episodes to learn from")
+        sampling = config.sample is not None
+        given = sampling_options_given(config)
+        if given and not sampling:
+            raise SFTError(f"{given[0]} needs --sample N")
+        if not config.from_runs and not sampling:
+            raise SFTError(
+                "no --from run folder given: name the run folders whose episodes to learn from "
+                "(or sample new ones with --sample N)"
+            )
         if config.model not in MODEL_NAMES and not config.model.startswith("hf:"):
             raise SFTError(
                 f"cannot train '{config.model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)"
             )
         if config.model.startswith("hf:") and not Path(config.model[3:]).expanduser().exists():
             raise SFTError(f"model path '{config.model[3:]}' does not exist")
-        self.selection = select_episodes(config.from_runs, config.min_score)
+        self.selection: Selection | None = None
+        if config.from_runs:
+            self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
         if spec is None:
             from harnessrl.harness.registry import load_harness
 
-            name = config.as_harness
+            name, option = config.as_harness, "--as-harness"
             if name is None:
-                sources = sorted({e.trajectory.harness for e in self.selection.episodes})
-                if len(sources) != 1:
+                # the selected episodes' harness; when sampling is to find them all, the --from runs'
+                sources = sorted({e.trajectory.harness for e in self.selection.episodes}) if self.selection else []
+                if not sources and self.selection is not None:
+                    sources = self.selection.harnesses
+                if not sources and config.sample_harness is not None:
+                    name, option = config.sample_harness, "--sample-harness"
+                elif not sources:
+                    raise SFTError("no episode to take the harness from: name the one to train for with --as-harness")
+                elif len(sources) > 1:
                     raise SFTError(
                         f"the selected episodes come from several harnesses ({', '.join(sources)}): "
                         "name the one to train for with --as-harness"
                     )
-                name = sources[0]
+                else:
+                    name = sources[0]
             try:
                 spec = load_harness(name)
             except SpecError as e:
-                raise SFTError(f"--as-harness: {e}") from None
+                raise SFTError(f"{option}: {e}") from None
         self.spec = spec
+        self.suite = self.selection.suite if self.selection is not None else config.sample_suite
         self.out = None if out is None else Path(out)
         self.resume = resume
         self.progress = progress
@@ -162,7 +202,7 @@ class SFTRun:
                 **config.to_dict(),
                 "as_harness": spec.name,
                 "harness_spec": spec.to_dict(),
-                "suite": self.selection.suite,
+                "suite": self.suite,
             }
             try:
                 self.folder = RunFolder.open(
@@ -170,6 +210,13 @@ class SFTRun:
                 )
             except RunFolderError as e:
                 raise SFTError(str(e)) from None
+        self.plan: SamplingPlan | None = None
+        if sampling:
+            root = samples_root if samples_root is not None else out
+            if root is None:
+                raise SFTError("--sample needs a run folder (--out) to keep its attempts in")
+            self.plan = plan_sampling(config, self.selection, spec, root)
+        self.sample_policy = sample_policy
         self.policy = None
         self.examples: ExampleSet | None = None
         self.step = 0
@@ -190,15 +237,57 @@ class SFTRun:
             raise SFTError(f"training needs a local transformers model, not {cfg.model!r}")
         self.policy = policy
         self.renderer = ChatRenderer(policy.tokenizer, policy.tool_role)
+        if self.plan is not None:
+            self.selection = self.sample()
+        assert self.selection is not None
         self.examples = build_examples(
             self.selection, self.spec, self.renderer, min_score=cfg.min_score, placebo=cfg.placebo, seed=cfg.seed
         )
         return self.examples
 
+    def sample(self) -> Selection:
+        """--sample: the attempts (those OUT/samples lacks), then the selection with each task's
+        kept attempt added; per task, what was kept or why nothing was, in the stats."""
+        plan, cfg = self.plan, self.config
+        assert plan is not None
+        trajectories = run_samples(plan, self.sample_policy or self.policy, self.progress, self._say)
+        kept, per_task = best_attempts(trajectories, plan.tasks, cfg.min_score)
+        base = self.selection or Selection(
+            [], plan.tasks[0].suite, {"episodes": 0, "infra_errors": 0, "not_selected": 0, "selected": 0}
+        )
+        episodes = base.episodes + [SourceEpisode(t, str(plan.path), plan.spec.protocol.format) for t in kept]
+        if not episodes:
+            what = "passes" if cfg.min_score is None else f"scores >= {cfg.min_score:g}"
+            raise SFTError(
+                f"no episode to learn from: no attempt {what} among the {plan.attempts} per task of the "
+                f"{len(plan.tasks)} tasks sampled in {plan.spec.name}"
+                + (", nor any episode of --from" if self.selection is not None else "")
+                + f"; the attempts stay in {plan.path} (a start with the same options reuses them)"
+            )
+        stats = {
+            **base.stats,
+            "selected": len(episodes),
+            "sampling": {
+                "run": str(plan.path),
+                "harness": plan.spec.name,
+                "attempts": plan.attempts,
+                "tasks": len(plan.tasks),
+                "kept": len(kept),
+                "per_task": per_task,
+            },
+        }
+        return Selection(episodes, base.suite, stats, base.task_ids)
+
     def export(self, path: str | os.PathLike) -> Path:
         """The examples as JSONL in the chat `messages` format (one model call per line)."""
         assert self.examples is not None, "prepare() first"
         return write_jsonl(path, self.examples.examples, self.renderer.tool_role)
+
+    def export_hf(self, path: str | os.PathLike) -> Path:
+        """The examples as a Hugging Face dataset saved to disk: the same `messages` as the JSONL
+        export, and where each example comes from (sft_data.example_row)."""
+        assert self.examples is not None, "prepare() first"
+        return write_hf_dataset(path, self.examples.examples, self.renderer.tool_role, self.examples.suite)
 
     # -- model ------------------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -391,19 +480,36 @@ def run_sft(
     spec=None,
     progress: bool = True,
     console=None,
+    export_hf: str | os.PathLike | None = None,
+    sample_policy=None,
 ) -> dict[str, Any]:
-    """`harnessrl train sft` as a library call: select, replay, (export), train.
+    """`harnessrl train sft` as a library call: (sample,) select, replay, (export), train.
 
-    Every bad input raises SFTError before anything is written. `export_only`: write the JSONL
-    (`export_jsonl` is then required) and train nothing; no run folder is opened.
+    Every bad input raises SFTError before anything is written (--sample: but its attempts,
+    kept in `out`/samples for the next start). `export_only`: write the exports (`export_jsonl`
+    or `export_hf` is then required) and train nothing; no run folder is opened.
+    `sample_policy`: see SFTRun.
     """
-    if export_only and export_jsonl is None:
-        raise SFTError("--export-only needs --export-jsonl PATH")
-    run = SFTRun(config, None if export_only else out, resume=resume, spec=spec, progress=progress, console=console)
+    if export_only and export_jsonl is None and export_hf is None:
+        raise SFTError("--export-only needs --export-jsonl PATH or --export-hf DIR")
+    if export_hf is not None:
+        check_hf_export(export_hf)
+    run = SFTRun(
+        config,
+        None if export_only else out,
+        resume=resume,
+        spec=spec,
+        progress=progress,
+        console=console,
+        samples_root=out,
+        sample_policy=sample_policy,
+    )
     examples = run.prepare()
     summary: dict[str, Any] = {"data": examples.stats, "harness": run.spec.name, "suite": examples.suite}
     if export_jsonl is not None:
         summary["exported"] = str(run.export(export_jsonl))
+    if export_hf is not None:
+        summary["exported_hf"] = str(run.export_hf(export_hf))
     if export_only:
         return summary
     return {**summary, **run.train()}

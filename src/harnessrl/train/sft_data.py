@@ -65,7 +65,9 @@ class SourceEpisode:
 class Selection:
     episodes: list[SourceEpisode]
     suite: str
-    stats: dict[str, int]
+    stats: dict[str, Any]
+    task_ids: list[str] = field(default_factory=list)  # every task the runs hold an episode of, in order
+    harnesses: list[str] = field(default_factory=list)  # every harness the runs hold an episode of
 
 
 def run_database_folder(run: str | Path) -> Path:
@@ -101,16 +103,22 @@ def _builtin_protocol(harness: str) -> str | None:
     return load_harness(harness).protocol.format if harness in builtin_names() else None
 
 
-def select_episodes(runs: Sequence[str | Path], min_score: float | None = None) -> Selection:
+def select_episodes(
+    runs: Sequence[str | Path], min_score: float | None = None, *, allow_empty: bool = False
+) -> Selection:
     """The episodes to learn from: passing ones (`min_score` None) or those scoring >= min_score,
     infrastructure errors skipped, over every run folder (in the order given). All must be of
-    one suite; an empty selection is an error."""
+    one suite; an empty selection is an error, unless `allow_empty` (sampling will add episodes:
+    the runs must still hold some episode, to name the suite and its tasks)."""
     from harnessrl.store import RunStore, StoreError
 
     if not runs:
         raise SFTError("no --from run folder given")
     episodes: list[SourceEpisode] = []
     suites: dict[str, list[str]] = defaultdict(list)
+    infra_suites: set[str] = set()
+    task_ids: dict[str, None] = {}  # ordered
+    harnesses: set[str] = set()
     stats = {"episodes": 0, "infra_errors": 0, "not_selected": 0, "selected": 0}
     for run in runs:
         folder = run_database_folder(run)
@@ -122,8 +130,11 @@ def select_episodes(runs: Sequence[str | Path], min_score: float | None = None) 
             raise SFTError(f"--from {run}: cannot read its run database ({e})") from None
         for traj in trajectories:
             stats["episodes"] += 1
+            task_ids.setdefault(traj.task_id)
+            harnesses.add(traj.harness)
             if traj.is_infra_error:
                 stats["infra_errors"] += 1
+                infra_suites.add(traj.suite)
                 continue
             if str(run) not in suites[traj.suite]:
                 suites[traj.suite].append(str(run))
@@ -137,6 +148,15 @@ def select_episodes(runs: Sequence[str | Path], min_score: float | None = None) 
     if len(suites) > 1:
         shown = "; ".join(f"{s}: {', '.join(r)}" for s, r in sorted(suites.items()))
         raise SFTError(f"the --from run folders hold episodes of different suites ({shown}); train on one suite")
+    if allow_empty:
+        names = set(suites) or infra_suites
+        if len(names) != 1:
+            raise SFTError(
+                f"--from {', '.join(map(str, runs))}: "
+                + ("no episode there" if not names else f"episodes of different suites ({', '.join(sorted(names))})")
+            )
+        stats["selected"] = len(episodes)
+        return Selection(episodes, next(iter(names)), stats, list(task_ids), sorted(harnesses))
     if not episodes:
         what = "passing" if min_score is None else f"scoring >= {min_score:g}"
         raise SFTError(
@@ -145,7 +165,7 @@ def select_episodes(runs: Sequence[str | Path], min_score: float | None = None) 
             + ("; lower it with --min-score" if min_score is None else "")
         )
     stats["selected"] = len(episodes)
-    return Selection(episodes, next(iter(suites)), stats)
+    return Selection(episodes, next(iter(suites)), stats, list(task_ids), sorted(harnesses))
 
 
 # -------------------------------------------------------------------------------------- actions
@@ -258,6 +278,8 @@ class SFTExample:
     prompt_ids: list[int]
     completion_ids: list[int]
     tools: list[ToolSchema] | None = None  # the schemas a native-tools template renders
+    source_run: str = ""  # the run folder the episode was read from
+    placebo: bool = False  # its final submit carries another task's answer (--placebo)
 
     def chat_messages(self, tool_role: str) -> list[dict[str, Any]]:
         """The conversation in the chat `messages` format, as the tokenizer's template receives
@@ -399,6 +421,8 @@ def replay(
                         prompt_ids=list(call.prompt_ids),
                         completion_ids=list(call.completion_ids),
                         tools=list(request.tools) if request.tools and spec.protocol.native_tools else None,
+                        source_run=source.run,
+                        placebo=answer is not None,
                     )
                 )
         closed = True
@@ -533,6 +557,71 @@ def build_examples(
 def _answer_args(r: Replay) -> dict[str, Any]:
     last = final_answer(r.actions)
     return last.arguments if last else {}
+
+
+def example_row(example: SFTExample, tool_role: str, suite: str) -> dict[str, Any]:
+    """One example as a dataset row: the `messages` (what the JSONL export writes) and where it
+    comes from."""
+    return {
+        "messages": example.chat_messages(tool_role),
+        "task_id": example.task_id,
+        "suite": suite,
+        "harness": example.harness,
+        "source_harness": example.source_harness,
+        "source_run": example.source_run,
+        "source_episode": example.source_episode,
+        "step": example.step,
+        "placebo": example.placebo,
+    }
+
+
+HF_INSTALL = "pip install 'harnessrl[datasets]'"
+
+
+def check_hf_export(path: str | Path) -> Path:
+    """Refuse, before anything is written, an --export-hf that cannot be done: no `datasets`
+    package, or a folder that holds something other than a saved dataset (it is replaced)."""
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        raise SFTError(f"--export-hf needs the Hugging Face datasets package: {HF_INSTALL}")
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise SFTError(f"--export-hf {path}: a file is there, not a folder")
+    if path.is_dir() and any(path.iterdir()) and not (path / "dataset_info.json").is_file():
+        raise SFTError(f"--export-hf {path}: the folder holds files other than a saved dataset; name a new folder")
+    return path
+
+
+def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: str, suite: str) -> Path:
+    """The examples as a Hugging Face dataset saved to disk (`datasets.load_from_disk(path)`),
+    written in a temporary folder beside `path`, then renamed into place (a dataset saved there
+    before is replaced)."""
+    import os
+    import shutil
+    import tempfile
+
+    path = check_hf_export(path)
+    import datasets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = path.with_name(f".{path.name}.old")
+    bars = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()  # one small save: its bar would only interleave with ours
+    try:
+        rows = [example_row(ex, tool_role, suite) for ex in examples]
+        datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "data"))
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            os.rename(path, old)
+        os.rename(tmp / "data", path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if bars:
+            datasets.enable_progress_bars()
+    return path
 
 
 def write_jsonl(path: str | Path, examples: list[SFTExample], tool_role: str) -> Path:
