@@ -660,3 +660,30 @@ def test_a_sampling_harness_whose_tools_the_target_lacks_is_refused(toolcalc_tas
     check_sampling_harness([toolcalc_tasks[0]], sampler, target)  # no shell on a task that offers none
     with pytest.raises(SFTError, match="--sample-harness json-shell offers shell for task .* which the target"):
         check_sampling_harness([task], sampler, target)
+
+
+def test_as_harness_own_keeps_each_episode_in_the_harness_it_ran_in(tmp_path, toolcalc_tasks, tokenizer):
+    """Oracle episodes of two harnesses (what `harnessrl eval --model oracle -H a,b` stores): with
+    --as-harness own, one adapter learns each harness's own format; without it, a clear error."""
+    trajectories = []
+    for name in ("json-tools", "code-act"):
+        spec = load_harness(name)
+        trajectories += _run(oracle_policy(toolcalc_tasks, spec, tokenizer), toolcalc_tasks, spec)
+    source = _store(tmp_path / "two", trajectories)
+    with pytest.raises(SFTError, match="several harnesses .*--as-harness own"):
+        run_sft(_config(source, as_harness=None), tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused").exists()
+
+    out = tmp_path / "own"
+    summary = run_sft(_config(source, as_harness="own"), out, export_jsonl=tmp_path / "own.jsonl", progress=False)
+    assert summary["harness"] == "own"
+    assert set(summary["data"]["by_harness"]) == {"json-tools", "code-act"}
+    lines = [json.loads(line) for line in (tmp_path / "own.jsonl").read_text().splitlines()]
+    assert (
+        summary["data"]["examples"] == len(lines) == sum(x["examples"] for x in summary["data"]["by_harness"].values())
+    )
+    json_tools = load_harness("json-tools").system_prompt.split("\n")[0]
+    code_act = load_harness("code-act").system_prompt.split("\n")[0]
+    systems = [line["messages"][0]["content"] for line in lines]
+    assert any(json_tools in s for s in systems) and any(code_act in s for s in systems)
+    assert json.loads((out / "adapter" / "harnessrl.json").read_text())["harness"] == "own"

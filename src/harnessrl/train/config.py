@@ -121,8 +121,8 @@ class SFTConfig:
     )
     as_harness: Optional[str] = Field(
         None,
-        description="re-render every episode into this harness (name or spec path); default: the episodes' own "
-        "harness, when they all have one",
+        description="re-render every episode into this harness (name or spec path), or 'own': each episode in the "
+        "harness it ran in; default: the episodes' harness, when they all have one",
         json_schema_extra=cli("--as-harness"),
     )
     model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")

@@ -48,13 +48,16 @@ from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_j
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
 from harnessrl.train.sft_data import (
+    OWN,
     ChatRenderer,
     ExampleSet,
     Selection,
     SFTError,
     SourceEpisode,
     build_examples,
+    build_examples_own,
     check_hf_export,
+    own_specs,
     select_episodes,
     write_hf_dataset,
     write_jsonl,
@@ -162,7 +165,12 @@ class SFTRun:
         self.selection: Selection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
-        if spec is None:
+        self.specs: dict[str, Any] | None = None  # --as-harness own: harness name -> spec
+        if spec is None and config.as_harness == OWN:
+            if sampling:
+                raise SFTError("--as-harness own cannot be sampled into: name one harness with --as-harness")
+            self.specs = own_specs(self.selection)
+        elif spec is None:
             from harnessrl.harness.registry import load_harness
 
             name, option = config.as_harness, "--as-harness"
@@ -178,7 +186,7 @@ class SFTRun:
                 elif len(sources) > 1:
                     raise SFTError(
                         f"the selected episodes come from several harnesses ({', '.join(sources)}): "
-                        "name the one to train for with --as-harness"
+                        "name the one to train for with --as-harness, or keep each in its own with --as-harness own"
                     )
                 else:
                     name = sources[0]
@@ -187,6 +195,7 @@ class SFTRun:
             except SpecError as e:
                 raise SFTError(f"{option}: {e}") from None
         self.spec = spec
+        self.harness_name = spec.name if spec is not None else OWN
         self.suite = self.selection.suite if self.selection is not None else config.sample_suite
         self.out = None if out is None else Path(out)
         self.resume = resume
@@ -200,8 +209,8 @@ class SFTRun:
         if self.out is not None:
             record = {
                 **config.to_dict(),
-                "as_harness": spec.name,
-                "harness_spec": spec.to_dict(),
+                "as_harness": self.harness_name,
+                "harness_spec": spec.to_dict() if spec is not None else {n: x.to_dict() for n, x in self.specs.items()},
                 "suite": self.suite,
             }
             try:
@@ -240,9 +249,11 @@ class SFTRun:
         if self.plan is not None:
             self.selection = self.sample()
         assert self.selection is not None
-        self.examples = build_examples(
-            self.selection, self.spec, self.renderer, min_score=cfg.min_score, placebo=cfg.placebo, seed=cfg.seed
-        )
+        options = {"min_score": cfg.min_score, "placebo": cfg.placebo, "seed": cfg.seed}
+        if self.specs is not None:
+            self.examples = build_examples_own(self.selection, self.specs, self.renderer, **options)
+        else:
+            self.examples = build_examples(self.selection, self.spec, self.renderer, **options)
         return self.examples
 
     def sample(self) -> Selection:
@@ -453,7 +464,7 @@ class SFTRun:
                     "harnessrl_version": __version__,
                     "steps": self.step,
                     "suite": self.examples.suite,
-                    "harness": self.spec.name,
+                    "harness": self.harness_name,
                     "placebo": cfg.placebo,
                     "examples": len(self.examples.examples),
                 },
@@ -505,7 +516,7 @@ def run_sft(
         sample_policy=sample_policy,
     )
     examples = run.prepare()
-    summary: dict[str, Any] = {"data": examples.stats, "harness": run.spec.name, "suite": examples.suite}
+    summary: dict[str, Any] = {"data": examples.stats, "harness": run.harness_name, "suite": examples.suite}
     if export_jsonl is not None:
         summary["exported"] = str(run.export(export_jsonl))
     if export_hf is not None:

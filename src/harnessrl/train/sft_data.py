@@ -68,6 +68,10 @@ class Selection:
     stats: dict[str, Any]
     task_ids: list[str] = field(default_factory=list)  # every task the runs hold an episode of, in order
     harnesses: list[str] = field(default_factory=list)  # every harness the runs hold an episode of
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # harness name -> spec the runs recorded
+
+
+OWN = "own"  # --as-harness own: each episode replayed in the harness it ran in
 
 
 def run_database_folder(run: str | Path) -> Path:
@@ -81,14 +85,21 @@ def run_database_folder(run: str | Path) -> Path:
     raise SFTError(f"--from {run}: no run database there (run.db, or rollouts/run.db of a training run)")
 
 
-def _source_protocols(config: dict[str, Any] | None) -> dict[str, str]:
-    """harness name -> protocol format, from a run's recorded config (eval: `harnesses`, train:
-    `harness_specs`); a built-in harness's name is enough when the run recorded nothing."""
+def _source_specs(config: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """harness name -> spec dict, from a run's recorded config (eval: `harnesses`, train:
+    `harness_specs`)."""
     specs: dict[str, Any] = {}
     for key in ("harnesses", "harness_specs"):
         value = (config or {}).get(key)
         if isinstance(value, dict):
-            specs.update(value)
+            specs.update({k: v for k, v in value.items() if isinstance(v, dict)})
+    return specs
+
+
+def _source_protocols(config: dict[str, Any] | None) -> dict[str, str]:
+    """harness name -> protocol format, from a run's recorded config; a built-in harness's name
+    is enough when the run recorded nothing."""
+    specs = _source_specs(config)
     out = {}
     for name, spec in specs.items():
         fmt = ((spec or {}).get("protocol") or {}).get("format") if isinstance(spec, dict) else None
@@ -119,12 +130,15 @@ def select_episodes(
     infra_suites: set[str] = set()
     task_ids: dict[str, None] = {}  # ordered
     harnesses: set[str] = set()
+    recorded: dict[str, dict[str, Any]] = {}
     stats = {"episodes": 0, "infra_errors": 0, "not_selected": 0, "selected": 0}
     for run in runs:
         folder = run_database_folder(run)
         try:
             with RunStore(folder) as store:
                 protocols = _source_protocols(store.config)
+                for name, spec in _source_specs(store.config).items():
+                    recorded.setdefault(name, spec)
                 trajectories = list(store.trajectories(with_tokens=False))
         except (StoreError, OSError, ValueError) as e:
             raise SFTError(f"--from {run}: cannot read its run database ({e})") from None
@@ -156,7 +170,7 @@ def select_episodes(
                 + ("no episode there" if not names else f"episodes of different suites ({', '.join(sorted(names))})")
             )
         stats["selected"] = len(episodes)
-        return Selection(episodes, next(iter(names)), stats, list(task_ids), sorted(harnesses))
+        return Selection(episodes, next(iter(names)), stats, list(task_ids), sorted(harnesses), recorded)
     if not episodes:
         what = "passing" if min_score is None else f"scoring >= {min_score:g}"
         raise SFTError(
@@ -165,7 +179,7 @@ def select_episodes(
             + ("; lower it with --min-score" if min_score is None else "")
         )
     stats["selected"] = len(episodes)
-    return Selection(episodes, next(iter(suites)), stats, list(task_ids), sorted(harnesses))
+    return Selection(episodes, next(iter(suites)), stats, list(task_ids), sorted(harnesses), recorded)
 
 
 # -------------------------------------------------------------------------------------- actions
@@ -486,6 +500,43 @@ def shuffled_answers(replays: list[Replay], seed: int) -> dict[str, dict[str, An
         for j, (episode_id, _) in enumerate(by_task[task]):
             out[episode_id] = dict(donors[j % len(donors)][1])
     return out
+
+
+def own_specs(selection: Selection) -> dict[str, HarnessSpec]:
+    """--as-harness own: every selected episode's own harness, as its run recorded it (a built-in
+    harness by name when the run recorded no spec). SFTError for one that cannot be loaded."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import SpecError, parse_spec
+
+    out: dict[str, HarnessSpec] = {}
+    for name in sorted({e.trajectory.harness for e in selection.episodes}):
+        try:
+            recorded = selection.specs.get(name)
+            out[name] = parse_spec(recorded, name) if recorded is not None else load_harness(name)
+        except SpecError as e:
+            raise SFTError(f"--as-harness own: the episodes' harness {name!r} cannot be loaded ({e})") from None
+    return out
+
+
+def build_examples_own(
+    selection: Selection,
+    specs: dict[str, HarnessSpec],
+    renderer: ChatRenderer,
+    **options: Any,
+) -> ExampleSet:
+    """--as-harness own: each harness's episodes replayed in that harness (`build_examples` per
+    harness), in one example set; the stats are kept per harness."""
+    sets = {}
+    for name, spec in specs.items():
+        part = Selection([e for e in selection.episodes if e.trajectory.harness == name], selection.suite, {})
+        sets[name] = build_examples(part, spec, renderer, **options)
+    stats: dict[str, Any] = {
+        **selection.stats,
+        "replayed": sum(x.stats["replayed"] for x in sets.values()),
+        "examples": sum(x.stats["examples"] for x in sets.values()),
+        "by_harness": {name: x.stats for name, x in sets.items()},
+    }
+    return ExampleSet([ex for x in sets.values() for ex in x.examples], selection.suite, OWN, stats)
 
 
 def build_examples(
