@@ -176,7 +176,8 @@ def print_table(result: dict) -> None:
     a = result["args"]
     print(
         f"{a['model']} on {a['suite']}: SFT on oracle episodes of {a['train_tasks']} train tasks per harness, "
-        f"{a['epochs']} epochs; held out: {a['test_tasks']} test tasks x {a['attempts']} attempt(s), T={a['temperature']}"
+        f"{a['epochs']} epochs; held out: {a['test_tasks']} test tasks x {a['attempts']} attempt(s), "
+        f"T={a['temperature']}"
     )
     print(f"{'harness':14s} {'base':>22s} {'tuned':>22s} {'tuned - base':>26s}")
     for h, row in result["harnesses"].items():
