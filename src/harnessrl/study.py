@@ -213,6 +213,10 @@ def class_effects(analyses: dict[str, dict[str, Any]], seed: int = 0) -> dict[st
     return effects
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 def _fmt_diff(diff: dict[str, Any]) -> str:
     ci = diff.get("ci95") or [None, None]
     if diff.get("mean_difference") is None:
@@ -221,7 +225,10 @@ def _fmt_diff(diff: dict[str, Any]) -> str:
 
 
 def recommend(
-    differences: dict[str, dict[str, Any]], effects: dict[str, Any], evolved_is_seed: bool = False
+    differences: dict[str, dict[str, Any]],
+    effects: dict[str, Any],
+    evolved_is_seed: bool = False,
+    content: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The recommendation, computed from the paired differences and the failure-class effects.
 
@@ -235,7 +242,8 @@ def recommend(
                          reduce (interval includes 0 or above): keep them in the harness; and the
                          score gain itself, when the harness raises the score and the weights do not
     no_claim             every effect and difference whose interval includes 0
-    text                 the same, as sentences
+    text                 the same, as sentences (with the content-failure rate before and after,
+                         `content` as study.json's content_failures, when given)
     """
     fix, train, distils, runtime, no_claim, text = [], [], [], [], [], []
 
@@ -253,6 +261,7 @@ def recommend(
                 no_claim.append(
                     {
                         "what": f"{cls} rate, distilled vs base under seed",
+                        "ci95": e["weights"]["ci95"],
                         "why": "the placebo adapter reduces it too: not attributable to the distilled content",
                     }
                 )
@@ -309,7 +318,29 @@ def recommend(
         )
     if runtime:
         text.append(
-            "Runtime-only (keep in the harness, does not distil): " + ", ".join(x["class"] for x in runtime) + "."
+            "Runtime-only (keep in the harness, it does not distil): "
+            + "; ".join(
+                f"{x['class']} (distilled weights under the seed harness: {_fmt_diff(x['weights'])})" for x in runtime
+            )
+            + ". Where that interval includes 0 there is no claim either way: the weights did not measurably learn it."
+        )
+    also = [
+        cls
+        for cls, e in effects.items()
+        if e["kind"] == "process" and e["weights"]["verdict"] == "lower" and e["harness"]["verdict"] != "lower"
+    ]
+    if also:
+        text.append(
+            "The distilled weights also make these process failures rarer under the seed harness, which the evolved "
+            "harness did not: " + "; ".join(f"{cls} ({_fmt_diff(effects[cls]['weights'])})" for cls in also) + "."
+        )
+    if content is not None:
+        before, after, diff = content["before"], content["after"], content["rate_difference"]
+        claim = {"lower": "fewer", "higher": "more"}.get(diff["verdict"], "the interval includes 0, no claim")
+        text.append(
+            f"Content failures, as a share of episodes: {_pct(before['content_rate'])} with the base weights, "
+            f"{_pct(after['content_rate'])} with the distilled weights (seed harness); paired by task "
+            f"{_fmt_diff(diff)}: {claim}."
         )
     if score["runtime_only"]:
         text.append(
@@ -367,7 +398,7 @@ def study_result(
         "paired_differences": differences,
         "content_failures": content,
         "class_effects": effects,
-        "recommendation": recommend(differences, effects, context.get("evolved_is_seed", False)),
+        "recommendation": recommend(differences, effects, context.get("evolved_is_seed", False), content),
     }
 
 
@@ -612,22 +643,14 @@ class Study:
                 }
         finally:
             self._release()
-        if "seed-eval" in self.stages:
-            context["seed_eval"] = self._seed_eval_record()
+        context["seed_eval"] = (
+            {"split": "dev", "folder": "seed-eval", **cell_analysis(self._stored("seed-eval"), c.attempts)["record"]}
+            if "seed-eval" in self.stages and holds_run(self.out / "seed-eval")
+            else None
+        )
         result = study_result(c, analyses, meta, context)
         write_json(self.out / STUDY_JSON, result)
         return result
-
-    def _seed_eval_record(self) -> dict[str, Any] | None:
-        import json
-
-        path = self.out / "seed-eval" / "summary.json"
-        if not path.is_file():
-            return None
-        summary = json.loads(path.read_text(encoding="utf-8"))
-        entry = summary["harnesses"].get(self.seed_spec.name) or {}
-        keys = ("n_tasks", "n_episodes", "mean_score", "mean_score_ci95", "pass_at_k", "delivery_rate")
-        return {"split": "dev", **{k: entry.get(k) for k in keys}}
 
     def _evolve(self):
         """The evolved harness (the given one, or evolution's best) and evolution's summary."""
@@ -695,7 +718,8 @@ class Study:
         }
         more = (
             f"resume with more attempts or tasks to collect more (the finished episodes are kept): --resume "
-            f"--collect-attempts {c.collect_attempts * 2} or --collect-tasks {c.collect_tasks * 2}"
+            f"--collect-attempts {c.collect_attempts * 2} or --collect-tasks {c.collect_tasks * 2}; or use a model "
+            "that solves some train tasks (a new --out)"
         )
         where = (
             f"{len(trajs)} episodes of {evolved.name} with {c.model} on {c.collect_tasks} {c.suite} train tasks "
