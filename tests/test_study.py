@@ -155,6 +155,7 @@ def test_paired_differences_content_shares_and_recommendation(finished):
     rec = result["recommendation"]
     assert {"fix_in_harness", "train_into_weights", "distils", "runtime_only", "score", "no_claim", "text"} <= set(rec)
     assert rec["text"] and all(isinstance(line, str) for line in rec["text"])
+    assert any(line.startswith("Content failures, as a share of episodes") for line in rec["text"])
     # the tiny model passes nothing on test tasks: every score difference is 0 [0, 0], so no claim is made
     assert all(d["verdict"] == "no claim" for d in diffs.values())
     assert sum("no claim" in line for line in rec["text"]) >= len(COMPARISONS)
@@ -191,6 +192,16 @@ def test_a_resume_after_the_end_runs_nothing(finished, specs, tokenizer, monkeyp
     assert again.asked == []
     assert (stage_counts(out), sft_steps(out), (out / "stages.json").read_text()) == before
     assert result["cells"] == finished["result"]["cells"]
+
+
+def test_the_report_points_from_the_study_folder_to_its_cells(finished, tmp_path):
+    out = finished["out"]
+    r = CliRunner().invoke(app, ["report", str(out)])
+    assert r.exit_code == 2 and "is a study folder" in r.output and "cells/seed-base" in r.output, r.output
+    a, b = out / "cells" / "seed-base", out / "cells" / "seed-distilled"
+    r = CliRunner().invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "report")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "report" / "index.html").is_file()
 
 
 def test_a_changed_configuration_is_refused_on_resume(finished, specs):
@@ -311,14 +322,14 @@ def test_the_recommendation_follows_the_intervals():
     }
     rates = {
         # seed-base: malformed calls and loops on every task, content failures too
-        "seed-base": {"malformed_call": ones, "loop": ones, "content": ones},
+        "seed-base": {"malformed_call": ones, "loop": ones, "blocked_call": ones, "content": ones},
         # the evolved harness removes malformed calls and loops
-        "evolved-base": {"content": ones},
+        "evolved-base": {"blocked_call": ones, "content": ones},
         # the distilled weights remove loops (distils) but not malformed calls (runtime-only); fewer content failures
         "seed-distilled": {"malformed_call": ones, "content": [0.0, 1.0] * (n // 2)},
         "evolved-distilled": {},
         # the placebo changes nothing
-        "seed-placebo": {"malformed_call": ones, "loop": ones, "content": ones},
+        "seed-placebo": {"malformed_call": ones, "loop": ones, "blocked_call": ones, "content": ones},
     }
     analyses = _analyses(scores, rates)
     diffs = {}
@@ -326,8 +337,13 @@ def test_the_recommendation_follows_the_intervals():
         d = paired_difference(analyses[a]["scores"], analyses[b]["scores"])
         diffs[name] = {"a": a, "b": b, **d, "verdict": verdict(d)}
     effects = class_effects(analyses)
-    assert set(effects) == {"malformed_call", "loop", "content"}
-    rec = recommend(diffs, effects)
+    assert set(effects) == {"malformed_call", "loop", "blocked_call", "content"}
+    content = {
+        "before": {"content_rate": 1.0},
+        "after": {"content_rate": 0.5},
+        "rate_difference": {"mean_difference": -0.5, "ci95": [-0.8, -0.2], "verdict": "lower"},
+    }
+    rec = recommend(diffs, effects, content=content)
     assert [x["class"] for x in rec["fix_in_harness"]] == ["malformed_call", "loop"]
     assert [x["class"] for x in rec["runtime_only"]] == ["malformed_call"]
     assert [x["class"] for x in rec["distils"]] == ["loop"]
@@ -337,6 +353,10 @@ def test_the_recommendation_follows_the_intervals():
     # the harness leaves content failures as they are: [0, 0] includes 0, no claim
     assert any(x["what"] == "content rate, evolved vs seed under base" for x in rec["no_claim"])
     assert any("Runtime-only" in line and "malformed_call" in line for line in rec["text"])
+    # blocked calls: only the weights remove them (not a harness fix, said in the text)
+    assert "blocked_call" not in [x["class"] for x in rec["fix_in_harness"] + rec["distils"]]
+    assert any("also make these process failures rarer" in line and "blocked_call" in line for line in rec["text"])
+    assert any(line.startswith("Content failures") and "100% with the base" in line for line in rec["text"])
 
     # a placebo that helps as much: the content gain is not claimed for the weights
     rates["seed-placebo"] = {"malformed_call": ones, "loop": ones, "content": [0.0, 1.0] * (n // 2)}
