@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from harnessrl.cli import app
 from harnessrl.harness.registry import load_harness
 from harnessrl.store import RunStore
-from harnessrl.study import CELLS, COMPARISONS, StudyConfig, StudyError, recommend, run_study, verdict
+from harnessrl.study import CELLS, COMPARISONS, Study, StudyConfig, StudyError, recommend, run_study, verdict
 from harnessrl.tasks import get_suite
 
 N_COLLECT = 3
@@ -207,6 +207,8 @@ def test_the_report_points_from_the_study_folder_to_its_cells(finished, tmp_path
 def test_a_changed_configuration_is_refused_on_resume(finished, specs):
     with pytest.raises(StudyError, match=r"different configuration.*attempts \(2 -> 3\)"):
         run_study(study_config(specs, attempts=3), finished["out"], resume=True, progress=False)
+    # with --evolved given, the evolution's options play no part and may change
+    Study(study_config(specs, iterations=7, dev_tasks=9), finished["out"], resume=True, progress=False)
     # the collection may not grow once an adapter was trained on it
     with pytest.raises(StudyError, match="collect_attempts"):
         run_study(study_config(specs, collect_attempts=2), finished["out"], resume=True, progress=False)
@@ -261,7 +263,8 @@ def test_bad_options_exit_2_before_anything_is_written(tmp_path, specs):
     for extra, message in (
         (["--model", "openai:x@http://127.0.0.1:9/v1"], "cannot be fine-tuned"),
         (["--seed-harness", "nope"], "unknown harness 'nope'"),
-        (["--test-tasks", "100000"], "test"),
+        (["--test-tasks", "100000"], "split 'test' of suite 'toolcalc' has 72 tasks; asked for 100000"),
+        (["--model", "hf:/nonexistent/model"], "--model: model path '/nonexistent/model' does not exist"),
         (["--dev-tasks", "1"], "--dev-tasks must be >= 2"),
     ):
         out = tmp_path / "o"

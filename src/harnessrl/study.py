@@ -64,6 +64,8 @@ LABELS: dict[str, str] = {
     "evolved_distilled_vs_seed_base": "evolved harness + distilled weights vs seed harness + base weights",
     "distilled_vs_placebo_under_seed": "distilled vs placebo weights, under the seed harness",
 }
+# The options only the evolution stage uses.
+EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
 # Keys of the study's configuration that may grow on --resume while no adapter has been trained.
 GROWABLE = ("collect_tasks", "collect_attempts")
 
@@ -468,8 +470,10 @@ class Study:
                 )
         except (SpecError, ValueError) as e:
             raise StudyError(str(e)) from None
+        # with --evolved the evolution's options play no part: left out, so they may change on --resume
+        unused = EVOLVE_OPTIONS if c.evolved is not None else ()
         self.record = {
-            **config.model_dump(),
+            **{k: v for k, v in config.model_dump().items() if k not in unused},
             "seed_spec": self.seed_spec.to_dict(),
             "evolved_spec": None if self.given_evolved is None else self.given_evolved.to_dict(),
         }
