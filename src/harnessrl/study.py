@@ -22,7 +22,8 @@ OUT/placebo, OUT/cells/<cell>); the evaluation stages are ordinary evaluation ru
 configuration (and the harness specs it resolved), OUT/stages.json the stages that finished.
 `--resume` skips finished stages and resumes the interrupted one with its own resume; a changed
 configuration is refused, except that --collect-tasks and --collect-attempts may grow while no
-adapter has been trained (the way out when nothing passed on the train tasks).
+adapter has been trained (the way out when nothing passed on the train tasks), and that with
+--evolved the evolution's options are not recorded (they play no part).
 """
 
 from __future__ import annotations
