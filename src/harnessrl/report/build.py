@@ -37,6 +37,11 @@ def _open_run(folder: Path) -> RunStore:
     if not folder.is_dir():
         raise ReportError(f"{folder} is not a run folder (no such directory)")
     if not RunStore.exists(folder):
+        if (folder / "stages.json").is_file():  # a study's folder: its stages are the run folders
+            raise ReportError(
+                f"{folder} is a study folder (harnessrl study; its comparison is {folder / 'study.json'}): report its "
+                f"cells, e.g. harnessrl report {folder / 'cells' / 'seed-base'} {folder / 'cells' / 'seed-distilled'}"
+            )
         raise ReportError(f"{folder} is not a run folder (no {DB_NAME})")
     try:
         return RunStore(folder)
