@@ -246,6 +246,8 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
         (["--attempts", "0"], "--attempts must be >= 1"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--harness", "missing.yaml"], "no such harness spec file"),
+        (["--dtype", "float16"], "--dtype must be float32 or bfloat16"),
+        (["--model", "openai:m@http://127.0.0.1:9/v1", "--dtype", "bfloat16"], "applies to local models"),
     ],
 )
 def test_cli_config_errors_are_one_line_and_before_any_work(tmp_path, args, message):
@@ -271,6 +273,20 @@ def test_cli_eval_oracle_passes_every_task_through_each_harness_on_every_attempt
     assert all(t.submitted and t.grade.passed for t in trajectories), [
         (t.task_id, t.harness, t.attempt, t.termination) for t in trajectories if not (t.grade and t.grade.passed)
     ]
+
+
+def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path):
+    out = tmp_path / "bf16"
+    args = ["eval", "--suite", "toolcalc", "--tasks", "2", "--harness", "json-tools", "--out", str(out)]
+    r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "bfloat16", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    with RunStore(out) as store:
+        assert store.get_meta("model")["dtype"] == "torch.bfloat16"
+        trajectories = list(store.trajectories())
+    assert len(trajectories) == 2 and not any(t.is_infra_error for t in trajectories)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    r = cli.invoke(app, [*args, "--model", "tiny-random", "--no-progress", "--resume"])
+    assert r.exit_code == 2 and "different configuration" in r.output
 
 
 @pytest.mark.parametrize(

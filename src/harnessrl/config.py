@@ -82,6 +82,11 @@ class EvalConfig(Options):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
     max_in_flight: int = Field(16, ge=1, description="episodes in flight (batch size of generation)")
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+    dtype: str = Field(
+        "float32",
+        description="weights of a local model: float32 (exact, reproducible) or bfloat16 (faster on CPUs with "
+        "bfloat16 instructions; episodes then depend on what else is in flight)",
+    )
     api_key_env: Optional[str] = Field(
         None, description="openai: read the API key from this environment variable (default OPENAI_API_KEY)"
     )
@@ -93,3 +98,10 @@ class EvalConfig(Options):
     )
 
     _split_harness = field_validator("harness", mode="before")(comma_list)
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in ("float32", "bfloat16"):
+            raise ValueError("must be float32 or bfloat16")
+        return value

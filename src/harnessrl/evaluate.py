@@ -88,6 +88,8 @@ def run_eval(
                     "(only PinchBench llm_judge and hybrid tasks do)"
                 )
         check_spec(config.model, config.api_key_env, oracle=True)
+        if config.dtype != "float32" and (config.model.startswith("openai:") or config.model.strip() == ORACLE):
+            raise EvalError(f"--dtype {config.dtype} applies to local models (tiny-random, smollm2-135m, hf:PATH)")
     except EvalError:
         raise
     except ValueError as e:
@@ -108,6 +110,8 @@ def run_eval(
         "judge_model": config.judge_model,
         "judge_api_key_env": config.judge_api_key_env,
     }
+    if config.dtype != "float32":  # recorded only when chosen: runs from before the option resume as they were
+        record["dtype"] = config.dtype
     try:
         folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume).start()
         store = folder.store(meta_config=folder.config)
@@ -126,7 +130,7 @@ def run_eval(
 
         # -- the model (slow) -----------------------------------------------------------------------
         try:
-            policy = load_policy(config.model, sampling, api_key_env=config.api_key_env)
+            policy = load_policy(config.model, sampling, api_key_env=config.api_key_env, dtype=config.dtype)
         except (ValueError, RuntimeError, OSError) as e:
             raise EvalError(f"cannot load model '{config.model}': {e}") from None
         store.set_meta("model", policy.describe())

@@ -48,6 +48,7 @@ ORACLE_ONLY = (
 )
 
 __all__ = [
+    "DTYPES",
     "ORACLE",
     "MODEL_NAMES",
     "GenerationRequest",
@@ -116,16 +117,37 @@ def check_spec(
         raise ValueError(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
 
 
-def load_policy(spec: str, sampling: SamplingParams | None = None, *, api_key_env: str | None = None) -> Policy:
+DTYPES = ("float32", "bfloat16")
+
+
+def load_policy(
+    spec: str,
+    sampling: SamplingParams | None = None,
+    *,
+    api_key_env: str | None = None,
+    dtype: str = "float32",
+) -> Policy:
     """The policy named by `spec`. `sampling` becomes the policy's default SamplingParams
     (used when `complete` is called without one, and recorded by `describe()`).
     `api_key_env`: for openai: specs, the environment variable holding the API key (default
-    $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it."""
+    $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it.
+    `dtype`: the weights of a local model, "float32" (exact: see docs/models.md) or "bfloat16"
+    (faster on CPUs with bfloat16 instructions; samples then depend on what else is batched)."""
     spec = spec.strip()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
     if spec in MODEL_NAMES or spec.startswith("hf:"):
         from harnessrl.models.hf import load_local
 
-        return load_local(spec, sampling)
+        policy = load_local(spec, sampling)
+        if dtype != "float32":
+            import torch
+
+            policy.close()  # the engine's key/value cache takes the model's dtype when it (re)starts
+            policy.model.to(getattr(torch, dtype))
+        return policy
+    if dtype != "float32":
+        raise ValueError(f"--dtype {dtype} applies to local models (tiny-random, smollm2-135m, hf:PATH), not {spec!r}")
     if spec.startswith("openai:"):
         from harnessrl.models.openai_compat import OpenAIPolicy
 
