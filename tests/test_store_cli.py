@@ -289,6 +289,20 @@ def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path
     assert r.exit_code == 2 and "different configuration" in r.output
 
 
+def test_cli_eval_oracle_tells_apart_tasks_worded_alike(tmp_path):
+    """toolcalc/train/00014 and 00059 ask the same question of different price lists: each
+    episode must replay its own task's solution."""
+    tasks = get_suite("toolcalc").tasks("train", 60)
+    assert tasks[14].instruction == tasks[59].instruction and tasks[14].solution != tasks[59].solution
+    out = tmp_path / "alike"
+    args = ["eval", "--suite", "toolcalc", "--split", "train", "--tasks", "60", "--attempts", "2", "--out", str(out)]
+    r = cli.invoke(app, [*args, "--harness", "json-tools", "--model", "oracle", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    with RunStore(out) as store:
+        failed = [(t.task_id, t.attempt) for t in store.trajectories(with_tokens=False) if not t.grade.passed]
+    assert failed == []
+
+
 @pytest.mark.parametrize(
     "command, message",
     [(["train", "grpo"], "cannot train 'oracle'"), (["evolve"], "only `harnessrl eval` runs it")],

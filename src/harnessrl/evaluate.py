@@ -125,7 +125,7 @@ def run_eval(
             log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
 
         if config.model.strip() == ORACLE:
-            _run_oracle(task_list, specs, todo, store, config.retries, run.progress)
+            _run_oracle(specs, todo, store, config.retries, run.progress)
             return write_summary(store, folder.config, run.out)
 
         # -- the model (slow) -----------------------------------------------------------------------
@@ -151,7 +151,7 @@ def run_eval(
         return write_summary(store, folder.config, run.out)
 
 
-def _run_oracle(task_list, specs, todo, store: RunStore, retries: int, progress: bool) -> None:
+def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool) -> None:
     """`--model oracle`: every harness's jobs with that harness's oracle, one episode at a time
     (the oracle tracks an episode's progress by its task)."""
     from harnessrl.models.base import SamplingParams
@@ -162,10 +162,24 @@ def _run_oracle(task_list, specs, todo, store: RunStore, retries: int, progress:
     tokenizer = load_tokenizer()
     store.set_meta("model", {"name": ORACLE, "backend": "scripted"})
     for spec in specs:
-        jobs = [j for j in todo if j.harness.name == spec.name]
-        if not jobs:
-            continue
-        policy = oracle_policy(task_list, spec, tokenizer)
-        Runner(
-            policy, SamplingParams(), max_in_flight=1, max_retries=retries, on_episode=store.add, progress=progress
-        ).run(jobs)
+        for jobs in _rounds_of_distinct_instructions([j for j in todo if j.harness.name == spec.name]):
+            policy = oracle_policy(list({j.task.id: j.task for j in jobs}.values()), spec, tokenizer)
+            runner = Runner(
+                policy, SamplingParams(), max_in_flight=1, max_retries=retries, on_episode=store.add, progress=progress
+            )
+            runner.run(jobs)
+
+
+def _rounds_of_distinct_instructions(jobs: list) -> list[list]:
+    """The jobs in rounds within which no two tasks share an instruction: the oracle finds a
+    conversation's task by its instruction, and generated tasks can word two different tasks
+    alike (the same question about another price list)."""
+    rounds: list[tuple[dict[str, str], list]] = []
+    for job in jobs:
+        for owners, members in rounds:
+            if owners.setdefault(job.task.instruction, job.task.id) == job.task.id:
+                members.append(job)
+                break
+        else:
+            rounds.append(({job.task.instruction: job.task.id}, [job]))
+    return [members for _, members in rounds]
