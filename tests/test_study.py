@@ -384,3 +384,23 @@ def test_verdict_names_an_interval_that_includes_zero():
     assert verdict({"ci95": [0.05, 0.3]}) == "higher"
     assert verdict({"ci95": [-0.3, -0.01]}) == "lower"
     assert verdict({"ci95": None}) == "no data" and verdict(None) == "no data"
+
+
+def test_a_content_failure_counts_once_in_the_per_task_rates(tokenizer):
+    """The content class has the same name as its kind: each failed episode counts once, so the
+    per-task rates agree with the cell's content rate (the paired content difference used them)."""
+    from helpers import replies_policy
+
+    from harnessrl.harness.protocols import get_protocol
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import Runner, make_jobs
+    from harnessrl.study import cell_analysis
+    from harnessrl.types import ToolCall
+
+    spec = load_harness("json-tools")
+    tasks = get_suite("toolcalc").tasks("dev", 3)
+    wrong = get_protocol(spec.protocol.format).render_call(ToolCall(name="submit", arguments={"answer": "-1"}))
+    runner = Runner(replies_policy([wrong], tokenizer), SamplingParams(temperature=0.0), progress=False)
+    analysis = cell_analysis(runner.run(make_jobs(tasks, [spec], 1)), attempts=1)
+    assert analysis["record"]["triage"]["content_rate"] == 1.0
+    assert analysis["rates"]["content"] == {t.id: 1.0 for t in tasks}

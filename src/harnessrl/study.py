@@ -187,8 +187,8 @@ def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
         valid[t.task_id] += 1
         v = first_failure_signal(t)
         if v is not None and v.kind != "infra":
-            hits[t.task_id][v.cls] += 1
-            hits[t.task_id][v.kind] += 1
+            for key in {v.cls, v.kind}:  # the content class shares its name with its kind: count it once
+                hits[t.task_id][key] += 1
     rates = {
         key: {task: hits[task][key] / n for task, n in valid.items()}
         for key in (*PROCESS, *CONTENT, "process", "content")
