@@ -45,6 +45,53 @@ def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> dict
     return summary
 
 
+def evaluation_record(
+    suite: str,
+    split: str,
+    model: str,
+    tasks: list,
+    specs: list,
+    attempts: int,
+    sampling,
+    retries: int,
+    *,
+    api_key_env: str | None = None,
+    judge_model: str | None = None,
+    judge_api_key_env: str | None = None,
+) -> dict[str, Any]:
+    """What an evaluation run folder records (config.json, compared on resume). Every job that
+    writes an evaluation folder (eval, a study's stages, sft's sampling) records exactly this, so
+    `summary`, `report` and `--from` read them alike."""
+    return {
+        "suite": suite,
+        "split": split,
+        "model": model,
+        "seed": sampling.seed,
+        "tasks": len(tasks),
+        "task_ids": [t.id for t in tasks],
+        "attempts": attempts,
+        "sampling": sampling.model_dump(),
+        "harnesses": {s.name: s.to_dict() for s in specs},
+        "max_retries": retries,
+        "api_key_env": api_key_env,  # the variable's name only, never the key
+        "judge_model": judge_model,
+        "judge_api_key_env": judge_api_key_env,
+    }
+
+
+def run_into_store(
+    store: RunStore, todo: list, policy, sampling, max_in_flight: int, retries: int, progress: bool
+) -> None:
+    """Run the jobs still to do with `policy`, each finished episode stored as it ends."""
+    from harnessrl.rollout import Runner
+
+    store.set_meta("model", policy.describe())
+    runner = Runner(
+        policy, sampling, max_in_flight=max_in_flight, max_retries=retries, on_episode=store.add, progress=progress
+    )
+    runner.run(todo)
+
+
 def run_eval(
     config: EvalConfig,
     run: RunOptions,
@@ -55,7 +102,7 @@ def run_eval(
     from harnessrl.harness.spec import SpecError
     from harnessrl.models import check_spec, load_policy
     from harnessrl.models.base import SamplingParams
-    from harnessrl.rollout import Runner, make_jobs
+    from harnessrl.rollout import make_jobs
     from harnessrl.tasks import get_suite
 
     # -- every config error before any work -----------------------------------------------------------
@@ -95,21 +142,19 @@ def run_eval(
     except ValueError as e:
         raise EvalError(str(e)) from None
 
-    record = {
-        "suite": config.suite,
-        "split": config.split,
-        "model": config.model,
-        "seed": config.seed,
-        "tasks": len(task_list),
-        "task_ids": [t.id for t in task_list],
-        "attempts": config.attempts,
-        "sampling": sampling.model_dump(),
-        "harnesses": {s.name: s.to_dict() for s in specs},
-        "max_retries": config.retries,
-        "api_key_env": config.api_key_env,  # the variable's name only, never the key
-        "judge_model": config.judge_model,
-        "judge_api_key_env": config.judge_api_key_env,
-    }
+    record = evaluation_record(
+        config.suite,
+        config.split,
+        config.model,
+        task_list,
+        specs,
+        config.attempts,
+        sampling,
+        config.retries,
+        api_key_env=config.api_key_env,
+        judge_model=config.judge_model,
+        judge_api_key_env=config.judge_api_key_env,
+    )
     if config.dtype != "float32":  # recorded only when chosen: runs from before the option resume as they were
         record["dtype"] = config.dtype
     try:
@@ -133,21 +178,12 @@ def run_eval(
             policy = load_policy(config.model, sampling, api_key_env=config.api_key_env, dtype=config.dtype)
         except (ValueError, RuntimeError, OSError) as e:
             raise EvalError(f"cannot load model '{config.model}': {e}") from None
-        store.set_meta("model", policy.describe())
         if judge is not None:
             try:
                 judge.load()
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
-        runner = Runner(
-            policy,
-            sampling,
-            max_in_flight=config.max_in_flight,
-            max_retries=config.retries,
-            on_episode=store.add,
-            progress=run.progress,
-        )
-        runner.run(todo)
+        run_into_store(store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress)
         return write_summary(store, folder.config, run.out)
 
 

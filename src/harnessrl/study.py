@@ -549,27 +549,13 @@ class Study:
     def _measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
         """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
         ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.evaluate import write_summary
+        from harnessrl.evaluate import evaluation_record, run_into_store, write_summary
         from harnessrl.models.base import SamplingParams
-        from harnessrl.rollout import Runner, make_jobs
+        from harnessrl.rollout import make_jobs
 
         c = self.config
         sampling = SamplingParams(temperature=c.temperature, seed=c.seed)
-        record = {
-            "suite": c.suite,
-            "split": split,
-            "model": model,
-            "seed": c.seed,
-            "tasks": len(tasks),
-            "task_ids": [t.id for t in tasks],
-            "attempts": attempts,
-            "sampling": sampling.model_dump(),
-            "harnesses": {spec.name: spec.to_dict()},
-            "max_retries": c.retries,
-            "api_key_env": None,
-            "judge_model": None,
-            "judge_api_key_env": None,
-        }
+        record = evaluation_record(c.suite, split, model, tasks, [spec], attempts, sampling, c.retries)
         path = self.out / stage
         try:
             folder = RunFolder.open(path, "evaluation", record, resume=holds_run(path), may_differ=may_differ).start()
@@ -586,16 +572,7 @@ class Study:
                     + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else "")
                 )
                 policy = self._policy_for(stage, model)
-                store.set_meta("model", policy.describe())
-                runner = Runner(
-                    policy,
-                    sampling,
-                    max_in_flight=c.max_in_flight,
-                    max_retries=c.retries,
-                    on_episode=store.add,
-                    progress=self.progress,
-                )
-                runner.run(todo)
+                run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
             write_summary(store, folder.config, path)
             wanted = {j.key for j in jobs}
             return [t for t in store.trajectories(with_tokens=False) if t.key in wanted]

@@ -101,6 +101,7 @@ def check_sampling_harness(tasks: list, sampler: HarnessSpec, target: HarnessSpe
 
 def plan_sampling(config: SFTConfig, selection: Selection | None, target: HarnessSpec, out: str | Path) -> SamplingPlan:
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
+    from harnessrl.evaluate import evaluation_record
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError
     from harnessrl.models.base import SamplingParams
@@ -129,22 +130,9 @@ def plan_sampling(config: SFTConfig, selection: Selection | None, target: Harnes
     temperature = DEFAULT_TEMPERATURE if config.sample_temperature is None else config.sample_temperature
     sampling = SamplingParams(temperature=temperature, seed=config.seed)
     splits = sorted({t.split for t in tasks})
-    # the record `harnessrl eval` writes (evaluate.run_eval), so that the folder is an evaluation run
-    record = {
-        "suite": suite_name,
-        "split": splits[0] if len(splits) == 1 else ",".join(splits),
-        "model": config.model,
-        "seed": config.seed,
-        "tasks": len(tasks),
-        "task_ids": [t.id for t in tasks],
-        "attempts": config.sample,
-        "sampling": sampling.model_dump(),
-        "harnesses": {spec.name: spec.to_dict()},
-        "max_retries": MAX_RETRIES,
-        "api_key_env": None,
-        "judge_model": None,
-        "judge_api_key_env": None,
-    }
+    # the record `harnessrl eval` writes, so that the folder is an evaluation run
+    split = splits[0] if len(splits) == 1 else ",".join(splits)
+    record = evaluation_record(suite_name, split, config.model, tasks, [spec], config.sample, sampling, MAX_RETRIES)
     path = Path(out).expanduser() / SAMPLES_DIR
     try:
         folder = RunFolder.open(path, "evaluation", record, resume=holds_run(path))
@@ -161,8 +149,8 @@ def plan_sampling(config: SFTConfig, selection: Selection | None, target: Harnes
 def run_samples(plan: SamplingPlan, policy, progress: bool = True, say=lambda text: None) -> list[Trajectory]:
     """The attempts of the plan still missing from its folder, through the runner; returns
     every attempt in the folder. Writes summary.json as `harnessrl eval` does."""
-    from harnessrl.evaluate import write_summary
-    from harnessrl.rollout import Runner, make_jobs
+    from harnessrl.evaluate import run_into_store, write_summary
+    from harnessrl.rollout import make_jobs
 
     folder = plan.folder
     try:
@@ -178,16 +166,7 @@ def run_samples(plan: SamplingPlan, policy, progress: bool = True, say=lambda te
             f"{plan.spec.name}) into {plan.path}"
         )
         if todo:
-            store.set_meta("model", policy.describe())
-            runner = Runner(
-                policy,
-                plan.sampling,
-                max_in_flight=MAX_IN_FLIGHT,
-                max_retries=MAX_RETRIES,
-                on_episode=store.add,
-                progress=progress,
-            )
-            runner.run(todo)
+            run_into_store(store, todo, policy, plan.sampling, MAX_IN_FLIGHT, MAX_RETRIES, progress)
         write_summary(store, folder.config, plan.path)
         return list(store.trajectories(harness=plan.spec.name, with_tokens=False))
 
