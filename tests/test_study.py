@@ -194,14 +194,46 @@ def test_a_resume_after_the_end_runs_nothing(finished, specs, tokenizer, monkeyp
     assert result["cells"] == finished["result"]["cells"]
 
 
-def test_the_report_points_from_the_study_folder_to_its_cells(finished, tmp_path):
-    out = finished["out"]
-    r = CliRunner().invoke(app, ["report", str(out)])
+def test_the_report_of_a_study_folder_shows_its_cells_differences_and_recommendation(finished, tmp_path):
+    from html.parser import HTMLParser
+
+    out, result = finished["out"], finished["result"]
+    r = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "study-report")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "study-report" / "index.html").read_text(encoding="utf-8")
+
+    class Links(HTMLParser):
+        hrefs: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "a":
+                self.hrefs.append(dict(attrs)["href"])
+
+    parser = Links()
+    parser.feed(page)
+    # every cell links to its own report, which exists
+    for cell in CELLS:
+        href = next(h for h in parser.hrefs if f"cells/{cell}/report" in h)
+        assert (tmp_path / "study-report" / href).resolve().is_file(), href
+    for line in result["recommendation"]["text"]:
+        assert line.replace("'", "&#x27;") in page, line
+    for name, diff in result["paired_differences"].items():
+        assert f"{diff['mean_difference']:+.3f}" in page, name
+    assert f"{result['cells']['seed-placebo']['mean_score']:.3f}" in page
+    # a study folder cannot be one side of a comparison, and says what to do instead
+    r = CliRunner().invoke(app, ["report", str(out), str(out / "cells" / "seed-base")])
     assert r.exit_code == 2 and "is a study folder" in r.output and "cells/seed-base" in r.output, r.output
     a, b = out / "cells" / "seed-base", out / "cells" / "seed-distilled"
     r = CliRunner().invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "report")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "report" / "index.html").is_file()
+
+
+def test_the_report_of_an_unfinished_study_says_how_to_finish_it(tmp_path):
+    (tmp_path / "stages.json").write_text(json.dumps({"seed-eval": {}}), encoding="utf-8")
+    r = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "without study.json" in r.output and "--resume" in r.output, r.output
+    assert not (tmp_path / "report").exists()
 
 
 def test_a_changed_configuration_is_refused_on_resume(finished, specs):

@@ -38,7 +38,9 @@ def triage_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
 
 
 def report_cmd(
-    runs: Annotated[list[Path], typer.Argument(help="one run folder, or two to compare (B - A)")],
+    runs: Annotated[
+        list[Path], typer.Argument(help="one run folder (or a study folder), or two run folders to compare (B - A)")
+    ],
     out_dir: Annotated[
         Optional[Path], typer.Option("--out", "-o", help="report folder (default: FIRST_RUN/report)")
     ] = None,
@@ -62,9 +64,11 @@ def view_cmd(
     import time
 
     from harnessrl.report import ReportError, build_report, serve
+    from harnessrl.report.study import is_study_folder
 
     try:
-        if (run / "run.db").is_file() and not (run / "report" / "index.html").is_file():
+        is_run = (run / "run.db").is_file() or is_study_folder(run)
+        if is_run and not (run / "report" / "index.html").is_file():
             build_report([run])
         server, url = serve(run, port=port)
     except (ReportError, OSError) as e:

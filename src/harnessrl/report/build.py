@@ -3,6 +3,7 @@
     build_report([run])          -> run/report/index.html
     build_report([run_a, run_b]) -> run_a/report/index.html, with paired per-task differences
     build_report([evolve_run])   -> also the evolution section (report/evolution.py)
+    build_report([study_folder]) -> the study's page over its study.json (report/study.py)
 
 One pass over each run, one harness at a time (memory stays flat): metrics per harness
 (`harness_summary`, attempts from the run config), triage (`triage`, also written to the run
@@ -18,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from harnessrl.metrics import harness_summary, paired_difference, task_scores
-from harnessrl.report import evolution, plots
+from harnessrl.report import evolution, plots, study
 from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
 from harnessrl.report.rundata import RunData
@@ -39,8 +40,9 @@ def _open_run(folder: Path) -> RunStore:
     if not RunStore.exists(folder):
         if (folder / "stages.json").is_file():  # a study's folder: its stages are the run folders
             raise ReportError(
-                f"{folder} is a study folder (harnessrl study; its comparison is {folder / 'study.json'}): report its "
-                f"cells, e.g. harnessrl report {folder / 'cells' / 'seed-base'} {folder / 'cells' / 'seed-distilled'}"
+                f"{folder} is a study folder (harnessrl study): report it alone (harnessrl report {folder}), "
+                f"or compare two of its cells, e.g. harnessrl report {folder / 'cells' / 'seed-base'} "
+                f"{folder / 'cells' / 'seed-distilled'}"
             )
         raise ReportError(f"{folder} is not a run folder (no {DB_NAME})")
     try:
@@ -209,6 +211,8 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     run_folders = [Path(f) for f in run_folders]
     if not 1 <= len(run_folders) <= 2:
         raise ReportError(f"give one run folder, or two to compare (got {len(run_folders)})")
+    if len(run_folders) == 1 and not RunStore.exists(run_folders[0]) and study.is_study_folder(run_folders[0]):
+        return study.build_study_report(run_folders[0], out_dir)
     for f in run_folders:
         _open_run(f).close()  # every input error before any writing
     if len(run_folders) == 2 and run_folders[0].resolve() == run_folders[1].resolve():
