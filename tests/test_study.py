@@ -291,6 +291,33 @@ def test_nothing_passing_on_the_train_tasks_is_one_clear_error_and_more_attempts
     assert r.exit_code == 2 and "--collect-attempts may only grow" in r.output
 
 
+def test_collect_model_oracle_collects_passing_episodes_while_the_base_model_runs_the_cells(tmp_path, specs):
+    class StopAtTheCells:
+        asked: list[str] = []
+
+        def __call__(self, stage: str, model: str):
+            self.asked.append(f"{stage}:{model}")
+            if stage.startswith("cells/"):
+                raise KeyboardInterrupt
+            return None
+
+    out = tmp_path / "s"
+    factory = StopAtTheCells()
+    with pytest.raises(KeyboardInterrupt):
+        run_study(
+            study_config(specs, seed_eval_tasks=0, collect_model="oracle"), out, policy_factory=factory, progress=False
+        )
+    # the collection was the oracle's own (every episode passes), and the first cell asked for the base model
+    assert factory.asked == ["collect:oracle", "cells/seed-base:tiny-random"]
+    with RunStore(out / "collect") as store:
+        trajs = list(store.trajectories(with_tokens=False))
+    assert len(trajs) == N_COLLECT and all(t.grade.passed for t in trajs)
+    assert json.loads((out / "collect" / "config.json").read_text())["model"] == "oracle"
+    assert (out / "sft" / "adapter").is_dir() and (out / "placebo" / "adapter").is_dir()
+    r = CliRunner().invoke(app, ["study", *cli_args(specs), "--collect-model", "nope", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--collect-model: unknown model 'nope'" in r.output, r.output
+
+
 def test_bad_options_exit_2_before_anything_is_written(tmp_path, specs):
     for extra, message in (
         (["--model", "openai:x@http://127.0.0.1:9/v1"], "cannot be fine-tuned"),

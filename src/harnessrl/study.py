@@ -97,6 +97,11 @@ class StudyConfig(Options):
     rollouts: int = Field(2, ge=1, description="evolve: attempts per task in every measurement")
     iterations: int = Field(2, ge=1, description="evolve: search iterations")
     candidates: int = Field(2, ge=1, description="evolve: candidates proposed and measured per iteration")
+    collect_model: Optional[str] = Field(
+        None,
+        description="the model that collects the train episodes (default: --model; `oracle` replays each task's "
+        "known solution; any spec `harnessrl eval` takes, e.g. a stronger openai:MODEL@URL)",
+    )
     collect_tasks: int = Field(8, ge=1, description="first N train tasks the evolved harness collects episodes on")
     collect_attempts: int = Field(
         4, ge=1, description="attempts per train task (rejection sampling: the passing ones are distilled)"
@@ -447,6 +452,8 @@ class Study:
         c = config
         try:
             check_spec(c.model, option="--model")
+            if c.collect_model is not None:
+                check_spec(c.collect_model, option="--collect-model", oracle=True)
             self.seed_spec = load_harness(c.seed_harness)
             self.given_evolved = load_harness(c.evolved) if c.evolved is not None else None
             suite = get_suite(c.suite)
@@ -518,13 +525,9 @@ class Study:
         write_json(self.out / STAGES_JSON, self.stages)
 
     # -- policies ----------------------------------------------------------------------------------
-    def _policy_for(self, stage: str, model: str):
-        """The policy an evaluation stage runs: the factory's, else `model` loaded once (the last
-        one loaded is kept for the next stage that needs the same model)."""
-        if self.policy_factory is not None:
-            policy = self.policy_factory(stage, model)
-            if policy is not None:
-                return policy
+    def _load(self, stage: str, model: str):
+        """`model` loaded once (the last one loaded is kept for the next stage that needs it); the
+        policy factory, when there is one, is asked first by `_measure`."""
         if self._policy is not None and self._policy[0] == model:
             return self._policy[1]
         self._release()
@@ -549,7 +552,8 @@ class Study:
     def _measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
         """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
         ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.evaluate import evaluation_record, run_into_store, write_summary
+        from harnessrl.evaluate import _run_oracle, evaluation_record, run_into_store, write_summary
+        from harnessrl.models import ORACLE
         from harnessrl.models.base import SamplingParams
         from harnessrl.rollout import make_jobs
 
@@ -571,8 +575,12 @@ class Study:
                     f"{stage}: {spec.name} x {model}, {len(todo)} episodes"
                     + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else "")
                 )
-                policy = self._policy_for(stage, model)
-                run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
+                policy = self.policy_factory(stage, model) if self.policy_factory is not None else None
+                if policy is None and model.strip() == ORACLE:
+                    _run_oracle([spec], todo, store, c.retries, self.progress)
+                else:
+                    policy = policy if policy is not None else self._load(stage, model)
+                    run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
             write_summary(store, folder.config, path)
             wanted = {j.key for j in jobs}
             return [t for t in store.trajectories(with_tokens=False) if t.key in wanted]
@@ -680,12 +688,13 @@ class Study:
         grown = self.stages.get("collect", {})
         if grown.get("tasks") == c.collect_tasks and grown.get("attempts") == c.collect_attempts:
             return grown
+        collector = c.collect_model or c.model
         trajs = self._measure(
             "collect",
             "train",
             self.train_tasks,
             evolved,
-            c.model,
+            collector,
             c.collect_attempts,
             may_differ=("tasks", "task_ids", "attempts"),
         )
@@ -704,7 +713,7 @@ class Study:
             "that solves some train tasks (a new --out)"
         )
         where = (
-            f"{len(trajs)} episodes of {evolved.name} with {c.model} on {c.collect_tasks} {c.suite} train tasks "
+            f"{len(trajs)} episodes of {evolved.name} with {collector} on {c.collect_tasks} {c.suite} train tasks "
             f"({c.collect_attempts} attempts each)"
         )
         if not passed:
