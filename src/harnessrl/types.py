@@ -83,6 +83,9 @@ class ModelCall(_Record):
     # without token ids); None when the ids above are the truth.
     n_prompt_tokens: int | None = None
     n_completion_tokens: int | None = None
+    # The policy version that sampled it, where the weights move during a run (GRPO with
+    # --rollout-server: the optimizer steps behind the adapter the server held); None elsewhere.
+    policy_version: int | None = None
 
     @property
     def completion_tokens(self) -> int:

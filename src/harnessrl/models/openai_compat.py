@@ -21,7 +21,8 @@ temperature) by default.
 ``submit`` hands requests to, in the order they come; no batching of ours: the server batches), with
 temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and the
 request's own ``seed`` (its low 31 bits: every server accepts that; the runner sets one per
-request, see ``harnessrl.models.base.request_seed``). A request without one gets a seed derived
+request, see ``harnessrl.models.base.request_seed``; ``full_seeds=True`` sends all 63 bits, for
+servers that take them: ``harnessrl serve`` then samples exactly what the local engine would). A request without one gets a seed derived
 from (``sampling.seed``, number of earlier requests of this policy), so attempts of the same
 prompt get different noise and a fresh policy replays a run's seeds.
 ``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
@@ -322,6 +323,7 @@ class OpenAIPolicy(Policy):
         backoff_max_s: float = 8.0,
         logprobs: bool = True,
         return_token_ids: bool = False,
+        full_seeds: bool = False,
         sleep: Callable[[float], None] | None = None,
     ):
         if not model:
@@ -344,6 +346,9 @@ class OpenAIPolicy(Policy):
         self.backoff_max_s = backoff_max_s
         self.logprobs = logprobs  # turned off for good once the server rejects the parameter
         self.return_token_ids = return_token_ids
+        # send a request's whole 63-bit seed, not its low 31 bits: for servers known to take it
+        # (harnessrl serve, vLLM), so that they sample exactly what the in-process engine would
+        self.full_seeds = full_seeds
         self._sleep = sleep
         self._lock = threading.Lock()
         self._requests_issued = 0
@@ -369,6 +374,7 @@ class OpenAIPolicy(Policy):
             "base_url": self.base_url,
             "logprobs": self.logprobs,
             "return_token_ids": self.return_token_ids,
+            "full_seeds": self.full_seeds,
             "api_key_env": self.api_key_env,
             "max_concurrency": self.max_concurrency,
             "max_retries": self.max_retries,
@@ -390,7 +396,10 @@ class OpenAIPolicy(Policy):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="harnessrl-openai")
             pool = self._pool
-        seed = counter_seed(sampling.seed, index) if request.seed is None else request.seed & SEED_MASK
+        if request.seed is None:
+            seed = counter_seed(sampling.seed, index)
+        else:
+            seed = request.seed if self.full_seeds else request.seed & SEED_MASK
         future: Future[ModelCall] = Future()
         pool.submit(self._serve, request, sampling, seed, future)
         return future

@@ -95,11 +95,17 @@ class TrainConfig:
     eval_tasks: int = Field(8, ge=1, description="first N dev tasks, every harness")
     eval_temperature: float = Field(0.7, ge=0, description="sampling temperature of evaluations")
     max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
+    rollout_servers: list[str] = Field(
+        default_factory=list,
+        description="sample the rollouts on this OpenAI-compatible server (base URL ending in /v1; harnessrl serve "
+        "or vLLM with runtime LoRA) that reloads the adapter after every update; repeat to spread over several",
+        json_schema_extra=cli("--rollout-server", repeat=True),
+    )
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
     seed: int = Field(0, description="seed of tasks, scheduler, LoRA init and sampling")
     save_rollouts: bool = Field(True, description="keep every training episode in OUT/rollouts/run.db")
 
-    _lists = field_validator("harnesses", "lora_targets", mode="before")(comma_list)
+    _lists = field_validator("harnesses", "lora_targets", "rollout_servers", mode="before")(comma_list)
     _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
     _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))

@@ -100,7 +100,8 @@ from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_schedule
 from harnessrl.train.sketch import GradientSketch, cosine
 
 # Options that may change when a run is resumed: neither changes what the next steps compute.
-RESUMABLE_CHANGES = ("steps", "checkpoint_every")
+# Which servers sample the rollouts does not change them either (per-request seeds, same weights).
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "rollout_servers")
 ADAPTER_META = "harnessrl.json"
 
 
@@ -312,8 +313,22 @@ class Trainer:
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
         self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
+        self._weights_version = 0  # optimizer steps behind the weights as they are (see _sync_servers)
+        self.servers = None
+        if cfg.rollout_servers:
+            from harnessrl.train.rollout_server import RolloutServerError, RolloutServers
+
+            try:
+                self.servers = RolloutServers(cfg.rollout_servers, max_concurrency=cfg.max_in_flight)
+                self.servers.check()
+            except (ValueError, RolloutServerError) as e:
+                raise TrainError(str(e)) from None
         self.runner = Runner(
-            policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False
+            self.servers if self.servers is not None else policy,
+            self.sampling,
+            max_in_flight=cfg.max_in_flight,
+            max_retries=cfg.retries,
+            progress=False,
         )
         # Evaluation has its own policy object (same model) and so its own sampling-call counter,
         # reset before every evaluation: evaluations never perturb the training rollouts' noise,
@@ -411,6 +426,7 @@ class Trainer:
         _set_rng_state(self.task_rng, state["task_rng"])
         self.policy.generate_calls = int(state["generate_calls"])
         self.step = int(state["step"])
+        self._weights_version = self.step
         return True
 
     def save_adapter(self) -> Path:
@@ -467,8 +483,10 @@ class Trainer:
         self.sampling = self.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, "train")})
         self.runner.sampling = self.sampling
         t0 = time.perf_counter()
+        t_sync = self._sync_servers()
         trajectories = self.runner.run(jobs)
         t_rollout = time.perf_counter() - t0
+        lag = self._policy_lag(trajectories)
 
         # 3. advantages per group (one task under one harness)
         by_group: dict[tuple[str, str], list] = defaultdict(list)
@@ -507,6 +525,7 @@ class Trainer:
             with self.policy.paused():
                 self.policy.clear_cache()
                 update = self._update(units, step)
+            self._weights_version = self.step + 1  # the weights now are those after this step
         t_backward = update["time_backward"] if update else 0.0
         t_sketch = update["time_sketch"] if update else 0.0
         t_opt = update["time_optimizer"] if update else 0.0
@@ -556,6 +575,11 @@ class Trainer:
             "optimizer_steps": update["optimizer_steps"] if update else 0,
             "skipped": None if signal else ("all advantages are zero" if units else "no training units"),
             "lr": cfg.lr,
+            **(
+                {"policy_lag_max": lag, "rollout_requests": list(self.servers.sent), "time_adapter_sync": t_sync}
+                if self.servers is not None
+                else {}
+            ),
             "time": {
                 "rollout": t_rollout,
                 "backward": t_backward,
@@ -565,6 +589,40 @@ class Trainer:
                 "total": time.perf_counter() - t_start,
             },
         }
+
+    def _sync_servers(self) -> float:
+        """With --rollout-server: the adapter as it is now, saved into OUT/rollout-adapter and
+        loaded in place by every server, unless they hold it already; returns the seconds spent."""
+        if self.servers is None:
+            return 0.0
+        from harnessrl.train.rollout_server import ADAPTER_DIR, RolloutServerError
+
+        version = self._weights_version
+        if self.servers.version == version:
+            return 0.0
+        t0 = time.perf_counter()
+        folder = self.out / ADAPTER_DIR
+        self.peft_model.save_pretrained(str(folder))
+        try:
+            self.servers.load_adapter(folder, version)
+        except RolloutServerError as e:
+            raise TrainError(str(e)) from None
+        return time.perf_counter() - t0
+
+    def _policy_lag(self, trajectories: list) -> int | None:
+        """How many optimizer steps the oldest model call of the batch was sampled behind the
+        weights it is trained on (0: on-policy; rollouts here are synchronous, so it stays 0 unless
+        a server served a stale adapter). None without --rollout-server."""
+        if self.servers is None:
+            return None
+        now = self._weights_version
+        versions = [
+            s.model_call.policy_version
+            for t in trajectories
+            for s in t.steps
+            if s.model_call is not None and s.model_call.policy_version is not None
+        ]
+        return max((now - v for v in versions), default=0)
 
     def _update(self, units: list[TrainingUnit], step: int) -> dict[str, Any]:
         """The optimizer steps of one rollout batch: ppo_epochs passes, each of mini_batches mini-steps.
