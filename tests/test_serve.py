@@ -265,6 +265,7 @@ def test_a_failed_request_gets_500_and_only_it(served, monkeypatch):
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "robot"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text parts"),
         ({"messages": "hello"}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "hi " * 9000}]}, 400, "maximum context length is 8192"),
     ],
 )
 def test_bad_requests_get_openai_errors(served, body, status, words):
@@ -381,6 +382,32 @@ def test_lora_route_errors_and_max_loras(tokenizer, adapters, tmp_path):
             assert post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": str(two)}).status_code == 200
     finally:
         policy.close()
+
+
+def test_unload_waits_for_the_adapters_requests_in_flight(tokenizer, adapters):
+    models = ServedModels(HFPolicy(tiny_random_model(), tokenizer, name="tiny-random"), max_loras=1)
+    try:
+        with serving(models) as url:
+            assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])}).status_code == 200
+            adapter = next(e.policy for e in models.entries() if e.name == "a")
+            body = {"model": "a", "messages": WIRE, "max_tokens": 4, "seed": 2}
+            answers: list = []
+            sender = threading.Thread(target=lambda: answers.append(post(url, "/chat/completions", body)))
+            with adapter.paused():  # the request waits in the adapter's engine while it is unloaded
+                sender.start()
+                deadline = time.monotonic() + 60
+                while adapter.engine_stats()["requests"] < 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+                assert post(url, "/unload_lora_adapter", {"lora_name": "a"}).status_code == 200
+                assert post(url, "/chat/completions", body).status_code == 404
+                assert adapter.engine_stats() != {}  # still open: a request is in flight
+            sender.join(120)
+            assert answers[0].status_code == 200 and answers[0].json()["choices"][0]["finish_reason"] == "length"
+            assert adapter.engine_stats() == {}  # closed once its last request had its answer
+    finally:
+        models.close()
+        models.base.policy.close()
 
 
 def test_lora_modules_at_start(tokenizer, adapters):
