@@ -11,7 +11,6 @@ import threading
 import time
 from concurrent.futures import Future
 
-import httpx2 as httpx
 import openai
 import pytest
 import torch
@@ -23,6 +22,11 @@ from harnessrl.models.hf import HFPolicy
 from harnessrl.models.openai_compat import OpenAIPolicy
 from harnessrl.serve import ServedModels, serving
 from harnessrl.types import Message
+
+try:  # the HTTP client the openai package is built on (httpx2 from openai 3 on)
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - older openai
+    import httpx
 
 MESSAGES = [
     Message(role="system", content="You are a terse assistant."),
