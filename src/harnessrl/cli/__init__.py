@@ -7,6 +7,7 @@ report.py    triage, report, view
 evolve.py    evolve
 train.py     train grpo, train sft
 study.py     study
+serve.py     serve
 common.py    consoles, `fail`, model-spec checks, options generated from the job configs
 """
 
@@ -20,6 +21,7 @@ from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.harness import harness_app
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
+from harnessrl.cli.serve import serve_cmd
 from harnessrl.cli.study import study_cmd
 from harnessrl.cli.tasks import models_app, tasks_app
 from harnessrl.cli.train import train_app
@@ -41,6 +43,7 @@ app.command("report")(report_cmd)
 app.command("view")(view_cmd)
 app.command("evolve")(evolve_cmd)
 app.command("study")(study_cmd)
+app.command("serve")(serve_cmd)
 
 
 @app.command("version")

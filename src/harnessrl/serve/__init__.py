@@ -1,0 +1,18 @@
+"""`harnessrl serve`: an OpenAI-compatible HTTP server over the local engine.
+
+    models.py    ServedModels: the base policy and the LoRA adapters loaded at run time
+    protocol.py  the chat completions wire format (requests in, responses out, errors)
+    app.py       create_app(models): the FastAPI app (routes)
+    server.py    serving(...): a server in a background thread yielding its URL; run_server
+
+Routes, what they return and what is refused: docs/serve.md.
+"""
+
+from __future__ import annotations
+
+from harnessrl.serve.app import create_app
+from harnessrl.serve.models import ServedModel, ServedModels
+from harnessrl.serve.protocol import ServeError
+from harnessrl.serve.server import run_server, serving
+
+__all__ = ["ServeError", "ServedModel", "ServedModels", "create_app", "run_server", "serving"]

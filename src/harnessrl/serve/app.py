@@ -1,0 +1,148 @@
+"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions over the local engine.
+
+Every completion route is async and awaits the policy's `submit` future, so the requests in
+flight together join the engine's running batch (continuous batching), and a request the
+policy fails gets its own 500 while the others complete. Slow work that is not generation
+(rendering a prompt, merging an adapter) runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from harnessrl.models.base import PolicyError
+from harnessrl.serve.models import ServedModels
+from harnessrl.serve.protocol import (
+    ChatCompletionRequest,
+    ServeError,
+    completion_body,
+    error_body,
+    stream_chunks,
+    to_generation,
+)
+
+log = logging.getLogger(__name__)
+
+# the completion limit of a request that sets none, for a model whose config names no context
+NO_CONTEXT_MAX_TOKENS = 4096
+
+
+class LoadLoraRequest(BaseModel):
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoraRequest(BaseModel):
+    lora_name: str
+    lora_int_id: int | None = None  # sent by some vLLM clients; names are what count here
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", "")
+            return f"the body is not valid JSON{f' ({detail})' if detail else ''}"
+        loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+        where = ".".join(loc)
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid")))
+    return "invalid request body: " + "; ".join(parts) if parts else "invalid request body"
+
+
+def create_app(models: ServedModels) -> FastAPI:
+    """The app answering for `models` (the caller closes them after the server stops)."""
+    app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.models = models
+
+    @app.exception_handler(ServeError)
+    async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(400, _validation_message(exc)), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [entry.card() for entry in models.entries()]}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoraRequest) -> PlainTextResponse:
+        message = await asyncio.to_thread(
+            models.load_adapter, body.lora_name, body.lora_path, inplace=body.load_inplace
+        )
+        return PlainTextResponse(message)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoraRequest) -> PlainTextResponse:
+        return PlainTextResponse(await asyncio.to_thread(models.unload_adapter, body.lora_name))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        with models.use(body.model) as entry:
+            policy = entry.policy
+            request, sampling = to_generation(body, max_new_tokens=1)
+            try:
+                prompt = await asyncio.to_thread(policy.prompt_ids, request)
+            except Exception as exc:  # noqa: BLE001 - the template could not render these messages
+                raise ServeError(
+                    400,
+                    f"cannot render the messages with the chat template: {type(exc).__name__}: {exc}",
+                    param="messages",
+                ) from None
+            context = entry.max_context
+            if context is not None and len(prompt) >= context:
+                raise ServeError(
+                    400,
+                    f"This model's maximum context length is {context} tokens; the messages take {len(prompt)}.",
+                    param="messages",
+                )
+            if body.max_tokens is None and body.max_completion_tokens is None:
+                # no limit asked: up to the model's context (the engine stops there)
+                limit = context - len(prompt) if context is not None else NO_CONTEXT_MAX_TOKENS
+                request = request.model_copy(update={"max_new_tokens": limit})
+            try:
+                call = await asyncio.wrap_future(policy.submit(request, sampling))
+            except PolicyError as exc:
+                return JSONResponse(error_body(500, str(exc)), status_code=500)
+        request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        name = entry.name
+        if body.stream:
+            chunks = stream_chunks(body, call, policy.tokenizer, model=name, request_id=request_id, created=created)
+
+            async def events():
+                for chunk in chunks:
+                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse(
+            completion_body(body, call, policy.tokenizer, model=name, request_id=request_id, created=created)
+        )
+
+    return app

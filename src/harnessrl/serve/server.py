@@ -1,0 +1,155 @@
+"""Running the app: `serving(...)`, a server in a background thread for code and tests, and
+`run_server(...)`, the blocking server of the command line."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from harnessrl.models.hf import HFPolicy
+from harnessrl.serve.models import ServedModels
+
+STARTUP_TIMEOUT_S = 60.0
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def _served_models(
+    model: str | HFPolicy | ServedModels,
+    *,
+    served_model_name: str | None,
+    max_loras: int,
+    dtype: str,
+) -> tuple[ServedModels, bool]:
+    """(the models, whether the caller of this function must close them)."""
+    if isinstance(model, ServedModels):
+        return model, False
+    if isinstance(model, HFPolicy):
+        return ServedModels(model, served_model_name, max_loras=max_loras, owns_base=False), True
+    if isinstance(model, str):
+        return ServedModels.from_spec(
+            model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype
+        ), True
+    raise TypeError(f"serving() takes a model spec, an HFPolicy or ServedModels, not a {type(model).__name__}")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+@contextlib.contextmanager
+def serving(
+    model: str | HFPolicy | ServedModels,
+    *,
+    served_model_name: str | None = None,
+    max_loras: int = 4,
+    dtype: str = "float32",
+    host: str = "127.0.0.1",
+    port: int = 0,
+    lora_modules: dict[str, str] | None = None,
+    log_level: str = "warning",
+) -> Iterator[str]:
+    """Serve `model` over OpenAI's chat completions API from a background thread; yields the
+    base URL, e.g. ``http://127.0.0.1:41234/v1`` (for `openai.OpenAI(base_url=...)` or the
+    ``openai:NAME@URL`` model spec).
+
+    `model`: a local model spec (tiny-random, smollm2-135m, hf:PATH; loaded here and closed on
+    exit, in `dtype`), an HFPolicy that is already loaded (served as it is, under
+    `served_model_name` or its own name; the caller keeps it and closes it, so a trainer can
+    serve the policy it trains: the engine drops cached prefixes when the weights change), or a
+    ServedModels. `port=0` takes a free port. `lora_modules`: {name: adapter folder} loaded
+    before the server starts; more can be loaded through POST /v1/load_lora_adapter. Adapters
+    are closed on exit.
+
+    The server stops when the block ends: it stops accepting connections, gives requests in
+    flight up to a few seconds, and the thread is joined.
+
+        with serving("tiny-random") as url:
+            client = openai.OpenAI(base_url=url, api_key="EMPTY")
+            client.chat.completions.create(model="tiny-random", messages=[...], max_tokens=16)
+    """
+    import uvicorn
+
+    from harnessrl.serve.app import create_app
+
+    models, owned = _served_models(model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype)
+    sock = None
+    try:
+        for name, path in (lora_modules or {}).items():
+            models.load_adapter(name, path)
+        sock = _bind(host, port)
+        config = uvicorn.Config(
+            create_app(models),
+            log_config=None,  # leave the process's logging as it is
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="harnessrl-serve", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server stopped while starting (see the log above)")
+            if time.monotonic() > deadline:
+                server.should_exit = True
+                raise RuntimeError(f"the server did not start within {STARTUP_TIMEOUT_S:g} s")
+            time.sleep(0.01)
+        bound_port = sock.getsockname()[1]
+        try:
+            yield f"http://{_url_host(host)}:{bound_port}/v1"
+        finally:
+            server.should_exit = True
+            thread.join(GRACEFUL_SHUTDOWN_S + 10)
+    finally:
+        if sock is not None:
+            sock.close()
+        if owned:
+            models.close()
+
+
+def run_server(
+    models: ServedModels,
+    *,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Serve `models` in this thread until Ctrl-C / SIGTERM (the command line). The socket is
+    bound first, so `announce` gets the base URL with the real port (`port=0`: a free one)."""
+    import uvicorn
+
+    from harnessrl.serve.app import create_app
+
+    sock = _bind(host, port)
+    try:
+        config = uvicorn.Config(
+            create_app(models), log_level=log_level, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        )
+        if announce is not None:
+            announce(f"http://{_url_host(host)}:{sock.getsockname()[1]}/v1")
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
