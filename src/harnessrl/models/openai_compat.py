@@ -22,9 +22,9 @@ temperature) by default.
 temperature / top_p from SamplingParams, ``max_tokens`` and ``stop`` from the request and the
 request's own ``seed`` (its low 31 bits: every server accepts that; the runner sets one per
 request, see ``harnessrl.models.base.request_seed``; ``full_seeds=True`` sends all 63 bits, for
-servers that take them: ``harnessrl serve`` then samples exactly what the local engine would). A request without one gets a seed derived
-from (``sampling.seed``, number of earlier requests of this policy), so attempts of the same
-prompt get different noise and a fresh policy replays a run's seeds.
+servers that take them: ``harnessrl serve`` then samples exactly what the local engine would). A
+request without one gets a seed derived from (``sampling.seed``, number of earlier requests of this
+policy), so attempts of the same prompt get different noise and a fresh policy replays a run's seeds.
 ``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
 once, and never asked again if that works.
 

@@ -18,12 +18,13 @@ far behind the weights it trains each call was sampled.
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.error
+import urllib.request
 from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
 from harnessrl.types import ModelCall
@@ -35,6 +36,18 @@ LOAD_TIMEOUT_S = 300.0
 
 class RolloutServerError(RuntimeError):
     """A rollout server cannot be used: unreachable, or it refused the adapter."""
+
+
+def _http(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, str]:
+    """(status, text) of one small admin request (the OpenAI client has no LoRA routes);
+    OSError when the server cannot be reached."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")
 
 
 def _root(url: str) -> str:
@@ -91,10 +104,11 @@ class RolloutServers(Policy):
         found = []
         for url in self.urls:
             try:
-                r = httpx.get(f"{url}/models", timeout=30.0)
-                r.raise_for_status()
-                models = [m.get("id") for m in r.json().get("data", []) if isinstance(m, dict)]
-            except (httpx.HTTPError, ValueError, AttributeError) as e:
+                status, text = _http("GET", f"{url}/models", None, 30.0)
+                if status != 200:
+                    raise OSError(f"HTTP {status}: {text[:200]}")
+                models = [m.get("id") for m in json.loads(text).get("data", []) if isinstance(m, dict)]
+            except (OSError, ValueError, AttributeError) as e:
                 raise RolloutServerError(f"rollout server {url} does not answer GET /v1/models: {e}") from None
             found.append({"url": url, "models": models})
         return found
@@ -105,13 +119,13 @@ class RolloutServers(Policy):
         body = {"lora_name": self.adapter_name, "lora_path": str(Path(folder).resolve()), "load_inplace": True}
         for url in self.urls:
             try:
-                r = httpx.post(f"{_root(url)}/v1/load_lora_adapter", json=body, timeout=LOAD_TIMEOUT_S)
-            except httpx.HTTPError as e:
+                status, text = _http("POST", f"{_root(url)}/v1/load_lora_adapter", body, LOAD_TIMEOUT_S)
+            except OSError as e:
                 raise RolloutServerError(f"rollout server {url}: cannot load the adapter: {e}") from None
-            if r.status_code >= 400:
+            if status >= 400:
                 raise RolloutServerError(
                     f"rollout server {url} refused the adapter {body['lora_path']} "
-                    f"(HTTP {r.status_code}: {r.text[:300]}); it must read that folder (a shared filesystem) and "
+                    f"(HTTP {status}: {text[:300]}); it must read that folder (a shared filesystem) and "
                     "serve LoRA adapters at runtime (vLLM: --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)"
                 )
         with self._lock:
