@@ -31,44 +31,16 @@ from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks import get_suite
 from harnessrl.types import Termination
 
-# A complete third-party format: `CALL name {json}` lines.
-LINE_PLUGIN = '''
-import json
 
-from harnessrl.harness.protocols import ParseResult, Protocol
-from harnessrl.types import ToolCall
+def documented_plugin() -> str:
+    """The example plugin of docs/protocols.md ("Writing a protocol plugin"): the tests run it as written."""
+    doc = (Path(__file__).parents[1] / "docs" / "protocols.md").read_text(encoding="utf-8")
+    section = doc.split("## Writing a protocol plugin", 1)[1]
+    return section.split("```python\n", 1)[1].split("```\n", 1)[0]
 
 
-class LineProtocol(Protocol):
-    """One call per line: CALL NAME {json arguments}."""
-
-    name = "line"
-    shape = 'CALL NAME {"argument": value}'
-
-    def render_tools(self, tools):
-        listed = "; ".join(f"{t.name}: {t.description}" for t in tools)
-        return f"Call a tool with a line CALL NAME {{json arguments}}. Tools: {listed}"
-
-    def render_call(self, call, thought=""):
-        line = f"CALL {call.name} {json.dumps(call.arguments)}"
-        return f"{thought.strip()}\\n{line}" if thought.strip() else line
-
-    def render_result(self, result):
-        return f"RESULT {result.output}"
-
-    def format_reminder(self, tools):
-        return "Write exactly one line:\\nCALL NAME {}"
-
-    def _parse(self, text, tools):
-        calls, prose = [], []
-        for line in text.splitlines():
-            if line.startswith("CALL "):
-                name, _, args = line[5:].partition(" ")
-                calls.append(ToolCall(name=name, arguments=json.loads(args or "{}"), raw=line))
-            else:
-                prose.append(line)
-        return ParseResult(calls=calls, thought="\\n".join(prose).strip())
-'''
+# A complete third-party format: `CALL NAME {json}` lines.
+LINE_PLUGIN = documented_plugin()
 
 
 def install(site: Path, dist: str, version: str, modules: dict[str, str], entry_points: dict[str, str]) -> None:
@@ -125,7 +97,7 @@ def test_a_plugin_is_selected_by_a_spec_and_runs_an_episode(site, tmp_path, toke
     for t in trajs:
         assert t.termination == Termination.submitted and t.grade.passed, (t.termination, t.steps[-1].parse_error)
         first = t.steps[0].model_call
-        assert "Call a tool with a line CALL NAME" in first.messages[0].content  # the plugin's tool block
+        assert "Call a tool with one line: CALL NAME" in first.messages[0].content  # the plugin's tool block
         assert first.text.startswith("CALL ") and t.steps[0].tool_calls
         assert any(m.content.startswith("RESULT ") for m in t.steps[-1].model_call.messages if m.role == "tool")
 

@@ -129,7 +129,7 @@ def _load(name: str, eps: list[metadata.EntryPoint]) -> type[Protocol] | Protoco
             reason = f"its class is named {declared!r}, not the entry point's name"
         return ProtocolPluginError(f"{where}: {reason}; set name = {name!r} on the class")
     if not isinstance(getattr(obj, "shape", None), str) or not obj.shape.strip():
-        return ProtocolPluginError(f"{where}: the class needs `shape`, the call format in one line")
+        return ProtocolPluginError(f"{where}: the class needs a shape: the call format in one line")
     try:
         obj(lenient=True), obj(lenient=False)
     except Exception as exc:
