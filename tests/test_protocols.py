@@ -702,6 +702,16 @@ def test_hermes_multiple_calls(lenient):
         assert "text after the tool call" in p.parse(HERMES_ADD + "\nDone.", TOOLS).error
 
 
+def test_hermes_lenient_keeps_calls_next_to_a_broken_attempt():
+    cut_off = HERMES_ADD + '\n<tool_call>\n{"name": "submit", "argu'
+    mention = "I write calls in <tool_call> tags.\n" + HERMES_ADD
+    for text in (cut_off, mention):
+        res = get_protocol("hermes").parse(text, TOOLS)
+        assert [c.name for c in res.calls] == ["add"] and res.error is None, (text, res)
+        res = get_protocol("hermes", lenient=False).parse(text, TOOLS)
+        assert res.error, (text, res)
+
+
 @pytest.mark.parametrize("lenient", [True, False])
 def test_hermes_too_many_calls_is_an_error(lenient):
     text = "\n".join([HERMES_ADD] * (MAX_CALLS_PER_REPLY + 5))

@@ -15,7 +15,8 @@ case or with spaces, a ```json fence or a stray '}' inside the tag, `parameters`
 `input` / `params` for `arguments`, `tool` / `tool_name` / `function` for `name`, arguments
 given as a JSON string, the OpenAI nesting {"type": "function", "function": {...}}, the flat form
 {"name": "add", "a": 1} inside a tag, trailing commas and single-quoted Python-ish dicts, and, in
-a reply without any <tool_call> tag, a JSON object that has both a tool name and arguments.
+a reply without any <tool_call> tag, a JSON object that has both a tool name and arguments. A
+broken attempt next to good calls (typically a cut-off repeat) is dropped.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class HermesProtocol(Protocol):
         spans: list[tuple[int, int]] = []  # the text of each call attempt (not part of the thought)
         end_of_text = len(text)
         pos, attempts, tagged = start, 0, False
+        too_many: str | None = None
         while True:
             m = self._tag.search(text, pos)
             if m is None:
@@ -126,7 +128,7 @@ class HermesProtocol(Protocol):
             tagged = True
             attempts += 1
             if attempts > MAX_CALLS_PER_REPLY + 1:
-                errors.append(f"too many tool calls in one reply (at most {MAX_CALLS_PER_REPLY})")
+                too_many = f"too many tool calls in one reply (at most {MAX_CALLS_PER_REPLY})"
                 spans.append((m.start(), len(text)))
                 break
             call, error, end = self._tagged_call(text, m.start(), m.end(), tools)
@@ -145,6 +147,10 @@ class HermesProtocol(Protocol):
         if not self.lenient and calls and any(s.strip() for s in segments[1:]):
             errors.append("text after the tool call: end your reply with </tool_call>")
         thought = self._thought(segments)
+        if calls and self.lenient:
+            errors = []  # a broken attempt next to good calls is usually a cut-off repeat: keep the calls
+        if too_many is not None:
+            errors.append(too_many)
         if errors:
             return ParseResult(calls=calls, error="; ".join(dict.fromkeys(errors)), thought=thought)
         return ParseResult(calls=calls, thought=thought)

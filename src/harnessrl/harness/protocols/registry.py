@@ -69,11 +69,12 @@ def clear_plugin_cache() -> None:
 
 
 def _distribution(ep: metadata.EntryPoint) -> str:
+    """ "NAME VERSION" of the distribution that declares `ep`, for messages."""
     dist = getattr(ep, "dist", None)
-    if dist is None:
+    try:
+        return f"{dist.metadata['Name'] or 'unnamed'} {dist.version}"
+    except Exception:  # no distribution, or metadata without a name or version
         return "an unknown distribution"
-    name = dist.metadata["Name"] if dist.metadata is not None else None
-    return f"{name or 'unnamed'} {dist.version}"
 
 
 def _plugin_entry_points() -> dict[str, list[metadata.EntryPoint]]:
