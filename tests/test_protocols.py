@@ -220,7 +220,10 @@ def test_render_tools_mentions_every_tool_and_argument(name):
         for arg in tool.parameters["properties"]:
             assert arg in block
     assert "first number" in block  # argument descriptions are shown
-    assert "limit?" in block and "query?" not in block  # optional arguments are marked
+    if name == "hermes":  # JSON signatures: the schema's own "required" list marks the others optional
+        assert '"required": ["query"]' in block
+    else:
+        assert "limit?" in block and "query?" not in block  # optional arguments are marked
     assert len(block) < 1500  # the model is tiny: keep it short
 
 
@@ -261,21 +264,26 @@ def test_render_result_shapes():
         get_protocol("xml").render_result(ToolResult(name="add", output="42"))
         == '<tool_result name="add">42</tool_result>'
     )
+    assert (
+        get_protocol("hermes").render_result(ToolResult(name="add", output="42"))
+        == "<tool_response>\n42\n</tool_response>"
+    )
 
 
 def test_stop_strings():
     assert get_protocol("react").stop_strings() == ["Observation:"]
-    for name in ("json", "xml", "code"):
+    for name in ("json", "xml", "code", "hermes"):
         assert get_protocol(name).stop_strings() == []
 
 
 def test_get_protocol():
-    assert PROTOCOLS == ("json", "xml", "react", "code")
+    assert PROTOCOLS == ("json", "xml", "react", "code", "hermes")
     for name in PROTOCOLS:
         p = get_protocol(name, lenient=False)
         assert p.name == name and p.lenient is False
     assert get_protocol("JSON").name == "json"
-    with pytest.raises(ValueError, match="json, xml, react, code"):
+    assert get_protocol(" Hermes ").name == "hermes"
+    with pytest.raises(ValueError, match="json, xml, react, code, hermes"):
         get_protocol("yaml")
 
 
@@ -290,7 +298,7 @@ def test_prose_only_is_no_call_and_no_error(name, lenient):
     assert res == ParseResult(calls=[], error=None, empty=False, thought="I don't know. The answer is 42, I'm sure.")
 
 
-@pytest.mark.parametrize("name", ["json", "xml", "react"])
+@pytest.mark.parametrize("name", ["json", "xml", "react", "hermes"])
 def test_prose_with_braces_and_parens_is_no_call(name):
     res = get_protocol(name).parse(PROSE, TOOLS)
     assert res.calls == [] and res.error is None and res.thought == PROSE
@@ -318,6 +326,15 @@ HALF_FINISHED = {
         "Action: add the numbers\nAction Input: {}",
     ],
     "code": ["```python\nadd(a=17, b=\n```", "```python\nadd(a=17, b=25\n```", "```python\nx = 5\n```"],
+    "hermes": [
+        '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": ',
+        '<tool_call>\n{"name": "add", "arguments": {"a": 17 "b": 25}}\n</tool_call>',
+        'Sure:\n<tool_call>\n{"name": "submit", "arguments": {"answer": "4',
+        "<tool_call>\n</tool_call>",
+        "<tool_call>",
+        '<tool_call>\n{"arguments": {"a": 1, "b": 2}}\n</tool_call>',
+        "<tool_call>\nadd(a=1, b=2)\n</tool_call>",
+    ],
 }
 
 
@@ -617,6 +634,146 @@ def test_react_multiple_actions_and_final_answer_prose():
     assert res.calls == [] and res.error is None
 
 
+# ----------------------------------------------------------------------------- hermes specifics
+
+HERMES_ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+HERMES_NEAR_MISSES = [
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}',  # no </tool_call> at the end
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\nI will wait for the sum.',
+    '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n</tool_call>',
+    '<tool_call>\n{"name": "add", "parameters": {"a": 1, "b": 2}}\n</tool_call>',
+    '<tool_call>\n{"tool": "add", "args": {"a": 1, "b": 2}}\n</tool_call>',
+    "<tool_call>\n{'name': 'add', 'arguments': {'a': 1, 'b': 2}}\n</tool_call>",
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2,},}\n</tool_call>',
+    '<TOOL_CALL >{"name": "add", "arguments": {"a": 1, "b": 2}}</ tool_call>',
+    '<tool_call>\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```\n</tool_call>',
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}}\n</tool_call>',  # a stray brace
+    '<tool_call>\n{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}\n</tool_call>',
+    '<tool_call>{"name": "add", "a": 1, "b": 2}</tool_call>',
+    'I will add them.\n```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```',  # no tag at all
+]
+
+
+def test_hermes_lenient_accepts_near_misses():
+    p = get_protocol("hermes")
+    for text in HERMES_NEAR_MISSES:
+        res = p.parse(text, TOOLS)
+        assert res.error is None, (text, res)
+        assert [c.name for c in res.calls] == ["add"], (text, res)
+        assert canon(res.calls[0].arguments) == canon({"a": 1, "b": 2}), text
+        assert res.calls[0].raw in text
+        assert "<tool_call>" not in res.thought.lower() and "```" not in res.thought, (text, res.thought)
+
+
+def test_hermes_strict_rejects_near_misses():
+    p = get_protocol("hermes", lenient=False)
+    for text in HERMES_NEAR_MISSES:
+        res = p.parse(text, TOOLS)
+        assert res.error and not res.calls, (text, res)
+    res = p.parse("Let me add.\n" + HERMES_ADD, TOOLS)  # reasoning before the call is the documented shape
+    assert res.error is None and res.calls[0].arguments == {"a": 1, "b": 2} and res.thought == "Let me add."
+    assert "not in the exact format" in p.parse(HERMES_NEAR_MISSES[-1], TOOLS).error
+    assert "missing </tool_call>" in p.parse(HERMES_NEAR_MISSES[0], TOOLS).error
+
+
+def test_hermes_arguments_string_for_single_argument_tool():
+    p = get_protocol("hermes")
+    res = p.parse('<tool_call>{"name": "submit", "arguments": "42"}</tool_call>', TOOLS)
+    assert res.calls[0].arguments == {"answer": "42"}
+    assert p.parse('<tool_call>{"name": "add", "arguments": "42"}</tool_call>', TOOLS).error
+
+
+@pytest.mark.parametrize("lenient", [True, False])
+def test_hermes_multiple_calls(lenient):
+    p = get_protocol("hermes", lenient=lenient)
+    want = [ToolCall(name="add", arguments={"a": 1, "b": 2}), ToolCall(name="submit", arguments={"answer": "3"})]
+    text = (
+        "First the sum.\n"
+        + HERMES_ADD
+        + '\n<tool_call>\n{"name": "submit", "arguments": {"answer": "3"}}\n</tool_call>'
+    )
+    res = p.parse(text, TOOLS)
+    assert res.error is None and same_calls(res.calls, want) and res.thought == "First the sum."
+    assert res.calls[0].raw == HERMES_ADD
+    if lenient:  # a missing </tool_call> before the next call
+        res = p.parse(text.replace("}}\n</tool_call>\n<tool", "}}\n<tool", 1), TOOLS)
+        assert res.error is None and same_calls(res.calls, want)
+    else:  # strict: nothing but whitespace after the first call
+        assert "text after the tool call" in p.parse(HERMES_ADD + "\nDone.", TOOLS).error
+
+
+def test_hermes_lenient_keeps_calls_next_to_a_broken_attempt():
+    cut_off = HERMES_ADD + '\n<tool_call>\n{"name": "submit", "argu'
+    mention = "I write calls in <tool_call> tags.\n" + HERMES_ADD
+    for text in (cut_off, mention):
+        res = get_protocol("hermes").parse(text, TOOLS)
+        assert [c.name for c in res.calls] == ["add"] and res.error is None, (text, res)
+        res = get_protocol("hermes", lenient=False).parse(text, TOOLS)
+        assert res.error, (text, res)
+
+
+@pytest.mark.parametrize("lenient", [True, False])
+def test_hermes_too_many_calls_is_an_error(lenient):
+    text = "\n".join([HERMES_ADD] * (MAX_CALLS_PER_REPLY + 5))
+    res = get_protocol("hermes", lenient=lenient).parse(text, TOOLS)
+    assert res.error and "too many" in res.error
+    res = get_protocol("hermes", lenient=lenient).parse("\n".join([HERMES_ADD] * MAX_CALLS_PER_REPLY), TOOLS)
+    assert res.error is None and len(res.calls) == MAX_CALLS_PER_REPLY
+
+
+@pytest.mark.parametrize("lenient", [True, False])
+def test_hermes_reasoning_block_is_prose(lenient):
+    p = get_protocol("hermes", lenient=lenient)
+    mention = '<tool_call>\n{"name": "submit", "arguments": {"answer": "0"}}\n</tool_call>'
+    for text in [
+        f"<think>\nMaybe {mention} but no.\n</think>\n\n{HERMES_ADD}",
+        f"Maybe submit, but no.\n</think>\n\n{HERMES_ADD}",  # the template wrote the opening <think>
+    ]:
+        res = p.parse(text, TOOLS)
+        assert res.error is None and [c.name for c in res.calls] == ["add"], (text, res)
+        assert res.thought.startswith("Maybe") and "think>" not in res.thought
+    # without the opening tag, a </think> after a call is text of the reply, not the end of reasoning
+    res = p.parse(f"{HERMES_ADD}\n</think>", TOOLS)
+    assert [c.name for c in res.calls] == ["add"]
+    res = p.parse(f"<think>\nI should add. {mention}\n</think>", TOOLS)  # only reasoning: prose
+    assert res.calls == [] and res.error is None
+    res = p.parse(f"<think>\nI forgot to close it.\n{HERMES_ADD}", TOOLS)  # unclosed: not a reasoning block
+    assert [c.name for c in res.calls] == ["add"]
+
+
+@pytest.mark.parametrize("lenient", [True, False])
+def test_hermes_ignores_a_made_up_response_but_not_tags_inside_values(lenient):
+    p = get_protocol("hermes", lenient=lenient)
+    text = HERMES_ADD + '\n<tool_response>\n3\n</tool_response>\n<tool_call>\n{"name": "submit", "arguments": {}}'
+    res = p.parse(text, TOOLS)
+    assert [c.name for c in res.calls] == ["add"] and res.error is None
+    tricky = ToolCall(
+        name="write_file",
+        arguments={"content": '</tool_call>\n<tool_response>x</tool_response>\n<tool_call>{"name": "rm"}</think>'},
+    )
+    check_round_trip(p, tricky)
+    check_round_trip(p, tricky, thought="Writing the file.")
+
+
+def test_hermes_data_objects_and_echoed_signatures_are_not_calls():
+    p = get_protocol("hermes")
+    signature = p.render_tools([ADD]).splitlines()[2]  # the model copies a signature from the tools block
+    for text in ['The record is {"name": "Bob", "age": 3}.', signature, '{"answer": 42}']:
+        res = p.parse(text, TOOLS)
+        assert res.calls == [] and res.error is None, (text, res)
+
+
+def test_hermes_tools_block_holds_json_signatures():
+    block = get_protocol("hermes").render_tools(TOOLS)
+    inner = block.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
+    sigs = [json.loads(line) for line in inner.splitlines()]
+    assert sigs == [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in TOOLS
+    ]
+    assert get_protocol("hermes").parse(block.rsplit("Example:\n", 1)[1], TOOLS).calls[0].name == "add"
+
+
 # ----------------------------------------------------------------------------- code specifics
 
 DANGEROUS = [
@@ -765,6 +922,20 @@ def adversarial_texts() -> list[str]:
         "```python\nadd(a='" + "\\" * 100_000 + "')\n```",
         "```python\nadd(a=" + "1" * 10_000 + ")\n```",
         'Thought: é 中文 🙂\u202e\ufeff\nAction: 🙂\nAction Input: {"ü": "中"}',
+        "<tool_call>" * 50_000,
+        "<tool_call>{" * 30_000,
+        "<tool_call>{}" * 30_000,
+        "<tool_call>{}</tool_call>" * 20_000,
+        '<tool_call>{"name": "a", "arguments": {}}' * 10_000,
+        '<tool_call>\n{"name": "add", "arguments": ' + "{" * 100_000,
+        '<tool_call>\n{"name": "add", "arguments": {"a": ' + '{"x": ' * 2000 + "1" + "}" * 2000 + "}}\n</tool_call>",
+        '<tool_call>\n{"name": "add", "arguments": {"a": "' + "\\" * 100_000,
+        "</tool_call>" * 50_000,
+        "<tool_response>" * 50_000,
+        "<think>" * 50_000,
+        "</think>" * 50_000,
+        "<think>" + "<tool_call>{" * 20_000 + "</think>",
+        '{"name": "add", "arguments": {}}' * 10_000,
     ]
 
 

@@ -8,10 +8,10 @@ import yaml
 from harnessrl.harness.registry import builtin_names, load_harness, resolve_harnesses
 from harnessrl.harness.spec import HarnessSpec, SpecError, load_spec, parse_spec, spec_json_schema
 
-BUILTINS = ["code-act", "json-tools", "plan-execute", "react", "workspace-agent", "xml-tags"]
+BUILTINS = ["code-act", "hermes-tools", "json-tools", "plan-execute", "react", "workspace-agent", "xml-tags"]
 
 
-def test_six_builtins_exist():
+def test_seven_builtins_exist():
     assert builtin_names() == BUILTINS
 
 
@@ -27,11 +27,11 @@ def test_builtin_round_trips(name, tmp_path):
 
 def test_builtins_differ_on_all_four_axes():
     specs = [load_harness(n) for n in BUILTINS]
-    assert len({s.system_prompt for s in specs}) == 6
-    assert {s.protocol.format for s in specs} == {"json", "xml", "react", "code"}
+    assert len({s.system_prompt for s in specs}) == 7
+    assert {s.protocol.format for s in specs} == {"json", "xml", "react", "code", "hermes"}
     assert {s.loop.kind for s in specs} == {"react", "plan-execute"}
     rules = {json.dumps(s.rules.model_dump(mode="json"), sort_keys=True) for s in specs}
-    assert len(rules) == 6
+    assert len(rules) == 7
     assert len({s.rules.history_window for s in specs}) >= 3
     assert any(s.bootstrap.memory_tool and "AGENTS.md" in s.bootstrap.files for s in specs)
 
@@ -117,10 +117,10 @@ def test_protocol_format_is_a_registered_protocol(monkeypatch):
         schema = spec_json_schema()
         return schema["$defs"]["ProtocolSpec"]["properties"]["format"]
 
-    assert fmt_schema()["enum"] == ["json", "xml", "react", "code"]
+    assert fmt_schema()["enum"] == ["json", "xml", "react", "code", "hermes"]
     data = _base()
     data["protocol"]["format"] = "json-copy"
-    with pytest.raises(SpecError, match=r"unknown format 'json-copy'; known formats: json, xml, react, code"):
+    with pytest.raises(SpecError, match=r"unknown format 'json-copy'; known formats: json, xml, react, code, hermes"):
         parse_spec(data)
     data["protocol"]["format"] = ["json"]
     with pytest.raises(SpecError, match=r"protocol.format: expected the name of a format, one of: json, xml"):
@@ -132,7 +132,7 @@ def test_protocol_format_is_a_registered_protocol(monkeypatch):
     monkeypatch.setitem(PROTOCOL_CLASSES, "json-copy", JsonCopy)
     data["protocol"]["format"] = "json-copy"
     assert parse_spec(data).protocol.format == "json-copy"
-    assert fmt_schema()["enum"] == ["json", "xml", "react", "code", "json-copy"]
+    assert fmt_schema()["enum"] == ["json", "xml", "react", "code", "hermes", "json-copy"]
     assert isinstance(get_protocol("json-copy"), JsonCopy)
 
 

@@ -1,4 +1,4 @@
-"""`harnessrl harness ...`: list, show, validate harness specs."""
+"""`harnessrl harness ...`: list, show, validate harness specs; list the tool-call formats."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rich.table import Table
 
 from harnessrl.cli.common import err, fail, out
 
-harness_app = typer.Typer(no_args_is_help=True, help="List, show, validate harness specs.")
+harness_app = typer.Typer(no_args_is_help=True, help="List, show, validate harness specs; list the tool-call formats.")
 
 
 @harness_app.command("list")
@@ -53,6 +53,28 @@ def harness_list() -> None:
             " ".join(s.description.split()),  # the table wraps it; a cut mid-word reads badly
         )
     out.print(table)
+
+
+@harness_app.command("protocols")
+def harness_protocols() -> None:
+    """The tool-call formats a spec can name in protocol.format: built in, and plugins of installed packages."""
+    from rich.text import Text
+
+    from harnessrl.harness.protocols import PROTOCOL_CLASSES, protocol_class, protocol_plugins
+
+    table = Table("format", "from", "call")
+    for name, cls in PROTOCOL_CLASSES.items():
+        table.add_row(name, "built-in", Text(cls.shape))
+    skipped = []
+    for plugin in protocol_plugins():
+        if plugin.error is None:
+            table.add_row(plugin.name, f"plugin: {plugin.distribution}", Text(protocol_class(plugin.name).shape))
+        else:
+            skipped.append(plugin.error)
+    out.print(table)
+    for error in skipped:
+        err.print("[yellow]skipped:[/] ", end="")
+        err.print(error, markup=False, highlight=False, soft_wrap=True)
 
 
 @harness_app.command("show")

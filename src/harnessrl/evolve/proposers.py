@@ -440,7 +440,7 @@ Change one idea at a time. Keep every field valid; the spec schema:
 {schema}"""
 
 SCHEMA_SUMMARY = """name, description, system_prompt (placeholders {tools} {max_steps} {bootstrap} {memory} only;
-literal braces doubled), protocol {format: json|xml|react|code, lenient, native_tools},
+literal braces doubled), protocol {format: json|xml|react|code|hermes, lenient, native_tools},
 loop {kind: react|plan-execute, plan_prompt, execute_prompt},
 rules {max_steps, max_new_tokens, max_total_tokens, timeout_s, history_window, plain_text_answer,
 demonstrations [{instruction, calls [{thought, name, arguments, result}]}],

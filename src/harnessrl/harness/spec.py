@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harnessrl.harness.protocols import PROTOCOL_CLASSES, protocol_names
+from harnessrl.harness.protocols import ProtocolPluginError, protocol_class, protocol_names
 
 # Placeholders a system prompt template may use.
 PROMPT_FIELDS = {
@@ -38,7 +38,8 @@ def _list_formats(schema: dict[str, Any]) -> None:
 
 
 class ProtocolSpec(_Spec):
-    # a registered tool-call format (harness/protocols/registry.py); the JSON schema lists them
+    # a registered tool-call format, built in or a plugin (harness/protocols/registry.py); the
+    # JSON schema lists them
     format: str = Field("json", json_schema_extra=_list_formats)
     lenient: bool = True  # accept near-misses (extra keys, alias names, fences, prose around calls)
     native_tools: bool = False  # json only: use the server's native function calling when it has one
@@ -46,11 +47,14 @@ class ProtocolSpec(_Spec):
     @field_validator("format", mode="before")
     @classmethod
     def _registered_format(cls, v: Any) -> Any:
-        known = ", ".join(protocol_names())
         if not isinstance(v, str):
-            raise ValueError(f"expected the name of a format, one of: {known}")
-        if v not in PROTOCOL_CLASSES:
-            raise ValueError(f"unknown format {v!r}; known formats: {known}")
+            raise ValueError(f"expected the name of a format, one of: {', '.join(protocol_names())}")
+        try:
+            protocol_class(v)  # loads a plugin the first time it is named
+        except ProtocolPluginError as e:
+            raise ValueError(str(e)) from None
+        except ValueError:
+            raise ValueError(f"unknown format {v!r}; known formats: {', '.join(protocol_names())}") from None
         return v
 
     @model_validator(mode="after")

@@ -1,11 +1,16 @@
 """Tool-call protocols: how tools are shown to the model and how its replies become ToolCalls.
 
-A protocol is the text format of a tool call. Four are built in:
+A protocol is the text format of a tool call. Five are built in:
 
-    json   {"tool": "add", "arguments": {"a": 17, "b": 25}}
-    xml    <tool name="add"><a>17</a><b>25</b></tool>
-    react  Thought: ...\\nAction: add\\nAction Input: {"a": 17, "b": 25}
-    code   ```python\\nadd(a=17, b=25)\\n```          (parsed with `ast`, never executed)
+    json    {"tool": "add", "arguments": {"a": 17, "b": 25}}
+    xml     <tool name="add"><a>17</a><b>25</b></tool>
+    react   Thought: ...\\nAction: add\\nAction Input: {"a": 17, "b": 25}
+    code    ```python\\nadd(a=17, b=25)\\n```          (parsed with `ast`, never executed)
+    hermes  <tool_call>\\n{"name": "add", "arguments": {"a": 17, "b": 25}}\\n</tool_call>
+            (the Qwen2.5 / Qwen3 and Hermes chat templates' format)
+
+Other packages add formats as plugins through the entry point group `harnessrl.protocols`
+(see `registry`).
 
 Every protocol renders the tool block of the system prompt, renders a call (for demonstrations
 and feedback), parses a completion and renders a tool result. `parse` never raises and never
@@ -24,7 +29,8 @@ calls); `tools` is only used to convert argument types and to map positional/bar
 
 Layout: `base` (the Protocol interface and ParseResult), `shared` (argument values, rendering and
 scanners the formats share), one module per format (`json_format`, `xml_format`, `react_format`,
-`code_format`) and `registry` (the formats by name; the harness spec accepts exactly these).
+`code_format`, `hermes_format`) and `registry` (the formats by name, built in or plugins; the
+harness spec accepts exactly these).
 """
 
 from harnessrl.harness.protocols.base import (
@@ -35,23 +41,44 @@ from harnessrl.harness.protocols.base import (
     Protocol,
 )
 from harnessrl.harness.protocols.code_format import CodeProtocol
+from harnessrl.harness.protocols.hermes_format import HermesProtocol
 from harnessrl.harness.protocols.json_format import JsonProtocol
 from harnessrl.harness.protocols.react_format import ReactProtocol
-from harnessrl.harness.protocols.registry import PROTOCOL_CLASSES, PROTOCOLS, get_protocol, protocol_names
+from harnessrl.harness.protocols.registry import (
+    ENTRY_POINT_GROUP,
+    PROTOCOL_CLASSES,
+    PROTOCOLS,
+    PluginInfo,
+    ProtocolPluginError,
+    ProtocolPluginWarning,
+    clear_plugin_cache,
+    get_protocol,
+    protocol_class,
+    protocol_names,
+    protocol_plugins,
+)
 from harnessrl.harness.protocols.xml_format import XmlProtocol
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "MAX_CALLS_PER_REPLY",
     "MAX_NESTING",
     "MAX_SCAN_CHARS",
     "PROTOCOLS",
     "PROTOCOL_CLASSES",
     "CodeProtocol",
+    "HermesProtocol",
     "JsonProtocol",
     "ParseResult",
+    "PluginInfo",
     "Protocol",
+    "ProtocolPluginError",
+    "ProtocolPluginWarning",
     "ReactProtocol",
     "XmlProtocol",
+    "clear_plugin_cache",
     "get_protocol",
+    "protocol_class",
     "protocol_names",
+    "protocol_plugins",
 ]

@@ -335,6 +335,33 @@ def _scan_braces(text: str, quotes: str = "\"'") -> tuple[list[_Span], int | Non
     return outer, (stack[0][0] if stack else None)
 
 
+def _object_end(text: str, start: int, quotes: str = "\"'") -> tuple[int, int] | None:
+    """The end (exclusive) and brace depth of the object whose '{' is at `start`, or None when
+    it is not closed. Braces inside strings do not count. Linear in the object's length."""
+    special = _BRACE_SPECIALS[quotes]
+    depth = deepest = 0
+    pos = start
+    while True:
+        m = special.search(text, pos)
+        if m is None:
+            return None
+        c, i = m.group(), m.start()
+        if c == "{":
+            depth += 1
+            deepest = max(deepest, depth)
+            pos = i + 1
+        elif c == "}":
+            depth -= 1
+            pos = i + 1
+            if depth == 0:
+                return i + 1, deepest
+        else:
+            end = _STRING_REST[c].match(text, i + 1)
+            if end is None:
+                return None  # an unterminated string: the object never closes
+            pos = end.end()
+
+
 def _split_strings(s: str) -> list[tuple[str, bool]]:
     """Split `s` into (segment, is_quoted_string) pieces, linearly."""
     out: list[tuple[str, bool]] = []
