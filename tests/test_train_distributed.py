@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import BASE, SPECS, TextScore, adapter_weights, lines
+from test_trainer import BASE, SPECS, TextScore, _lora, _set_up, _units, adapter_weights, lines
 
+from harnessrl.train import trainer as trainer_module
 from harnessrl.train.distributed import Distributed, local_mini_batches, unsupported_launch
-from harnessrl.train.trainer import Trainer, TrainError, split_mini_batches
+from harnessrl.train.grpo import grpo_loss
+from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged, split_mini_batches
 
 
 def _gloo_available() -> bool:
@@ -244,6 +246,59 @@ def test_a_run_folder_refused_on_rank_0_stops_every_process(tmp_path):
 
 
 # ----------------------------------------------------------------------------- pieces, one process
+
+
+class Mirror(Distributed):
+    """Rank 0 of two processes that hold the same units, simulated in one: every collective sees
+    this process's values twice (the other process's are the same)."""
+
+    def __init__(self):
+        super().__init__(rank=0, world_size=2)
+
+    def all_gather_object(self, obj):
+        return [obj, obj]
+
+    def all_reduce_(self, tensor):
+        return tensor.mul_(2)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean"])
+def test_the_summed_gradient_of_two_processes_is_the_one_process_gradient(tmp_path, aggregation):
+    """Two processes with the same units: the whole batch is every unit twice, whose mean loss is
+    the one-process loss; each process weighs its part by the whole batch's normaliser, so the
+    summed gradient, and the sketch and the step taken from it, are the one-process ones."""
+    config = dataclasses.replace(BASE, lr=1e-2, aggregation=aggregation)
+    two, one = _set_up(tmp_path / "two", config), _set_up(tmp_path / "one", config)
+    two.dist = Mirror()
+    got, want = two._update(_units(two), 0), one._update(_units(one), 0)
+    assert got["units_trained"] == 2 * want["units_trained"] == 8  # counted over both processes
+    for key in ("loss", "grad_norm", "clip_fraction", "ratio_mean"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    assert torch.allclose(got["sketch"], want["sketch"], rtol=1e-4, atol=1e-7)
+    a, b = _lora(two), _lora(one)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in b)
+
+
+def test_a_nan_loss_on_one_process_stops_every_process_at_the_summed_loss(tmp_path, monkeypatch):
+    """A process must not stop alone (the others would wait for its gradient): the NaN goes into
+    the summed loss, which every process sees, and no optimizer step is taken."""
+    t = _set_up(tmp_path / "out")
+    t.dist = Mirror()
+    reduced: list[torch.dtype] = []
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = grpo_loss(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", nan_loss)
+    monkeypatch.setattr(Mirror, "all_reduce_", lambda self, x: reduced.append(x.dtype) or x.mul_(2))
+    before = _lora(t)
+    with pytest.raises(TrainingDiverged, match="step 1: the loss is nan"):
+        t._update(_units(t), 0)
+    # the counts (int64), then the gradient (float32) and the stats (float64): this process went on
+    assert reduced == [torch.int64, torch.float32, torch.float64] and not t.optimizer.state
+    after = _lora(t)
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 @pytest.mark.parametrize(
