@@ -48,18 +48,30 @@ SFTRunOptions = run_options(
 @config_command(TrainConfig, TrainRun)
 def grpo_cmd(config: TrainConfig, run: Any) -> None:
     """GRPO with LoRA across harnesses: each step the scheduler picks the harness that collects the batch."""
+    from harnessrl.train.distributed import process_rank
     from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
+
+    # Under torchrun / accelerate launch every process runs this command; rank 0 alone speaks.
+    main = process_rank() == 0
+
+    def stop(message: str, code: int) -> None:
+        if main:
+            fail(message, code)
+        raise typer.Exit(code)
 
     try:
         trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err)
         summary = trainer.run()
     except TrainError as e:
-        fail(str(e), 2)
+        stop(str(e), 2)
     except TrainingDiverged as e:
-        fail(str(e), 1)
+        stop(str(e), 1)
     except KeyboardInterrupt:
-        err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
+        if main:
+            err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
         raise typer.Exit(130)
+    if not main:
+        return
     out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
     out.print(
         f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {config.suite}",

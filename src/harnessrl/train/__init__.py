@@ -11,6 +11,8 @@ One idea per file:
   trainer.py     the loop: scheduler -> runner -> GRPO loss -> backward -> sketch -> optimizer ->
                  scheduler.observe, with LoRA, checkpoints and resume
   config.py      TrainConfig: every option, declared once (the CLI, harnessrl.cli.train, is built from it)
+  distributed.py several training processes (torchrun / accelerate launch): the process group and
+                 the collectives the trainer uses; one process without a launcher
 
 See docs/training.md.
 """

@@ -52,6 +52,15 @@ what tells HarnessBandit that this harness is not learnable right now.
 A mixed step (scheduler "mixed") has one batch and one sketch: it is observed once per harness
 present, each with that harness's own advantages.
 
+Several processes (torchrun / accelerate launch; `harnessrl.train.distributed`, docs/training.md
+"Several processes"): every process selects the same harness and tasks from the same seeded
+state, runs a contiguous share of the step's whole (task, harness) groups with its own copy of
+the model and computes their advantages; the gradient is summed over the processes with the
+loss normalised by the whole batch's tokens, so the sketch and the optimizer step are the ones
+one process would have computed, on every process. Rank 0 alone writes the run folder: it gets
+the other processes' episodes for the store, and every process gets every group's statistics
+for the metrics and the scheduler. One process (no launcher) runs exactly as described above.
+
 Files in the run folder OUT:
     config.json        every option (a resume with different options is refused, except
                        --steps and --checkpoint-every)
@@ -88,6 +97,7 @@ from harnessrl.harness.spec import HarnessSpec
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl, write_json
 from harnessrl.tasks.base import Suite
 from harnessrl.train.config import TrainConfig
+from harnessrl.train.distributed import Distributed, DistributedError, local_mini_batches
 from harnessrl.train.grpo import (
     TrainingUnit,
     group_advantages,
@@ -99,9 +109,10 @@ from harnessrl.train.grpo import (
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch, cosine
 
-# Options that may change when a run is resumed: neither changes what the next steps compute.
-# Which servers sample the rollouts does not change them either (per-request seeds, same weights).
-RESUMABLE_CHANGES = ("steps", "checkpoint_every", "rollout_servers")
+# Options that may change when a run is resumed: none changes what the next steps compute
+# (`processes`, the number of training processes, changes only float rounding; which servers
+# sample the rollouts changes nothing either: per-request seeds, same weights).
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers")
 ADAPTER_META = "harnessrl.json"
 
 
@@ -246,15 +257,32 @@ class Trainer:
                 )
         _check_model_spec(config.model)
 
+        try:
+            self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
+        except DistributedError as e:
+            raise TrainError(str(e)) from None
+
         self.out = Path(out)
         self.resume = resume
         self.progress = progress
-        record = {**config.to_dict(), "harness_specs": {s.name: s.to_dict() for s in self.specs}}
-        try:
-            self.folder = RunFolder.open(self.out, "training", record, resume=resume, may_differ=RESUMABLE_CHANGES)
-        except RunFolderError as e:
-            raise TrainError(str(e)) from None
-        self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
+        record = {
+            **config.to_dict(),
+            "harness_specs": {s.name: s.to_dict() for s in self.specs},
+            "processes": self.dist.world_size,
+        }
+        self.folder: RunFolder | None = None  # rank 0's alone
+        error = None
+        if self.dist.is_main:
+            try:
+                self.folder = RunFolder.open(self.out, "training", record, resume=resume, may_differ=RESUMABLE_CHANGES)
+            except RunFolderError as e:
+                error = str(e)
+            else:
+                self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
+        error = self.dist.agree(error)  # a refused folder stops every process
+        if error is not None:
+            self.dist.close()
+            raise TrainError(error)
         if console is None:
             from rich.console import Console
 
@@ -266,7 +294,9 @@ class Trainer:
 
     @property
     def record(self) -> dict[str, Any]:
-        """What OUT/config.json records: every option, the harness specs, machine facts."""
+        """What OUT/config.json records: every option, the harness specs, machine facts (rank 0)."""
+        if self.folder is None:
+            raise RuntimeError("only rank 0 holds the run folder's record")
         return self.folder.config
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
@@ -346,6 +376,9 @@ class Trainer:
 
         cfg = self.config
         self.store = None
+        self.tb = None
+        if not self.dist.is_main:  # rank 0 stores every process's episodes and writes the logs
+            return
         if cfg.save_rollouts:
             from harnessrl.store import RunStore
 
@@ -364,7 +397,6 @@ class Trainer:
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
             self.store.delete_attempts_from(self.step * cfg.group_size)
             self.runner.on_episode = self.store.add
-        self.tb = None
         if importlib.util.find_spec("tensorboard") is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -408,26 +440,42 @@ class Trainer:
         return None
 
     def load_checkpoint(self) -> bool:
-        """Restore adapter, optimizer, scheduler, RNGs and step; False when there is none yet."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+        """Restore adapter, optimizer, scheduler, RNGs and step; False when there is none yet.
 
-        folder = self._checkpoint_folder()
-        if folder is None:
+        With several processes rank 0 reads the checkpoint and every process restores rank 0's
+        copy: it holds nothing per process, so the number of processes may change on resume."""
+        from peft import set_peft_model_state_dict
+
+        saved = self.dist.broadcast_object(self._read_checkpoint() if self.dist.is_main else None)
+        if saved is None:
             return False
-        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        weights = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+        folder, state, weights, optimizer, rng = saved
         result = set_peft_model_state_dict(self.peft_model, weights)
         if getattr(result, "unexpected_keys", None):
             raise TrainError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-        torch.set_rng_state(torch.load(folder / "rng.pt", weights_only=True)["torch"])
+        self.optimizer.load_state_dict(optimizer)
+        torch.set_rng_state(rng["torch"])
         self.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(self.task_rng, state["task_rng"])
         self.policy.generate_calls = int(state["generate_calls"])
         self.step = int(state["step"])
         self._weights_version = self.step
         return True
+
+    def _read_checkpoint(self) -> tuple[str, dict, dict, dict, dict] | None:
+        """(folder, state.json, adapter weights, optimizer state, RNG state) of the checkpoint, or None."""
+        from safetensors.torch import load_file
+
+        folder = self._checkpoint_folder()
+        if folder is None:
+            return None
+        return (
+            str(folder),
+            json.loads((folder / "state.json").read_text(encoding="utf-8")),
+            load_file(str(folder / "adapter" / "adapter_model.safetensors")),
+            torch.load(folder / "optimizer.pt", weights_only=True),
+            torch.load(folder / "rng.pt", weights_only=True),
+        )
 
     def save_adapter(self) -> Path:
         """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model."""
@@ -479,7 +527,11 @@ class Trainer:
         assignment = [
             (self.train_tasks[next(picked)], self.spec_by_name[h]) for h, c in counts.items() for _ in range(c)
         ]
-        jobs = [Job(task, spec, step * G + i) for task, spec in assignment for i in range(G)]
+        # Several processes take this decision each from the same seeded state: it must agree.
+        self.dist.check_same((step, selection.shares, [t.id for t, _ in assignment]), "the step's harnesses and tasks")
+        # This process's groups (all of them in one process): whole groups, a contiguous run.
+        mine = self.dist.shard(len(assignment))
+        jobs = [Job(task, spec, step * G + i) for task, spec in (assignment[g] for g in mine) for i in range(G)]
         self.sampling = self.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, "train")})
         self.runner.sampling = self.sampling
         t0 = time.perf_counter()
@@ -488,35 +540,59 @@ class Trainer:
         t_rollout = time.perf_counter() - t0
         lag = self._policy_lag(trajectories)
 
-        # 3. advantages per group (one task under one harness)
+        # 3. advantages per group (one task under one harness), where the group ran
         by_group: dict[tuple[str, str], list] = defaultdict(list)
         for traj in trajectories:
             by_group[(traj.task_id, traj.harness)].append(traj)
         advantage_of: dict[str, float] = {}
-        adv_by_harness: dict[str, list[float]] = defaultdict(list)
-        rewards_by_harness: dict[str, list[float]] = defaultdict(list)
         trained = []
-        n_groups = n_flat = n_too_small = n_infra = 0
-        for task, spec in assignment:
+        outcomes: dict[int, tuple[int, list[float], list[float] | None]] = {}  # group: size, scores, advantages
+        for g in mine:
+            task, spec = assignment[g]
             group = sorted(by_group[(task.id, spec.name)], key=lambda t: t.attempt)
             valid = [t for t in group if not t.is_infra_error and t.grade is not None]
-            n_infra += len(group) - len(valid)
             scores = [t.grade.score for t in valid]
+            A = None
+            if len(valid) >= 2:
+                A = group_advantages(torch.tensor([scores], dtype=torch.float64), scale=cfg.scale_advantages)
+                A = A[0].tolist()
+                for traj, a in zip(valid, A):
+                    advantage_of[traj.episode_id] = a
+                    trained.append(traj)
+            outcomes[g] = (len(group), scores, A)
+        units = units_from_trajectories(trained, advantage_of)
+        local = {
+            "groups": outcomes,
+            "units": len(units),
+            "tokens": sum(len(u.completion_ids) for u in units),
+            "signal": any(u.advantage != 0 for u in units),
+        }
+        shared = self.dist.all_gather_object(local)  # every process's groups, on every process
+        if cfg.save_rollouts and self.dist.enabled:  # rank 0 stored its own episodes as they ended
+            others = self.dist.gather_object([] if self.dist.is_main else trajectories)
+            if self.store is not None:
+                for traj in (t for part in others[1:] for t in part):
+                    self.store.add(traj)
+        # the step's statistics over every group, in assignment order (the same on every process)
+        outcomes = {g: o for part in shared for g, o in part["groups"].items()}
+        adv_by_harness: dict[str, list[float]] = defaultdict(list)
+        rewards_by_harness: dict[str, list[float]] = defaultdict(list)
+        n_groups = n_flat = n_too_small = n_infra = n_episodes = 0
+        for g, (task, spec) in enumerate(assignment):
+            size, scores, A = outcomes[g]
+            n_episodes += size
+            n_infra += size - len(scores)
             rewards_by_harness[spec.name].extend(scores)
-            if len(valid) < 2:
+            if A is None:
                 n_too_small += 1
                 continue
-            A = group_advantages(torch.tensor([scores], dtype=torch.float64), scale=cfg.scale_advantages)[0].tolist()
             n_groups += 1
             n_flat += all(a == 0 for a in A)
-            for traj, a in zip(valid, A):
-                advantage_of[traj.episode_id] = a
-                adv_by_harness[spec.name].append(a)
-                trained.append(traj)
-        units = units_from_trajectories(trained, advantage_of)
+            adv_by_harness[spec.name].extend(A)
         all_adv = [a for values in adv_by_harness.values() for a in values]
         all_rewards = [r for values in rewards_by_harness.values() for r in values]
-        signal = any(u.advantage != 0 for u in units)
+        n_units = sum(part["units"] for part in shared)
+        signal = any(part["signal"] for part in shared)
 
         # 4.-6. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each, with no
         # generation step in between (the runner is done; paused() makes sure)
@@ -543,13 +619,13 @@ class Trainer:
         t_sched += time.perf_counter() - t0
 
         self.step += 1
-        completion_tokens = sum(len(u.completion_ids) for u in units)
+        completion_tokens = sum(part["tokens"] for part in shared)
         return {
             "step": self.step,
             "harness": selection.harness or "mixed",
             "shares": {h: c / cfg.tasks_per_step for h, c in counts.items() if c},
             "sampling_seed": self.sampling.seed,
-            "episodes": len(trajectories),
+            "episodes": n_episodes,
             "infra_errors": n_infra,
             "reward_mean": _mean(all_rewards),
             "reward_by_harness": {h: _mean(v) for h, v in rewards_by_harness.items()},
@@ -559,7 +635,7 @@ class Trainer:
             "zero_std_frac": n_flat / n_groups if n_groups else None,
             "probabilities": probabilities,
             "transfer": transfer,
-            "units": len(units),
+            "units": n_units,
             "units_trained": update["units_trained"] if update else 0,
             "completion_tokens": completion_tokens,
             "padded_tokens": update["padded_tokens"] if update else 0,
@@ -573,7 +649,7 @@ class Trainer:
             "rollout_logprob_diff_mean": update["rollout_logprob_diff_mean"] if update else None,
             "optimizer_step": signal,
             "optimizer_steps": update["optimizer_steps"] if update else 0,
-            "skipped": None if signal else ("all advantages are zero" if units else "no training units"),
+            "skipped": None if signal else ("all advantages are zero" if n_units else "no training units"),
             "lr": cfg.lr,
             **(
                 {"policy_lag_max": lag, "rollout_requests": list(self.servers.sent), "time_adapter_sync": t_sync}
@@ -601,12 +677,19 @@ class Trainer:
         if self.servers.version == version:
             return 0.0
         t0 = time.perf_counter()
-        folder = self.out / ADAPTER_DIR
-        self.peft_model.save_pretrained(str(folder))
-        try:
-            self.servers.load_adapter(folder, version)
-        except RolloutServerError as e:
-            raise TrainError(str(e)) from None
+        # One process writes and reloads (all hold the same weights); the others wait for it.
+        error = None
+        if self.dist.is_main:
+            folder = self.out / ADAPTER_DIR
+            self.peft_model.save_pretrained(str(folder))
+            try:
+                self.servers.load_adapter(folder, version)
+            except RolloutServerError as e:
+                error = str(e)
+        error = self.dist.agree(error)
+        if error is not None:
+            raise TrainError(error)
+        self.servers.version = version
         return time.perf_counter() - t0
 
     def _policy_lag(self, trajectories: list) -> int | None:
@@ -639,12 +722,20 @@ class Trainer:
         token of every pass), clip_fraction_by_epoch, grad_norm (mean of the mini-steps' norms
         before clipping), optimizer_steps, units_trained (first pass), padded_tokens (all passes),
         rollout_logprob_diff_max / _mean, the sketch and the time split.
+
+        Several processes: `units` are this process's; the batch is every process's units in rank
+        order. Each mini-batch is the one-process mini-batch (`local_mini_batches`), its loss is
+        normalised by the whole mini-batch's tokens (or units), and the gradient is summed over
+        the processes before the sketch, the clip and the step: every process takes the step one
+        process would have taken on the whole batch (up to float rounding).
         """
         cfg = self.config
         t0 = time.perf_counter()
         units, drift = self._recompute_old_logprobs(units)
         t_old = time.perf_counter() - t0
-        batch_tokens = sum(len(u.completion_ids) for u in units)
+        sizes = self.dist.all_gather_object((len(units), sum(len(u.completion_ids) for u in units)))
+        n_units, batch_tokens = sum(n for n, _ in sizes), sum(t for _, t in sizes)
+        offset = sum(n for n, _ in sizes[: self.dist.rank])  # where this process's units start in the batch
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         sketch = None
         losses: list[float] = []
@@ -657,10 +748,15 @@ class Trainer:
         for epoch in range(cfg.ppo_epochs):
             epoch_clip, epoch_tokens = 0.0, 0
             split_seed = f"harnessrl-train-minibatches:{cfg.seed}:{step}:{epoch}"
-            for mb in split_mini_batches(units, cfg.mini_batches, split_seed):
+            for mb in local_mini_batches(units, offset, n_units, cfg.mini_batches, split_seed):
                 t0 = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                stats, n_active, active_tokens, padded = self._accumulate_gradient(mb)
+                totals = self._global_totals(mb) if self.dist.enabled else None
+                if totals is not None and not totals[2]:
+                    continue  # no process has a trainable unit in this mini-batch
+                stats, n_active, active_tokens, padded = self._accumulate_gradient(mb, totals)
+                if totals is not None:
+                    stats, n_active, padded = self._all_reduce_gradient(stats, n_active, padded)
                 t_backward += time.perf_counter() - t0
                 if not n_active:
                     continue
@@ -675,12 +771,13 @@ class Trainer:
                 if epoch == 0:  # the scheduler's sketch, before the optimizer touches anything
                     units_trained += n_active
                     t0 = time.perf_counter()
-                    part = self.sketcher.sketch_model(self.peft_model)
-                    if len(mb) != len(units):  # its share of the batch's loss normaliser
+                    part = self.sketcher.sketch_model(self.peft_model)  # of the summed gradient
+                    mb_tokens, mb_units = totals[:2] if totals else (sum(len(u.completion_ids) for u in mb), len(mb))
+                    if mb_units != n_units:  # its share of the batch's loss normaliser
                         if cfg.aggregation == "token-mean":
-                            part = part * (sum(len(u.completion_ids) for u in mb) / batch_tokens)
+                            part = part * (mb_tokens / batch_tokens)
                         else:
-                            part = part * (len(mb) / len(units))
+                            part = part * (mb_units / n_units)
                     sketch = part if sketch is None else sketch + part
                     t_sketch += time.perf_counter() - t0
 
@@ -735,6 +832,9 @@ class Trainer:
                     diff_sum += float(diff.sum())
                     tokens += c
                     recomputed[id(u)] = new.tolist()
+        if self.dist.enabled:  # over every process's units
+            parts = self.dist.all_gather_object((diff_max, diff_sum, tokens))
+            diff_max, diff_sum, tokens = max(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
         fresh = [dataclasses.replace(u, old_logprobs=recomputed[id(u)]) if id(u) in recomputed else u for u in units]
         drift = {
             "rollout_logprob_diff_max": diff_max if tokens else None,
@@ -742,7 +842,9 @@ class Trainer:
         }
         return fresh, drift
 
-    def _accumulate_gradient(self, units: list[TrainingUnit]) -> tuple[dict[str, float], int, int, int]:
+    def _accumulate_gradient(
+        self, units: list[TrainingUnit], totals: tuple[int, int, int] | None = None
+    ) -> tuple[dict[str, float], int, int, int]:
         """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
 
         The micro-batch loss is weighted by its share of `units` (completion tokens for
@@ -750,14 +852,21 @@ class Trainer:
         all of `units`. The model stays in eval mode (no dropout). Returns the stats (loss;
         clip_fraction, ratio_mean, kl over the forwarded tokens), the number of units forwarded,
         their completion tokens and the padded tokens.
+
+        `totals`: (completion tokens, units, trained completion tokens) of the whole mini-batch
+        when `units` are only this process's part of it (`_global_totals`): the shares are then
+        of the whole, and the processes' sums add up to the whole mini-batch's gradient and stats.
         """
         cfg = self.config
-        total_tokens = sum(len(u.completion_ids) for u in units)
-        total_units = len(units)
         active = units if cfg.kl_coef > 0 else [u for u in units if u.advantage != 0]
+        if totals is None:
+            total_tokens = sum(len(u.completion_ids) for u in units)
+            total_units = len(units)
+            active_tokens = sum(len(u.completion_ids) for u in active)
+        else:
+            total_tokens, total_units, active_tokens = totals
         pad_id = self.policy.pad_id
         sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
-        active_tokens = sum(len(u.completion_ids) for u in active)
         padded = 0
         self.peft_model.eval()  # whatever mode something left it in: no dropout in these log-probs
         for mb in micro_batches(active, cfg.micro_batch):
@@ -779,7 +888,9 @@ class Trainer:
                 ref_logprobs=ref,
                 kl_coef=cfg.kl_coef,
             )
-            if not torch.isfinite(loss):
+            # (with several processes the others wait for this gradient: a non-finite loss goes into
+            # the summed loss instead, and every process stops there, in `_all_reduce_gradient`)
+            if not torch.isfinite(loss) and totals is None:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise TrainingDiverged(f"step {self.step + 1}: the loss is {float(loss.detach())}")
             mb_tokens = sum(len(u.completion_ids) for u in mb)
@@ -791,9 +902,38 @@ class Trainer:
                 sums[key] += stats[key] * share
         return sums, len(active), active_tokens, padded
 
+    def _global_totals(self, units: list[TrainingUnit]) -> tuple[int, int, int]:
+        """(completion tokens, units, trained completion tokens) of a mini-batch over every process."""
+        active = units if self.config.kl_coef > 0 else [u for u in units if u.advantage != 0]
+        counts = [sum(len(u.completion_ids) for u in units), len(units), sum(len(u.completion_ids) for u in active)]
+        totals = self.dist.all_reduce_(torch.tensor(counts, dtype=torch.int64))
+        return int(totals[0]), int(totals[1]), int(totals[2])
+
+    def _all_reduce_gradient(self, stats: dict[str, float], n_active: int, padded: int) -> tuple[dict, int, int]:
+        """Sum the LoRA gradient, the stats, the forwarded units and the padded tokens of one
+        mini-batch over the processes (one flat buffer for the gradient). Every process gets the
+        same sums, so the sketch, the clip and the optimizer step that follow are the same
+        everywhere. A non-finite summed loss stops every process here."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.trainable]
+        flat = self.dist.all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
+        start = 0
+        for p in self.trainable:
+            p.grad = flat[start : start + p.numel()].view_as(p)
+            start += p.numel()
+        keys = ("loss", "clip_fraction", "ratio_mean", "kl")
+        sums = self.dist.all_reduce_(torch.tensor([*(stats[k] for k in keys), n_active, padded], dtype=torch.float64))
+        stats = dict(zip(keys, sums[:4].tolist()))
+        if not math.isfinite(stats["loss"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(f"step {self.step + 1}: the loss is {stats['loss']}")
+        return stats, int(sums[4]), int(sums[5])
+
     # -- evaluation -----------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any]:
-        """Mean score of every harness on the first eval_tasks dev tasks (one attempt each)."""
+    def evaluate(self) -> dict[str, Any] | None:
+        """Mean score of every harness on the first eval_tasks dev tasks (one attempt each).
+
+        Several processes: each runs a contiguous share of the episodes and rank 0 gets them all
+        and returns the record; the others return None."""
         from harnessrl.metrics import summarize_harness
         from harnessrl.rollout import Runner, make_jobs
 
@@ -809,7 +949,11 @@ class Trainer:
             max_retries=cfg.retries,
             progress=False,
         )
-        trajectories = runner.run(make_jobs(tasks, self.specs, 1))
+        jobs = make_jobs(tasks, self.specs, 1)
+        gathered = self.dist.gather_object(runner.run([jobs[i] for i in self.dist.shard(len(jobs))]))
+        if gathered is None:
+            return None
+        trajectories = [t for part in gathered for t in part]
         summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
         scores = {h: m["mean_score"] for h, m in summaries.items()}
         known = [v for v in scores.values() if v is not None]
@@ -830,7 +974,10 @@ class Trainer:
         """Train until config.steps; returns a short summary. Raises TrainingDiverged on NaN."""
         cfg = self.config
         self._setup()
-        self.out.mkdir(parents=True, exist_ok=True)
+        main = self.dist.is_main  # several processes: rank 0 alone writes OUT
+        self.dist.broadcast_tensors_(self.trainable)  # every process starts from rank 0's LoRA weights
+        if main:
+            self.out.mkdir(parents=True, exist_ok=True)
         metrics_path, eval_path = self.out / "metrics.jsonl", self.out / "eval.jsonl"
         if self.resume and self.load_checkpoint():
             self._say(f"resuming {self.out} from step {self.step}")
@@ -840,20 +987,23 @@ class Trainer:
             raise TrainError(
                 f"--steps {cfg.steps} is below the checkpoint's step {self.step}; give --steps {self.step} or more"
             )
-        if self.resume:
+        if self.resume and main:
             truncate_jsonl(metrics_path, self.step)
             truncate_jsonl(eval_path, self.step)
-        self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
+        if main:
+            self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
 
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
         last: dict[str, Any] = {}
-        with _StepProgress(self.console, cfg.steps, self.step, enabled=self.progress) as bar:
+        with _StepProgress(self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
             while self.step < cfg.steps:
                 try:
                     record = self.train_step()
                 except TrainingDiverged as e:
+                    if not main:  # every process stops at the same step; rank 0 tells why
+                        raise
                     folder = self._checkpoint_folder()
                     at = json.loads((folder / "state.json").read_text())["step"] if folder else None
                     where = (
@@ -865,25 +1015,30 @@ class Trainer:
                     raise TrainingDiverged(
                         f"{e}: training stopped; {where} (perhaps with a lower --lr in a new run)"
                     ) from None
-                append_jsonl(metrics_path, record)
+                if main:
+                    append_jsonl(metrics_path, record)
                 self._tensorboard(record)
                 bar.update(record)
                 last = record
                 if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
                     self._log_eval(eval_path, self.evaluate())
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                if main and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
                     self.save_checkpoint()
-        if not (self.out / "checkpoint").exists():
+        if main and not (self.out / "checkpoint").exists():
             self.save_checkpoint()
-        adapter = self.save_adapter()
+        adapter = self.save_adapter() if main else self.out / "adapter"
         self.policy.close()  # the engine thread (a later use of the policy starts a new one)
         if self.tb is not None:
             self.tb.close()
         if self.store is not None:
             self.store.close()
+        self.dist.barrier()  # the others finish when rank 0 has written everything
+        self.dist.close()
         return {"steps": self.step, "adapter": str(adapter), "last": last}
 
-    def _log_eval(self, path: Path, record: dict[str, Any]) -> None:
+    def _log_eval(self, path: Path, record: dict[str, Any] | None) -> None:
+        if record is None:  # another process's share of a shared evaluation
+            return
         append_jsonl(path, record)
         if self.tb is not None:
             for h, v in record["mean_score"].items():
@@ -904,7 +1059,7 @@ class Trainer:
             self.tb.add_scalar(f"transfer/{r['harness']}_vs_{h}", c, r["step"])
 
     def _say(self, text: str) -> None:
-        if self.progress:
+        if self.progress and self.dist.is_main:
             self.console.print(text, highlight=False, markup=False)
 
 
