@@ -23,8 +23,8 @@ from test_trainer import BASE, SPECS, TextScore, _lora, _set_up, _units, adapter
 
 from harnessrl.train import trainer as trainer_module
 from harnessrl.train.distributed import Distributed, local_mini_batches, unsupported_launch
-from harnessrl.train.grpo import grpo_loss
-from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged, split_mini_batches
+from harnessrl.train.grpo import grpo_loss, split_mini_batches
+from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
 
 
 def _gloo_available() -> bool:

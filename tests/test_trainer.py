@@ -23,7 +23,7 @@ from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train import trainer as trainer_module
-from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
+from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, split_mini_batches, token_logprobs
 from harnessrl.train.trainer import (
     TrainConfig,
     Trainer,
@@ -32,7 +32,6 @@ from harnessrl.train.trainer import (
     allocate_tasks,
     micro_batches,
     sampling_seed,
-    split_mini_batches,
 )
 
 METRIC_KEYS = {

@@ -212,7 +212,7 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
     if not 1 <= len(run_folders) <= 2:
         raise ReportError(f"give one run folder, or two to compare (got {len(run_folders)})")
     if len(run_folders) == 1 and not RunStore.exists(run_folders[0]) and study.is_study_folder(run_folders[0]):
-        return study.build_study_report(run_folders[0], out_dir)
+        return _build_study_report(run_folders[0], out_dir)
     for f in run_folders:
         _open_run(f).close()  # every input error before any writing
     if len(run_folders) == 2 and run_folders[0].resolve() == run_folders[1].resolve():
@@ -276,6 +276,34 @@ def build_report(run_folders: list[Path], out_dir: Path | None = None) -> Path:
         encoding="utf-8",
     )
     return index
+
+
+def _build_study_report(folder: Path, out_dir: Path | None) -> Path:
+    """A study folder's page (default FOLDER/report/index.html) and each finished evaluation
+    stage's own report (FOLDER/<stage>/report, linked from the page)."""
+    t0 = time.monotonic()
+    try:
+        data = study.load_study(folder)
+    except study.StudyReportError as e:
+        raise ReportError(str(e)) from None
+    out_dir = Path(out_dir) if out_dir is not None else folder / "report"
+    _prepare_out_dir(out_dir)
+    links: dict[str, str] = {}
+    notes: list[str] = []
+    stages = {name: folder / "cells" / name for name in data["cells"]}
+    stages.update({name: folder / name for name in study.EVAL_STAGES})
+    for name, stage in stages.items():
+        if not RunStore.exists(stage):
+            if name in data["cells"]:
+                notes.append(f"The run folder of cell {name} ({stage}) is missing: its episodes cannot be shown.")
+            continue
+        try:
+            links[name] = study.relative(build_report([stage]), out_dir)
+        except ReportError as e:
+            notes.append(f"The report of {name} could not be built: {e}")
+    page = out_dir / "index.html"
+    page.write_text(study.render_study_page(data, links, notes, time.monotonic() - t0), encoding="utf-8")
+    return page
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -1,9 +1,9 @@
 """The report of a study folder (`harnessrl study`): one page over its study.json, linking to
 the ordinary report of every evaluation stage.
 
-    build_study_report(study)  -> study/report/index.html, and study/<stage>/report/index.html for
-                                  every evaluation stage that finished (the cells, seed-eval,
-                                  collect), each built by `build_report`
+    build_report([study])  -> study/report/index.html (`render_study_page`), and
+                              study/<stage>/report/index.html for every evaluation stage that
+                              finished (the cells, seed-eval, collect)
 
 The page shows what study.json holds, nothing recomputed: the cells ({seed, evolved} harness x
 {base, distilled} weights, and the placebo under the seed harness) with mean, CI, pass@k, pass^k,
@@ -14,6 +14,7 @@ rate before and after; the failure-class effects; and the recommendation.
 from __future__ import annotations
 
 import json
+import os
 import time
 from html import escape
 from pathlib import Path
@@ -286,41 +287,6 @@ def render_study_page(study: dict[str, Any], links: dict[str, str], notes: list[
 """
 
 
-def build_study_report(folder: Path, out_dir: Path | None = None) -> Path:
-    """Write the study's page (default FOLDER/report/index.html) and each finished evaluation
-    stage's own report (FOLDER/<stage>/report); return the page."""
-    from harnessrl.report.build import ReportError, _prepare_out_dir, build_report
-    from harnessrl.store import RunStore
-
-    folder = Path(folder)
-    t0 = time.monotonic()
-    try:
-        study = load_study(folder)
-    except StudyReportError as e:
-        raise ReportError(str(e)) from None
-    out_dir = Path(out_dir) if out_dir is not None else folder / "report"
-    _prepare_out_dir(out_dir)
-    links: dict[str, str] = {}
-    notes: list[str] = []
-    stage_folders = {name: folder / "cells" / name for name in study["cells"]}
-    stage_folders.update({name: folder / name for name in EVAL_STAGES})
-    for name, stage in stage_folders.items():
-        if not RunStore.exists(stage):
-            if name in study["cells"]:
-                notes.append(f"The run folder of cell {name} ({stage}) is missing: its episodes cannot be shown.")
-            continue
-        try:
-            index = build_report([stage])
-        except ReportError as e:
-            notes.append(f"The report of {name} could not be built: {e}")
-            continue
-        links[name] = Path(_relative(index, out_dir)).as_posix()
-    page = out_dir / "index.html"
-    page.write_text(render_study_page(study, links, notes, time.monotonic() - t0), encoding="utf-8")
-    return page
-
-
-def _relative(target: Path, start: Path) -> str:
-    import os
-
-    return os.path.relpath(target.resolve(), start.resolve())
+def relative(target: Path, start: Path) -> str:
+    """`target` as a link from a page in `start`."""
+    return Path(os.path.relpath(Path(target).resolve(), Path(start).resolve())).as_posix()

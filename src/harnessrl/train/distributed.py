@@ -249,7 +249,7 @@ def local_mini_batches(units: Sequence[T], offset: int, total: int, n: int, seed
     The split shuffles positions only (its generator does not look at the units), so splitting
     the positions 0..total-1 and keeping this process's gives, over all processes, exactly the
     one-process mini-batches. Every process gets the same number of parts (some may be empty)."""
-    from harnessrl.train.trainer import split_mini_batches
+    from harnessrl.train.grpo import split_mini_batches
 
     parts = split_mini_batches(list(range(total)), n, seed)
     end = offset + len(units)

@@ -166,28 +166,6 @@ def micro_batches(units: list[TrainingUnit], max_tokens: int) -> list[list[Train
     return batches
 
 
-def split_mini_batches(units: list[TrainingUnit], n: int, seed: str) -> list[list[TrainingUnit]]:
-    """The units of one pass in n mini-batches (one optimizer step each), sizes differing by at most 1.
-
-    One mini-batch is the units as given. Several: the units are shuffled by a generator seeded
-    with `seed` first, so each pass mixes groups and harnesses differently; a string seed keeps
-    this independent of any RNG state (a resumed run splits exactly as an uninterrupted one).
-    More mini-batches than units gives one unit each.
-    """
-    if n <= 1 or len(units) <= 1:
-        return [list(units)]
-    order = list(units)
-    random.Random(seed).shuffle(order)
-    n = min(n, len(order))
-    size, extra = divmod(len(order), n)
-    batches, start = [], 0
-    for i in range(n):
-        end = start + size + (i < extra)
-        batches.append(order[start:end])
-        start = end
-    return batches
-
-
 def sampling_seed(seed: int, step: int, purpose: str) -> int:
     """The SamplingParams.seed of the rollouts of step `step` (purpose "train") or of the
     evaluation after `step` optimizer steps ("eval").
