@@ -213,7 +213,9 @@ class Trainer:
         specs: list[HarnessSpec] | None = None,
         progress: bool = True,
         console=None,
+        executor=None,
     ):
+        from harnessrl.executors import LocalExecutor
         from harnessrl.harness.registry import resolve_harnesses
         from harnessrl.harness.spec import SpecError
         from harnessrl.tasks import get_suite
@@ -254,6 +256,8 @@ class Trainer:
         except RunFolderError as e:
             raise TrainError(str(e)) from None
         self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
+        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
+        self.folder.record(executor=self.executor.describe())
         if console is None:
             from rich.console import Console
 
@@ -313,7 +317,12 @@ class Trainer:
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
         self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
         self.runner = Runner(
-            policy, self.sampling, max_in_flight=cfg.max_in_flight, max_retries=cfg.retries, progress=False
+            policy,
+            self.sampling,
+            max_in_flight=cfg.max_in_flight,
+            max_retries=cfg.retries,
+            progress=False,
+            executor=self.executor,
         )
         # Evaluation has its own policy object (same model) and so its own sampling-call counter,
         # reset before every evaluation: evaluations never perturb the training rollouts' noise,
@@ -750,6 +759,7 @@ class Trainer:
             max_in_flight=cfg.max_in_flight,
             max_retries=cfg.retries,
             progress=False,
+            executor=self.executor,
         )
         trajectories = runner.run(make_jobs(tasks, self.specs, 1))
         summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
