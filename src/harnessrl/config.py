@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 
 def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str, Any]:
@@ -48,16 +48,50 @@ class RunOptions(Options):
     progress: bool = Field(True, description="show a progress bar (plain lines when not a terminal)")
 
 
-def run_options(default_out: str, resume_help: str | None = None, **extra: Any) -> type[RunOptions]:
-    """RunOptions with a job's own default folder, resume help, and `extra` fields as
-    `create_model` takes them (name=(type, Field(...)))."""
+EXECUTORS = ("local", "ray")  # see harnessrl.executors
+
+
+class ExecutorOptions(RunOptions):
+    """RunOptions of a job that runs episodes where it is told (`harnessrl.executors`). Where
+    episodes run does not change what they compute: recorded, never compared on resume."""
+
+    executor: str = Field(
+        "local",
+        description="where episodes run (environments, tools, graders): local (this process) or ray (actors on "
+        "a Ray cluster's nodes; needs pip install 'harnessrl[ray]'); the model stays in this process",
+    )
+    ray_address: Optional[str] = Field(
+        None,
+        description="--executor ray: the cluster's address, as ray.init takes it (default: RAY_ADDRESS, else a "
+        "cluster started on this machine, else a new local one)",
+    )
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, value: str) -> str:
+        if value not in EXECUTORS:
+            raise ValueError(f"must be {' or '.join(EXECUTORS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> ExecutorOptions:
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError("--ray-address needs --executor ray")
+        return self
+
+
+def run_options(
+    default_out: str, resume_help: str | None = None, base: type[RunOptions] = RunOptions, **extra: Any
+) -> type[RunOptions]:
+    """RunOptions (or `base`, a subclass of it) with a job's own default folder, resume help, and
+    `extra` fields as `create_model` takes them (name=(type, Field(...)))."""
     fields: dict[str, Any] = {
         "out": (Path, Field(Path(default_out), description="run folder", json_schema_extra=cli("--out", "-o"))),
         **extra,
     }
     if resume_help:
         fields["resume"] = (bool, Field(False, description=resume_help, json_schema_extra=cli(bool_flag=True)))
-    return create_model(f"RunOptions_{Path(default_out).name}", __base__=RunOptions, **fields)
+    return create_model(f"RunOptions_{Path(default_out).name}", __base__=base, **fields)
 
 
 class EvalConfig(Options):

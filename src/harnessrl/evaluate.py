@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harnessrl.config import EvalConfig, RunOptions
 from harnessrl.metrics import summarize_harness
 from harnessrl.models import ORACLE
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.store import RunStore
+
+if TYPE_CHECKING:
+    from harnessrl.executors import Executor
 
 SUMMARY = "summary.json"
 
@@ -80,14 +83,28 @@ def evaluation_record(
 
 
 def run_into_store(
-    store: RunStore, todo: list, policy, sampling, max_in_flight: int, retries: int, progress: bool
+    store: RunStore,
+    todo: list,
+    policy,
+    sampling,
+    max_in_flight: int,
+    retries: int,
+    progress: bool,
+    executor: Executor | None = None,
 ) -> None:
-    """Run the jobs still to do with `policy`, each finished episode stored as it ends."""
+    """Run the jobs still to do with `policy` (episodes where `executor` puts them, default in
+    this process), each finished episode stored as it ends."""
     from harnessrl.rollout import Runner
 
     store.set_meta("model", policy.describe())
     runner = Runner(
-        policy, sampling, max_in_flight=max_in_flight, max_retries=retries, on_episode=store.add, progress=progress
+        policy,
+        sampling,
+        max_in_flight=max_in_flight,
+        max_retries=retries,
+        on_episode=store.add,
+        progress=progress,
+        executor=executor,
     )
     runner.run(todo)
 
@@ -96,8 +113,11 @@ def run_eval(
     config: EvalConfig,
     run: RunOptions,
     log: Callable[[str], None] = lambda message: None,
+    executor: Executor | None = None,
 ) -> dict[str, Any]:
-    """Evaluate `config.model` on the suite through every harness; returns the summary."""
+    """Evaluate `config.model` on the suite through every harness; returns the summary.
+    `executor`: where the episodes run (default: this process); the caller closes it."""
+    from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
     from harnessrl.models import check_spec, load_policy
@@ -106,6 +126,10 @@ def run_eval(
     from harnessrl.tasks import get_suite
 
     # -- every config error before any work -----------------------------------------------------------
+    executor = executor if executor is not None else LocalExecutor()
+    if config.judge_model is not None and executor.kind != "local":
+        # the judge grades where the episodes are graded, and models stay in this process
+        raise EvalError(f"--judge-model runs with --executor local only, not {executor.kind}")
     sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
     try:
         specs = resolve_harnesses(config.harness)
@@ -157,8 +181,17 @@ def run_eval(
     )
     if config.dtype != "float32":  # recorded only when chosen: runs from before the option resume as they were
         record["dtype"] = config.dtype
+    record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
     try:
-        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume).start()
+        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume)
+    except RunFolderError as e:
+        raise EvalError(str(e)) from None
+    try:  # connect, and check that every task and harness can go where the episodes run
+        executor.prepare(task_list, specs)
+    except ExecutorError as e:
+        raise EvalError(str(e)) from None
+    try:
+        folder.start()
         store = folder.store(meta_config=folder.config)
         folder.record_shell_isolation(specs, any(t.offers_shell for t in task_list))
     except RunFolderError as e:
@@ -170,7 +203,7 @@ def run_eval(
             log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
 
         if config.model.strip() == ORACLE:
-            _run_oracle(specs, todo, store, config.retries, run.progress)
+            _run_oracle(specs, todo, store, config.retries, run.progress, executor)
             return write_summary(store, folder.config, run.out)
 
         # -- the model (slow) -----------------------------------------------------------------------
@@ -183,11 +216,13 @@ def run_eval(
                 judge.load()
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
-        run_into_store(store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress)
+        run_into_store(
+            store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
+        )
         return write_summary(store, folder.config, run.out)
 
 
-def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool) -> None:
+def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool, executor: Executor | None) -> None:
     """`--model oracle`: every harness's jobs with that harness's oracle, one episode at a time
     (the oracle tracks an episode's progress by its task)."""
     from harnessrl.models.base import SamplingParams
@@ -201,7 +236,13 @@ def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool) -> N
         for jobs in _rounds_of_distinct_instructions([j for j in todo if j.harness.name == spec.name]):
             policy = oracle_policy(list({j.task.id: j.task for j in jobs}.values()), spec, tokenizer)
             runner = Runner(
-                policy, SamplingParams(), max_in_flight=1, max_retries=retries, on_episode=store.add, progress=progress
+                policy,
+                SamplingParams(),
+                max_in_flight=1,
+                max_retries=retries,
+                on_episode=store.add,
+                progress=progress,
+                executor=executor,
             )
             runner.run(jobs)
 

@@ -2,7 +2,9 @@
 
 Every episode runs in a worker thread of its own (at most `max_in_flight` at once): it sets up its
 environment, then asks the model (`Policy.submit`, one request at a time), waits for that reply
-only, runs its tools, and asks again, until it ends; then it is graded in the same thread. An
+only, runs its tools, and asks again, until it ends; then it is graded. Where the environment,
+tools and grader live is the executor's choice (executors.py: in this thread by default, or in a
+Ray actor on a cluster node, driven from this thread); the model calls always stay here. An
 episode never waits for another one: a slow tool or a long completion holds up its own episode
 alone, and the backend batches whatever requests are in flight at the moment (the local engine
 joins them into its running batch, an HTTP backend sends them concurrently). Finished episodes
@@ -24,7 +26,8 @@ Failures:
 - a crash inside a tool, the environment setup, a harness hook or the grader, or a failed model
   request (the request's future holds a PolicyError), is an infrastructure error of that episode
   alone: it is re-run from scratch up to `max_retries` times, then recorded with termination
-  `error` (excluded from metric denominators). The other episodes and the run go on.
+  `error` (excluded from metric denominators). The other episodes and the run go on. So is the
+  loss of the worker that held an episode (a remote executor's process or node dying).
 - Ctrl-C: no new episode starts and `run` raises KeyboardInterrupt at once; every episode
   recorded before is already stored. Episodes still running stop at their next turn (their
   workspaces are removed) and are not recorded.
@@ -44,9 +47,10 @@ from typing import Callable, Iterable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harnessrl.harness.loops import Episode, InfraError, _short_tb, episode_id
+from harnessrl.executors import EpisodeHandle, EpisodeLost, Executor, LocalExecutor
+from harnessrl.harness.loops import InfraError, episode_id
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.models.base import Policy, PolicyError, SamplingParams, request_seed
+from harnessrl.models.base import Policy, PolicyError, SamplingParams
 from harnessrl.tasks.base import Task
 from harnessrl.types import ModelCall, Termination, Trajectory
 
@@ -113,6 +117,7 @@ class Runner:
         max_retries: int = 2,
         on_episode: Callable[[Trajectory], None] | None = None,
         progress: bool = True,
+        executor: Executor | None = None,
     ):
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
@@ -122,6 +127,7 @@ class Runner:
         self.max_retries = max_retries
         self.on_episode = on_episode
         self.progress = progress
+        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         self.stats = RunStats()
         self._stats_lock = threading.Lock()  # workers count requests and tokens as they come
 
@@ -133,6 +139,8 @@ class Runner:
         sampling = self.sampling  # fixed for this call, whatever is assigned meanwhile
         pending = deque(enumerate(jobs))  # (position in `jobs`, job): results come back in job order
         total = len(pending)
+        # every task and harness must be able to go where the episodes run: a clear error before any runs
+        self.executor.prepare([job.task for _, job in pending], [job.harness for _, job in pending])
         results: dict[int, Trajectory] = {}
         finished: queue.SimpleQueue[tuple[int, Job, Trajectory | BaseException | None]] = queue.SimpleQueue()
         stop = threading.Event()
@@ -222,34 +230,26 @@ class Runner:
         if stop.is_set():
             return None
         try:
-            ep = Episode(job.task, job.harness, job.attempt, retries=job.retries)
-        except InfraError as e:
+            handle = self.executor.open(job.task, job.harness, job.attempt, job.retries, sampling.seed)
+        except InfraError as e:  # the environment could not be set up, or its worker was lost
             return _infra_trajectory(job, str(e))
         try:
-            completed = self._advance(ep, sampling, stop)
+            if not self._advance(handle, sampling, stop):
+                handle.close()
+                return None
+            return handle.finish()  # grading, where the episode lives
+        except EpisodeLost as e:  # its worker is gone, and its progress with it: re-run from scratch
+            return _infra_trajectory(job, str(e))
         except BaseException:
-            _close(ep)
+            handle.close()
             raise
-        if not completed:
-            _close(ep)
-            return None
-        return ep.finish()  # grading, in this thread
 
-    def _advance(self, ep: Episode, sampling: SamplingParams, stop: threading.Event) -> bool:
+    def _advance(self, handle: EpisodeHandle, sampling: SamplingParams, stop: threading.Event) -> bool:
         """Turns until the episode ends; False if the run was interrupted first."""
-        while not ep.done:
+        request = handle.start()
+        while request is not None:
             if stop.is_set():
                 return False
-            t = ep.rules.timeout_s
-            if t is not None and ep.elapsed() > t:
-                ep.terminate(Termination.timeout, f"own time (model + tools) over {t:g} s")
-                break
-            try:
-                request = ep.request()
-            except Exception as e:  # a bug in a harness hook must not kill the run
-                _crashed(ep, e)
-                break
-            request.seed = request_seed(sampling.seed, ep.task.id, ep.attempt, len(ep.steps))
             t0 = time.monotonic()
             try:
                 call = _wait(self.policy.submit(request, sampling), stop)
@@ -257,21 +257,12 @@ class Runner:
                 return False
             except (PolicyError, CancelledError) as e:  # this request failed: this episode alone does
                 latency = time.monotonic() - t0
-                ep.add_model_time(latency)
                 self._count(latency, None)
-                ep.infra_error = f"model backend failed: {str(e) or type(e).__name__}"
-                ep.terminate(Termination.error, "model backend failed")
+                handle.model_failed(latency, f"model backend failed: {str(e) or type(e).__name__}")
                 break
             latency = time.monotonic() - t0
-            ep.add_model_time(latency)
             self._count(latency, call)
-            try:
-                ep.consume(call)  # the tools run here, in this episode's thread
-            except InfraError as e:
-                ep.infra_error = str(e)
-                ep.terminate(Termination.error, "infrastructure error")
-            except Exception as e:  # a bug in a harness hook must not kill the run
-                _crashed(ep, e)
+            request = handle.reply(call, latency)  # the tools run there, where the episode lives
         return True
 
     def _count(self, latency: float, call: ModelCall | None) -> None:
@@ -294,19 +285,6 @@ def _wait(future: Future[ModelCall], stop: threading.Event) -> ModelCall:
             if stop.is_set():
                 future.cancel()
                 raise _Stopped from None
-
-
-def _crashed(ep: Episode, e: Exception) -> None:
-    ep.infra_error = f"episode crashed: {_short_tb(e)}"
-    ep.terminate(Termination.error, "infrastructure error")
-
-
-def _close(ep: Episode) -> None:
-    """Remove the workspace of an episode that will not be graded; a failure to do so changes nothing."""
-    try:
-        ep.env.close()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _infra_trajectory(job: Job, error: str) -> Trajectory:

@@ -10,7 +10,8 @@ every job, with the same words:
 - `--resume` into a folder that holds no run is refused;
 - `--resume` with a different configuration is refused, naming every key that differs, except
   the keys the job says may change (e.g. train's `steps`) and the facts of the machine
-  (`MACHINE_KEYS`: the version that wrote the folder, how the shell tool was isolated);
+  (`MACHINE_KEYS`: the version that wrote the folder, how the shell tool was isolated, where
+  the episodes ran: a run may continue with another executor);
 - a run that locked its folder when it finished (evolve: its held-out result must not be re-run
   or extended) refuses any further start.
 
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 CONFIG = "config.json"
 LOCK = "LOCKED"
 DB = "run.db"
-# Recorded in every config, never compared on resume: they describe the machine, not the run.
-MACHINE_KEYS = ("harnessrl_version", "shell_isolation")
+# Recorded in every config, never compared on resume: they describe the machine (and where the
+# episodes ran: `executor`, see executors.py), not what the run computes.
+MACHINE_KEYS = ("harnessrl_version", "shell_isolation", "executor")
 
 
 class RunFolderError(ValueError):

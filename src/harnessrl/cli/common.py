@@ -34,6 +34,17 @@ def check_model_spec(spec: str, api_key_env: str | None, option: str, key_option
         fail(str(e))
 
 
+def executor_for(run: Any) -> Any:
+    """The executor that a command's run options ask for (`--executor`, `--ray-address`), to use
+    in a `with` block; exits 2 with the reason when it cannot be had (Ray not installed)."""
+    from harnessrl.executors import ExecutorError, make_executor
+
+    try:
+        return make_executor(run.executor, run.ray_address)
+    except ExecutorError as e:
+        fail(str(e))
+
+
 # ------------------------------------------------------------------------------------------------
 # options from a config
 

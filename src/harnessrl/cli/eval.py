@@ -9,10 +9,10 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, fail, out
-from harnessrl.config import EvalConfig, run_options
+from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.config import EvalConfig, ExecutorOptions, run_options
 
-EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes")
+EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions)
 
 
 def _fmt(x: Any) -> str:
@@ -56,10 +56,14 @@ def print_summary_table(summary: dict[str, Any]) -> None:
 def eval_cmd(config: EvalConfig, run: Any) -> None:
     """Evaluate a model on a suite through one or more harnesses."""
     from harnessrl.evaluate import EvalError, run_eval
+    from harnessrl.executors import ExecutorError
 
     try:
-        summary = run_eval(config, run, log=lambda m: err.print(m, highlight=False, markup=False))
-    except EvalError as e:
+        with executor_for(run) as executor:
+            summary = run_eval(
+                config, run, log=lambda m: err.print(m, highlight=False, markup=False), executor=executor
+            )
+    except (EvalError, ExecutorError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         err.print(f"interrupted: finished episodes are saved; continue with --resume --out {run.out}", highlight=False)

@@ -7,13 +7,15 @@ from typing import Any, Optional
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, fail, out
-from harnessrl.config import run_options
+from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
 
 EvolveRun = run_options(
     "runs/evo",
-    "continue a killed run with its stored configuration (the other options are then ignored)",
+    "continue a killed run with its stored configuration (the other options, but for --executor and "
+    "--ray-address, are then ignored)",
+    base=ExecutorOptions,
     api_key_env=(Optional[str], Field(None, description="openai: the environment variable with the API key")),
 )
 
@@ -23,20 +25,23 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
     """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks."""
     from harnessrl.evolve.loop import EvolveError
     from harnessrl.evolve.run import run_evolve, stored_config
+    from harnessrl.executors import ExecutorError
 
     try:
         if run.resume:
             config = stored_config(run.out)
             err.print(f"resuming {run.out} with its stored configuration", highlight=False)
-        final = run_evolve(
-            config,
-            run.out,
-            resume=run.resume,
-            api_key_env=run.api_key_env,
-            progress=run.progress,
-            log=lambda m: err.print(m, highlight=False, markup=False),
-        )
-    except EvolveError as e:
+        with executor_for(run) as executor:
+            final = run_evolve(
+                config,
+                run.out,
+                resume=run.resume,
+                api_key_env=run.api_key_env,
+                progress=run.progress,
+                log=lambda m: err.print(m, highlight=False, markup=False),
+                executor=executor,
+            )
+    except (EvolveError, ExecutorError) as e:
         fail(str(e))
     except KeyboardInterrupt:
         err.print(

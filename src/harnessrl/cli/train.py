@@ -8,8 +8,8 @@ from typing import Any, Optional
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, fail, out
-from harnessrl.config import cli, run_options
+from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.config import ExecutorOptions, cli, run_options
 from harnessrl.train.config import SFTConfig, TrainConfig
 
 train_app = typer.Typer(
@@ -17,7 +17,7 @@ train_app = typer.Typer(
     help="Train the model's weights: across harnesses (GRPO with LoRA), or on stored episodes (supervised LoRA).",
 )
 
-TrainRun = run_options("runs/train", "continue the run in --out from its checkpoint")
+TrainRun = run_options("runs/train", "continue the run in --out from its checkpoint", base=ExecutorOptions)
 SFTRunOptions = run_options(
     "runs/sft",
     "continue the run in --out from its checkpoint",
@@ -48,6 +48,7 @@ SFTRunOptions = run_options(
 @config_command(TrainConfig, TrainRun)
 def grpo_cmd(config: TrainConfig, run: Any) -> None:
     """GRPO with LoRA across harnesses: each step the scheduler picks the harness that collects the batch."""
+    from harnessrl.executors import ExecutorError
     from harnessrl.train.distributed import process_rank
     from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
 
@@ -60,9 +61,11 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
         raise typer.Exit(code)
 
     try:
-        trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err)
-        summary = trainer.run()
-    except TrainError as e:
+        with executor_for(run) as executor:
+            trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
+            executor.start()  # connect before the model loads
+            summary = trainer.run()
+    except (TrainError, ExecutorError) as e:
         stop(str(e), 2)
     except TrainingDiverged as e:
         stop(str(e), 1)

@@ -50,6 +50,7 @@ from harnessrl.evolve.acceptance import (
 from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
 from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
+from harnessrl.executors import Executor, ExecutorError, LocalExecutor
 from harnessrl.harness.spec import HarnessSpec, parse_spec
 from harnessrl.metrics import paired_difference, summarize_harness, task_scores
 from harnessrl.models.base import Policy, SamplingParams
@@ -178,8 +179,10 @@ class Evolution:
         progress: bool = False,
         log: Callable[[str], None] = lambda _: None,
         example_tasks: list[Task] | None = None,
+        executor: Executor | None = None,
     ):
         self.folder = Path(folder)
+        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         self.config = config
         self.seed_spec = seed_spec
         self.dev_tasks = dev_tasks
@@ -259,6 +262,7 @@ class Evolution:
                 max_retries=self.config.retries,
                 on_episode=self.store.add,
                 progress=self.progress,
+                executor=self.executor,
             )
             runner.run(todo)
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
@@ -272,6 +276,7 @@ class Evolution:
             self.run_folder = RunFolder.open(self.folder, "evolution", self.config.to_json(), resume=resume).start()
         except RunFolderError as e:
             raise EvolveError(str(e)) from None
+        self.run_folder.record(executor=self.executor.describe())  # a resumed run may run elsewhere
         state = self._load_state()
         if state is None:
             self._save_spec(SEED_LABEL, self.seed_spec)
@@ -399,6 +404,8 @@ class Evolution:
             by_label[label].confirmation = conf
             try:
                 cand = self.measure(self._load_spec(label), f"{label}.confirm", self.dev_tasks, stream, "search")
+            except ExecutorError:  # where the episodes run broke, not the candidate: the run cannot go on
+                raise
             except Exception as e:  # as in screening: a candidate that breaks the runner is skipped
                 state.crashed_candidates += 1
                 by_label[label].status = "crashed"
@@ -444,6 +451,8 @@ class Evolution:
         self._save_spec(label, p.spec)
         try:
             cand = self.measure(p.spec, label, self.dev_tasks, f"i{it:02d}", "search")
+        except ExecutorError:  # where the episodes run broke, not the candidate: the run cannot go on
+            raise
         except Exception as e:  # a candidate that breaks the runner is skipped, not fatal
             state.crashed_candidates += 1
             line.status = "crashed"

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.loop import Evolution, EvolveError
 from harnessrl.rundir import CONFIG, RunFolder, holds_run
+
+if TYPE_CHECKING:
+    from harnessrl.executors import Executor
 
 
 def stored_config(out: str | Path) -> EvolveConfig:
@@ -35,11 +38,14 @@ def run_evolve(
     api_key_env: str | None = None,
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
+    executor: Executor | None = None,
 ) -> dict[str, Any]:
     """Evolve `config.seed_harness` on the suite's dev tasks, confirm on its test tasks; returns
     final.json's content. `resume`: continue the run in `out` (its configuration must be
-    `config`; `stored_config(out)` reads it)."""
+    `config`; `stored_config(out)` reads it). `executor`: where the episodes run (default: this
+    process; the caller closes it)."""
     from harnessrl.evolve.proposers import LLMProposer, RulesProposer
+    from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError
     from harnessrl.models import check_spec, load_policy
@@ -58,6 +64,11 @@ def run_evolve(
             check_spec(config.proposer_model, api_key_env, option="--proposer-model")
     except (SpecError, ValueError) as e:
         raise EvolveError(str(e)) from None
+    executor = executor if executor is not None else LocalExecutor()
+    try:  # connect, and check that every task and the seed harness can go where the episodes run
+        executor.prepare(dev + test, [seed_spec])
+    except ExecutorError as e:
+        raise EvolveError(str(e)) from None
     try:
         policy = load_policy(config.model, sampling, api_key_env=api_key_env)
         if config.proposer == "llm":
@@ -70,6 +81,16 @@ def run_evolve(
     # Solved train tasks (never decision or held-out ones) for the rules proposer's worked example.
     examples = the_suite.tasks("train", min(8, the_suite.split_sizes.get("train", 0)))
     evolution = Evolution(
-        Path(out), config, seed_spec, dev, test, policy, proposer, progress=progress, log=log, example_tasks=examples
+        Path(out),
+        config,
+        seed_spec,
+        dev,
+        test,
+        policy,
+        proposer,
+        progress=progress,
+        log=log,
+        example_tasks=examples,
+        executor=executor,
     )
     return evolution.run()

@@ -203,7 +203,9 @@ class Trainer:
         specs: list[HarnessSpec] | None = None,
         progress: bool = True,
         console=None,
+        executor=None,
     ):
+        from harnessrl.executors import LocalExecutor
         from harnessrl.harness.registry import resolve_harnesses
         from harnessrl.harness.spec import SpecError
         from harnessrl.tasks import get_suite
@@ -243,6 +245,7 @@ class Trainer:
         self.out = Path(out)
         self.resume = resume
         self.progress = progress
+        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         record = {
             **config.to_dict(),
             "harness_specs": {s.name: s.to_dict() for s in self.specs},
@@ -257,6 +260,7 @@ class Trainer:
                 error = str(e)
             else:
                 self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
+                self.folder.record(executor=self.executor.describe())
         error = self.dist.agree(error)  # a refused folder stops every process
         if error is not None:
             self.dist.close()
@@ -337,6 +341,7 @@ class Trainer:
             max_in_flight=cfg.max_in_flight,
             max_retries=cfg.retries,
             progress=False,
+            executor=self.executor,
         )
         # Evaluation has its own policy object (same model) and so its own sampling-call counter,
         # reset before every evaluation: evaluations never perturb the training rollouts' noise,
@@ -926,6 +931,7 @@ class Trainer:
             max_in_flight=cfg.max_in_flight,
             max_retries=cfg.retries,
             progress=False,
+            executor=self.executor,
         )
         jobs = make_jobs(tasks, self.specs, 1)
         gathered = self.dist.gather_object(runner.run([jobs[i] for i in self.dist.shard(len(jobs))]))
