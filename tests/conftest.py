@@ -21,3 +21,19 @@ def tiny_policy(tokenizer):
     from harnessrl.models.hf import HFPolicy
 
     return HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (`pytestmark = pytest.mark.usefixtures(...)`): the
+    tiny model's ops are too small to share, and on a busy 2-core machine two OpenMP threads make
+    the training tests several times slower; one thread also gives every process of a
+    multi-process test the same arithmetic."""
+    import torch
+
+    from harnessrl.models.hf import configure_threads
+
+    before = configure_threads()  # HFPolicy would otherwise reset the count on first use
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -22,8 +22,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs Ray: pip install 'harnessrl[ray]'")
 
-import torch  # noqa: E402
 from helpers import oracle_policy  # noqa: E402
+from test_trainer import TextScore  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from harnessrl.cli import app  # noqa: E402
@@ -34,10 +34,12 @@ from harnessrl.models.base import SamplingParams  # noqa: E402
 from harnessrl.rollout import Runner, make_jobs  # noqa: E402
 from harnessrl.store import RunStore  # noqa: E402
 from harnessrl.tasks import get_suite, list_suites  # noqa: E402
-from harnessrl.tasks.base import Suite, Tool  # noqa: E402
+from harnessrl.tasks.base import Tool  # noqa: E402
 from harnessrl.train.config import TrainConfig  # noqa: E402
 from harnessrl.train.trainer import Trainer  # noqa: E402
 from harnessrl.types import Termination  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +55,6 @@ def executor(cluster):
     """One pool of actors for the module (the CLI tests make their own, on the same cluster)."""
     with make_executor("ray") as ex:
         yield ex
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to share two busy cores."""
-    from harnessrl.models.hf import configure_threads
-
-    before = configure_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def shrink(name: str, **rules) -> HarnessSpec:
@@ -165,29 +156,6 @@ def test_a_killed_actor_loses_and_duplicates_nothing(executor, tokenizer, tmp_pa
 
 
 # ------------------------------------------------------------------------------------- training
-
-
-class TextScore(Suite):
-    """Any text is an answer; its score is its length parity (groups of 2 often disagree)."""
-
-    name = "textscore"
-    split_sizes = {"train": 8, "dev": 2, "test": 2}
-    needs_workspace = False
-
-    def families(self):
-        def say(rng):
-            n = rng.randint(0, 10**6)
-            return {
-                "instruction": f"Say anything ({n}).",
-                "setup": lambda env: None,
-                "check": lambda env: {"answer": float(len(env.answer or "") % 2)},
-                "data": {"n": n},
-            }
-
-        return {"say": say}
-
-    def base_tools(self):
-        return []
 
 
 def test_a_training_step_with_the_ray_executor_is_the_local_one(executor, tmp_path):

@@ -10,22 +10,13 @@ import json
 import math
 
 import pytest
-import torch
 from test_trainer import BASE, SPECS, TextScore, lines
 
 from harnessrl.serve import serving
 from harnessrl.store import RunStore
 from harnessrl.train.trainer import Trainer, TrainError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    from harnessrl.models.hf import configure_threads
-
-    before = configure_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 CONFIG = dataclasses.replace(BASE, eval_every=0)

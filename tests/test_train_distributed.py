@@ -26,6 +26,8 @@ from harnessrl.train.distributed import Distributed, local_mini_batches, unsuppo
 from harnessrl.train.grpo import grpo_loss, split_mini_batches
 from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _gloo_available() -> bool:
     import torch.distributed as dist
@@ -56,17 +58,6 @@ except TrainError as e:
     print(f"TrainError: {e}", flush=True)
     sys.exit(2)
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread here and in the workers: the same arithmetic in every process."""
-    from harnessrl.models.hf import configure_threads
-
-    before = configure_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _free_port() -> int:

@@ -34,6 +34,8 @@ from harnessrl.train.trainer import (
     sampling_seed,
 )
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 METRIC_KEYS = {
     "step",
     "harness",
@@ -141,18 +143,6 @@ def adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(folder / "adapter_model.safetensors"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to share: on a busy 2-core machine two OpenMP threads
-    make this file several times slower than one."""
-    from harnessrl.models.hf import configure_threads
-
-    before = configure_threads()  # HFPolicy would otherwise reset the count on first use
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,19 @@ def render_index(
         + "".join(_run_section(r, figures.get(r.label, {}), several) for r in runs)
     )
     summary_json = json.dumps(viewer, separators=(",", ":")).replace("</", "<\\/")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    footer = (
+        f"built {time.strftime('%Y-%m-%d %H:%M:%S')} in {built_s:.1f} s &middot; {viewer['n_episodes']} episodes "
+        f"in {len(viewer['pages'])} index pages of {viewer['page_size']}"
+    )
+    scripts = (
+        f'<script type="application/json" id="hr-summary">{summary_json}</script>\n<script src="viewer.js"></script>\n'
+    )
+    return page_shell(title, " &middot; ".join(nav), sections + "\n" + _VIEWER, footer, scripts)
+
+
+def page_shell(title: str, nav: str, main: str, footer: str, scripts: str = "") -> str:
+    """A whole report page around its parts (`nav`, `main`, `footer` and `scripts` are HTML;
+    `title` is text)."""
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -246,15 +258,11 @@ def render_index(
 <link rel="stylesheet" href="report.css">
 </head>
 <body>
-<header><h1>{escape(title)}</h1><nav>{" &middot; ".join(nav)}</nav></header>
+<header><h1>{escape(title)}</h1><nav>{nav}</nav></header>
 <main>
-{sections}
-{_VIEWER}
+{main}
 </main>
-<footer>harnessrl {escape(__version__)} &middot; built {stamp} in {built_s:.1f} s &middot; \
-{viewer["n_episodes"]} episodes in {len(viewer["pages"])} index pages of {viewer["page_size"]}</footer>
-<script type="application/json" id="hr-summary">{summary_json}</script>
-<script src="viewer.js"></script>
-</body>
+<footer>harnessrl {escape(__version__)} &middot; {footer}</footer>
+{scripts}</body>
 </html>
 """

@@ -20,7 +20,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from harnessrl import __version__
+from harnessrl.report.page import page_shell
 
 STUDY_JSON = "study.json"
 STAGES_JSON = "stages.json"
@@ -265,26 +265,7 @@ def render_study_page(study: dict[str, Any], links: dict[str, str], notes: list[
             ("effects", "failure classes"),
         )
     )
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="harnessrl {escape(__version__)}">
-<title>{escape(title)}</title>
-<link rel="icon" href="data:,">
-<link rel="stylesheet" href="report.css">
-</head>
-<body>
-<header><h1>{escape(title)}</h1><nav>{nav}</nav></header>
-<main>
-{sections}
-</main>
-<footer>harnessrl {escape(__version__)} &middot; built {stamp} in {built_s:.1f} s</footer>
-</body>
-</html>
-"""
+    return page_shell(title, nav, sections, f"built {time.strftime('%Y-%m-%d %H:%M:%S')} in {built_s:.1f} s")
 
 
 def relative(target: Path, start: Path) -> str:
