@@ -41,14 +41,14 @@ def run_evolve(
     `config`; `stored_config(out)` reads it)."""
     from harnessrl.evolve.proposers import LLMProposer, RulesProposer
     from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import SpecError
+    from harnessrl.harness.spec import SpecError, require_loop_harness
     from harnessrl.models import check_spec, load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
     try:
+        seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
         RunFolder.open(out, "evolution", config.to_json(), resume=resume)  # checks only; the loop opens it
-        seed_spec = load_harness(config.seed_harness)
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
         the_suite = get_suite(config.suite)
         dev = the_suite.tasks("dev", config.dev_tasks)

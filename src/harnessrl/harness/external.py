@@ -431,6 +431,7 @@ class ExternalEpisodes:
             return record.infra(f"environment setup failed: {_short_tb(e)}")
         episode = ExternalEpisode(job, self.policy, sampling, self.count)
         control = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
+        control.chmod(0o711)  # the sandbox user must reach a workspace made inside it
         try:
             try:
                 endpoint = self.endpoint()
