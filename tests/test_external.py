@@ -446,3 +446,16 @@ def test_behave_fixture_is_readable_by_the_sandbox_user():
     for path in (BEHAVE, MINIMAL.parent / "minimal.py"):
         assert os.stat(path).st_mode & 0o004
     assert shutil.which("sh")
+
+
+def test_the_shell_agent_runs_the_models_command_and_passes(tokenizer):
+    task = create_file_task()
+    path, content = task.solution[0]["arguments"]["path"], task.solution[0]["arguments"]["content"]
+    command = f"mkdir -p $(dirname {path}) && printf '%s' '{content}' > {path} && wc -l < {path}"
+    replies = [hermes({"name": "run", "arguments": {"command": command}}), hermes(task.solution[1])]
+    spec = load_spec(ROOT / "examples" / "agents" / "shell_agent.yaml")
+    [traj] = run(replies_policy(replies, tokenizer), [spec], [task])
+    assert traj.termination == Termination.submitted and traj.grade.passed, traj.meta["agent"]
+    ran, submitted = traj.steps
+    assert ran.tool_calls[0].name == "run" and ran.tool_results[0].output == "1\n\n[exit status 0]"
+    assert submitted.tool_calls[0].name == "submit"

@@ -47,8 +47,8 @@ def run_evolve(
     from harnessrl.tasks import get_suite
 
     try:
-        seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
         RunFolder.open(out, "evolution", config.to_json(), resume=resume)  # checks only; the loop opens it
+        seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
         the_suite = get_suite(config.suite)
         dev = the_suite.tasks("dev", config.dev_tasks)
