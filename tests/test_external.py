@@ -209,17 +209,32 @@ def test_eval_cli_with_tiny_random_stores_model_calls_and_the_report_builds(tmp_
 # ----------------------------------------------------------------------------- containment
 
 
-def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish(tokenizer):
+@pytest.fixture(params=["bwrap", "rlimits-only"])
+def isolation(request, monkeypatch):
+    """Runs a test under bubblewrap (where it works here) and under the rlimits-only fallback."""
+    from harnessrl.tasks import sandbox_exec
+
+    if request.param == "bwrap" and isolation_available() != "bwrap":
+        pytest.skip("bubblewrap is missing or does not work here")
+    if request.param == "rlimits-only":
+        monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    return request.param
+
+
+def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish(tokenizer, isolation):
     task = create_file_task()
     path, content = task.solution[0]["arguments"]["path"], task.solution[0]["arguments"]["content"]
     escape_in_repo = BEHAVE.parent / f"escape-{uuid.uuid4().hex[:8]}"
-    escape_tmp = Path("/tmp") / f"harnessrl-escape-{uuid.uuid4().hex[:8]}"
+    escape_etc = Path("/etc") / f"harnessrl-escape-{uuid.uuid4().hex[:8]}"
+    # without bubblewrap only file permissions stand between the program and the repository:
+    # it is refused there when we are root (the program runs as a uid of its own)
+    repo_refused = isolation == "bwrap" or os.geteuid() == 0
     specs = [
         load_spec(MINIMAL),
         agent("crash"),
         agent("hang", wall_s=2),
         agent("lie", env={"LIE_PATH": path, "LIE_CONTENT": content}),
-        agent("escape", env={"ESCAPE_TARGETS": f"{escape_in_repo}:/etc/harnessrl-escape:{escape_tmp}"}),
+        agent("escape", env={"ESCAPE_TARGETS": f"{escape_in_repo}:{escape_etc}"}),
         agent("flood"),
         agent("probe"),
     ]
@@ -227,7 +242,7 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
     try:
         by = {t.harness: t for t in run(policy, specs, [task], max_in_flight=7)}
     finally:
-        escaped = [p for p in (escape_in_repo, escape_tmp) if p.exists()]
+        escaped = [p for p in (escape_in_repo, escape_etc) if p.exists()]
         for p in escaped:
             p.unlink()
     assert set(by) == {s.name for s in specs} and not any(t.is_infra_error for t in by.values())
@@ -254,10 +269,12 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
 
     escape = by["escape"]
     assert escape.termination == Termination.submitted and escape.answer == "tried"
-    assert not escaped, f"a write outside the workspace reached the host: {escaped}"
-    assert not Path("/etc/harnessrl-escape").exists()
+    assert escape.meta["agent"]["isolation"] == isolation
     stderr = escape.meta["agent"]["stderr"]
-    assert f"refused {escape_in_repo}" in stderr and "refused /etc/harnessrl-escape" in stderr
+    assert escape_etc not in escaped and f"refused {escape_etc}" in stderr
+    if repo_refused:
+        assert not escaped, f"a write outside the workspace reached the host: {escaped}"
+        assert f"refused {escape_in_repo}" in stderr
 
     flood = by["flood"]
     agent_meta = flood.meta["agent"]

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from typing import Protocol as Interface
 
 from harnessrl.harness.loops import _short_tb, episode_id
 from harnessrl.harness.protocols import Protocol, get_protocol
@@ -58,6 +59,7 @@ from harnessrl.serve.protocol import (
     tool_call_entries,
     tool_schemas,
 )
+from harnessrl.serve.recording import RecordingEndpoint
 from harnessrl.tasks.base import Environment, validate_arguments
 from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, ExecResult, isolation_available, run_sandboxed
 from harnessrl.types import (
@@ -75,8 +77,7 @@ from harnessrl.types import (
 )
 
 if TYPE_CHECKING:
-    from harnessrl.rollout import Job
-    from harnessrl.serve.recording import RecordingEndpoint
+    from harnessrl.tasks.base import Task
 
 TASK_FILE = "task.md"
 ANSWER_FILE = "answer.txt"
@@ -86,8 +87,13 @@ _CALL_ID = re.compile(r"^call_(\d+)_(\d+)$")  # the ids of the tool calls this e
 _STOP_POLL_S = 0.2  # how often a running program looks whether the run was interrupted
 
 
-def is_external(spec) -> bool:
-    return isinstance(spec, ExternalHarnessSpec)
+class Job(Interface):
+    """What an external episode needs of the runner's job (rollout.Job)."""
+
+    task: Task
+    harness: ExternalHarnessSpec
+    attempt: int
+    retries: int
 
 
 # ------------------------------------------------------------------------------- one episode
@@ -407,8 +413,6 @@ class ExternalEpisodes:
             if self._closed:
                 raise RuntimeError("the run has ended")
             if self._endpoint is None:
-                from harnessrl.serve.recording import RecordingEndpoint
-
                 endpoint = RecordingEndpoint()
                 endpoint.start()
                 self._endpoint = endpoint

@@ -6,7 +6,7 @@ prefix per episode, every request answered by the run's policy and recorded as a
 
 The token is drawn per episode (`secrets`), so an agent reaches its own episode only; a token
 that names no running episode is a 404. What a request becomes, which limits apply and what is
-recorded is the episode's business (harness/external.py, `ExternalEpisode`): this module only
+recorded is the episode's business (harness/external.py, `RecordedEpisode`): this module only
 routes, awaits the policy and writes the wire format (serve/protocol.py).
 """
 
@@ -19,22 +19,38 @@ import threading
 import time
 import uuid
 from concurrent.futures import CancelledError
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harnessrl.models.base import PolicyError
+from harnessrl.models.base import Policy, PolicyError, SamplingParams
 from harnessrl.serve.app import _validation_message
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, completion_body, error_body, stream_chunks
 from harnessrl.serve.server import BackgroundServer
-
-if TYPE_CHECKING:
-    from harnessrl.harness.external import ExternalEpisode
+from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
+
+
+class RecordedEpisode(Protocol):
+    """What the endpoint needs of an episode (harness/external.py's ExternalEpisode)."""
+
+    token: str  # the secret part of its address
+    model_name: str
+    policy: Policy
+    sampling: SamplingParams
+
+    def admit(self, body: ChatCompletionRequest) -> Any:
+        """Check a request and make the turn to submit (`.request`); ServeError to refuse it."""
+
+    def record(self, turn: Any, call: ModelCall, latency: float) -> dict:
+        """Record the reply; returns the response's assistant message."""
+
+    def backend_failed(self, message: str, latency: float) -> None:
+        """The policy could not answer the turn."""
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -48,7 +64,7 @@ class RecordingEndpoint:
     `unregister` to close them. `start()` returns the server's root URL."""
 
     def __init__(self, host: str = "127.0.0.1"):
-        self._episodes: dict[str, ExternalEpisode] = {}
+        self._episodes: dict[str, RecordedEpisode] = {}
         self._lock = threading.Lock()
         self._server = BackgroundServer(self._app(), host=host, name="recording")
         self.root: str | None = None
@@ -61,21 +77,21 @@ class RecordingEndpoint:
         self._server.stop()
         self.root = None
 
-    def url(self, episode: ExternalEpisode) -> str:
+    def url(self, episode: RecordedEpisode) -> str:
         """The base URL an agent gives its OpenAI client (OPENAI_BASE_URL)."""
         if self.root is None:
             raise RuntimeError("the recording endpoint is not running")
         return f"{self.root}/episodes/{episode.token}/v1"
 
-    def register(self, episode: ExternalEpisode) -> None:
+    def register(self, episode: RecordedEpisode) -> None:
         with self._lock:
             self._episodes[episode.token] = episode
 
-    def unregister(self, episode: ExternalEpisode) -> None:
+    def unregister(self, episode: RecordedEpisode) -> None:
         with self._lock:
             self._episodes.pop(episode.token, None)
 
-    def _episode(self, token: str) -> ExternalEpisode:
+    def _episode(self, token: str) -> RecordedEpisode:
         with self._lock:
             episode = self._episodes.get(token)
         if episode is None:
