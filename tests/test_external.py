@@ -426,6 +426,47 @@ def test_the_openai_client_reads_tool_calls_streamed_and_not(tokenizer):
         endpoint.stop()
 
 
+def test_an_openai_model_gets_the_agents_tools_natively(tiny_policy):
+    """With an openai: model the tools and the history's tool turns go to that server natively, and
+    its tool_calls come back to the agent as they were."""
+    import openai
+    from openai_server import OpenAITestServer, ServerOptions
+
+    from harnessrl.harness.external import ExternalEpisode
+    from harnessrl.models.openai_compat import OpenAIPolicy
+    from harnessrl.serve.recording import RecordingEndpoint
+
+    options = ServerOptions(tool_call=("read_file", {"path": "a.txt"}), tool_call_content="Looking.")
+    with OpenAITestServer(tiny_policy, options=options) as upstream:
+        policy = OpenAIPolicy.from_spec(upstream.spec(), SamplingParams(temperature=0.0), max_retries=0)
+        episode = ExternalEpisode(Job(create_file_task(), agent("ask"), 0), policy, SamplingParams(), lambda *a: None)
+        endpoint = RecordingEndpoint()
+        endpoint.start()
+        endpoint.register(episode)
+        try:
+            client = openai.OpenAI(base_url=endpoint.url(episode), api_key="EMPTY", max_retries=0)
+            tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+            messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"}]
+            reply = client.chat.completions.create(model="m", messages=messages, tools=tools)
+            [tc] = reply.choices[0].message.tool_calls
+            assert tc.function.name == "read_file" and json.loads(tc.function.arguments) == {"path": "a.txt"}
+            messages += [
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": tc.id, "content": "A"},
+            ]
+            client.chat.completions.create(model="m", messages=messages, tools=tools)
+        finally:
+            endpoint.stop()
+    first, second = (r.body for r in upstream.requests)
+    assert first["tools"][0]["function"]["name"] == "read_file"
+    assert first["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"}]
+    assistant, result = second["messages"][-2:]
+    assert assistant["tool_calls"][0]["function"]["name"] == "read_file"
+    assert result == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": "A"}
+    step = episode.steps()[0]
+    assert step.tool_calls[0].name == "read_file" and step.tool_results[0].output == "A"
+
+
 # ------------------------------------------------------------------------------------ training
 
 
