@@ -486,17 +486,21 @@ def test_grpo_takes_a_step_through_an_external_harness(tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def _no_stray_workspaces():
-    """Every episode's workspace and control folder is removed when it ends."""
+def _no_stray_folders(monkeypatch):
+    """Every temporary folder an episode makes (its workspace; its control folder with the task
+    file, the answer file and HOME) is removed when the episode ends."""
     import tempfile
 
-    def ours() -> set[str]:
-        tmp = Path(tempfile.gettempdir())
-        return {p.name for p in tmp.glob("harnessrl-agent-*")}
+    made: list[str] = []
+    original = tempfile.mkdtemp
 
-    before = ours()
+    def mkdtemp(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     yield
-    assert ours() <= before
+    assert not [m for m in made if os.path.exists(m)]
 
 
 def test_behave_fixture_is_readable_by_the_sandbox_user():
