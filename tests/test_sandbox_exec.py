@@ -395,3 +395,13 @@ def test_fallback_without_bubblewrap_says_so_and_still_limits(workdir, monkeypat
         sh("true", workdir, mounts={"/workspace": workdir})
     assert sandbox_exec.isolation_description("rlimits-only") == "rlimits-only: no filesystem isolation"
     assert sandbox_exec.isolation_description("bwrap") == "bwrap"
+
+
+def test_the_stop_event_kills_the_whole_tree_at_once(workdir, isolation):
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    limits = dataclasses.replace(SMALL, wall_s=30.0)
+    result = sh("sleep 100 & sleep 100; echo never", workdir, limits=limits, stop=stop)
+    assert result.stopped and not result.timed_out and result.returncode is None
+    assert result.duration_s < 5 and "never" not in result.stdout
+    assert result.reason.startswith("stopped by the caller")

@@ -104,8 +104,12 @@ def test_spec_file_path_resolves(tmp_path):
 
 
 def test_json_schema_describes_axes():
+    """The schema of a spec file: a loop harness (the axes below) or an external agent program."""
     schema = spec_json_schema()
-    assert {"system_prompt", "protocol", "loop", "rules", "bootstrap"} <= set(schema["properties"])
+    loop = schema["$defs"]["HarnessSpec"]
+    assert {"system_prompt", "protocol", "loop", "rules", "bootstrap"} <= set(loop["properties"])
+    assert {"command", "env", "limits", "tool_protocol"} <= set(schema["$defs"]["ExternalHarnessSpec"]["properties"])
+    assert len(schema["anyOf"]) == 2
     HarnessSpec.model_validate(_base())
 
 

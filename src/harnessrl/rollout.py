@@ -130,6 +130,8 @@ class Runner:
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         self.stats = RunStats()
         self._stats_lock = threading.Lock()  # workers count requests and tokens as they come
+        self._external = None  # the external harnesses' episodes of the current run (harness/external.py)
+        self._external_lock = threading.Lock()
 
     def run(self, jobs: Iterable[Job]) -> list[Trajectory]:
         """Run every job (and the retries of its infrastructure failures); returns the recorded
@@ -207,6 +209,9 @@ class Runner:
             # on an interruption or error, do not wait: the running episodes see `stop` at their next turn
             stop.set()
             pool.shutdown(wait=clean_exit, cancel_futures=True)
+            if self._external is not None:  # the recording endpoint lives as long as the run
+                self._external.close()
+                self._external = None
         return [results[k] for k in sorted(results)]
 
     # -- one episode, in a worker thread -----------------------------------------------------------
@@ -229,6 +234,12 @@ class Runner:
     def _play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
         if stop.is_set():
             return None
+        if job.harness.kind == "external":  # an agent program of its own: harness/external.py
+            from harnessrl.harness.external import ExternalEpisodes
+
+            with self._external_lock:
+                external = self._external = self._external or ExternalEpisodes(self.policy, self._count)
+            return external.play(job, sampling, stop)
         try:
             handle = self.executor.open(job.task, job.harness, job.attempt, job.retries, sampling.seed)
         except InfraError as e:  # the environment could not be set up, or its worker was lost

@@ -167,9 +167,12 @@ class RunFolder:
             self._store.set_meta("config", {**(self._store.config or {}), **values})
 
     def record_shell_isolation(self, specs: Iterable[HarnessSpec], offers_shell: bool) -> None:
-        """A run whose harness turns the shell on for tasks that offer one (`offers_shell`) records
-        how the shell's commands were isolated on this machine (bubblewrap, or rlimits only)."""
-        if offers_shell and any(s.rules.shell.enabled for s in specs):
+        """A run whose harness turns the shell on for tasks that offer one (`offers_shell`), or
+        that runs an external agent program (always sandboxed), records how those commands were
+        isolated on this machine (bubblewrap, or rlimits only)."""
+        specs = list(specs)
+        external = any(s.kind == "external" for s in specs)
+        if external or (offers_shell and any(s.kind == "loop" and s.rules.shell.enabled for s in specs)):
             from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 
             self.record(shell_isolation=isolation_description(isolation_available()))

@@ -438,7 +438,7 @@ class Study:
     ):
         from harnessrl.evolve.config import EvolveConfig
         from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import SpecError
+        from harnessrl.harness.spec import SpecError, require_loop_harness
         from harnessrl.models import check_spec
         from harnessrl.tasks import get_suite
 
@@ -454,8 +454,11 @@ class Study:
             check_spec(c.model, option="--model")
             if c.collect_model is not None:
                 check_spec(c.collect_model, option="--collect-model", oracle=True)
-            self.seed_spec = load_harness(c.seed_harness)
-            self.given_evolved = load_harness(c.evolved) if c.evolved is not None else None
+            purpose = "the study (evolve, then re-render conversations)"
+            self.seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
+            self.given_evolved = (
+                require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
+            )
             suite = get_suite(c.suite)
             self.seed_eval_tasks = suite.tasks("dev", c.seed_eval_tasks) if c.seed_eval_tasks else []
             self.train_tasks = suite.tasks("train", c.collect_tasks)

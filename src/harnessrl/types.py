@@ -135,6 +135,7 @@ class Termination(str, Enum):
     max_tokens = "max_tokens"
     timeout = "timeout"
     loop_guard = "loop_guard"
+    exited = "exited"  # an external agent program ended on its own without submitting (docs/external-harness.md)
     error = "error"  # infrastructure error (tool/grader/model backend crashed); excluded from metrics
 
 

@@ -47,14 +47,14 @@ def run_evolve(
     from harnessrl.evolve.proposers import LLMProposer, RulesProposer
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import SpecError
+    from harnessrl.harness.spec import SpecError, require_loop_harness
     from harnessrl.models import check_spec, load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
     try:
         RunFolder.open(out, "evolution", config.to_json(), resume=resume)  # checks only; the loop opens it
-        seed_spec = load_harness(config.seed_harness)
+        seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
         the_suite = get_suite(config.suite)
         dev = the_suite.tasks("dev", config.dev_tasks)

@@ -3,16 +3,24 @@
 A harness is a YAML file that loads into `HarnessSpec` (pydantic), validates with a clear
 error (file, field, reason), dumps back to YAML and round-trips. Edits of a harness are diffs
 of this spec. `harnessrl harness schema` prints its JSON schema.
+
+Two kinds of harness share the file format. The default (`kind: loop`, or no `kind`) is run by
+harnessrl's own control loop (harness/loops.py) and described by `HarnessSpec`. `kind: external`
+is an agent program of its own, run in a sandbox against a recording endpoint
+(harness/external.py, docs/external-harness.md), and described by `ExternalHarnessSpec`.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import string
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from harnessrl.harness.protocols import ProtocolPluginError, protocol_class, protocol_names
 
@@ -229,6 +237,8 @@ class CapabilitiesSpec(_Spec):
 
 
 class HarnessSpec(_Spec):
+    """A harness run by harnessrl's own control loop (`kind: loop`, the default)."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     description: str = ""
     system_prompt: str = Field(min_length=1)
@@ -250,12 +260,149 @@ class HarnessSpec(_Spec):
                 raise ValueError(f"unknown placeholder '{{{f}}}' (known: {', '.join(sorted(PROMPT_FIELDS))})")
         return v
 
+    @property
+    def kind(self) -> str:
+        return "loop"
+
     # -- YAML -------------------------------------------------------------------------------------
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------------ external
+
+
+class ExternalLimits(_Spec):
+    """What one run of an external agent program may use (see docs/external-harness.md)."""
+
+    wall_s: float = Field(600.0, gt=0, le=86400)  # the program's wall clock; its process tree is killed
+    max_model_calls: int = Field(50, ge=1, le=100_000)  # requests past this are refused (termination max_steps)
+    max_total_tokens: int | None = Field(None, ge=1)  # completion tokens per episode (termination max_tokens)
+    max_new_tokens: int = Field(512, ge=1, le=32768)  # per request: the agent's max_tokens is capped here
+    output_bytes: int = Field(100_000, ge=1000, le=100_000_000)  # stdout and stderr kept, each
+    cpu_s: int = Field(600, ge=1, le=86400)  # CPU seconds of the program
+    memory_mb: int = Field(4096, ge=64, le=1_048_576)  # address space per process
+    file_size_mb: int = Field(64, ge=1, le=4096)  # largest file it may write
+    processes: int = Field(64, ge=4, le=4096)  # processes and threads
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A word of a command that may name a file next to the spec (no shell syntax in it).
+_PLAIN_WORD = re.compile(r"^[A-Za-z0-9_.+@%=:,/-]+$")
+# Environment variables the episode sets itself; `env` may not set them.
+RESERVED_ENV = (
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_MODEL",
+    "HARNESSRL_TASK_FILE",
+    "HARNESSRL_TASK_ID",
+    "HARNESSRL_ATTEMPT",
+    "HARNESSRL_WORKSPACE",
+    "HARNESSRL_ANSWER_FILE",
+    "HARNESSRL_AGENT_DIR",
+    "HARNESSRL_MAX_MODEL_CALLS",
+)
+PYTHON_PLACEHOLDER = "{python}"  # a command word: a Python that has harnessrl's packages (openai)
+
+
+class ExternalHarnessSpec(_Spec):
+    """An agent program of its own (`kind: external`): any language, any loop, speaking OpenAI's
+    chat completions to the run's recording endpoint. See docs/external-harness.md."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    kind: Literal["external"] = "external"
+    description: str = ""
+    # an argv list, or one string run by /bin/sh -c; words naming files next to the spec file are
+    # made absolute when the file is loaded; the word {python} is a Python with harnessrl's packages
+    command: list[str] | str
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment variables
+    limits: ExternalLimits = Field(default_factory=ExternalLimits)
+    # how the `tools` of the agent's requests are shown to a local model and its replies parsed
+    # back into tool_calls: a registered tool-call format (docs/protocols.md)
+    tool_protocol: str = Field("hermes", json_schema_extra=_list_formats)
+    # with an openai: model, pass the agent's tools to the server as native tools (false: render
+    # them through tool_protocol, as for a local model)
+    native_tools: bool = True
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("the command must not be empty")
+        else:
+            if not v or not v[0].strip():
+                raise ValueError("the command must be a non-empty list whose first word is the program")
+            if any("\x00" in w for w in v):
+                raise ValueError("a command word contains a NUL byte")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key in RESERVED_ENV:
+                raise ValueError(f"{key} is set by harnessrl for every episode; it cannot be set in env")
+            if "\x00" in value:
+                raise ValueError(f"the value of {key} contains a NUL byte")
+        return v
+
+    @field_validator("tool_protocol", mode="before")
+    @classmethod
+    def _registered_protocol(cls, v: Any) -> Any:
+        return ProtocolSpec._registered_format(v)
+
+    def argv(self) -> list[str]:
+        """The command as an argv list (a string command runs under /bin/sh -c)."""
+        return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else list(self.command)
+
+    def resolved_against(self, folder: Path) -> "ExternalHarnessSpec":
+        """The spec with every command word that names an existing file or folder relative to
+        `folder` (the spec file's folder) replaced by its absolute path."""
+        folder = folder.resolve()
+
+        def resolve(word: str) -> str | None:
+            if not _PLAIN_WORD.match(word) or word.startswith("/") or word in (".", ".."):
+                return None
+            target = folder / word
+            return str(target) if os.path.lexists(target) else None
+
+        if isinstance(self.command, str):
+            # the words of the shell line, split on blanks; only plain words (no quotes, no $) change
+            parts = re.split(r"(\s+)", self.command)
+            command: list[str] | str = "".join(
+                shlex.quote(path) if (path := resolve(p)) is not None else p for p in parts
+            )
+        else:
+            command = [path if (path := resolve(w)) is not None else w for w in self.command]
+        return self.model_copy(update={"command": command})
+
+    # -- YAML -------------------------------------------------------------------------------------
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+AnyHarnessSpec = Union[HarnessSpec, ExternalHarnessSpec]
+KINDS = ("loop", "external")
+
+
+def require_loop_harness(spec: AnyHarnessSpec, purpose: str) -> HarnessSpec:
+    """`spec` if harnessrl's own loop runs it; SpecError for an external harness, which `purpose`
+    (editing prompts and rules, re-rendering conversations) cannot work on."""
+    if isinstance(spec, ExternalHarnessSpec):
+        raise SpecError(
+            f"harness '{spec.name}' is an external agent program (kind: external): {purpose} needs a "
+            "harness spec run by harnessrl's own control loop"
+        )
+    return spec
 
 
 def _format_errors(err: ValidationError) -> str:
@@ -267,17 +414,29 @@ def _format_errors(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> HarnessSpec:
+def parse_spec(data: Any, source: str = "<spec>") -> AnyHarnessSpec:
+    """A harness spec from its mapping: `kind: external` is an ExternalHarnessSpec, no kind (or
+    `kind: loop`) a HarnessSpec."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a harness spec must be a mapping, got {type(data).__name__}")
+    kind = data.get("kind", "loop")
+    if kind not in KINDS:
+        raise SpecError(
+            f"{source}: kind: {kind!r} is not a harness kind; use 'loop' (harnessrl's control loop, the "
+            "default) or 'external' (an agent program of its own)"
+        )
     try:
-        return HarnessSpec.model_validate(data)
+        if kind == "external":
+            return ExternalHarnessSpec.model_validate(data)
+        return HarnessSpec.model_validate({k: v for k, v in data.items() if k != "kind"})
     except ValidationError as e:
         raise SpecError(f"{source}: {_format_errors(e)}") from None
 
 
-def load_spec(path: str | Path) -> HarnessSpec:
-    """Load and validate a harness spec file; SpecError names the file, the field and the reason."""
+def load_spec(path: str | Path) -> AnyHarnessSpec:
+    """Load and validate a harness spec file; SpecError names the file, the field and the reason.
+    The command of an external harness has its words that name files next to the spec made
+    absolute (ExternalHarnessSpec.resolved_against)."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such harness spec file")
@@ -289,8 +448,13 @@ def load_spec(path: str | Path) -> HarnessSpec:
         raise SpecError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
     except UnicodeDecodeError:
         raise SpecError(f"{p}: not a UTF-8 text file") from None
-    return parse_spec(data, str(p))
+    spec = parse_spec(data, str(p))
+    if isinstance(spec, ExternalHarnessSpec):
+        spec = spec.resolved_against(p.parent)
+    return spec
 
 
 def spec_json_schema() -> dict[str, Any]:
-    return HarnessSpec.model_json_schema()
+    """The JSON schema of a spec file: a loop harness (HarnessSpec) or an external one."""
+    schema = TypeAdapter(AnyHarnessSpec).json_schema()
+    return {"title": "HarnessSpec", **schema}

@@ -3,6 +3,9 @@
 Requests are validated here and turned into our GenerationRequest + SamplingParams; a request
 asking for something the local engine cannot do exactly (n > 1, native tools, penalties,
 top_logprobs, ...) is refused with a 400 naming the parameter, never silently served differently.
+The recording endpoint of external harnesses (serve/recording.py) does take native tools: it
+passes `ToolTurns`, which writes the tool turns of the conversation as text in a tool-call
+protocol, and answers with `tool_calls` it parsed from the completion.
 Unknown extra fields are ignored, as vLLM does. Responses carry what the official `openai` client
 and vLLM clients read, including vLLM's extras: `prompt_token_ids` on the response and
 `token_ids` on the choice (`return_token_ids`), and logprob tokens written `token_id:N`
@@ -11,12 +14,15 @@ and vLLM clients read, including vLLM's extras: `prompt_token_ids` on the respon
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.models.base import GenerationRequest, SamplingParams
-from harnessrl.types import Message, ModelCall
+from harnessrl.types import Message, ModelCall, ToolCall, ToolSchema
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when a request names none
 SEED_RANGE = 2**64
@@ -25,7 +31,7 @@ SEED_RANGE = 2**64
 class ServeError(Exception):
     """A request the server answers with an error: HTTP `status`, OpenAI's error shape."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error"}
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 500: "server_error"}
 
     def __init__(self, status: int, message: str, *, param: str | None = None):
         super().__init__(message)
@@ -110,35 +116,98 @@ def _content_text(message: ChatMessageIn, index: int) -> str:
     return "\n".join(texts)  # as vLLM joins text parts for a string chat template
 
 
-def to_messages(messages: list[ChatMessageIn]) -> list[Message]:
-    """OpenAI chat messages -> our Messages ("developer" is a system message)."""
+@dataclass(frozen=True)
+class ToolTurns:
+    """How native tool turns become text for a model that reads its tools in the prompt.
+
+    `calls_text(content, calls)`: an assistant message's text with its `tool_calls` written in;
+    `result_text(content, name)`: a `tool` message's text (`name`: the tool that answered, found
+    through `tool_call_id`, None when unknown).
+    """
+
+    calls_text: Callable[[str, list[ToolCall]], str]
+    result_text: Callable[[str, str | None], str]
+
+
+def _history_call(call: Any, where: str) -> tuple[str | None, ToolCall]:
+    """(its id, the call) of one entry of an assistant message's `tool_calls`."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise ServeError(400, f"{where}: a tool call needs function.name", param="messages")
+    raw = fn.get("arguments")
+    args: Any = {} if raw is None or (isinstance(raw, str) and not raw.strip()) else raw
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            raise ServeError(400, f"{where}: function.arguments is not valid JSON", param="messages") from None
+    if not isinstance(args, dict):
+        raise ServeError(400, f"{where}: function.arguments must be a JSON object", param="messages")
+    call_id = call.get("id")
+    return (call_id if isinstance(call_id, str) else None), ToolCall(name=fn["name"], arguments=args)
+
+
+def to_messages(messages: list[ChatMessageIn], tool_turns: ToolTurns | None = None) -> list[Message]:
+    """OpenAI chat messages -> our Messages ("developer" is a system message). Messages holding
+    `tool_calls` are refused unless `tool_turns` says how to write them as text."""
     if not messages:
         raise ServeError(400, "messages must hold at least one message", param="messages")
     out = []
+    names: dict[str, str] = {}  # tool_call_id -> the name of the tool it called
     for i, m in enumerate(messages):
         role = _ROLES.get(m.role)
         if role is None:
             raise ServeError(400, f"messages[{i}].role {m.role!r} is not one of {', '.join(_ROLES)}", param="messages")
-        if m.tool_calls:
+        content = _content_text(m, i)
+        if m.tool_calls and tool_turns is None:
             raise ServeError(
                 400,
                 f"messages[{i}] holds tool_calls: native tool calls are not supported by this server",
                 param="messages",
             )
-        out.append(Message(role=role, content=_content_text(m, i), name=m.name if role == "tool" else None))
+        if m.tool_calls and role == "assistant":
+            calls = []
+            for k, entry in enumerate(m.tool_calls):
+                call_id, call = _history_call(entry, f"messages[{i}].tool_calls[{k}]")
+                if call_id is not None:
+                    names[call_id] = call.name
+                calls.append(call)
+            content = tool_turns.calls_text(content, calls)
+        name = m.name if role == "tool" else None
+        if role == "tool" and tool_turns is not None:
+            name = name or names.get(m.tool_call_id or "")
+            content = tool_turns.result_text(content, name)
+        out.append(Message(role=role, content=content, name=name))
     return out
 
 
-def _refuse_unless_neutral(body: ChatCompletionRequest) -> None:
+def tool_schemas(body: ChatCompletionRequest) -> list[ToolSchema]:
+    """The request's `tools` (OpenAI function definitions) as ToolSchemas; 400 for a malformed one."""
+    out = []
+    for k, tool in enumerate(body.tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ServeError(
+                400, f"tools[{k}]: expected {{'type': 'function', 'function': {{'name': ...}}}}", param="tools"
+            )
+        parameters = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise ServeError(400, f"tools[{k}].function.parameters must be a JSON schema object", param="tools")
+        description = fn.get("description") if isinstance(fn.get("description"), str) else ""
+        out.append(ToolSchema(name=fn["name"], description=description, parameters=parameters))
+    return out
+
+
+def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> None:
     if body.n not in (None, 1):
         raise ServeError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
-    if body.tools:
+    if body.tools and not tools:
         raise ServeError(
             400,
             "tools: native tool calls are not supported by this server; describe the tools in the prompt",
             param="tools",
         )
-    if body.tool_choice not in (None, "none"):
+    if body.tool_choice not in (None, "none") and not tools:
         raise ServeError(400, "tool_choice: native tool calls are not supported by this server", param="tool_choice")
     if body.top_logprobs:
         raise ServeError(
@@ -162,14 +231,18 @@ def _refuse_unless_neutral(body: ChatCompletionRequest) -> None:
         raise ServeError(400, "response_format: only plain text responses are supported", param="response_format")
 
 
-def to_generation(body: ChatCompletionRequest, max_new_tokens: int) -> tuple[GenerationRequest, SamplingParams]:
+def to_generation(
+    body: ChatCompletionRequest, max_new_tokens: int, tool_turns: ToolTurns | None = None
+) -> tuple[GenerationRequest, SamplingParams]:
     """The request as our GenerationRequest + SamplingParams (ServeError 400 when it cannot be
-    served exactly). `max_new_tokens` applies when the body sets neither max token field."""
-    _refuse_unless_neutral(body)
+    served exactly). `max_new_tokens` applies when the body sets neither max token field.
+    With `tool_turns`, `tools` and `tool_choice` are accepted and the conversation's tool turns
+    written as text (the caller shows the tools to the model: `tool_schemas`)."""
+    _refuse_unless_neutral(body, tools=tool_turns is not None)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = None if body.seed is None else body.seed % SEED_RANGE  # negative seeds wrap, as 64-bit integers do
     request = GenerationRequest(
-        messages=to_messages(body.messages),
+        messages=to_messages(body.messages, tool_turns),
         max_new_tokens=body.max_completion_tokens or body.max_tokens or max_new_tokens,
         stop=[s for s in stop if s],
         seed=seed,
@@ -185,7 +258,7 @@ def to_generation(body: ChatCompletionRequest, max_new_tokens: int) -> tuple[Gen
 
 
 def token_string(tokenizer, token_id: int, as_id: bool) -> str:
-    if as_id:
+    if as_id or tokenizer is None:  # no tokenizer (a policy behind an HTTP API): the id is the token
         return f"token_id:{token_id}"
     return tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -200,21 +273,41 @@ def logprobs_content(tokenizer, call: ModelCall, as_ids: bool) -> list[dict]:
 
 
 def usage(call: ModelCall) -> dict:
-    prompt, completion = len(call.prompt_ids), len(call.completion_ids)
+    prompt, completion = call.prompt_tokens, call.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def tool_call_entries(calls: list[ToolCall], ids: list[str]) -> list[dict]:
+    """`message.tool_calls` of a response: OpenAI's shape, arguments as a JSON string."""
+    return [
+        {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for call_id, c in zip(ids, calls)
+    ]
+
+
 def completion_body(
-    body: ChatCompletionRequest, call: ModelCall, tokenizer, *, model: str, request_id: str, created: int
+    body: ChatCompletionRequest,
+    call: ModelCall,
+    tokenizer,
+    *,
+    model: str,
+    request_id: str,
+    created: int,
+    message: dict | None = None,
 ) -> dict:
-    """A `chat.completion` object for one finished call."""
+    """A `chat.completion` object for one finished call. `message` replaces the plain assistant
+    message (content and `tool_calls`; its finish reason is then "tool_calls")."""
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {"role": "assistant", "content": call.text},
+        "message": message if message is not None else {"role": "assistant", "content": call.text},
         "logprobs": {"content": logprobs_content(tokenizer, call, bool(body.return_tokens_as_token_ids))}
         if body.logprobs
         else None,
-        "finish_reason": call.finish_reason,
+        "finish_reason": "tool_calls" if message is not None and message.get("tool_calls") else call.finish_reason,
     }
     response: dict[str, Any] = {
         "id": request_id,
@@ -232,11 +325,19 @@ def completion_body(
 
 
 def stream_chunks(
-    body: ChatCompletionRequest, call: ModelCall, tokenizer, *, model: str, request_id: str, created: int
+    body: ChatCompletionRequest,
+    call: ModelCall,
+    tokenizer,
+    *,
+    model: str,
+    request_id: str,
+    created: int,
+    message: dict | None = None,
 ) -> list[dict]:
     """The `chat.completion.chunk` objects of one finished call: the role, the whole content in
-    one chunk (with its logprobs and token ids when asked), the finish reason, and the usage
-    when `stream_options.include_usage` is set."""
+    one chunk (with its logprobs and token ids when asked), the tool calls in one chunk when
+    `message` has them (see `completion_body`), the finish reason, and the usage when
+    `stream_options.include_usage` is set."""
 
     def chunk(delta: dict, *, finish: str | None = None, logprobs: Any = None, **extra: Any) -> dict:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **extra}
@@ -255,7 +356,12 @@ def stream_chunks(
         {"content": logprobs_content(tokenizer, call, bool(body.return_tokens_as_token_ids))} if body.logprobs else None
     )
     extra = {"token_ids": list(call.completion_ids)} if body.return_token_ids else {}
-    chunks = [first, chunk({"content": call.text}, logprobs=logprobs, **extra), chunk({}, finish=call.finish_reason)]
+    content = call.text if message is None else message.get("content") or ""
+    chunks = [first, chunk({"content": content}, logprobs=logprobs, **extra)]
+    tool_calls = (message or {}).get("tool_calls") or []
+    if tool_calls:
+        chunks.append(chunk({"tool_calls": [{"index": k, **entry} for k, entry in enumerate(tool_calls)]}))
+    chunks.append(chunk({}, finish="tool_calls" if tool_calls else call.finish_reason))
     if (body.stream_options or {}).get("include_usage"):
         chunks.append(
             {

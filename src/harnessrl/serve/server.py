@@ -1,5 +1,6 @@
-"""Running the app: `serving(...)`, a server in a background thread for code and tests, and
-`run_server(...)`, the blocking server of the command line."""
+"""Running the app: `serving(...)`, a server in a background thread for code and tests,
+`run_server(...)`, the blocking server of the command line, and `BackgroundServer`, any ASGI app
+on a background thread (`serving` and the recording endpoint of external harnesses use it)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,63 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+class BackgroundServer:
+    """An ASGI app served by uvicorn from a daemon thread: `start()` binds (port 0: a free one)
+    and returns once the server answers; `stop()` stops accepting connections, gives requests in
+    flight up to GRACEFUL_SHUTDOWN_S, and joins the thread."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", name: str = "serve"):
+        self.app = app
+        self.host = host
+        self.port = port
+        self.log_level = log_level
+        self.name = name
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    def start(self) -> str:
+        """Start serving; returns the root URL, e.g. ``http://127.0.0.1:41234``."""
+        import uvicorn
+
+        self._sock = _bind(self.host, self.port)
+        try:
+            config = uvicorn.Config(
+                self.app,
+                log_config=None,  # leave the process's logging as it is
+                log_level=self.log_level,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+            server = self._server = uvicorn.Server(config)
+            thread = self._thread = threading.Thread(
+                target=server.run, kwargs={"sockets": [self._sock]}, name=f"harnessrl-{self.name}", daemon=True
+            )
+            thread.start()
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError("the server stopped while starting (see the log above)")
+                if time.monotonic() > deadline:
+                    server.should_exit = True
+                    raise RuntimeError(f"the server did not start within {STARTUP_TIMEOUT_S:g} s")
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()
+            raise
+        return f"http://{_url_host(self.host)}:{self._sock.getsockname()[1]}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(GRACEFUL_SHUTDOWN_S + 10)
+        if self._sock is not None:
+            self._sock.close()
+        self._server = self._thread = self._sock = None
+
+
 @contextlib.contextmanager
 def serving(
     model: str | HFPolicy | ServedModels,
@@ -87,44 +145,19 @@ def serving(
             client = openai.OpenAI(base_url=url, api_key="EMPTY")
             client.chat.completions.create(model="tiny-random", messages=[...], max_tokens=16)
     """
-    import uvicorn
-
     from harnessrl.serve.app import create_app
 
     models, owned = _served_models(model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype)
-    sock = None
     try:
         for name, path in (lora_modules or {}).items():
             models.load_adapter(name, path)
-        sock = _bind(host, port)
-        config = uvicorn.Config(
-            create_app(models),
-            log_config=None,  # leave the process's logging as it is
-            log_level=log_level,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="harnessrl-serve", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the server stopped while starting (see the log above)")
-            if time.monotonic() > deadline:
-                server.should_exit = True
-                raise RuntimeError(f"the server did not start within {STARTUP_TIMEOUT_S:g} s")
-            time.sleep(0.01)
-        bound_port = sock.getsockname()[1]
+        server = BackgroundServer(create_app(models), host=host, port=port, log_level=log_level)
+        root = server.start()
         try:
-            yield f"http://{_url_host(host)}:{bound_port}/v1"
+            yield f"{root}/v1"
         finally:
-            server.should_exit = True
-            thread.join(GRACEFUL_SHUTDOWN_S + 10)
+            server.stop()
     finally:
-        if sock is not None:
-            sock.close()
         if owned:
             models.close()
 

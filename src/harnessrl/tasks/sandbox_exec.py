@@ -71,6 +71,7 @@ PRIVATE_UID_POOL = range(1_900_000_000, 1_901_000_000)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MB = 1024 * 1024
 _READ_CHUNK = 65536
+_STOP_POLL_S = 0.05  # how often a command with a `stop` event looks at it
 # The sandbox's pid 1: a shell that runs the command as its child and exits with its status.
 # The command must not be pid 1 itself: the kernel drops signals such as SIGXCPU and SIGTERM
 # sent to a namespace's init that has no handler for them. (`; exit $?` keeps sh from exec'ing.)
@@ -107,6 +108,7 @@ class ExecResult:
     duration_s: float
     isolation: str  # "bwrap" or "rlimits-only"
     reason: str = ""  # why it was killed / limited, human readable, "" when clean
+    stopped: bool = False  # killed because the caller set its `stop` event (returncode None)
 
 
 def isolation_description(isolation: str) -> str:
@@ -149,13 +151,15 @@ def run_sandboxed(
     network: bool = False,
     stdin: str | None = None,
     cwd_in_sandbox: str | None = None,
+    stop: threading.Event | None = None,
 ) -> ExecResult:
     """Run argv under `limits`, writable only in `workdir` (or the `mounts`), and wait for it.
 
     `mounts` maps absolute sandbox paths to host folders, each bound read-write; without it
     `workdir` is bound at its own path. The command starts in `cwd_in_sandbox`, by default where
     `workdir` appears in the sandbox. Its environment is PATH, HOME (= that folder), LANG, plus
-    `env`; nothing is inherited from this process.
+    `env`; nothing is inherited from this process. Setting `stop` (from another thread) kills
+    the command's whole tree at once, as the wall clock does; the result then has `stopped`.
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
     point or one `mount_point_problem` refuses, a folder the sandbox user cannot reach) and, in
@@ -171,13 +175,14 @@ def run_sandboxed(
         stdin=stdin,
         cwd_in_sandbox=cwd_in_sandbox,
         isolation=isolation_available(),
+        stop=stop,
     )
 
 
 # ----------------------------------------------------------------------------------------------
 
 
-def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation) -> ExecResult:
+def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation, stop=None) -> ExecResult:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
     workdir = Path(workdir).resolve()
@@ -217,6 +222,7 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
             limits=limits,
             identity=identity,
             isolation=isolation,
+            stop=stop,
         )
     finally:
         identity.release()
@@ -324,7 +330,9 @@ def _tasks_of(uid: int) -> int:
     return tasks
 
 
-def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Identity, isolation) -> ExecResult:
+def _launch(
+    command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Identity, isolation, stop=None
+) -> ExecResult:
     def limit_child() -> None:  # runs in the child between fork and exec
         # The CPU hard limit is one second above the soft one, so a busy command gets SIGXCPU
         # (reported as a CPU limit) and only one that ignores it gets SIGKILL.
@@ -364,11 +372,20 @@ def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Id
     out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
+    timed_out = stopped = False
+    deadline = start + limits.wall_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            proc.wait(timeout=max(0.0, left if stop is None else min(left, _STOP_POLL_S)))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            if stop is not None and stop.is_set():
+                stopped = True
+                break
     # Kill what is left either way: at the wall limit the whole tree, after a clean exit any
     # background process that would otherwise keep running and hold the output pipes open.
     _kill_group(proc.pid)
@@ -377,7 +394,10 @@ def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Id
     for reader in (out, err):
         reader.join(timeout=2.0)
     truncated = out.truncated or err.truncated
-    returncode = None if timed_out else proc.returncode
+    returncode = None if timed_out or stopped else proc.returncode
+    reason = _reason(returncode, timed_out, limits, out, err)
+    if stopped:
+        reason = "; ".join(["stopped by the caller", *([reason] if reason else [])])
     return ExecResult(
         returncode=returncode,
         stdout=out.text(),
@@ -386,7 +406,8 @@ def _launch(command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Id
         output_truncated=truncated,
         duration_s=duration,
         isolation=isolation,
-        reason=_reason(returncode, timed_out, limits, out, err),
+        reason=reason,
+        stopped=stopped,
     )
 
 

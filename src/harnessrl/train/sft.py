@@ -143,7 +143,7 @@ class SFTRun:
         samples_root: str | os.PathLike | None = None,
         sample_policy=None,
     ):
-        from harnessrl.harness.spec import SpecError
+        from harnessrl.harness.spec import SpecError, require_loop_harness
         from harnessrl.models import MODEL_NAMES
 
         self.config = config
@@ -191,7 +191,7 @@ class SFTRun:
                 else:
                     name = sources[0]
             try:
-                spec = load_harness(name)
+                spec = require_loop_harness(load_harness(name), "training for a harness (re-rendering conversations)")
             except SpecError as e:
                 raise SFTError(f"{option}: {e}") from None
         self.spec = spec

@@ -506,13 +506,14 @@ def own_specs(selection: Selection) -> dict[str, HarnessSpec]:
     """--as-harness own: every selected episode's own harness, as its run recorded it (a built-in
     harness by name when the run recorded no spec). SFTError for one that cannot be loaded."""
     from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import SpecError, parse_spec
+    from harnessrl.harness.spec import SpecError, parse_spec, require_loop_harness
 
     out: dict[str, HarnessSpec] = {}
     for name in sorted({e.trajectory.harness for e in selection.episodes}):
         try:
             recorded = selection.specs.get(name)
-            out[name] = parse_spec(recorded, name) if recorded is not None else load_harness(name)
+            spec = parse_spec(recorded, name) if recorded is not None else load_harness(name)
+            out[name] = require_loop_harness(spec, "re-rendering its conversations")
         except SpecError as e:
             raise SFTError(f"--as-harness own: the episodes' harness {name!r} cannot be loaded ({e})") from None
     return out

@@ -103,7 +103,7 @@ def plan_sampling(config: SFTConfig, selection: Selection | None, target: Harnes
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
     from harnessrl.evaluate import evaluation_record
     from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import SpecError
+    from harnessrl.harness.spec import SpecError, require_loop_harness
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
@@ -123,7 +123,8 @@ def plan_sampling(config: SFTConfig, selection: Selection | None, target: Harnes
         spec = target
     else:
         try:
-            spec = load_harness(config.sample_harness)
+            purpose = "sampling for training (its tool calls are replayed in the target harness)"
+            spec = require_loop_harness(load_harness(config.sample_harness), purpose)
         except SpecError as e:
             raise SFTError(f"--sample-harness: {e}") from None
     check_sampling_harness(tasks, spec, target)

@@ -1,0 +1,651 @@
+"""External harnesses: an agent program of its own runs the episode, and every model call it
+makes through the run's recording endpoint is a step of the trajectory.
+
+A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For each episode:
+
+1. the task's environment is set up as for any harness (its workspace, its files);
+2. the episode opens its route on the run's recording endpoint (serve/recording.py, started the
+   first time an external episode runs, stopped when the run ends) under an unguessable token;
+3. the command runs through `run_sandboxed` with the workspace writable (at the task's mount
+   point, where it has one), a control folder holding the task file and the answer file, the
+   host network (the endpoint listens on 127.0.0.1; see docs/external-harness.md), and the
+   environment variables of the contract (OPENAI_BASE_URL, HARNESSRL_TASK_FILE, ...);
+4. each request of the agent is checked against the limits, turned into a GenerationRequest (its
+   `tools` rendered into the prompt through `tool_protocol` for a local model, passed natively to
+   an `openai:` model), submitted to the run's policy with the episode's own per-call seed, and
+   recorded as a Step: the ModelCall with its token ids and logprobs, the tool calls parsed from
+   the completion (unknown tools and arguments that do not match the agent's own schemas are
+   recorded as blocked calls), and, once the agent sends them back in a later request, the
+   results of those calls;
+5. when the program ends, the answer file (if any) is the answer, the task's grader grades the
+   final environment, and the program's exit status, stdout and stderr (capped) go into the
+   trajectory's meta under "agent".
+
+Outcomes (termination): `submitted` (the answer file exists when the program ends on its own),
+`exited` (it ended without one, whatever its exit status, or it made no model call: then nothing
+it left is credited), `timeout` (past `limits.wall_s`), `max_steps` / `max_tokens` (a request past
+`limits.max_model_calls` / `limits.max_total_tokens`: refused, and the program is stopped), and
+`error` for our side only (the model backend failed, the sandbox could not start the program,
+the grader crashed): retried like any infrastructure error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Protocol as Interface
+
+from harnessrl.harness.loops import _short_tb, episode_id
+from harnessrl.harness.protocols import Protocol, get_protocol
+from harnessrl.harness.spec import PYTHON_PLACEHOLDER, ExternalHarnessSpec
+from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
+from harnessrl.serve.protocol import (
+    ChatCompletionRequest,
+    ServeError,
+    ToolTurns,
+    _content_text,
+    to_generation,
+    tool_call_entries,
+    tool_schemas,
+)
+from harnessrl.serve.recording import RecordingEndpoint
+from harnessrl.tasks.base import Environment, validate_arguments
+from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, ExecResult, isolation_available, run_sandboxed
+from harnessrl.types import (
+    ActionKind,
+    BlockReason,
+    Grade,
+    Message,
+    ModelCall,
+    Step,
+    Termination,
+    ToolCall,
+    ToolResult,
+    ToolSchema,
+    Trajectory,
+)
+
+if TYPE_CHECKING:
+    from harnessrl.tasks.base import Task
+
+TASK_FILE = "task.md"
+ANSWER_FILE = "answer.txt"
+MAX_ANSWER_BYTES = 100_000  # what is read of the answer file
+STDERR_TAIL_CHARS = 300  # of stderr, in the termination detail of a program that failed
+_CALL_ID = re.compile(r"^call_(\d+)_(\d+)$")  # the ids of the tool calls this endpoint hands out
+_STOP_POLL_S = 0.2  # how often a running program looks whether the run was interrupted
+
+
+class Job(Interface):
+    """What an external episode needs of the runner's job (rollout.Job)."""
+
+    task: Task
+    harness: ExternalHarnessSpec
+    attempt: int
+    retries: int
+
+
+# ------------------------------------------------------------------------------- one episode
+
+
+@dataclass
+class Turn:
+    """One admitted request: what goes to the policy, and what parsing its reply needs."""
+
+    index: int  # the episode's call index (its step index and its seed's turn)
+    request: GenerationRequest
+    tools: list[ToolSchema]
+
+
+@dataclass
+class _Recorded:
+    step: Step
+    results: dict[int, ToolResult] = field(default_factory=dict)  # call position -> its result
+
+
+class ExternalEpisode:
+    """What the recording endpoint knows of one running episode, and what it records; every
+    method may be called from several threads at once (an agent may send requests in parallel)."""
+
+    def __init__(
+        self, job: Job, policy: Policy, sampling: SamplingParams, count: Callable[[float, ModelCall | None], None]
+    ):
+        spec: ExternalHarnessSpec = job.harness
+        self.job = job
+        self.spec = spec
+        self.limits = spec.limits
+        self.policy = policy
+        self.sampling = sampling
+        self.model_name = getattr(policy, "name", "model")
+        self._count = count
+        self.token = secrets.token_urlsafe(24)
+        # an openai: model takes the agent's tools natively (its replies come back as json-protocol text)
+        from harnessrl.models.openai_compat import OpenAIPolicy
+
+        self.native = spec.native_tools and isinstance(policy, OpenAIPolicy)
+        self.protocol: Protocol = get_protocol("json" if self.native else spec.tool_protocol, lenient=True)
+        self.tool_turns = ToolTurns(calls_text=self._calls_text, result_text=self._result_text)
+        self.kill = threading.Event()  # set: the program is stopped (a limit, a backend failure)
+        self._lock = threading.Lock()
+        self._recorded: dict[int, _Recorded] = {}
+        self.calls = 0  # requests admitted
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.termination: Termination | None = None  # set by a limit or a backend failure
+        self.detail = ""
+        self.infra_error: str | None = None
+
+    # -- the conversation as text -------------------------------------------------------------------
+    def _calls_text(self, content: str, calls: list[ToolCall]) -> str:
+        rendered = [self.protocol.render_call(c) for c in calls]
+        return "\n".join([content.strip(), *rendered] if content.strip() else rendered)
+
+    def _result_text(self, content: str, name: str | None) -> str:
+        if self.native:  # the openai backend sends it back as a native tool message
+            return content
+        return self.protocol.render_result(ToolResult(name=name or "tool", output=content))
+
+    def _with_tools(self, request: GenerationRequest, tools: list[ToolSchema]) -> GenerationRequest:
+        """The request with the agent's tools shown to the model: natively, or as the protocol's
+        tool block at the end of the system message (one is added when the agent sent none)."""
+        if not tools:
+            return request
+        if self.native:
+            return request.model_copy(update={"tools": tools, "native_tools": True})
+        block = self.protocol.render_tools(tools)
+        messages = list(request.messages)
+        if messages[0].role == "system":
+            messages[0] = Message(role="system", content=f"{messages[0].content.rstrip()}\n\n{block}")
+        else:
+            messages.insert(0, Message(role="system", content=block))
+        stop = list(dict.fromkeys([*request.stop, *self.protocol.stop_strings()]))
+        return request.model_copy(update={"messages": messages, "stop": stop})
+
+    # -- requests (called by the endpoint) ------------------------------------------------------------
+    def admit(self, body: ChatCompletionRequest) -> Turn:
+        """Check one request against the limits and turn it into the policy's request. ServeError:
+        400 for a request that cannot be served, 429 / 400 for a limit (the episode then ends with
+        that termination and the program is stopped)."""
+        tools = tool_schemas(body)
+        request, _ = to_generation(body, self.limits.max_new_tokens, self.tool_turns)  # the run's sampling applies
+        request = self._with_tools(request, tools)
+        self._check_prompt(request)
+        self._note_results(body)
+        with self._lock:
+            if self.termination is not None:
+                raise ServeError(429 if self.termination == Termination.max_steps else 400, self.detail)
+            if self.calls >= self.limits.max_model_calls:
+                self._end(
+                    Termination.max_steps, f"the agent asked for more than {self.limits.max_model_calls} model calls"
+                )
+                raise ServeError(429, f"{self.detail} (limits.max_model_calls); no more requests are answered")
+            budget = self.limits.max_total_tokens
+            if budget is not None and self.completion_tokens >= budget:
+                self._end(Termination.max_tokens, f"{self.completion_tokens} completion tokens used of {budget}")
+                raise ServeError(400, f"{self.detail} (limits.max_total_tokens); no more requests are answered")
+            max_new = min(request.max_new_tokens, self.limits.max_new_tokens)
+            if budget is not None:
+                max_new = max(1, min(max_new, budget - self.completion_tokens))
+            index = self.calls
+            self.calls += 1
+        seed = request_seed(self.sampling.seed, self.job.task.id, self.job.attempt, index)
+        request = request.model_copy(update={"max_new_tokens": max_new, "seed": seed})
+        return Turn(index=index, request=request, tools=tools)
+
+    def _check_prompt(self, request: GenerationRequest) -> None:
+        """A local model renders the prompt here first: messages its chat template cannot render,
+        or a prompt past its context, are the agent's failure (400), not the backend's."""
+        render = getattr(self.policy, "prompt_ids", None)
+        if render is None:
+            return
+        try:
+            prompt = render(request)
+        except Exception as exc:  # noqa: BLE001 - the template could not render these messages
+            raise ServeError(
+                400, f"cannot render the messages with the chat template: {type(exc).__name__}: {exc}", param="messages"
+            ) from None
+        config = getattr(getattr(self.policy, "model", None), "config", None)
+        context = getattr(config, "max_position_embeddings", None)
+        if isinstance(context, int) and len(prompt) >= context:
+            raise ServeError(
+                400,
+                f"This model's maximum context length is {context} tokens; the messages take {len(prompt)}.",
+                param="messages",
+            )
+
+    def _note_results(self, body: ChatCompletionRequest) -> None:
+        """The results of earlier tool calls, as the agent sends them back in `tool` messages."""
+        for i, m in enumerate(body.messages):
+            found = _CALL_ID.match(m.tool_call_id or "") if m.role == "tool" else None
+            if found is None:
+                continue
+            index, position = int(found.group(1)), int(found.group(2))
+            with self._lock:
+                rec = self._recorded.get(index)
+                if rec is None or position >= len(rec.step.tool_calls) or position in rec.results:
+                    continue
+                name = rec.step.tool_calls[position].name
+                rec.results[position] = ToolResult(name=name, output=_content_text(m, i))
+
+    def record(self, turn: Turn, call: ModelCall, latency: float) -> dict:
+        """Record the reply as a step; returns the response's assistant message (with `tool_calls`
+        when the protocol found calls in a request that offered tools)."""
+        self._count(latency, call)
+        step = Step(index=turn.index, model_call=call, action=ActionKind.text)
+        message: dict = {"role": "assistant", "content": call.text}
+        blocked: dict[int, ToolResult] = {}
+        if not call.text.strip():
+            step.action = ActionKind.empty
+        elif turn.tools:
+            parsed = self.protocol.parse(call.text, turn.tools)
+            if parsed.error:
+                step.action, step.parse_error = ActionKind.malformed, parsed.error
+            elif parsed.calls:
+                step.action, step.tool_calls = ActionKind.tool_calls, parsed.calls
+                ids = [f"call_{turn.index}_{k}" for k in range(len(parsed.calls))]
+                message = {
+                    "role": "assistant",
+                    "content": parsed.thought or None,
+                    "tool_calls": tool_call_entries(parsed.calls, ids),
+                }
+                for k, tc in enumerate(parsed.calls):
+                    refusal = _refusal(tc, turn.tools)
+                    if refusal is not None:
+                        blocked[k] = refusal
+        with self._lock:
+            self._recorded[turn.index] = _Recorded(step=step, results=blocked)
+            self.prompt_tokens += call.prompt_tokens
+            self.completion_tokens += call.completion_tokens
+        return message
+
+    def backend_failed(self, message: str, latency: float) -> None:
+        """The policy could not answer: our side failed, so the episode is an infrastructure error."""
+        self._count(latency, None)
+        with self._lock:
+            self.infra_error = f"model backend failed: {message}"
+            self._end(Termination.error, "model backend failed")
+
+    def _end(self, termination: Termination, detail: str) -> None:
+        """(under the lock) The episode ends here: the program is stopped."""
+        if self.termination is None:
+            self.termination, self.detail = termination, detail
+        self.kill.set()
+
+    def steps(self) -> list[Step]:
+        """The recorded steps in call order, each with the results the agent sent back for its
+        calls: those of its first calls, up to the first call whose result never came."""
+        with self._lock:
+            out = []
+            for index in sorted(self._recorded):
+                rec = self._recorded[index]
+                step = rec.step.model_copy(deep=False)
+                results = []
+                for k in range(len(step.tool_calls)):
+                    if k not in rec.results:
+                        break
+                    results.append(rec.results[k])
+                step.tool_results = results
+                out.append(step)
+            return out
+
+
+def _refusal(call: ToolCall, tools: list[ToolSchema]) -> ToolResult | None:
+    """A blocked-call record for a call the agent's own tools cannot take, else None."""
+    schema = next((t for t in tools if t.name == call.name), None)
+    if schema is None:
+        names = ", ".join(t.name for t in tools)
+        return ToolResult(
+            name=call.name,
+            output=f"unknown tool '{call.name}' (the agent offers: {names})",
+            ok=False,
+            blocked=BlockReason.unknown_tool,
+        )
+    _, error = validate_arguments(schema.parameters, call.arguments)
+    if error:
+        return ToolResult(
+            name=call.name,
+            output=f"invalid arguments for {call.name}: {error}",
+            ok=False,
+            blocked=BlockReason.invalid_arguments,
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------- the Python
+
+
+class NoAgentPython(RuntimeError):
+    """No Python that the sandboxed program can run and that has harnessrl's packages."""
+
+
+_python_lock = threading.Lock()
+
+
+def agent_python() -> tuple[str, dict[str, str]]:
+    """(interpreter, extra environment) that `{python}` in a command stands for: this process's
+    own interpreter when the sandbox user can run it; else the same Python version found on the
+    sandbox's PATH with this process's package folders on PYTHONPATH (harnessrl running as root
+    from a folder only root can enter, e.g. /root/.venv). Probed once per process with a real
+    sandboxed `import openai`. NoAgentPython says why neither works."""
+    with _python_lock:
+        return _probe_python(isolation_available())
+
+
+@functools.cache
+def _probe_python(isolation: str) -> tuple[str, dict[str, str]]:
+    tried = []
+    candidates: list[tuple[str, dict[str, str]]] = [(sys.executable, {})]
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    same = shutil.which(version, path=SANDBOX_PATH)
+    if same is not None:
+        candidates.append((same, {"PYTHONPATH": os.pathsep.join(_package_folders())}))
+    for python, env in candidates:
+        ok, why = _runs(python, env)
+        if ok:
+            return python, env
+        tried.append(f"{python}: {why}")
+    raise NoAgentPython(
+        "no Python the sandboxed agent can run has harnessrl's packages (it needs `import openai`); tried "
+        + "; ".join(tried)
+        + (f"; no {version} on the sandbox's PATH" if same is None else "")
+        + ". Name an interpreter the sandbox user can run in the command instead of {python}"
+    )
+
+
+def _package_folders() -> list[str]:
+    """This process's import folders beyond the standard library (site-packages, editable installs)."""
+    stdlib = Path(sys.base_prefix).resolve() / "lib"
+    out = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        real = Path(entry).resolve()
+        if real == stdlib or stdlib in real.parents and "site-packages" not in real.parts:
+            continue
+        out.append(str(real))
+    return list(dict.fromkeys(out))
+
+
+def _runs(python: str, env: dict[str, str]) -> tuple[bool, str]:
+    check = f"import sys, openai; assert sys.version_info[:2] == {tuple(sys.version_info[:2])!r}"
+    folder = Path(tempfile.mkdtemp(prefix="harnessrl-python-probe-"))
+    try:
+        result = run_sandboxed(
+            [python, "-c", check], workdir=folder, env=env, limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=4096)
+        )
+    except (OSError, ValueError) as e:
+        return False, str(e)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if result.returncode == 0:
+        return True, ""
+    lines = (result.stderr or result.reason or f"exit code {result.returncode}").strip().splitlines()
+    return False, lines[-1] if lines else f"exit code {result.returncode}"
+
+
+# ------------------------------------------------------------------------------- the run's side
+
+
+class ExternalEpisodes:
+    """Plays the external episodes of one `Runner.run`: the recording endpoint is started by the
+    first one and stopped by `close()` (at the end of the run)."""
+
+    def __init__(self, policy: Policy, count: Callable[[float, ModelCall | None], None]):
+        self.policy = policy
+        self.count = count
+        self._endpoint: RecordingEndpoint | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def endpoint(self) -> RecordingEndpoint:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the run has ended")
+            if self._endpoint is None:
+                endpoint = RecordingEndpoint()
+                endpoint.start()
+                self._endpoint = endpoint
+            return self._endpoint
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._endpoint is not None:
+                self._endpoint.stop()
+                self._endpoint = None
+
+    def play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
+        """One episode, in the calling (worker) thread; None when the run was interrupted."""
+        started, t0 = time.time(), time.monotonic()
+        record = _Record(job, started, t0)
+        try:
+            env = job.task.make_env()
+        except Exception as e:
+            return record.infra(f"environment setup failed: {_short_tb(e)}")
+        episode = ExternalEpisode(job, self.policy, sampling, self.count)
+        control = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
+        control.chmod(0o711)  # the sandbox user must reach a workspace made inside it
+        try:
+            try:
+                endpoint = self.endpoint()
+            except Exception as e:  # noqa: BLE001 - our side failed: this episode's infrastructure error
+                return record.infra(f"the recording endpoint did not start: {type(e).__name__}: {e}", env)
+            endpoint.register(episode)
+            try:
+                result = self._run_program(job, env, episode, endpoint.url(episode), control, stop)
+            finally:
+                endpoint.unregister(episode)  # nothing more is answered or recorded
+            if stop.is_set():
+                env.close()
+                return None
+            if isinstance(result, str):
+                return record.infra(result, env)
+            return record.finish(env, episode, result, control)
+        finally:
+            shutil.rmtree(control, ignore_errors=True)
+
+    def _run_program(
+        self, job: Job, env: Environment, episode: ExternalEpisode, url: str, control: Path, stop: threading.Event
+    ) -> ExecResult | str:
+        """Run the agent program to its end; the ExecResult, or why it could not be started."""
+        spec: ExternalHarnessSpec = job.harness
+        (control / TASK_FILE).write_text(job.task.instruction, encoding="utf-8")
+        (control / "home").mkdir()
+        if env.workspace is not None:
+            workdir = env.workspace.root
+        else:  # a task without a workspace: the program still gets a folder of its own to work in
+            workdir = control / "workspace"
+            workdir.mkdir()
+        inside = env.workspace_mount or str(workdir)
+        argv = spec.argv()
+        extra: dict[str, str] = {}
+        if PYTHON_PLACEHOLDER in argv:
+            try:
+                python, extra = agent_python()
+            except NoAgentPython as e:
+                return str(e)
+            argv = [python if w == PYTHON_PLACEHOLDER else w for w in argv]
+        variables = {
+            **spec.env,
+            **extra,
+            "HOME": str(control / "home"),
+            "OPENAI_BASE_URL": url,
+            "OPENAI_API_KEY": "EMPTY",
+            "OPENAI_MODEL": episode.model_name,
+            "HARNESSRL_TASK_FILE": str(control / TASK_FILE),
+            "HARNESSRL_TASK_ID": job.task.id,
+            "HARNESSRL_ATTEMPT": str(job.attempt),
+            "HARNESSRL_WORKSPACE": inside,
+            "HARNESSRL_ANSWER_FILE": str(control / ANSWER_FILE),
+            "HARNESSRL_MAX_MODEL_CALLS": str(spec.limits.max_model_calls),
+        }
+        if "PYTHONPATH" in spec.env and "PYTHONPATH" in extra:
+            variables["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
+        lim = spec.limits
+        limits = ExecLimits(
+            wall_s=lim.wall_s,
+            cpu_s=lim.cpu_s,
+            memory_mb=lim.memory_mb,
+            file_size_mb=lim.file_size_mb,
+            processes=lim.processes,
+            output_bytes=lim.output_bytes,
+        )
+        done = threading.Event()
+
+        def watch_run() -> None:  # Ctrl-C of the run stops the program too
+            while not done.wait(_STOP_POLL_S):
+                if stop.is_set():
+                    episode.kill.set()
+                    return
+
+        watcher = threading.Thread(target=watch_run, name="external-watch", daemon=True)
+        watcher.start()
+        try:
+            return run_sandboxed(
+                argv,
+                workdir=workdir,
+                mounts={inside: workdir, str(control): control},
+                env=variables,
+                limits=limits,
+                network=True,  # the recording endpoint is on the host's loopback
+                cwd_in_sandbox=inside,
+                stop=episode.kill,
+            )
+        except (ValueError, OSError) as e:  # the sandbox cannot run it here (a mount point, no free uid)
+            return f"cannot start the agent program: {e}"
+        finally:
+            done.set()
+
+
+@dataclass
+class _Record:
+    """Builds the trajectory of one external episode."""
+
+    job: Job
+    started: float
+    t0: float
+
+    def _trajectory(self, **fields) -> Trajectory:
+        t, spec = self.job.task, self.job.harness
+        wall = round(time.monotonic() - self.t0, 4)
+        return Trajectory(
+            episode_id=episode_id(t.id, spec.name, self.job.attempt),
+            task_id=t.id,
+            suite=t.suite,
+            family=t.family,
+            split=t.split,
+            harness=spec.name,
+            attempt=self.job.attempt,
+            instruction=t.instruction,
+            retries=self.job.retries,
+            started_at=self.started,
+            duration_s=wall,
+            own_s=wall,  # everything the program did is the episode's own
+            **fields,
+        )
+
+    def infra(self, error: str, env: Environment | None = None) -> Trajectory:
+        if env is not None:
+            env.close()
+        return self._trajectory(
+            termination=Termination.error, termination_detail="infrastructure error", infra_error=error
+        )
+
+    def finish(self, env: Environment, episode: ExternalEpisode, result: ExecResult, control: Path) -> Trajectory:
+        steps = episode.steps()
+        answer = _read_answer(control / ANSWER_FILE)
+        termination, detail, credited = _outcome(episode, result, answer, bool(steps))
+        infra_error = episode.infra_error
+        grade = None
+        try:
+            if termination != Termination.error:
+                if termination == Termination.submitted:
+                    env.submitted, env.answer = True, answer
+                try:
+                    grade = self.job.task.grade(env)
+                except Exception as e:
+                    termination, detail = Termination.error, "infrastructure error"
+                    infra_error, grade = f"grader crashed: {_short_tb(e)}", None
+                if grade is not None and not credited:
+                    grade = Grade(
+                        score=0.0,
+                        passed=False,
+                        threshold=grade.threshold,
+                        details={"not_credited": "the agent made no model call", "grader_score": grade.score},
+                    )
+        finally:
+            env.close()
+        return self._trajectory(
+            steps=steps,
+            termination=termination,
+            termination_detail=detail,
+            submitted=termination == Termination.submitted,
+            answer=answer if termination == Termination.submitted else None,
+            grade=grade,
+            infra_error=infra_error,
+            prompt_tokens=episode.prompt_tokens,
+            completion_tokens=episode.completion_tokens,
+            meta={"required_observations": self.job.task.required_observations, "agent": _agent_meta(result)},
+        )
+
+
+def _read_answer(path: Path) -> str | None:
+    try:
+        if not path.is_file():
+            return None
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_ANSWER_BYTES)
+    except OSError:
+        return None
+    return data.decode("utf-8", "replace").strip()
+
+
+def _outcome(
+    episode: ExternalEpisode, result: ExecResult, answer: str | None, called: bool
+) -> tuple[Termination, str, bool]:
+    """(termination, its detail, whether what the program left is credited)."""
+    how = _how_it_ended(result)
+    if episode.termination is not None:  # a limit or a backend failure stopped it
+        return episode.termination, episode.detail, True
+    if result.timed_out:
+        return Termination.timeout, f"the agent ran past limits.wall_s ({result.reason})", True
+    if not called:
+        return Termination.exited, f"the agent made no model call; nothing it left is credited ({how})", False
+    if answer is not None:
+        return Termination.submitted, "" if how == "exit code 0" else how, True
+    return Termination.exited, f"ended without an answer file ({how})", True
+
+
+def _how_it_ended(result: ExecResult) -> str:
+    parts = [f"exit code {result.returncode}"]
+    if result.reason:
+        parts.append(result.reason)
+    if result.returncode not in (0, None) and result.stderr.strip():
+        tail = result.stderr.strip()[-STDERR_TAIL_CHARS:]
+        parts.append(f"stderr: {' '.join(tail.split())}")
+    return "; ".join(parts)
+
+
+def _agent_meta(result: ExecResult) -> dict:
+    return {
+        "exit_code": result.returncode,
+        "timed_out": result.timed_out,
+        "stopped": result.stopped,
+        "reason": result.reason,
+        "duration_s": round(result.duration_s, 3),
+        "isolation": result.isolation,
+        "output_truncated": result.output_truncated,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+    }
