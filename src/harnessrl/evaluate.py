@@ -222,7 +222,7 @@ def run_eval(
         return write_summary(store, folder.config, run.out)
 
 
-def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool, executor: Executor | None) -> None:
+def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool, executor: Executor | None = None) -> None:
     """`--model oracle`: every harness's jobs with that harness's oracle, one episode at a time
     (the oracle tracks an episode's progress by its task)."""
     from harnessrl.models.base import SamplingParams

@@ -385,6 +385,7 @@ class Engine:
         self._rows: list[_Request] = []  # running, row i = self._rows[i]
         self._waiting: deque[_Request] = deque()
         self._by_future: dict[Future, _Request] = {}
+        self._finished: list[tuple[Future, Completion]] = []  # completions of the running step (step())
         self._next_id = 0
         self._lock = threading.Lock()  # waiting queue, cancel flags, closed flag
         self._work = threading.Condition(self._lock)  # signalled on submit, close and idle
@@ -436,7 +437,10 @@ class Engine:
             req = self._by_future.get(future)
             if req is None or future.done():
                 return False
-            if future.cancel():  # still waiting: the step skips it
+            if future.cancel():  # still waiting: out of the queue now
+                self._waiting.remove(req)
+                self._by_future.pop(future, None)
+                self._stats.cancelled += 1
                 return True
             req.cancel = True
             return True
@@ -457,6 +461,10 @@ class Engine:
             finally:
                 if was_training:
                     model.train()
+                # answered only now: whoever waits on a completion finds the model as it left it
+                finished, self._finished = self._finished, []
+                for future, completion in finished:
+                    future.set_result(completion)
             if not self._rows:
                 self._kv.release()
             with self._lock:
@@ -602,7 +610,7 @@ class Engine:
                 if not self._waiting:
                     break
                 req = self._waiting.popleft()
-                if not req.future.set_running_or_notify_cancel():  # cancelled while waiting
+                if not req.future.set_running_or_notify_cancel():  # cancelled (Future.cancel) while waiting
                     self._by_future.pop(req.future, None)
                     self._stats.cancelled += 1
                     continue
@@ -717,8 +725,8 @@ class Engine:
         self._stats.finished += 1
         with self._lock:
             self._by_future.pop(req.future, None)
-        req.future.set_result(
-            Completion(list(req.out_ids), list(req.out_logprobs), reason, len(req.prompt), req.cached)
+        self._finished.append(
+            (req.future, Completion(list(req.out_ids), list(req.out_logprobs), reason, len(req.prompt), req.cached))
         )
 
     def _release(self, req: _Request, *, insert: bool) -> None:
