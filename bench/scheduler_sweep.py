@@ -16,8 +16,10 @@ Setup (everything runs through the real trainer, runner, harnesses and GRPO loss
 * Harnesses: the built-ins, shrunk to a 2-step budget and 32 new tokens per reply, without
   demonstrations. Five train; `workspace-agent` is held out of training (never seen, not even
   in the warm start) and only evaluated: the ClawEval-style new-harness test.
-* Schedulers: harness-bandit, mixed, uniform, learnability-only, transfer-only; the same
-  steps, tasks per step and group size for each.
+* Schedulers: harness-bandit, mixed, uniform, learnability-only, transfer-only, and the field's
+  baselines: a fixed ratio (RATIO below: more of every batch for the harnesses the warm start
+  covered least), dump-ucb, sec and lilo (docs/training.md, "Schedulers"); the same steps, tasks
+  per step and group size for each.
 * Evaluation after training: `--eval-tasks` test-split tasks x `--eval-attempts` attempts at
   T=0.7 under every harness. Reported per scheduler, over seeds: the mean test score under the
   training harnesses, the score under the held-out harness, both with a 95% t-interval over
@@ -34,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -60,7 +63,22 @@ TRAIN_HARNESSES = ["json-tools", "xml-tags", "react", "code-act", "plan-execute"
 # (what a user's new harness often is) and the built-in workspace-agent (new prompt, bootstrap
 # files, a memory tool).
 HELD_OUT_HARNESSES = ["json-variant", "workspace-agent"]
-SCHEDULERS = ["harness-bandit", "mixed", "uniform", "learnability-only", "transfer-only"]
+# A hand-set static mix, the way a multi-source run fixes each source's ratio: twice the weight
+# for the two harnesses the warm start covered least (WARM_EXAMPLES below). Equal weights within
+# a tier keep the per-step rounding of shares to tasks fair: over the steps of a 4- or 8-task
+# sweep each harness gets within 0.05 of its share.
+RATIO = "ratio:json-tools=1,react=1,plan-execute=1,code-act=2,xml-tags=2"
+SCHEDULERS = [
+    "harness-bandit",
+    "mixed",
+    "uniform",
+    "learnability-only",
+    "transfer-only",
+    RATIO,
+    "dump-ucb",
+    "sec",
+    "lilo",
+]
 N_KEYS = 6  # keys in use (of the 16 below): few enough for a small model to learn from ~100 examples
 # Oracle examples per harness in the warm start: strong, medium, weak, none.
 WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
@@ -268,7 +286,7 @@ def run_one(
         save_rollouts=False,
         seed=seed,
     )
-    folder = out / "runs" / f"seed{seed}-{scheduler}"
+    folder = out / "runs" / f"seed{seed}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', scheduler)}"
     if folder.exists():
         import shutil
 
@@ -344,6 +362,18 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def split_schedulers(text: str) -> list[str]:
+    """--schedulers: names separated by commas; the HARNESS=WEIGHT items of a ratio:... name
+    (commas of their own) stay with it: "mixed,ratio:a=1,b=2,sec" -> mixed, ratio:a=1,b=2, sec."""
+    names: list[str] = []
+    for item in text.split(","):
+        if names and names[-1].startswith("ratio:") and "=" in item and ":" not in item:
+            names[-1] += "," + item
+        else:
+            names.append(item)
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=5)
@@ -356,13 +386,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm-epochs", type=int, default=15)
     p.add_argument("--eval-tasks", type=int, default=24)
     p.add_argument("--eval-attempts", type=int, default=2)
-    p.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    p.add_argument(
+        "--schedulers",
+        default=",".join(SCHEDULERS),
+        help="comma-separated names; the HARNESS=WEIGHT items of a ratio:... name stay with it",
+    )
     p.add_argument("--out", default="runs/scheduler-sweep")
     p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
     args = p.parse_args(argv)
     os.environ.setdefault("HARNESSRL_THREADS", "1")
     torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
-    schedulers = args.schedulers.split(",")
+    schedulers = split_schedulers(args.schedulers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"

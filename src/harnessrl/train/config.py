@@ -51,7 +51,8 @@ class TrainConfig:
     )
     scheduler: str = Field(
         "harness-bandit",
-        description="harness-bandit, mixed, uniform, round-robin, single:NAME, learnability-only, transfer-only",
+        description="harness-bandit, mixed, uniform, round-robin, single:NAME, learnability-only, transfer-only, "
+        "ratio:H1=W1,H2=W2,..., dump-ucb, sec, lilo",
     )
     scheduler_options: dict[str, Any] = Field(
         default_factory=dict,

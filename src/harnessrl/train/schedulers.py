@@ -2,8 +2,9 @@
 
 Every optimizer step the trainer asks `select(step)` for a Selection (one harness, or a mixture
 of harnesses with their shares of the batch), collects the batch, computes advantages and the
-update, then reports back with `observe(harness, advantages, sketch)` (sketch: the GradientSketch
-of that update, or None). Schedulers are seeded (random.Random(seed)) and checkpointable:
+update, then reports back with `observe(harness, advantages, sketch, rewards=...)` (sketch: the
+GradientSketch of that update, or None; rewards: the scores of that harness's episodes, which
+only `lilo` uses). Schedulers are seeded (random.Random(seed)) and checkpointable:
 `state_dict()` is plain JSON, and after `load_state_dict` a scheduler continues exactly the
 sequence it would have produced without the interruption.
 
@@ -16,6 +17,10 @@ Names for `make_scheduler(name, harnesses, seed, **options)`:
   harness-bandit     HarnessBanditScheduler: learnability + transferability (see the class)
   learnability-only  the same with learnability_weight = 1 (ablation)
   transfer-only      the same with learnability_weight = 0 (ablation)
+  ratio:H1=W1,...    every step a mixture with shares proportional to fixed weights
+  dump-ucb           one harness, by a UCB on the windowed mean |advantage| (DUMP)
+  sec                one harness, Boltzmann over a TD(0) estimate of the mean |advantage| (SEC)
+  lilo               one harness, proportional to the success variance p(1 - p) (LILO)
 """
 
 from __future__ import annotations
@@ -75,7 +80,14 @@ class Scheduler:
     def select(self, step: int) -> Selection:
         raise NotImplementedError
 
-    def observe(self, harness: str, advantages: Sequence[float] | Tensor, sketch: Tensor | None = None) -> None:
+    def observe(
+        self,
+        harness: str,
+        advantages: Sequence[float] | Tensor,
+        sketch: Tensor | None = None,
+        rewards: Sequence[float] | None = None,
+    ) -> None:
+        """The step's advantages (and sketch, and episode scores) of `harness`; ignored here."""
         self._check_harness(harness)
 
     def probabilities(self) -> dict[str, float]:
@@ -212,7 +224,13 @@ class HarnessBanditScheduler(Scheduler):
         self.l_window: deque[float] = deque(maxlen=self.window)
         self.t_window: deque[float] = deque(maxlen=self.window)
 
-    def observe(self, harness: str, advantages: Sequence[float] | Tensor, sketch: Tensor | None = None) -> None:
+    def observe(
+        self,
+        harness: str,
+        advantages: Sequence[float] | Tensor,
+        sketch: Tensor | None = None,
+        rewards: Sequence[float] | None = None,
+    ) -> None:
         self._check_harness(harness)
         adv = torch.as_tensor(advantages, dtype=torch.float64).reshape(-1)
         if adv.numel() == 0:
@@ -282,6 +300,283 @@ class HarnessBanditScheduler(Scheduler):
         self.t_window = deque(state["t_window"], maxlen=self.window)
 
 
+class RatioScheduler(Scheduler):
+    """Every step a mixture with fixed shares: share_h = weight_h / sum of the weights.
+
+    A static data mix, set by hand and never adapted: what a multi-source RL run does when each
+    source is given a fixed ratio of every batch. A weight of 0 leaves a harness out. `mixed` is
+    the special case of equal weights.
+    """
+
+    name = "ratio"
+
+    def __init__(self, harnesses: Sequence[str], weights: dict[str, Any], seed: int = 0):
+        super().__init__(harnesses, seed)
+        if not isinstance(weights, dict):
+            raise ValueError(f"ratio weights must be a mapping harness -> weight, got {weights!r}")
+        unknown = [h for h in weights if h not in self.harnesses]
+        if unknown:
+            raise ValueError(f"ratio: unknown harness(es) {', '.join(map(repr, unknown))}; harnesses: {self.harnesses}")
+        missing = [h for h in self.harnesses if h not in weights]
+        if missing:
+            raise ValueError(
+                f"ratio: no weight for {', '.join(map(repr, missing))}; give every harness one (0 leaves it out)"
+            )
+        self.weights = {h: _option(f"the weight of {h}", weights[h], 0.0, math.inf) for h in self.harnesses}
+        total = math.fsum(self.weights.values())
+        if total <= 0:
+            raise ValueError(f"ratio: at least one weight must be > 0, got {self.weights}")
+        self.shares = {h: w / total for h, w in self.weights.items()}
+
+    def select(self, step: int) -> Selection:
+        return Selection({h: s for h, s in self.shares.items() if s > 0})
+
+    def probabilities(self) -> dict[str, float]:
+        return dict(self.shares)
+
+
+class DumpUCBScheduler(Scheduler):
+    """DUMP's distribution-level curriculum over harnesses: a UCB on the expected absolute advantage.
+
+    Every episode's |A| enters its harness's sliding window (the last `window` values); counts are
+    in episodes, N = all observed episodes, n_h = those of h:
+
+        score_h = mean of h's window + c * sqrt(2 ln N / n_h)
+        p       = softmax(score / temperature)          temperature 0: the argmax (ties share equally)
+
+    Until every harness has been observed, the untried ones are drawn uniformly (the UCB needs
+    n_h >= 1). `select` draws one harness from p; DUMP draws each example's source from p
+    instead, so its batches are mixtures with these expected shares.
+    """
+
+    name = "dump-ucb"
+
+    def __init__(
+        self, harnesses: Sequence[str], seed: int = 0, window: int = 300, c: float = 1.0, temperature: float = 0.1
+    ):
+        super().__init__(harnesses, seed)
+        self.window = _integer_option("window", window, 1)
+        self.c = _option("c", c, 0.0, math.inf)
+        self.temperature = _option("temperature", temperature, 0.0, math.inf)
+        self.recent: dict[str, deque[float]] = {h: deque(maxlen=self.window) for h in self.harnesses}
+        self.count = {h: 0 for h in self.harnesses}
+        self.total = 0
+
+    def observe(
+        self,
+        harness: str,
+        advantages: Sequence[float] | Tensor,
+        sketch: Tensor | None = None,
+        rewards: Sequence[float] | None = None,
+    ) -> None:
+        self._check_harness(harness)
+        values = _abs_advantages(harness, advantages)
+        self.recent[harness].extend(values)
+        self.count[harness] += len(values)
+        self.total += len(values)
+
+    def scores(self) -> dict[str, float | None]:
+        """The UCB score of every harness; None for one not observed yet."""
+        log_n = math.log(max(self.total, 1))
+        return {
+            h: math.fsum(self.recent[h]) / len(self.recent[h]) + self.c * math.sqrt(2 * log_n / self.count[h])
+            if self.count[h]
+            else None
+            for h in self.harnesses
+        }
+
+    def probabilities(self) -> dict[str, float]:
+        scores = self.scores()
+        untried = [h for h, s in scores.items() if s is None]
+        if untried:
+            return {h: 1.0 / len(untried) if h in untried else 0.0 for h in self.harnesses}
+        if self.temperature == 0:
+            top = max(scores.values())
+            best = [h for h, s in scores.items() if s >= top - 1e-12]
+            return {h: 1.0 / len(best) if h in best else 0.0 for h in self.harnesses}
+        return _softmax({h: s / self.temperature for h, s in scores.items()})
+
+    def select(self, step: int) -> Selection:
+        return _draw(self.rng, self.probabilities())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "recent": {h: list(v) for h, v in self.recent.items()},
+            "count": dict(self.count),
+            "total": self.total,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.recent = {h: deque(map(float, state["recent"][h]), maxlen=self.window) for h in self.harnesses}
+        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+        self.total = int(state["total"])
+
+
+class SecScheduler(Scheduler):
+    """SEC (self-evolving curriculum): a non-stationary bandit whose value is a TD(0) estimate of
+    the mean absolute advantage, sampled by a Boltzmann distribution.
+
+    After h's update, with r = mean |A| over h's episodes of the step:
+
+        Q_h <- Q_h + alpha * (r - Q_h)                  every Q starts at 0
+        p   = softmax(Q / tau)
+
+    `select` draws one harness from p; SEC draws each problem's category from p instead, so its
+    batches are mixtures with these expected shares.
+    """
+
+    name = "sec"
+
+    def __init__(self, harnesses: Sequence[str], seed: int = 0, alpha: float = 0.5, tau: float = 0.2):
+        super().__init__(harnesses, seed)
+        self.alpha = _option("alpha", alpha, 0.0, 1.0, low_open=True)
+        self.tau = _option("tau", tau, 0.0, math.inf, low_open=True)
+        self.q = {h: 0.0 for h in self.harnesses}
+        self.count = {h: 0 for h in self.harnesses}
+
+    def observe(
+        self,
+        harness: str,
+        advantages: Sequence[float] | Tensor,
+        sketch: Tensor | None = None,
+        rewards: Sequence[float] | None = None,
+    ) -> None:
+        self._check_harness(harness)
+        values = _abs_advantages(harness, advantages)
+        reward = math.fsum(values) / len(values)
+        self.q[harness] += self.alpha * (reward - self.q[harness])
+        self.count[harness] += 1
+
+    def probabilities(self) -> dict[str, float]:
+        return _softmax({h: q / self.tau for h, q in self.q.items()})
+
+    def select(self, step: int) -> Selection:
+        return _draw(self.rng, self.probabilities())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "q": dict(self.q), "count": dict(self.count)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.q = {h: float(state["q"][h]) for h in self.harnesses}
+        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+
+
+class LiloScheduler(Scheduler):
+    """LILO's learnability at the level of harnesses: prefer the harness whose success rate is near 1/2.
+
+    p_h is the mean score of h's last `window` episodes (scores in [0, 1]; a success rate for
+    pass/fail scores). Its success variance l_h = p_h (1 - p_h) is 0 where every episode fails or
+    every one succeeds, 1/4 at p_h = 1/2; a harness not observed yet counts as 1/4 (tried early).
+
+        q_h = l_h / sum of l                            (uniform when every l is 0)
+        p_h = (1 - K * floor) * q_h + floor             K harnesses: no harness starves
+
+    LILO scores each question by the variance of its own outcomes; here a harness's episodes
+    are pooled, so a harness whose tasks are half always solved and half never solved also has
+    p_h = 1/2. `select` draws one harness from p. Needs the rewards: `observe(..., rewards=...)`.
+    """
+
+    name = "lilo"
+
+    def __init__(self, harnesses: Sequence[str], seed: int = 0, window: int = 128, floor: float = 0.05):
+        super().__init__(harnesses, seed)
+        self.window = _integer_option("window", window, 1)
+        self.floor = _option("floor", floor, 0.0, 1.0)
+        if len(self.harnesses) * self.floor >= 1.0:
+            raise ValueError(f"floor * number of harnesses must be < 1, got {self.floor} * {len(self.harnesses)}")
+        self.recent: dict[str, deque[float]] = {h: deque(maxlen=self.window) for h in self.harnesses}
+
+    def observe(
+        self,
+        harness: str,
+        advantages: Sequence[float] | Tensor,
+        sketch: Tensor | None = None,
+        rewards: Sequence[float] | None = None,
+    ) -> None:
+        self._check_harness(harness)
+        if rewards is None:
+            raise ValueError(f"lilo needs the episodes' scores: observe({harness!r}, advantages, sketch, rewards=...)")
+        values = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).tolist()
+        if not values:
+            raise ValueError(f"observe({harness!r}) got no rewards")
+        bad = [r for r in values if not 0.0 <= r <= 1.0]
+        if bad:
+            raise ValueError(f"lilo reads scores in [0, 1] as success rates; {harness!r} got {bad[0]!r}")
+        self.recent[harness].extend(values)
+
+    def success_rate(self) -> dict[str, float | None]:
+        """Mean score over each harness's window; None for one not observed yet."""
+        return {h: math.fsum(v) / len(v) if v else None for h, v in self.recent.items()}
+
+    def learnability(self) -> dict[str, float]:
+        return {h: 0.25 if p is None else p * (1 - p) for h, p in self.success_rate().items()}
+
+    def probabilities(self) -> dict[str, float]:
+        values = self.learnability()
+        total = math.fsum(values.values())
+        K = len(self.harnesses)
+        q = {h: v / total if total > 0 else 1.0 / K for h, v in values.items()}
+        return {h: (1 - K * self.floor) * q[h] + self.floor for h in self.harnesses}
+
+    def select(self, step: int) -> Selection:
+        return _draw(self.rng, self.probabilities())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "recent": {h: list(v) for h, v in self.recent.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.recent = {h: deque(map(float, state["recent"][h]), maxlen=self.window) for h in self.harnesses}
+
+
+def _abs_advantages(harness: str, advantages: Sequence[float] | Tensor) -> list[float]:
+    """|A| of every episode; no advantages, or a non-finite one, is an error."""
+    adv = torch.as_tensor(advantages, dtype=torch.float64).reshape(-1)
+    if adv.numel() == 0:
+        raise ValueError(f"observe({harness!r}) got no advantages")
+    if not bool(torch.isfinite(adv).all()):
+        raise ValueError(f"observe({harness!r}) got a non-finite advantage")
+    return adv.abs().tolist()
+
+
+def _softmax(logits: dict[str, float]) -> dict[str, float]:
+    top = max(logits.values())  # subtract the max: exp never overflows
+    weights = {h: math.exp(z - top) for h, z in logits.items()}
+    total = math.fsum(weights.values())
+    return {h: w / total for h, w in weights.items()}
+
+
+def _draw(rng: random.Random, probabilities: dict[str, float]) -> Selection:
+    """One harness drawn from `probabilities` (one draw of the RNG)."""
+    names = list(probabilities)
+    return Selection.one(rng.choices(names, weights=[probabilities[h] for h in names])[0])
+
+
+def _integer_option(name: str, value: Any, low: int) -> int:
+    """An integer option >= low; accepts numeric strings ("32", "32.0")."""
+    x = _option(name, value, low, math.inf)
+    if x % 1:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(x)
+
+
+def _parse_ratio(spec: str) -> dict[str, str]:
+    """'H1=W1,H2=W2' -> {H1: 'W1', H2: 'W2'} (the weights are checked by RatioScheduler)."""
+    weights: dict[str, str] = {}
+    for item in spec.split(","):
+        harness, sep, weight = item.partition("=")
+        harness = harness.strip()
+        if not sep or not harness or not weight.strip():
+            raise ValueError(f"ratio wants HARNESS=WEIGHT items separated by commas, got {item!r} in {spec!r}")
+        if harness in weights:
+            raise ValueError(f"ratio: harness {harness!r} is given twice in {spec!r}")
+        weights[harness] = weight.strip()
+    return weights
+
+
 def _option(name: str, value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False) -> float:
     """A float option checked against [low, high] (open ends where asked); accepts numeric strings."""
     try:
@@ -305,6 +600,9 @@ _MULTI = {
     "harness-bandit": HarnessBanditScheduler,
     "learnability-only": HarnessBanditScheduler,
     "transfer-only": HarnessBanditScheduler,
+    "dump-ucb": DumpUCBScheduler,
+    "sec": SecScheduler,
+    "lilo": LiloScheduler,
 }
 _ABLATIONS = {"learnability-only": 1.0, "transfer-only": 0.0}
 KNOWN_SCHEDULERS = (
@@ -315,6 +613,10 @@ KNOWN_SCHEDULERS = (
     "harness-bandit",
     "learnability-only",
     "transfer-only",
+    "ratio:H1=W1,H2=W2,...",
+    "dump-ucb",
+    "sec",
+    "lilo",
 )
 
 
@@ -326,6 +628,10 @@ def make_scheduler(name: str, harnesses: Sequence[str], seed: int = 0, **options
         if target not in harnesses:
             raise ValueError(f"{name}: harness {target!r} is not one of {harnesses}")
         cls, fixed = SingleScheduler, {"harness": target}
+    elif name.startswith("ratio:"):
+        cls, fixed = RatioScheduler, {"weights": _parse_ratio(name.split(":", 1)[1])}
+    elif name == "ratio":
+        raise ValueError("ratio needs its weights in the name: ratio:H1=W1,H2=W2,... (one per harness)")
     elif name in _MULTI:
         if len(harnesses) < 2:
             raise ValueError(f"scheduler {name!r} needs at least 2 harnesses, got {harnesses} (use single:NAME)")

@@ -598,7 +598,7 @@ class Trainer:
             transfer = {o: cosine(sketch, avg) for o, avg in sketch_avg.items() if o != selection.harness}
         for h in counts:
             if adv_by_harness.get(h):  # a harness whose groups were all too small has nothing to report
-                self.scheduler.observe(h, adv_by_harness[h], sketch)
+                self.scheduler.observe(h, adv_by_harness[h], sketch, rewards=rewards_by_harness[h])
         t_sched += time.perf_counter() - t0
 
         self.step += 1
