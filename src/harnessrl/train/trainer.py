@@ -15,7 +15,7 @@ One training step, read top to bottom in `Trainer.train_step`:
         micro-batches -> token_logprobs -> grpo_loss -> backward     (gradient accumulation)
         GradientSketch of the LoRA gradient (first pass only), BEFORE the optimizer step
         clip, AdamW step
-    scheduler.observe(harness, advantages, sketch)
+    scheduler.observe(harness, advantages, sketch, rewards=scores)
 
 The old log-probs of the ratio are recomputed by the trainer before the batch's first update: a
 no-grad teacher-forced pass over the units with the weights that sampled them (verl computes
