@@ -117,6 +117,27 @@ def test_tmp_is_fresh_and_private(workdir):
         shutil.rmtree(marker)
 
 
+@needs_bwrap
+def test_read_only_paths_under_tmp_are_shown_but_not_writable(workdir):
+    """A checkout and its virtual environment under /tmp stay visible to a program that needs
+    them (an external agent), read-only, while the rest of the host's /tmp stays hidden."""
+    shown = Path(tempfile.mkdtemp(prefix="harnessrl-test-shown-"))
+    hidden = Path(tempfile.mkdtemp(prefix="harnessrl-test-hidden-"))
+    try:
+        (shown / "tool.txt").write_text("ok\n")
+        os.chmod(shown, 0o755)
+        os.chmod(shown / "tool.txt", 0o644)
+        script = f"cat {shown}/tool.txt; test -e {hidden} || echo hidden; echo x > {shown}/new || echo read-only"
+        result = run_sandboxed(["/bin/sh", "-c", script], workdir=workdir, read_only=[shown])
+        assert result.stdout == "ok\nhidden\nread-only\n", result.stderr
+        assert not (shown / "new").exists()
+        without = sh(f"cat {shown}/tool.txt || echo missing", workdir)
+        assert without.stdout.strip().endswith("missing")
+    finally:
+        shutil.rmtree(shown)
+        shutil.rmtree(hidden)
+
+
 @pytest.fixture
 def listening_port():
     server = socket.socket()

@@ -363,6 +363,15 @@ def _probe_python(isolation: str) -> tuple[str, dict[str, str]]:
     )
 
 
+def host_paths(argv: list[str]) -> list[Path]:
+    """What a program must see of this machine even where the sandbox gives a fresh, empty
+    folder (/tmp): this Python's environment and import folders, and every absolute path in its
+    command line (e.g. a checkout under /tmp with its virtual environment and the agent's script)."""
+    paths = [Path(sys.prefix), *map(Path, _package_folders())]
+    paths += [Path(word) for word in argv if word.startswith("/") and os.path.exists(word)]
+    return list(dict.fromkeys(paths))
+
+
 def _package_folders() -> list[str]:
     """This process's import folders beyond the standard library (site-packages, editable installs)."""
     stdlib = Path(sys.base_prefix).resolve() / "lib"
@@ -382,7 +391,11 @@ def _runs(python: str, env: dict[str, str]) -> tuple[bool, str]:
     folder = Path(tempfile.mkdtemp(prefix="harnessrl-python-probe-"))
     try:
         result = run_sandboxed(
-            [python, "-c", check], workdir=folder, env=env, limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=4096)
+            [python, "-c", check],
+            workdir=folder,
+            env=env,
+            limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=4096),
+            read_only=host_paths([python]),
         )
     except (OSError, ValueError) as e:
         return False, str(e)
@@ -521,6 +534,7 @@ class ExternalEpisodes:
                 network=True,  # the recording endpoint is on the host's loopback
                 cwd_in_sandbox=inside,
                 stop=episode.kill,
+                read_only=host_paths(argv),
             )
         except (ValueError, OSError) as e:  # the sandbox cannot run it here (a mount point, no free uid)
             return f"cannot start the agent program: {e}"

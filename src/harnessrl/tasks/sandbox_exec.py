@@ -59,6 +59,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,7 @@ def run_sandboxed(
     stdin: str | None = None,
     cwd_in_sandbox: str | None = None,
     stop: threading.Event | None = None,
+    read_only: Sequence[Path] = (),
 ) -> ExecResult:
     """Run argv under `limits`, writable only in `workdir` (or the `mounts`), and wait for it.
 
@@ -160,6 +162,9 @@ def run_sandboxed(
     `workdir` appears in the sandbox. Its environment is PATH, HOME (= that folder), LANG, plus
     `env`; nothing is inherited from this process. Setting `stop` (from another thread) kills
     the command's whole tree at once, as the wall clock does; the result then has `stopped`.
+    `read_only`: host paths the command must see although they lie where the sandbox puts a
+    fresh tmpfs (under /tmp, e.g. a checkout and its virtual environment there): bound read-only
+    at their own path. Paths elsewhere are visible anyway (the root is bound read-only).
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
     point or one `mount_point_problem` refuses, a folder the sandbox user cannot reach) and, in
@@ -176,13 +181,16 @@ def run_sandboxed(
         cwd_in_sandbox=cwd_in_sandbox,
         isolation=isolation_available(),
         stop=stop,
+        read_only=read_only,
     )
 
 
 # ----------------------------------------------------------------------------------------------
 
 
-def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation, stop=None) -> ExecResult:
+def _run(
+    argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation, stop=None, read_only=()
+) -> ExecResult:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
     workdir = Path(workdir).resolve()
@@ -205,7 +213,7 @@ def _run(argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, 
                 _hand_over(src, identity.uid)
         if isolation == "bwrap":
             command = (
-                _bwrap_argv(binds, cwd, network)
+                _bwrap_argv(binds, cwd, network, read_only)
                 + (["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else [])
                 + _SANDBOX_INIT
                 + list(argv)
@@ -489,7 +497,7 @@ def _hand_over(folder: Path, uid: int) -> None:
                 os.lchown(path, uid, uid)
 
 
-def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
+def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool, read_only: Sequence[Path] = ()) -> list[str]:
     args = ["bwrap"]
     shadowed = _shadowed_top_level(binds)
     for entry in sorted(os.listdir("/")):
@@ -503,6 +511,10 @@ def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool) -> list[str]:
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for top in sorted(shadowed):
         args += ["--tmpfs", "/" + top]
+    fresh = ("tmp", *shadowed)  # top-level folders the sandbox replaces with an empty tmpfs
+    for path in sorted({str(Path(p).absolute()) for p in read_only}):
+        if Path(path).parts[1:2] and Path(path).parts[1] in fresh and os.path.exists(path):
+            args += ["--ro-bind", path, path]
     # Outer mount points first, so a mount inside another one is not covered by it.
     for dst, src in sorted(binds.items(), key=lambda item: item[0].count("/")):
         args += ["--bind", str(src), dst]
