@@ -356,6 +356,7 @@ def foreign_tool_run(tmp_path_factory, source_run) -> Path:
         ("sample-without-tasks", "--sample without --from needs --sample-tasks M"),
         ("sample-tasks-with-from", "--sample-tasks chooses the tasks to sample when there is no --from"),
         ("sample-other-suite", "--sample-suite planning: the --from runs hold episodes of suite toolcalc"),
+        ("empty-model-path", "model path '' does not exist"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
@@ -390,6 +391,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
         "sample-without-tasks": ["--as-harness", "react", "--sample", "2", "--sample-suite", "toolcalc"],
         "sample-tasks-with-from": ["--from", str(failing_run), "--sample", "2", "--sample-tasks", "2"],
         "sample-other-suite": ["--from", str(source_run), "--sample", "2", "--sample-suite", "planning"],
+        "empty-model-path": ["--from", str(source_run), "--model", "hf:"],  # the last --model counts
     }[case]
     if case == "no-datasets":
         monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
