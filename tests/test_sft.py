@@ -405,6 +405,27 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
     assert not out.exists() and not export.exists() and not (tmp_path / "hf").exists()
 
 
+def test_the_export_renders_the_prompts_of_a_template_that_wraps_tool_messages(source_run, tokenizer, tmp_path):
+    """hermes-tools results under a template that wraps tool messages in <tool_response> itself:
+    each is wrapped once in the prompts, and the exported messages render into those prompts."""
+    from helpers import TOOL_RESPONSE_TEMPLATE, with_template
+
+    from harnessrl.train.sft_data import write_jsonl
+
+    qwen_like = ChatRenderer(with_template(tokenizer, TOOL_RESPONSE_TEMPLATE))
+    assert qwen_like.tool_role == "tool" and qwen_like.wrapped_by_template
+    examples = build_examples(select_episodes([source_run]), load_harness("hermes-tools"), qwen_like).examples
+    with_results = [ex for ex in examples if any(m.role == "tool" for m in ex.messages)]
+    assert with_results
+    path = write_jsonl(tmp_path / "x.jsonl", examples, qwen_like.tool_role, qwen_like.wrapped_by_template)
+    lines = [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines()]
+    for ex, messages in zip(examples, lines, strict=True):
+        prompt = qwen_like.tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        assert qwen_like.tokenizer(prompt, add_special_tokens=False)["input_ids"] == ex.prompt_ids
+        assert "<tool_response>\n<tool_response>" not in prompt
+    assert any("<tool_response>" in tokenizer.decode(ex.prompt_ids) for ex in with_results)
+
+
 def _one_task_run(tmp_path: Path, source_run: Path) -> Path:
     with RunStore(source_run) as store:
         traj = next(store.trajectories())

@@ -269,13 +269,15 @@ class SFTRun:
     def export(self, path: str | os.PathLike) -> Path:
         """The examples as JSONL in the chat `messages` format (one model call per line)."""
         assert self.examples is not None, "prepare() first"
-        return write_jsonl(path, self.examples.examples, self.renderer.tool_role)
+        r = self.renderer
+        return write_jsonl(path, self.examples.examples, r.tool_role, r.wrapped_by_template)
 
     def export_hf(self, path: str | os.PathLike) -> Path:
         """The examples as a Hugging Face dataset saved to disk: the same `messages` as the JSONL
         export, and where each example comes from (sft_data.example_row)."""
         assert self.examples is not None, "prepare() first"
-        return write_hf_dataset(path, self.examples.examples, self.renderer.tool_role, self.examples.suite)
+        r = self.renderer
+        return write_hf_dataset(path, self.examples.examples, r.tool_role, self.examples.suite, r.wrapped_by_template)
 
     # -- model ------------------------------------------------------------------------------------------
     def _setup(self) -> None:
