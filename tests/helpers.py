@@ -20,3 +20,26 @@ def replies_policy(replies: list[str], tokenizer) -> ScriptedPolicy:
         return replies[min(k, len(replies) - 1)]
 
     return ScriptedPolicy(script, tokenizer=tokenizer, name="replies")
+
+
+# A ChatML template with a tool role that wraps every tool message in <tool_response> tags itself,
+# consecutive tool messages in one user turn (the way the Qwen2.5 / Qwen3 templates render them).
+TOOL_RESPONSE_TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def with_template(tokenizer, template: str):
+    """A shallow copy of `tokenizer` with another chat template (the shared one stays as it is)."""
+    import copy
+
+    copied = copy.copy(tokenizer)
+    copied.chat_template = template
+    return copied

@@ -654,6 +654,44 @@ HERMES_NEAR_MISSES = [
 ]
 
 
+def test_hermes_results_are_wrapped_once_by_a_template_that_wraps_tool_messages(tokenizer):
+    """The hermes protocol wraps each result in <tool_response> tags; a template that wraps every
+    tool message in the same tags (Qwen's) gets each result unwrapped, as a tool message of its
+    own, so the prompt holds each inside one pair; other content passes as it is."""
+    from helpers import TOOL_RESPONSE_TEMPLATE, with_template
+
+    from harnessrl.models import chat
+    from harnessrl.types import Message
+
+    qwen_like = with_template(tokenizer, TOOL_RESPONSE_TEMPLATE)
+    assert chat.default_tool_role(qwen_like) == "tool"
+    assert chat.template_wraps_tool_results(qwen_like, "tool")
+    assert not chat.template_wraps_tool_results(qwen_like, "user")
+    assert not chat.template_wraps_tool_results(tokenizer, chat.default_tool_role(tokenizer))  # SmolLM2
+
+    p = get_protocol("hermes")
+    results = [ToolResult(name="add", output="3"), ToolResult(name="mul", output="no such tool", ok=False)]
+    observation = "\n".join([*(p.render_result(r) for r in results), "2 steps left."])
+    messages = [Message(role="user", content="1+2?"), Message(role="assistant", content=HERMES_ADD)]
+    prompt = chat.render_prompt(qwen_like, [*messages, Message(role="tool", content=observation)], "tool")
+    assert prompt.endswith(
+        "<|im_start|>user\n<tool_response>\n3\n</tool_response>\n<tool_response>\n[error] no such tool\n"
+        "</tool_response>\n<tool_response>\n2 steps left.\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert "<tool_response>\n<tool_response>" not in prompt
+    # what the SFT export writes renders into the same prompt
+    exported = chat.to_template_messages([*messages, Message(role="tool", content=observation)], "tool", True)
+    assert qwen_like.apply_chat_template(exported, tokenize=False, add_generation_prompt=True) == prompt
+
+    for content in (
+        '{"result": 3}',  # another protocol's result: wrapped by the template, once
+        p.render_result(ToolResult(name="cat", output="a </tool_response> in a file")),  # tags inside: kept whole
+    ):
+        assert chat.split_tool_responses(content) == [content]
+        rendered = chat.render_prompt(qwen_like, [*messages, Message(role="tool", content=content)], "tool")
+        assert f"<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>" in rendered
+
+
 def test_hermes_lenient_accepts_near_misses():
     p = get_protocol("hermes")
     for text in HERMES_NEAR_MISSES:

@@ -356,6 +356,7 @@ def foreign_tool_run(tmp_path_factory, source_run) -> Path:
         ("sample-without-tasks", "--sample without --from needs --sample-tasks M"),
         ("sample-tasks-with-from", "--sample-tasks chooses the tasks to sample when there is no --from"),
         ("sample-other-suite", "--sample-suite planning: the --from runs hold episodes of suite toolcalc"),
+        ("empty-model-path", "model path '' does not exist"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
@@ -390,6 +391,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
         "sample-without-tasks": ["--as-harness", "react", "--sample", "2", "--sample-suite", "toolcalc"],
         "sample-tasks-with-from": ["--from", str(failing_run), "--sample", "2", "--sample-tasks", "2"],
         "sample-other-suite": ["--from", str(source_run), "--sample", "2", "--sample-suite", "planning"],
+        "empty-model-path": ["--from", str(source_run), "--model", "hf:"],  # the last --model counts
     }[case]
     if case == "no-datasets":
         monkeypatch.setitem(sys.modules, "datasets", None)  # as if it were not installed
@@ -401,6 +403,27 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()) and "Traceback" not in r.output
     assert not out.exists() and not export.exists() and not (tmp_path / "hf").exists()
+
+
+def test_the_export_renders_the_prompts_of_a_template_that_wraps_tool_messages(source_run, tokenizer, tmp_path):
+    """hermes-tools results under a template that wraps tool messages in <tool_response> itself:
+    each is wrapped once in the prompts, and the exported messages render into those prompts."""
+    from helpers import TOOL_RESPONSE_TEMPLATE, with_template
+
+    from harnessrl.train.sft_data import write_jsonl
+
+    qwen_like = ChatRenderer(with_template(tokenizer, TOOL_RESPONSE_TEMPLATE))
+    assert qwen_like.tool_role == "tool" and qwen_like.wrapped_by_template
+    examples = build_examples(select_episodes([source_run]), load_harness("hermes-tools"), qwen_like).examples
+    with_results = [ex for ex in examples if any(m.role == "tool" for m in ex.messages)]
+    assert with_results
+    path = write_jsonl(tmp_path / "x.jsonl", examples, qwen_like.tool_role, qwen_like.wrapped_by_template)
+    lines = [json.loads(line)["messages"] for line in path.read_text(encoding="utf-8").splitlines()]
+    for ex, messages in zip(examples, lines, strict=True):
+        prompt = qwen_like.tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        assert qwen_like.tokenizer(prompt, add_special_tokens=False)["input_ids"] == ex.prompt_ids
+        assert "<tool_response>\n<tool_response>" not in prompt
+    assert any("<tool_response>" in tokenizer.decode(ex.prompt_ids) for ex in with_results)
 
 
 def _one_task_run(tmp_path: Path, source_run: Path) -> Path:

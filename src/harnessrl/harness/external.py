@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Protocol as Interface
 
-from harnessrl.harness.loops import _short_tb, episode_id
+from harnessrl.harness.loops import _short_tb, check_tool_call, episode_id
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
@@ -60,11 +60,10 @@ from harnessrl.serve.protocol import (
     tool_schemas,
 )
 from harnessrl.serve.recording import RecordingEndpoint
-from harnessrl.tasks.base import Environment, validate_arguments
+from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, ExecResult, isolation_available, run_sandboxed
 from harnessrl.types import (
     ActionKind,
-    BlockReason,
     Grade,
     Message,
     ModelCall,
@@ -260,7 +259,7 @@ class ExternalEpisode:
                     "tool_calls": tool_call_entries(parsed.calls, ids),
                 }
                 for k, tc in enumerate(parsed.calls):
-                    refusal = _refusal(tc, turn.tools)
+                    refusal = check_tool_call(tc, turn.tools, listed_as="the agent offers")[2]
                     if refusal is not None:
                         blocked[k] = refusal
         with self._lock:
@@ -298,28 +297,6 @@ class ExternalEpisode:
                 step.tool_results = results
                 out.append(step)
             return out
-
-
-def _refusal(call: ToolCall, tools: list[ToolSchema]) -> ToolResult | None:
-    """A blocked-call record for a call the agent's own tools cannot take, else None."""
-    schema = next((t for t in tools if t.name == call.name), None)
-    if schema is None:
-        names = ", ".join(t.name for t in tools)
-        return ToolResult(
-            name=call.name,
-            output=f"unknown tool '{call.name}' (the agent offers: {names})",
-            ok=False,
-            blocked=BlockReason.unknown_tool,
-        )
-    _, error = validate_arguments(schema.parameters, call.arguments)
-    if error:
-        return ToolResult(
-            name=call.name,
-            output=f"invalid arguments for {call.name}: {error}",
-            ok=False,
-            blocked=BlockReason.invalid_arguments,
-        )
-    return None
 
 
 # ----------------------------------------------------------------------------- the Python

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import time
 import traceback
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from harnessrl.harness import rules as R
 from harnessrl.harness.protocols import Protocol, get_protocol
@@ -35,10 +36,12 @@ from harnessrl.types import (
     Termination,
     ToolCall,
     ToolResult,
+    ToolSchema,
     Trajectory,
 )
 
 MAX_OBSERVATION_CHARS = 4000  # what the model is shown of one tool output
+ToolLike = TypeVar("ToolLike", Tool, ToolSchema)  # a tool with its code, or only what the model is shown
 
 
 class InfraError(Exception):
@@ -351,24 +354,9 @@ class Episode:
         self.observation_placeholders.append(R.observation_placeholder(step))
 
     def _execute(self, tc: ToolCall, tools: list[Tool] | None = None) -> ToolResult:
-        tools = self.tools if tools is None else tools
-        tool = next((t for t in tools if t.name == tc.name), None)
-        if tool is None:
-            names = ", ".join(t.name for t in tools)
-            return ToolResult(
-                name=tc.name,
-                output=f"unknown tool '{tc.name}' (available: {names})",
-                ok=False,
-                blocked=BlockReason.unknown_tool,
-            )
-        args, err = validate_arguments(tool.parameters, tc.arguments)
-        if err:
-            return ToolResult(
-                name=tc.name,
-                output=f"invalid arguments for {tc.name}: {err}",
-                ok=False,
-                blocked=BlockReason.invalid_arguments,
-            )
+        tool, args, refusal = check_tool_call(tc, self.tools if tools is None else tools)
+        if refusal is not None:
+            return refusal
         self._helper_inner = []
         result = self._run_tool(tool, tc, args)
         # a helper tool leaves its calls there, whatever their outcome; any other tool leaves it empty
@@ -443,6 +431,24 @@ class Episode:
             own_s=round(self.own_s, 4),
             meta={"required_observations": self.task.required_observations, "memory": list(self.memory)},
         )
+
+
+def check_tool_call(
+    call: ToolCall, tools: Sequence[ToolLike], listed_as: str = "available"
+) -> tuple[ToolLike | None, dict[str, Any], ToolResult | None]:
+    """(the tool of `tools` the call names, its checked arguments, None), or, for a call none of
+    them can take (an unknown tool, arguments its schema refuses), the blocked-call record third.
+    `listed_as` introduces the tool names in the unknown-tool message."""
+    tool = next((t for t in tools if t.name == call.name), None)
+    if tool is None:
+        reason = BlockReason.unknown_tool
+        output = f"unknown tool '{call.name}' ({listed_as}: {', '.join(t.name for t in tools)})"
+    else:
+        args, error = validate_arguments(tool.parameters, call.arguments)
+        if not error:
+            return tool, args, None
+        reason, output = BlockReason.invalid_arguments, f"invalid arguments for {call.name}: {error}"
+    return tool, {}, ToolResult(name=call.name, output=output, ok=False, blocked=reason)
 
 
 def _short_tb(e: BaseException) -> str:

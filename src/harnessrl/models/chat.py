@@ -8,6 +8,11 @@ Role "tool": SmolLM2's ChatML template would print any role name verbatim
 handles tool messages itself (it mentions "tool", as Qwen's does), a tool message is sent as a
 user turn whose content starts with ``Tool result (NAME):`` and a newline (``Tool result:``
 when the message has no name).
+
+A template that wraps every tool message in ``<tool_response>`` tags itself (Qwen2.5, Qwen3,
+Hermes) gets the results of the hermes protocol, which wraps them in the same tags, unwrapped:
+each ``<tool_response>`` block of a tool message becomes a tool message of its own (the text
+after the blocks, such as a blocked call's feedback, one more), so the template wraps each once.
 """
 
 from __future__ import annotations
@@ -26,11 +31,20 @@ CHATML_TEMPLATE = (
 )
 
 
-def template_handles(tokenizer, word: str) -> bool:
-    """Whether the chat template refers to `word` as a string literal (role or variable)."""
+# The tags a Qwen2.5 / Qwen3 / Hermes template puts around a tool message's content.
+TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
+
+
+def _template_text(tokenizer) -> str:
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):  # named templates
         template = " ".join(template.values())
+    return template
+
+
+def template_handles(tokenizer, word: str) -> bool:
+    """Whether the chat template refers to `word` as a string literal (role or variable)."""
+    template = _template_text(tokenizer)
     return f"'{word}'" in template or f'"{word}"' in template or f" {word} " in template
 
 
@@ -38,18 +52,52 @@ def default_tool_role(tokenizer) -> ToolRole:
     return "tool" if template_handles(tokenizer, "tool") else "user"
 
 
+def template_wraps_tool_results(tokenizer, tool_role: ToolRole) -> bool:
+    """Whether tool messages go to the template as `tool` turns that it wraps in <tool_response>
+    tags itself (then to_template_messages(..., wrapped_by_template=True) is what it should get)."""
+    return tool_role == "tool" and TOOL_RESPONSE_OPEN.strip() in _template_text(tokenizer)
+
+
+def split_tool_responses(content: str) -> list[str]:
+    """A tool message's content for a template that wraps each tool message in <tool_response>
+    tags: the text of each block it already holds in those tags (the hermes protocol's results,
+    one per line), then the text after them, if any. A content that does not start with such a
+    block, or holds the tags anywhere else, is returned whole."""
+    tags = (TOOL_RESPONSE_OPEN.strip(), TOOL_RESPONSE_CLOSE.strip())
+    pieces, rest = [], content
+    while rest.startswith(TOOL_RESPONSE_OPEN):
+        end = rest.find(TOOL_RESPONSE_CLOSE, len(TOOL_RESPONSE_OPEN))
+        inner = rest[len(TOOL_RESPONSE_OPEN) : end]
+        if end < 0 or any(tag in inner for tag in tags):
+            return [content]
+        pieces.append(inner)
+        rest = rest[end + len(TOOL_RESPONSE_CLOSE) :]
+        if rest and not rest.startswith("\n"):
+            return [content]
+        rest = rest[1:]
+    if not pieces or any(tag in rest for tag in tags):
+        return [content]
+    return pieces + ([rest] if rest else [])
+
+
 def tool_message_as_user(message: Message) -> str:
     label = f"Tool result ({message.name})" if message.name else "Tool result"
     return f"{label}:\n{message.content}"
 
 
-def to_template_messages(messages: Sequence[Message], tool_role: ToolRole = "user") -> list[dict]:
+def to_template_messages(
+    messages: Sequence[Message], tool_role: ToolRole = "user", wrapped_by_template: bool = False
+) -> list[dict]:
+    """The messages as the chat template takes them; `wrapped_by_template`: the template wraps each
+    tool message in <tool_response> tags (template_wraps_tool_results), see split_tool_responses."""
     out = []
     for m in messages:
         if m.role == "tool" and tool_role == "user":
             out.append({"role": "user", "content": tool_message_as_user(m)})
         elif m.role == "tool":
-            out.append({"role": "tool", "content": m.content, **({"name": m.name} if m.name else {})})
+            name = {"name": m.name} if m.name else {}
+            contents = split_tool_responses(m.content) if wrapped_by_template else [m.content]
+            out.extend({"role": "tool", "content": content, **name} for content in contents)
         else:
             out.append({"role": m.role, "content": m.content})
     return out
@@ -72,8 +120,9 @@ def render_prompt(
             {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
             for t in tools
         ]
+    wrapped = template_wraps_tool_results(tokenizer, tool_role)
     return tokenizer.apply_chat_template(
-        to_template_messages(messages, tool_role), tokenize=False, add_generation_prompt=True, **kwargs
+        to_template_messages(messages, tool_role, wrapped), tokenize=False, add_generation_prompt=True, **kwargs
     )
 
 

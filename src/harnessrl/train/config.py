@@ -4,7 +4,7 @@ declared once (the command line is generated from these fields). Light to import
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -13,6 +13,23 @@ from harnessrl.config import cli, comma_list
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+# The options both trainers share (their LoRA and AdamW), each declared once here with its bounds
+# and help text; each config gives its own default (GRPO and SFT differ in --lr).
+TrainModel = Annotated[str, Field(description="model to train: tiny-random, smollm2-135m or hf:PATH")]
+LearningRate = Annotated[float, Field(gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")]
+WeightDecay = Annotated[float, Field(ge=0, description="AdamW weight decay")]
+MaxGradNorm = Annotated[float, Field(ge=0, description="gradient clipping norm (0 = off)")]
+LoraRank = Annotated[int, Field(ge=1, description="LoRA rank")]
+LoraAlpha = Annotated[float, Field(gt=0, description="LoRA alpha (scale = alpha / r)")]
+LoraTargets = Annotated[
+    list[str], Field(min_length=1, description="module names that get LoRA; comma-separate or repeat")
+]
+MicroBatch = Annotated[int, Field(ge=1, description="tokens (rows x padded length) per forward/backward")]
+
+
+def _default_lora_targets() -> list[str]:
+    return list(DEFAULT_LORA_TARGETS)
 
 
 def _scheduler_options(values: Any) -> Any:
@@ -42,7 +59,7 @@ class TrainConfig:
     """Every option of a training run (recorded in OUT/config.json), declared once: the command
     line is generated from these fields. See docs/training.md."""
 
-    model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")
+    model: TrainModel = "smollm2-135m"
     suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
     harnesses: list[str] = Field(
         default_factory=lambda: list(DEFAULT_HARNESSES),
@@ -63,16 +80,12 @@ class TrainConfig:
     tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step")
     group_size: int = Field(8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2")
     # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
-    lr: float = Field(1e-4, gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0 = off)")
-    lora_r: int = Field(16, ge=1, description="LoRA rank")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
-    lora_targets: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
-        min_length=1,
-        description="module names that get LoRA; comma-separate or repeat",
-    )
+    lr: LearningRate = 1e-4
+    weight_decay: WeightDecay = 0.0
+    max_grad_norm: MaxGradNorm = 1.0
+    lora_r: LoraRank = 16
+    lora_alpha: LoraAlpha = 32.0
+    lora_targets: LoraTargets = Field(default_factory=_default_lora_targets)
     # Rollout sampling temperature (also used for the training log-probs). GRPO learns only from
     # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
     # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
@@ -81,7 +94,7 @@ class TrainConfig:
     )
     ppo_epochs: int = Field(1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
-    micro_batch: int = Field(2048, ge=1, description="tokens (rows x padded length) per forward/backward")
+    micro_batch: MicroBatch = 2048
     aggregation: str = Field("token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
     clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip")
     clip_high: float = Field(0.28, ge=0, description="upper ratio clip")
@@ -132,7 +145,7 @@ class SFTConfig:
         "harness it ran in; default: the episodes' harness, when they all have one",
         json_schema_extra=cli("--as-harness"),
     )
-    model: str = Field("smollm2-135m", description="model to train: tiny-random, smollm2-135m or hf:PATH")
+    model: TrainModel = "smollm2-135m"
     min_score: Optional[float] = Field(
         None, ge=0, le=1, description="keep episodes scoring >= this (default: the passing ones)"
     )
@@ -141,18 +154,14 @@ class SFTConfig:
     )
     epochs: int = Field(3, ge=1, description="passes over the examples")
     batch_size: int = Field(8, ge=1, description="examples (model calls) per optimizer step")
-    micro_batch: int = Field(4096, ge=1, description="tokens (rows x padded length) per forward/backward")
-    lr: float = Field(2e-4, gt=0, allow_inf_nan=False, description="AdamW learning rate of the LoRA weights")
+    micro_batch: MicroBatch = 4096
+    lr: LearningRate = 2e-4
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to --lr")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0 = off)")
-    lora_r: int = Field(16, ge=1, description="LoRA rank")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
-    lora_targets: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
-        min_length=1,
-        description="module names that get LoRA; comma-separate or repeat",
-    )
+    weight_decay: WeightDecay = 0.0
+    max_grad_norm: MaxGradNorm = 1.0
+    lora_r: LoraRank = 16
+    lora_alpha: LoraAlpha = 32.0
+    lora_targets: LoraTargets = Field(default_factory=_default_lora_targets)
     checkpoint_every: int = Field(20, ge=1, description="write OUT/checkpoint every N optimizer steps (and at the end)")
     seed: int = Field(0, description="seed of the LoRA init, the example order, the placebo's shuffle and --sample")
     # Rejection sampling (docs/training.md, "Sampling new episodes"): all None = off.

@@ -29,7 +29,7 @@ import inspect
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,10 @@ import torch
 from torch import Tensor
 
 from harnessrl.train.sketch import cosine
+
+# What `observe` is given: the advantages of a harness's episodes in the step, their scores.
+Advantages = Sequence[float] | Tensor
+Rewards = Sequence[float] | Tensor
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,14 @@ class Scheduler:
         raise NotImplementedError
 
     def observe(
-        self,
-        harness: str,
-        advantages: Sequence[float] | Tensor,
-        sketch: Tensor | None = None,
-        rewards: Sequence[float] | None = None,
+        self, harness: str, advantages: Advantages, sketch: Tensor | None = None, rewards: Rewards | None = None
     ) -> None:
-        """The step's advantages (and sketch, and episode scores) of `harness`; ignored here."""
+        """The step's advantages (and sketch, and episode scores) of `harness`."""
         self._check_harness(harness)
+        self._observe(harness, advantages, sketch, rewards)
+
+    def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
+        """What the scheduler learns from an observation of a known harness: nothing here."""
 
     def probabilities(self) -> dict[str, float]:
         """Chance (or long-run share) of each harness at the next step, for logging."""
@@ -107,6 +111,10 @@ class Scheduler:
     def _check_harness(self, harness: str) -> None:
         if harness not in self.harnesses:
             raise ValueError(f"unknown harness {harness!r}; this scheduler has {self.harnesses}")
+
+    def _per_harness(self, saved: dict[str, Any], cast: Callable[[Any], Any]) -> dict[str, Any]:
+        """A saved {harness: value} of state_dict() read back, for exactly this scheduler's harnesses."""
+        return {h: cast(saved[h]) for h in self.harnesses}
 
 
 class MixedScheduler(Scheduler):
@@ -210,12 +218,8 @@ class HarnessBanditScheduler(Scheduler):
         self.score_ema = _option("score_ema", score_ema, 0.0, 1.0, high_open=True)
         self.bonus = _option("bonus", bonus, 0.0, math.inf)
         self.temperature = _option("temperature", temperature, 0.0, math.inf, low_open=True)
-        self.floor = _option("floor", floor, 0.0, 1.0)
-        if K * self.floor >= 1.0:
-            raise ValueError(f"floor * number of harnesses must be < 1, got {self.floor} * {K}")
-        if _option("window", window, 2, math.inf) % 1:
-            raise ValueError(f"window must be an integer >= 2, got {window!r}")
-        self.window = int(float(window))
+        self.floor = _floor_option(floor, K)
+        self.window = _integer_option("window", window, 2)
 
         self.score = {h: 0.5 for h in self.harnesses}
         self.count = {h: 0 for h in self.harnesses}
@@ -224,14 +228,7 @@ class HarnessBanditScheduler(Scheduler):
         self.l_window: deque[float] = deque(maxlen=self.window)
         self.t_window: deque[float] = deque(maxlen=self.window)
 
-    def observe(
-        self,
-        harness: str,
-        advantages: Sequence[float] | Tensor,
-        sketch: Tensor | None = None,
-        rewards: Sequence[float] | None = None,
-    ) -> None:
-        self._check_harness(harness)
+    def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
         adv = torch.as_tensor(advantages, dtype=torch.float64).reshape(-1)
         if adv.numel() == 0:
             raise ValueError(f"observe({harness!r}) got no advantages")
@@ -292,8 +289,8 @@ class HarnessBanditScheduler(Scheduler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.score = {h: float(state["score"][h]) for h in self.harnesses}
-        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+        self.score = self._per_harness(state["score"], float)
+        self.count = self._per_harness(state["count"], int)
         self.total = int(state["total"])
         self.sketch_avg = {h: torch.tensor(v, dtype=torch.float64) for h, v in state["sketch_avg"].items()}
         self.l_window = deque(state["l_window"], maxlen=self.window)
@@ -335,7 +332,23 @@ class RatioScheduler(Scheduler):
         return dict(self.shares)
 
 
-class DumpUCBScheduler(Scheduler):
+class _EpisodeWindows(Scheduler):
+    """Base of the schedulers that keep each harness's values of its last `window` episodes (`recent`)."""
+
+    def __init__(self, harnesses: Sequence[str], seed: int, window: int):
+        super().__init__(harnesses, seed)
+        self.window = _integer_option("window", window, 1)
+        self.recent: dict[str, deque[float]] = {h: deque(maxlen=self.window) for h in self.harnesses}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "recent": {h: list(v) for h, v in self.recent.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.recent = self._per_harness(state["recent"], lambda values: deque(map(float, values), maxlen=self.window))
+
+
+class DumpUCBScheduler(_EpisodeWindows):
     """DUMP's distribution-level curriculum over harnesses: a UCB on the expected absolute advantage.
 
     Every episode's |A| enters its harness's sliding window (the last `window` values); counts are
@@ -354,22 +367,13 @@ class DumpUCBScheduler(Scheduler):
     def __init__(
         self, harnesses: Sequence[str], seed: int = 0, window: int = 300, c: float = 1.0, temperature: float = 0.1
     ):
-        super().__init__(harnesses, seed)
-        self.window = _integer_option("window", window, 1)
+        super().__init__(harnesses, seed, window)
         self.c = _option("c", c, 0.0, math.inf)
         self.temperature = _option("temperature", temperature, 0.0, math.inf)
-        self.recent: dict[str, deque[float]] = {h: deque(maxlen=self.window) for h in self.harnesses}
         self.count = {h: 0 for h in self.harnesses}
         self.total = 0
 
-    def observe(
-        self,
-        harness: str,
-        advantages: Sequence[float] | Tensor,
-        sketch: Tensor | None = None,
-        rewards: Sequence[float] | None = None,
-    ) -> None:
-        self._check_harness(harness)
+    def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
         values = _abs_advantages(harness, advantages)
         self.recent[harness].extend(values)
         self.count[harness] += len(values)
@@ -400,17 +404,11 @@ class DumpUCBScheduler(Scheduler):
         return _draw(self.rng, self.probabilities())
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **super().state_dict(),
-            "recent": {h: list(v) for h, v in self.recent.items()},
-            "count": dict(self.count),
-            "total": self.total,
-        }
+        return {**super().state_dict(), "count": dict(self.count), "total": self.total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.recent = {h: deque(map(float, state["recent"][h]), maxlen=self.window) for h in self.harnesses}
-        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+        self.count = self._per_harness(state["count"], int)
         self.total = int(state["total"])
 
 
@@ -436,14 +434,7 @@ class SecScheduler(Scheduler):
         self.q = {h: 0.0 for h in self.harnesses}
         self.count = {h: 0 for h in self.harnesses}
 
-    def observe(
-        self,
-        harness: str,
-        advantages: Sequence[float] | Tensor,
-        sketch: Tensor | None = None,
-        rewards: Sequence[float] | None = None,
-    ) -> None:
-        self._check_harness(harness)
+    def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
         values = _abs_advantages(harness, advantages)
         reward = math.fsum(values) / len(values)
         self.q[harness] += self.alpha * (reward - self.q[harness])
@@ -460,11 +451,11 @@ class SecScheduler(Scheduler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.q = {h: float(state["q"][h]) for h in self.harnesses}
-        self.count = {h: int(state["count"][h]) for h in self.harnesses}
+        self.q = self._per_harness(state["q"], float)
+        self.count = self._per_harness(state["count"], int)
 
 
-class LiloScheduler(Scheduler):
+class LiloScheduler(_EpisodeWindows):
     """LILO's learnability at the level of harnesses: prefer the harness whose success rate is near 1/2.
 
     p_h is the mean score of h's last `window` episodes (scores in [0, 1]; a success rate for
@@ -482,21 +473,10 @@ class LiloScheduler(Scheduler):
     name = "lilo"
 
     def __init__(self, harnesses: Sequence[str], seed: int = 0, window: int = 128, floor: float = 0.05):
-        super().__init__(harnesses, seed)
-        self.window = _integer_option("window", window, 1)
-        self.floor = _option("floor", floor, 0.0, 1.0)
-        if len(self.harnesses) * self.floor >= 1.0:
-            raise ValueError(f"floor * number of harnesses must be < 1, got {self.floor} * {len(self.harnesses)}")
-        self.recent: dict[str, deque[float]] = {h: deque(maxlen=self.window) for h in self.harnesses}
+        super().__init__(harnesses, seed, window)
+        self.floor = _floor_option(floor, len(self.harnesses))
 
-    def observe(
-        self,
-        harness: str,
-        advantages: Sequence[float] | Tensor,
-        sketch: Tensor | None = None,
-        rewards: Sequence[float] | None = None,
-    ) -> None:
-        self._check_harness(harness)
+    def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
         if rewards is None:
             raise ValueError(f"lilo needs the episodes' scores: observe({harness!r}, advantages, sketch, rewards=...)")
         values = torch.as_tensor(rewards, dtype=torch.float64).reshape(-1).tolist()
@@ -523,13 +503,6 @@ class LiloScheduler(Scheduler):
 
     def select(self, step: int) -> Selection:
         return _draw(self.rng, self.probabilities())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "recent": {h: list(v) for h, v in self.recent.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.recent = {h: deque(map(float, state["recent"][h]), maxlen=self.window) for h in self.harnesses}
 
 
 def _abs_advantages(harness: str, advantages: Sequence[float] | Tensor) -> list[float]:
@@ -561,6 +534,14 @@ def _integer_option(name: str, value: Any, low: int) -> int:
     if x % 1:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(x)
+
+
+def _floor_option(value: Any, harnesses: int) -> float:
+    """The exploration floor: every harness's probability is at least this, so K * floor < 1."""
+    floor = _option("floor", value, 0.0, 1.0)
+    if harnesses * floor >= 1.0:
+        raise ValueError(f"floor * number of harnesses must be < 1, got {floor} * {harnesses}")
+    return floor
 
 
 def _parse_ratio(spec: str) -> dict[str, str]:

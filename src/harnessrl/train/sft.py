@@ -35,16 +35,14 @@ from __future__ import annotations
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harnessrl import __version__
-from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl, write_json
+from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
+from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
 from harnessrl.train.sft_data import (
@@ -69,12 +67,7 @@ from harnessrl.train.sft_sample import (
     run_samples,
     sampling_options_given,
 )
-from harnessrl.train.trainer import (
-    ADAPTER_META,
-    TrainingDiverged,
-    lora_parameters,
-    micro_batches,
-)
+from harnessrl.train.trainer import StepProgress, TrainingDiverged, micro_batches
 
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
 # next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
@@ -144,7 +137,6 @@ class SFTRun:
         sample_policy=None,
     ):
         from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.models import MODEL_NAMES
 
         self.config = config
         sampling = config.sample is not None
@@ -156,12 +148,7 @@ class SFTRun:
                 "no --from run folder given: name the run folders whose episodes to learn from "
                 "(or sample new ones with --sample N)"
             )
-        if config.model not in MODEL_NAMES and not config.model.startswith("hf:"):
-            raise SFTError(
-                f"cannot train '{config.model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)"
-            )
-        if config.model.startswith("hf:") and not Path(config.model[3:]).expanduser().exists():
-            raise SFTError(f"model path '{config.model[3:]}' does not exist")
+        lora.check_local_model(config.model, SFTError)
         self.selection: Selection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
@@ -233,18 +220,8 @@ class SFTRun:
     # -- data -------------------------------------------------------------------------------------------
     def prepare(self) -> ExampleSet:
         """Load the model's tokenizer (with the model) and replay the episodes into examples."""
-        from harnessrl.models import load_policy
-        from harnessrl.models.base import ModelUnavailable
-        from harnessrl.models.hf import HFPolicy
-
         cfg = self.config
-        try:
-            policy = load_policy(cfg.model)
-        except (ValueError, ModelUnavailable, OSError) as e:
-            raise SFTError(f"cannot load model '{cfg.model}': {e}") from None
-        if not isinstance(policy, HFPolicy):
-            raise SFTError(f"training needs a local transformers model, not {cfg.model!r}")
-        self.policy = policy
+        policy = self.policy = lora.load_local_policy(cfg.model, SFTError)
         self.renderer = ChatRenderer(policy.tokenizer, policy.tool_role)
         if self.plan is not None:
             self.selection = self.sample()
@@ -292,38 +269,20 @@ class SFTRun:
     def export(self, path: str | os.PathLike) -> Path:
         """The examples as JSONL in the chat `messages` format (one model call per line)."""
         assert self.examples is not None, "prepare() first"
-        return write_jsonl(path, self.examples.examples, self.renderer.tool_role)
+        r = self.renderer
+        return write_jsonl(path, self.examples.examples, r.tool_role, r.wrapped_by_template)
 
     def export_hf(self, path: str | os.PathLike) -> Path:
         """The examples as a Hugging Face dataset saved to disk: the same `messages` as the JSONL
         export, and where each example comes from (sft_data.example_row)."""
         assert self.examples is not None, "prepare() first"
-        return write_hf_dataset(path, self.examples.examples, self.renderer.tool_role, self.examples.suite)
+        r = self.renderer
+        return write_hf_dataset(path, self.examples.examples, r.tool_role, self.examples.suite, r.wrapped_by_template)
 
     # -- model ------------------------------------------------------------------------------------------
     def _setup(self) -> None:
-        from peft import LoraConfig, get_peft_model
-
-        cfg = self.config
-        lora = LoraConfig(
-            r=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=0.0,  # eval mode throughout: a resumed run computes what the uninterrupted one would
-            target_modules=list(cfg.lora_targets),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        try:
-            with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
-                torch.manual_seed(cfg.seed)
-                self.peft_model = get_peft_model(self.policy.model, lora)
-        except ValueError as e:
-            raise SFTError(
-                f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}"
-            ) from None
-        self.peft_model.eval()
-        self.trainable = [p for _, p in lora_parameters(self.peft_model)]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # eval mode throughout: a resumed run computes what the uninterrupted one would
+        self.peft_model, self.trainable, self.optimizer = lora.attach(self.policy, self.config, SFTError)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of optimizer step `step` (0-based): linear warm-up, then constant."""
@@ -405,32 +364,16 @@ class SFTRun:
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(self, fingerprint: str) -> Path:
         """OUT/checkpoint, written in a temporary folder then renamed into place."""
-        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=self.out))
-        final, old = self.out / "checkpoint", self.out / ".checkpoint-old"
-        try:
-            self.peft_model.save_pretrained(str(tmp / "adapter"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            write_json(tmp / "state.json", {"step": self.step, "data_fingerprint": fingerprint})
-            if old.exists():
-                shutil.rmtree(old)
-            if final.exists():
-                os.rename(final, old)  # a crash right here leaves .checkpoint-old, which resume uses
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
+        state = {"step": self.step, "data_fingerprint": fingerprint}
+        return lora.write_checkpoint(self.out, self.peft_model, self.optimizer, state)
 
     def load_checkpoint(self, fingerprint: str) -> bool:
         """Restore adapter, optimizer and step; False when there is none yet. The examples must be
         the ones the checkpoint was trained on."""
         import json
 
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
-
-        folder = next((f for f in (self.out / "checkpoint", self.out / ".checkpoint-old") if f.is_dir()), None)
-        if folder is None or not (folder / "state.json").is_file():
+        folder = lora.checkpoint_folder(self.out)
+        if folder is None:
             return False
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
         if state.get("data_fingerprint") != fingerprint:
@@ -438,43 +381,25 @@ class SFTRun:
                 f"{self.out}: the examples differ from the ones its checkpoint was trained on (the episodes in --from "
                 "changed?); start a new --out"
             )
-        weights = load_file(str(folder / "adapter" / "adapter_model.safetensors"))
-        result = set_peft_model_state_dict(self.peft_model, weights)
-        if getattr(result, "unexpected_keys", None):
-            raise SFTError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+        lora.load_adapter_weights(self.peft_model, lora.read_adapter_weights(folder), folder, SFTError)
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         self.step = int(state["step"])
         return True
 
     def save_adapter(self) -> Path:
-        """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model."""
+        """OUT/adapter (lora.write_adapter); harnessrl.json also names the harness, the placebo and the examples."""
         cfg = self.config
-        base = cfg.model
-        if base.startswith("hf:"):
-            base = "hf:" + str(Path(base[3:]).expanduser().resolve())
-        tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=self.out))
-        final = self.out / "adapter"
-        try:
-            self.peft_model.save_pretrained(str(tmp))
-            write_json(
-                tmp / ADAPTER_META,
-                {
-                    "base_model": base,
-                    "trained_by": "harnessrl train sft",
-                    "harnessrl_version": __version__,
-                    "steps": self.step,
-                    "suite": self.examples.suite,
-                    "harness": self.harness_name,
-                    "placebo": cfg.placebo,
-                    "examples": len(self.examples.examples),
-                },
-            )
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
+        return lora.write_adapter(
+            self.out,
+            self.peft_model,
+            cfg.model,
+            "harnessrl train sft",
+            steps=self.step,
+            suite=self.examples.suite,
+            harness=self.harness_name,
+            placebo=cfg.placebo,
+            examples=len(self.examples.examples),
+        )
 
     def _say(self, text: str) -> None:
         if self.progress:
@@ -526,49 +451,15 @@ def run_sft(
     return {**summary, **run.train()}
 
 
-class _Progress:
-    """A rich bar on a terminal; a plain line per step otherwise (CI logs, `| tee`)."""
+class _Progress(StepProgress):
+    title = "sft step"
+    columns = {"loss": "loss {task.fields[loss]}"}
 
-    def __init__(self, console, total: int, done: int, enabled: bool):
-        self.console, self.total, self.done, self.enabled = console, total, done, enabled
-        self.bar = None
+    def shown(self, r: dict[str, Any]) -> dict[str, str]:
+        return {"loss": f"{r['loss']:.4f}"}
 
-    def __enter__(self):
-        if self.enabled and self.console.is_terminal:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("[bold]sft step"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=self.console,
-            )
-            self.bar.__enter__()
-            self.task = self.bar.add_task("sft", total=self.total, completed=self.done, loss="-")
-        return self
-
-    def update(self, r: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=r["step"], loss=f"{r['loss']:.4f}")
-        elif self.enabled:
-            self.console.print(
-                f"step {r['step']}/{self.total}  epoch {r['epoch']}  loss {r['loss']:.4f}  "
-                f"tokens {r['tokens']}  lr {r['lr']:.2e}  {r['seconds']:.1f} s",
-                highlight=False,
-                markup=False,
-            )
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-        return False
+    def line(self, r: dict[str, Any]) -> str:
+        return (
+            f"step {r['step']}/{self.total}  epoch {r['epoch']}  loss {r['loss']:.4f}  "
+            f"tokens {r['tokens']}  lr {r['lr']:.2e}  {r['seconds']:.1f} s"
+        )

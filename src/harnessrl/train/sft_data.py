@@ -295,12 +295,13 @@ class SFTExample:
     source_run: str = ""  # the run folder the episode was read from
     placebo: bool = False  # its final submit carries another task's answer (--placebo)
 
-    def chat_messages(self, tool_role: str) -> list[dict[str, Any]]:
+    def chat_messages(self, tool_role: str, wrapped_by_template: bool = False) -> list[dict[str, Any]]:
         """The conversation in the chat `messages` format, as the tokenizer's template receives
-        it (tool results as `tool_role` turns), ending with this call's reply."""
+        it (tool results as `tool_role` turns; see chat.to_template_messages for
+        `wrapped_by_template`), ending with this call's reply."""
         from harnessrl.models import chat
 
-        msgs = chat.to_template_messages(self.messages, tool_role)  # type: ignore[arg-type]
+        msgs = chat.to_template_messages(self.messages, tool_role, wrapped_by_template)  # type: ignore[arg-type]
         return [*msgs, {"role": "assistant", "content": self.completion}]
 
 
@@ -325,6 +326,7 @@ class ChatRenderer:
 
         self.tokenizer = tokenizer
         self.tool_role = tool_role or chat.default_tool_role(tokenizer)
+        self.wrapped_by_template = chat.template_wraps_tool_results(tokenizer, self.tool_role)
         eot = tokenizer.convert_tokens_to_ids(END_OF_TURN)
         if not isinstance(eot, int) or eot == tokenizer.unk_token_id:
             eot = tokenizer.eos_token_id
@@ -611,11 +613,11 @@ def _answer_args(r: Replay) -> dict[str, Any]:
     return last.arguments if last else {}
 
 
-def example_row(example: SFTExample, tool_role: str, suite: str) -> dict[str, Any]:
+def example_row(example: SFTExample, tool_role: str, suite: str, wrapped_by_template: bool = False) -> dict[str, Any]:
     """One example as a dataset row: the `messages` (what the JSONL export writes) and where it
     comes from."""
     return {
-        "messages": example.chat_messages(tool_role),
+        "messages": example.chat_messages(tool_role, wrapped_by_template),
         "task_id": example.task_id,
         "suite": suite,
         "harness": example.harness,
@@ -645,7 +647,9 @@ def check_hf_export(path: str | Path) -> Path:
     return path
 
 
-def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: str, suite: str) -> Path:
+def write_hf_dataset(
+    path: str | Path, examples: list[SFTExample], tool_role: str, suite: str, wrapped_by_template: bool = False
+) -> Path:
     """The examples as a Hugging Face dataset saved to disk (`datasets.load_from_disk(path)`),
     written in a temporary folder beside `path`, then renamed into place (a dataset saved there
     before is replaced)."""
@@ -662,7 +666,7 @@ def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: st
     bars = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # one small save: its bar would only interleave with ours
     try:
-        rows = [example_row(ex, tool_role, suite) for ex in examples]
+        rows = [example_row(ex, tool_role, suite, wrapped_by_template) for ex in examples]
         datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "data"))
         shutil.rmtree(old, ignore_errors=True)
         if path.exists():
@@ -676,7 +680,9 @@ def write_hf_dataset(path: str | Path, examples: list[SFTExample], tool_role: st
     return path
 
 
-def write_jsonl(path: str | Path, examples: list[SFTExample], tool_role: str) -> Path:
+def write_jsonl(
+    path: str | Path, examples: list[SFTExample], tool_role: str, wrapped_by_template: bool = False
+) -> Path:
     """The examples in the chat `messages` format, one model call per line, written atomically."""
     import os
 
@@ -685,6 +691,7 @@ def write_jsonl(path: str | Path, examples: list[SFTExample], tool_role: str) ->
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as fh:
         for ex in examples:
-            fh.write(json.dumps({"messages": ex.chat_messages(tool_role)}, ensure_ascii=False) + "\n")
+            messages = ex.chat_messages(tool_role, wrapped_by_template)
+            fh.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
     return path

@@ -83,8 +83,6 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -92,10 +90,10 @@ from typing import Any
 
 import torch
 
-from harnessrl import __version__
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl, write_json
+from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.tasks.base import Suite
+from harnessrl.train import lora
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError, local_mini_batches
 from harnessrl.train.grpo import (
@@ -113,7 +111,6 @@ from harnessrl.train.sketch import GradientSketch, cosine
 # (`processes`, the number of training processes, changes only float rounding; which servers
 # sample the rollouts changes nothing either: per-request seeds, same weights).
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers")
-ADAPTER_META = "harnessrl.json"
 
 
 class TrainError(ValueError):
@@ -178,10 +175,6 @@ def sampling_seed(seed: int, step: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # a non-negative 63-bit integer
 
 
-def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
 # ------------------------------------------------------------------------------------- the trainer
 
 
@@ -235,7 +228,7 @@ class Trainer:
                 raise TrainError(
                     f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
                 )
-        _check_model_spec(config.model)
+        lora.check_local_model(config.model, TrainError)
 
         try:
             self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
@@ -283,45 +276,16 @@ class Trainer:
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
-        from peft import LoraConfig, get_peft_model
-
-        from harnessrl.models import load_policy
-        from harnessrl.models.base import ModelUnavailable, SamplingParams
-        from harnessrl.models.hf import HFPolicy
+        from harnessrl.models.base import SamplingParams
         from harnessrl.rollout import Runner
 
         cfg = self.config
-        try:
-            policy = load_policy(cfg.model)
-        except (ValueError, ModelUnavailable, OSError) as e:
-            raise TrainError(f"cannot load model '{cfg.model}': {e}") from None
-        if not isinstance(policy, HFPolicy):
-            raise TrainError(
-                f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {cfg.model!r}"
-            )
-        lora = LoraConfig(
-            r=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=0.0,  # dropout would make training log-probs differ from the rollout's
-            target_modules=list(cfg.lora_targets),
-            bias="none",
-            task_type="CAUSAL_LM",
-        )
-        try:
-            with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
-                torch.manual_seed(cfg.seed)
-                self.peft_model = get_peft_model(policy.model, lora)
-        except ValueError as e:
-            raise TrainError(
-                f"cannot apply LoRA to {cfg.model} (--lora-targets {','.join(cfg.lora_targets)}): {e}"
-            ) from None
-        # The LoRA layers are injected into policy.model in place: generation uses the adapter.
-        assert self.peft_model.get_base_model() is policy.model
-        self.peft_model.eval()  # and it stays so, in training too: no dropout (see the module docstring)
+        policy = lora.load_local_policy(cfg.model, TrainError)
+        # LoRA in policy.model itself: generation uses the adapter; eval mode throughout (no dropout,
+        # see the module docstring)
+        self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, TrainError)
         self.policy = policy
         self.tokenizer = policy.tokenizer
-        self.trainable = [p for _, p in lora_parameters(self.peft_model)]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
         self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
@@ -391,51 +355,29 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         """OUT/checkpoint, written in a temporary folder then renamed into place (state.json last)."""
-        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=self.out))
-        final, old = self.out / "checkpoint", self.out / ".checkpoint-old"
-        try:
-            self.peft_model.save_pretrained(str(tmp / "adapter"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-            write_json(
-                tmp / "state.json",
-                {
-                    "step": self.step,
-                    "scheduler": self.scheduler.state_dict(),
-                    "task_rng": _rng_state(self.task_rng),
-                    "generate_calls": self.policy.generate_calls,
-                },
-            )
-            if old.exists():
-                shutil.rmtree(old)
-            if final.exists():
-                os.rename(final, old)  # a crash right here leaves .checkpoint-old, which resume uses
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
-
-    def _checkpoint_folder(self) -> Path | None:
-        for folder in (self.out / "checkpoint", self.out / ".checkpoint-old"):
-            if (folder / "state.json").is_file():
-                return folder
-        return None
+        return lora.write_checkpoint(
+            self.out,
+            self.peft_model,
+            self.optimizer,
+            {
+                "step": self.step,
+                "scheduler": self.scheduler.state_dict(),
+                "task_rng": _rng_state(self.task_rng),
+                "generate_calls": self.policy.generate_calls,
+            },
+            {"rng.pt": {"torch": torch.get_rng_state()}},
+        )
 
     def load_checkpoint(self) -> bool:
         """Restore adapter, optimizer, scheduler, RNGs and step; False when there is none yet.
 
         With several processes rank 0 reads the checkpoint and every process restores rank 0's
         copy: it holds nothing per process, so the number of processes may change on resume."""
-        from peft import set_peft_model_state_dict
-
         saved = self.dist.broadcast_object(self._read_checkpoint() if self.dist.is_main else None)
         if saved is None:
             return False
         folder, state, weights, optimizer, rng = saved
-        result = set_peft_model_state_dict(self.peft_model, weights)
-        if getattr(result, "unexpected_keys", None):
-            raise TrainError(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+        lora.load_adapter_weights(self.peft_model, weights, folder, TrainError)
         self.optimizer.load_state_dict(optimizer)
         torch.set_rng_state(rng["torch"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -447,46 +389,30 @@ class Trainer:
 
     def _read_checkpoint(self) -> tuple[str, dict, dict, dict, dict] | None:
         """(folder, state.json, adapter weights, optimizer state, RNG state) of the checkpoint, or None."""
-        from safetensors.torch import load_file
-
-        folder = self._checkpoint_folder()
+        folder = lora.checkpoint_folder(self.out)
         if folder is None:
             return None
         return (
             str(folder),
             json.loads((folder / "state.json").read_text(encoding="utf-8")),
-            load_file(str(folder / "adapter" / "adapter_model.safetensors")),
+            lora.read_adapter_weights(folder),
             torch.load(folder / "optimizer.pt", weights_only=True),
             torch.load(folder / "rng.pt", weights_only=True),
         )
 
     def save_adapter(self) -> Path:
-        """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model."""
-        base = self.config.model
-        if base.startswith("hf:"):
-            base = "hf:" + str(Path(base[3:]).expanduser().resolve())
-        tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=self.out))
-        final = self.out / "adapter"
-        try:
-            self.peft_model.save_pretrained(str(tmp))
-            write_json(
-                tmp / ADAPTER_META,
-                {
-                    "base_model": base,
-                    "trained_by": "harnessrl train grpo",
-                    "harnessrl_version": __version__,
-                    "steps": self.step,
-                    "suite": self.config.suite,
-                    "harnesses": self.config.harnesses,
-                    "scheduler": self.config.scheduler,
-                },
-            )
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return final
+        """OUT/adapter (lora.write_adapter); harnessrl.json also names the suite, harnesses and scheduler."""
+        cfg = self.config
+        return lora.write_adapter(
+            self.out,
+            self.peft_model,
+            cfg.model,
+            "harnessrl train grpo",
+            steps=self.step,
+            suite=cfg.suite,
+            harnesses=cfg.harnesses,
+            scheduler=cfg.scheduler,
+        )
 
     # -- one step -------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -981,14 +907,14 @@ class Trainer:
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
         last: dict[str, Any] = {}
-        with _StepProgress(self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
+        with _GRPOProgress(self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
             while self.step < cfg.steps:
                 try:
                     record = self.train_step()
                 except TrainingDiverged as e:
                     if not main:  # every process stops at the same step; rank 0 tells why
                         raise
-                    folder = self._checkpoint_folder()
+                    folder = lora.checkpoint_folder(self.out)
                     at = json.loads((folder / "state.json").read_text())["step"] if folder else None
                     where = (
                         f"the last checkpoint ({self.out / 'checkpoint'}, step {at}) is intact: continue with --resume"
@@ -1051,17 +977,26 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-class _StepProgress:
-    """A rich bar on a terminal; a plain line per step otherwise (CI logs, `| tee`)."""
+class StepProgress:
+    """A rich bar over the optimizer steps on a terminal; a plain line per step otherwise (CI logs,
+    `| tee`). A subclass names the bar's own columns (`columns`: field -> column text), what a
+    step's record shows in them (`shown`) and as a line (`line`)."""
+
+    title = "step"
+    columns: dict[str, str] = {}
 
     def __init__(self, console, total: int, done: int, enabled: bool):
-        self.console, self.total, self.enabled = console, total, enabled
-        self.live = enabled and console.is_terminal
+        self.console, self.total, self.done, self.enabled = console, total, done, enabled
         self.bar = None
-        self.done = done
+
+    def shown(self, r: dict[str, Any]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def line(self, r: dict[str, Any]) -> str:
+        raise NotImplementedError
 
     def __enter__(self):
-        if self.live:
+        if self.enabled and self.console.is_terminal:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -1072,32 +1007,25 @@ class _StepProgress:
             )
 
             self.bar = Progress(
-                TextColumn("[bold]step"),
+                TextColumn(f"[bold]{self.title}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("{task.fields[harness]}"),
-                TextColumn("reward {task.fields[reward]}"),
+                *(TextColumn(text) for text in self.columns.values()),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=self.console,
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task("train", total=self.total, completed=self.done, harness="-", reward="-")
+            self.task = self.bar.add_task(
+                self.title, total=self.total, completed=self.done, **dict.fromkeys(self.columns, "-")
+            )
         return self
 
     def update(self, r: dict[str, Any]) -> None:
-        reward = "-" if r["reward_mean"] is None else f"{r['reward_mean']:.3f}"
         if self.bar is not None:
-            self.bar.update(self.task, completed=r["step"], harness=r["harness"], reward=reward)
+            self.bar.update(self.task, completed=r["step"], **self.shown(r))
         elif self.enabled:
-            loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
-            adv = "-" if r["adv_abs_mean"] is None else f"{r['adv_abs_mean']:.3f}"
-            self.console.print(
-                f"step {r['step']}/{self.total}  {r['harness']}  reward {reward}  |A| {adv}  loss {loss}  "
-                f"{'update' if r['optimizer_step'] else 'skipped'}  {r['time']['total']:.1f} s",
-                highlight=False,
-                markup=False,
-            )
+            self.console.print(self.line(r), highlight=False, markup=False)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -1105,16 +1033,19 @@ class _StepProgress:
         return False
 
 
-# ------------------------------------------------------------------------------------- validation
+class _GRPOProgress(StepProgress):
+    columns = {"harness": "{task.fields[harness]}", "reward": "reward {task.fields[reward]}"}
+
+    def shown(self, r: dict[str, Any]) -> dict[str, str]:
+        return {"harness": r["harness"], "reward": _shown(r["reward_mean"], ".3f")}
+
+    def line(self, r: dict[str, Any]) -> str:
+        return (
+            f"step {r['step']}/{self.total}  {r['harness']}  reward {_shown(r['reward_mean'], '.3f')}  "
+            f"|A| {_shown(r['adv_abs_mean'], '.3f')}  loss {_shown(r['loss'], '.4f')}  "
+            f"{'update' if r['optimizer_step'] else 'skipped'}  {r['time']['total']:.1f} s"
+        )
 
 
-def _check_model_spec(model: str) -> None:
-    from harnessrl.models import MODEL_NAMES
-
-    if model in MODEL_NAMES:
-        return
-    if model.startswith("hf:"):
-        if not model[3:] or not Path(model[3:]).expanduser().exists():
-            raise TrainError(f"model path '{model[3:]}' does not exist")
-        return
-    raise TrainError(f"cannot train '{model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)")
+def _shown(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

@@ -27,23 +27,20 @@ from typing import Any
 
 from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, ParseResult, Protocol, _Malformed
 from harnessrl.harness.protocols.shared import (
-    _convert_text,
     _example_call,
-    _find_tool,
+    _lenient_call,
     _loads,
     _make_call,
     _marker,
     _object_end,
-    _only_argument,
     _outside,
-    _props,
     _scan_braces,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
 _NAME_KEYS = ("name", "tool", "tool_name", "function")
 _ARGS_KEYS = ("arguments", "parameters", "args", "input", "params")
-_META_KEYS = {"type", "id", "thought", "reasoning"}
+_NO_OBJECT = '"arguments" must be a JSON object of argument names and values'
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n?")
 _FENCE_MARK = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*")
@@ -257,7 +254,7 @@ class HermesProtocol(Protocol):
             if not isinstance(value["name"], str):
                 raise _Malformed('"name" must be the tool name as a string')
             if not isinstance(value["arguments"], dict):
-                raise _Malformed('"arguments" must be a JSON object of argument names and values')
+                raise _Malformed(_NO_OBJECT)
             return _make_call(value["name"], value["arguments"], raw)
 
         for _ in range(3):  # {"type": "function", "function": {"name": ..., "arguments": ...}}
@@ -273,32 +270,4 @@ class HermesProtocol(Protocol):
             return None  # outside a tag only an object with both counts, and a signature is not a call
         if name_key is None:
             raise _Malformed(f'the JSON object needs the tool name in "name": {self.shape}')
-        name = value[name_key]
-        if not isinstance(name, str) or not name.strip():
-            raise _Malformed(f'"{name_key}" must be the tool name as a string')
-        if args_key is None:  # flat form {"name": "add", "a": 1, "b": 2}
-            args: Any = {k: v for k, v in value.items() if k != name_key and k not in _META_KEYS}
-        else:
-            args = value[args_key]
-            if args is None:
-                args = {}
-            elif isinstance(args, str):
-                args = self._string_arguments(args, name, tools)
-        if not isinstance(args, dict):
-            raise _Malformed(f'"{args_key}" must be a JSON object of argument names and values')
-        return _make_call(name, args, raw)
-
-    def _string_arguments(self, args: str, name: str, tools: list[ToolSchema] | None) -> Any:
-        """Arguments given as a string: JSON text, or the value of a tool's only argument."""
-        if not args.strip():
-            return {}
-        if args.lstrip().startswith("{"):
-            try:
-                return _loads(args.strip(), True)
-            except _Malformed as exc:
-                raise _Malformed(f"could not parse the arguments string as JSON: {exc}") from None
-        tool = _find_tool(tools, name)
-        only = _only_argument(tool)
-        if only is not None:
-            return {only: _convert_text(args, _props(tool).get(only), True)}
-        raise _Malformed('"arguments" must be a JSON object of argument names and values')
+        return _lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)

@@ -16,15 +16,13 @@ from typing import Any
 
 from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, ParseResult, Protocol, _Malformed
 from harnessrl.harness.protocols.shared import (
-    _convert_text,
     _example_call,
     _find_tool,
+    _lenient_call,
     _loads,
     _make_call,
-    _only_argument,
     _outside,
     _plain_result,
-    _props,
     _scan_braces,
     _tools_block,
 )
@@ -32,7 +30,7 @@ from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
 _NAME_KEYS = ("tool", "tool_name", "function", "name")
 _ARGS_KEYS = ("arguments", "args", "parameters", "input", "params")
-_META_KEYS = {"type", "id", "thought", "reasoning"}
+_NO_OBJECT = "the arguments must be a JSON object of argument names and values"
 _WRAPPER_KEYS = ("tool_calls", "calls", "actions")
 # does a fragment that failed to decode look like a call attempt?
 _JSON_HINT = re.compile(r"""["']?\b(?:tool|tool_name|name|function)\b["']?\s*:""")
@@ -152,31 +150,4 @@ class JsonProtocol(Protocol):
         args_key = next((k for k in _ARGS_KEYS if k in value), None)
         if name_key == "name" and args_key is None and _find_tool(tools, name if isinstance(name, str) else "") is None:
             return []  # {"name": "Bob", ...} is data, not a call
-        if not isinstance(name, str) or not name.strip():
-            raise _Malformed(f'"{name_key}" must be the tool name as a string')
-        if args_key is None:  # flat form {"tool": "add", "a": 1, "b": 2}
-            args: Any = {k: v for k, v in value.items() if k != name_key and k not in _META_KEYS}
-        else:
-            args = value[args_key]
-            if args is None:
-                args = {}
-            elif isinstance(args, str):
-                args = self._string_arguments(args, name, tools)
-        if not isinstance(args, dict):
-            raise _Malformed(f'"{args_key}" must be a JSON object of argument names and values')
-        return [_make_call(name, args, raw)]
-
-    def _string_arguments(self, args: str, name: str, tools: list[ToolSchema] | None) -> Any:
-        """Arguments given as a string: JSON text, or the value of a tool's only argument."""
-        if not args.strip():
-            return {}
-        if args.lstrip().startswith("{"):
-            try:
-                return _loads(args.strip(), True)
-            except _Malformed as exc:
-                raise _Malformed(f"could not parse the arguments string as JSON: {exc}") from None
-        tool = _find_tool(tools, name)
-        only = _only_argument(tool)
-        if only is not None:
-            return {only: _convert_text(args, _props(tool).get(only), True)}
-        raise _Malformed("the arguments must be a JSON object of argument names and values")
+        return [_lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)]

@@ -70,6 +70,49 @@ def _make_call(name: Any, arguments: Any, raw: str) -> ToolCall:
         raise _Malformed(f"invalid call: {exc.errors()[0].get('msg', 'invalid')}") from None
 
 
+# keys of a call object that are never arguments of the flat form {"tool": "add", "a": 1}
+_META_KEYS = {"type", "id", "thought", "reasoning"}
+
+
+def _lenient_call(
+    value: dict[str, Any], name_key: str, args_key: str | None, raw: str, tools: list[ToolSchema] | None, no_object: str
+) -> ToolCall:
+    """The call of a JSON object read leniently: the tool name under `name_key`; the arguments
+    under `args_key` (null: none; a string: `_string_arguments`) or, when it is None, every other
+    key but the meta keys (the flat form). `no_object`: the format's message for string arguments
+    that are neither JSON nor the value of a tool's only argument."""
+    name = value[name_key]
+    if not isinstance(name, str) or not name.strip():
+        raise _Malformed(f'"{name_key}" must be the tool name as a string')
+    if args_key is None:
+        args: Any = {k: v for k, v in value.items() if k != name_key and k not in _META_KEYS}
+    else:
+        args = value[args_key]
+        if args is None:
+            args = {}
+        elif isinstance(args, str):
+            args = _string_arguments(args, name, tools, no_object)
+    if not isinstance(args, dict):
+        raise _Malformed(f'"{args_key}" must be a JSON object of argument names and values')
+    return _make_call(name, args, raw)
+
+
+def _string_arguments(args: str, name: str, tools: list[ToolSchema] | None, no_object: str) -> Any:
+    """Arguments given as a string: JSON text, or the value of a tool's only argument."""
+    if not args.strip():
+        return {}
+    if args.lstrip().startswith("{"):
+        try:
+            return _loads(args.strip(), True)
+        except _Malformed as exc:
+            raise _Malformed(f"could not parse the arguments string as JSON: {exc}") from None
+    tool = _find_tool(tools, name)
+    only = _only_argument(tool)
+    if only is not None:
+        return {only: _convert_text(args, _props(tool).get(only), True)}
+    raise _Malformed(no_object)
+
+
 def _find_tool(tools: list[ToolSchema] | None, name: str) -> ToolSchema | None:
     for tool in tools or []:
         if tool.name == name:

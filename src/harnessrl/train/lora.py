@@ -1,0 +1,170 @@
+"""The LoRA-adapted local model both trainers (GRPO: trainer.py, SFT: sft.py) set up, checkpoint
+and save the same way.
+
+    check_local_model     cheap: the model spec names a local model (before anything is loaded)
+    load_local_policy     the model loaded as an HFPolicy: training needs its weights in this process
+    attach                LoRA injected in place (the policy then generates with the adapter),
+                          initialised from the run seed alone; its trainable parameters, AdamW
+    write_checkpoint      OUT/checkpoint: adapter/, optimizer.pt, extra tensors, state.json
+    checkpoint_folder     the checkpoint a resume reads (or the previous one, after a crash)
+    load_adapter_weights  a checkpoint's adapter weights back into the peft model
+    write_adapter         OUT/adapter: a peft adapter folder + harnessrl.json naming the base model
+
+The checks take the exception class of their caller (TrainError, SFTError), so each command
+reports a bad model or checkpoint as its own error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl import __version__
+from harnessrl.rundir import write_json
+
+ADAPTER_META = "harnessrl.json"
+
+
+def check_local_model(model: str, error: type[Exception]) -> None:
+    """Refuse, before anything is loaded, a model spec that is not a local model."""
+    from harnessrl.models import MODEL_NAMES
+
+    if model in MODEL_NAMES:
+        return
+    if model.startswith("hf:"):
+        if not model[3:] or not Path(model[3:]).expanduser().exists():
+            raise error(f"model path '{model[3:]}' does not exist")
+        return
+    raise error(f"cannot train '{model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)")
+
+
+def load_local_policy(model: str, error: type[Exception]):
+    """The model as an HFPolicy (its tokenizer, its torch model, its engine)."""
+    from harnessrl.models import load_policy
+    from harnessrl.models.base import ModelUnavailable
+    from harnessrl.models.hf import HFPolicy
+
+    try:
+        policy = load_policy(model)
+    except (ValueError, ModelUnavailable, OSError) as e:
+        raise error(f"cannot load model '{model}': {e}") from None
+    if not isinstance(policy, HFPolicy):
+        raise error(f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {model!r}")
+    return policy
+
+
+def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def attach(policy, config, error: type[Exception]) -> tuple[Any, list[torch.nn.Parameter], torch.optim.AdamW]:
+    """LoRA on `policy.model` from `config` (TrainConfig or SFTConfig: model, seed, lora_r,
+    lora_alpha, lora_targets, lr, weight_decay): the peft model, its trainable parameters, their AdamW.
+
+    The LoRA layers are injected into policy.model in place, so the policy generates with the
+    adapter. No dropout, and the model stays in eval mode, in training too: dropout would make the
+    training log-probs differ from the rollout's, and a resumed run compute other numbers than the
+    uninterrupted one."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=0.0,
+        target_modules=list(config.lora_targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
+            torch.manual_seed(config.seed)
+            peft_model = get_peft_model(policy.model, lora)
+    except ValueError as e:
+        raise error(
+            f"cannot apply LoRA to {config.model} (--lora-targets {','.join(config.lora_targets)}): {e}"
+        ) from None
+    assert peft_model.get_base_model() is policy.model
+    peft_model.eval()
+    trainable = [p for _, p in lora_parameters(peft_model)]
+    return peft_model, trainable, torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+
+
+# -- the run folder's checkpoint and adapter ----------------------------------------------------------
+
+
+def write_checkpoint(
+    out: Path,
+    peft_model,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    tensors: dict[str, Any] | None = None,
+) -> Path:
+    """OUT/checkpoint: adapter/, optimizer.pt, `tensors` (file name -> object for torch.save) and
+    state.json last, written in a temporary folder then renamed into place."""
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=out))
+    final, old = out / "checkpoint", out / ".checkpoint-old"
+    try:
+        peft_model.save_pretrained(str(tmp / "adapter"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        for name, value in (tensors or {}).items():
+            torch.save(value, tmp / name)
+        write_json(tmp / "state.json", state)
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.rename(final, old)  # a crash right here leaves .checkpoint-old, which resume uses
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def checkpoint_folder(out: Path) -> Path | None:
+    """OUT/checkpoint, or OUT/.checkpoint-old when a crash came between the two renames; None when
+    there is no complete checkpoint (state.json is written last)."""
+    for folder in (out / "checkpoint", out / ".checkpoint-old"):
+        if (folder / "state.json").is_file():
+            return folder
+    return None
+
+
+def read_adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The adapter weights of a checkpoint folder."""
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+
+
+def load_adapter_weights(peft_model, weights: dict[str, torch.Tensor], folder: Path | str, error: type[Exception]):
+    """Put a checkpoint's adapter weights (`read_adapter_weights`) into the peft model."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(peft_model, weights)
+    if getattr(result, "unexpected_keys", None):
+        raise error(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+
+
+def write_adapter(out: Path, peft_model, model: str, trained_by: str, **facts: Any) -> Path:
+    """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model (an
+    hf: path made absolute, so the adapter loads from anywhere), the command and `facts`."""
+    base = model
+    if base.startswith("hf:"):
+        base = "hf:" + str(Path(base[3:]).expanduser().resolve())
+    tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=out))
+    final = out / "adapter"
+    try:
+        peft_model.save_pretrained(str(tmp))
+        meta = {"base_model": base, "trained_by": trained_by, "harnessrl_version": __version__, **facts}
+        write_json(tmp / ADAPTER_META, meta)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
