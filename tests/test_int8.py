@@ -180,6 +180,22 @@ def test_quantize_int8_refuses_a_model_it_cannot_serve():
         quantize_int8(tiny_random_model(), [])
 
 
+class _ReadsWeights(nn.Module):
+    """A model whose code multiplies by a linear layer's .weight itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, input_ids):
+        return nn.functional.linear(self.embed(input_ids), self.head.weight)
+
+
+def test_quantize_int8_says_so_when_the_model_cannot_run_int8():
+    with pytest.raises(Int8Unavailable, match="does not run with int8 linear layers"):
+        quantize_int8(_ReadsWeights(), [[1, 2, 3]])
+
+
 def test_serving_int8_refuses_lora_adapters(tokenizer, tmp_path):
     from harnessrl.cli import app
     from harnessrl.serve import ServedModels, ServeError
