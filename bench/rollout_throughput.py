@@ -23,6 +23,12 @@ async-N the ratios to lockstep and to async-1, the share of episodes identical t
     .venv/bin/python bench/rollout_throughput.py --suite planning --harness json-tools
     .venv/bin/python bench/rollout_throughput.py --model tiny-random --episodes 4   # plumbing
     .venv/bin/python bench/rollout_throughput.py --llama-cpp auto    # + llama.cpp on the same prompts
+    .venv/bin/python bench/rollout_throughput.py --modes async-N --engine-dtype float32,bfloat16,int8
+
+`--engine-dtype` takes one weight format for the async modes or several (comma-separated): each
+then runs on its own copy of the model, cast (bfloat16) or quantized (int8) from the float32
+weights, and the async modes are reported once per format ("async-N/int8", ...), with async-N's
+ratio to float32's when float32 is among them.
 
 Prints a table and one `ROLLOUT_THROUGHPUT_JSON {...}` line; with `--repeats N` every figure is
 measured N times and medians are reported (a ratio: the median of the per-repeat ratios).
@@ -63,8 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine-dtype",
         default="float32",
-        choices=("float32", "bfloat16"),
-        help="weights of the async modes (lockstep always runs the float32 model, as it did)",
+        help="weights of the async modes: float32, bfloat16 or int8, or several comma-separated "
+        "(lockstep always runs the float32 model, as it did)",
     )
     p.add_argument(
         "--llama-cpp",
@@ -88,15 +94,42 @@ def completion_ids(trajectories) -> dict:
     }
 
 
-def set_dtype(policy, dtype: str) -> None:
-    """Cast the policy's weights (the engine is restarted: its key/value cache takes the model's
-    dtype when it starts)."""
+def engine_dtypes(value: str) -> list[str]:
+    from harnessrl.models import DTYPES, dtype_choices
+
+    dtypes = [d.strip() for d in value.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in DTYPES]
+    if not dtypes or bad or len(set(dtypes)) != len(dtypes):
+        sys.exit(f"--engine-dtype: {value!r}; want {dtype_choices()}, or several of them comma-separated")
+    return dtypes
+
+
+def policy_in(policy, dtype: str):
+    """An HFPolicy over a copy of the float32 policy's model in `dtype` (the policy itself for
+    float32), with its own engine and the same settings."""
+    import copy
+
     import torch
 
-    want = getattr(torch, dtype)
-    if next(policy.model.parameters()).dtype != want:
-        policy.close()
-        policy.model.to(want)
+    from harnessrl.models.hf import HFPolicy
+
+    if dtype == "float32":
+        return policy
+    model = copy.deepcopy(policy.model)
+    if dtype != "int8":
+        model.to(getattr(torch, dtype))
+    other = HFPolicy(
+        model,
+        policy.tokenizer,
+        name=f"{policy.name}/{dtype}",
+        tool_role=policy.tool_role,
+        default_sampling=policy.default_sampling,
+        max_batch=policy.max_batch,
+        cache_budget_tokens=policy.cache_budget_tokens,
+    )
+    if dtype == "int8":
+        other.quantize_int8()
+    return other
 
 
 def run_llama_cpp(gguf: str, calls: list[tuple[list[int], int]], temperature: float) -> dict:
@@ -196,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = set(modes) - set(MODES)
     if unknown:
         sys.exit(f"unknown modes {sorted(unknown)}; known: {', '.join(MODES)}")
+    dtypes = engine_dtypes(args.engine_dtype)
     data = load_harness(args.harness).to_dict()
     data["rules"]["max_steps"] = args.max_steps
     data["rules"]["max_new_tokens"] = args.max_new_tokens
@@ -205,30 +239,48 @@ def main(argv: list[str] | None = None) -> dict:
     jobs = make_jobs(tasks, [spec], 1)
     policy = load_policy(args.model)
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    policies = {d: policy_in(policy, d) for d in dtypes if any(m != "lockstep" for m in modes)}
     rss_loaded = peak_rss_mb()
+    # what each figure is reported under: the mode, or mode/dtype when several dtypes run
+    runs = [("lockstep", "lockstep", "float32")] if "lockstep" in modes else []
+    for d in dtypes:
+        runs += [(m, m if len(dtypes) == 1 else f"{m}/{d}", d) for m in modes if m != "lockstep"]
+    suffixes = [""] if len(dtypes) == 1 else [f"/{d}" for d in dtypes]
 
     repeats: list[dict] = []
     for r in range(args.repeats):
         figures = {}
-        for m in modes:
-            set_dtype(policy, "float32" if m == "lockstep" else args.engine_dtype)
-            figures[m] = run_mode(m, policy, sampling, jobs, args.in_flight)
-        if "async-1" in figures and "async-N" in figures:
-            a, b = figures["async-1"]["_ids"], figures["async-N"]["_ids"]
-            figures["identical_share"] = sum(a[k] == b.get(k) for k in a) / max(1, len(a))
-        if args.llama_cpp and "async-N" in figures:
-            figures["llama.cpp"] = run_llama_cpp(args.llama_cpp, figures["async-N"]["_calls"], args.temperature)
-        for m in modes:
-            figures[m].pop("_ids")
-            figures[m].pop("_calls")
-        n = figures.get("async-N", {}).get("tok_s")
-        if n and "lockstep" in figures:
-            figures["ratio_vs_lockstep"] = n / figures["lockstep"]["tok_s"]
-        if n and "async-1" in figures:
-            figures["ratio_vs_async_1"] = n / figures["async-1"]["tok_s"]
+        for mode, label, dtype in runs:
+            figures[label] = run_mode(
+                mode, policy if mode == "lockstep" else policies[dtype], sampling, jobs, args.in_flight
+            )
+        for suffix in suffixes:
+            one, many = figures.get("async-1" + suffix), figures.get("async-N" + suffix)
+            if one and many:
+                figures["identical_share" + suffix] = sum(
+                    one["_ids"][k] == many["_ids"].get(k) for k in one["_ids"]
+                ) / max(1, len(one["_ids"]))
+        first_n = f"async-N{suffixes[0]}"
+        if args.llama_cpp and first_n in figures:
+            figures["llama.cpp"] = run_llama_cpp(args.llama_cpp, figures[first_n]["_calls"], args.temperature)
+        for _, label, _ in runs:
+            figures[label].pop("_ids")
+            figures[label].pop("_calls")
+        for suffix in suffixes:
+            n = figures.get("async-N" + suffix, {}).get("tok_s")
+            if n and "lockstep" in figures:
+                figures["ratio_vs_lockstep" + suffix] = n / figures["lockstep"]["tok_s"]
+            if n and "async-1" + suffix in figures:
+                figures["ratio_vs_async_1" + suffix] = n / figures["async-1" + suffix]["tok_s"]
+            if n and suffix and "async-N/float32" in figures and suffix != "/float32":
+                figures["ratio_vs_float32" + suffix] = n / figures["async-N/float32"]["tok_s"]
         repeats.append(figures)
         print(f"repeat {r + 1}/{args.repeats}: " + json.dumps(figures, default=float), file=sys.stderr)
+    for other in policies.values():
+        if other is not policy:
+            other.close()
 
+    labels = [label for _, label, _ in runs]
     summary = {
         "args": vars(args),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "threads": _threads()},
@@ -238,12 +290,13 @@ def main(argv: list[str] | None = None) -> dict:
         "median": {
             **{
                 m: {k: median([rep[m][k] for rep in repeats]) for k in repeats[0][m]}
-                for m in [*modes, "llama.cpp"]
+                for m in [*labels, "llama.cpp"]
                 if m in repeats[0]
             },
             **{
                 k: median([rep.get(k) for rep in repeats])
-                for k in ("ratio_vs_lockstep", "ratio_vs_async_1", "identical_share")
+                for k in repeats[0]
+                if k.startswith(("ratio_", "identical_share"))
             },
         },
     }
@@ -268,18 +321,22 @@ def print_table(summary: dict) -> None:
         f"{a['in_flight']} in flight, max_steps {a['max_steps']}, max_new_tokens {a['max_new_tokens']}, "
         f"T={a['temperature']}, {a['repeats']} repeat(s), {summary['machine']['threads']} torch threads"
     )
-    print(f"{'mode':10s} {'tok/s':>8s} {'wall s':>8s} {'tokens':>7s} {'calls':>6s} {'prefilled':>10s} {'reused':>8s}")
-    for mode in [*MODES, "llama.cpp"]:
-        if mode not in med:
+    print(
+        f"{'mode':16s} {'tok/s':>8s} {'wall s':>8s} {'tokens':>7s} {'calls':>6s} {'passed':>6s} "
+        f"{'prefilled':>10s} {'reused':>8s}"
+    )
+    for mode in med:
+        if not isinstance(med[mode], dict):
             continue
         m = med[mode]
         print(
-            f"{mode:10s} {m['tok_s']:8.1f} {m['wall_s']:8.1f} {m['completion_tokens']:7.0f} {m['model_calls']:6.0f}"
+            f"{mode:16s} {m['tok_s']:8.1f} {m['wall_s']:8.1f} {m['completion_tokens']:7.0f} {m['model_calls']:6.0f}"
+            + (f" {m['pass_rate']:6.2f}" if "pass_rate" in m else f" {'':6s}")
             + (f" {m['prefilled_tokens']:10.0f} {m['cached_tokens']:8.0f}" if "prefilled_tokens" in m else "")
         )
-    for key in ("ratio_vs_lockstep", "ratio_vs_async_1", "identical_share"):
-        if med.get(key) is not None:
-            print(f"{key}: {med[key]:.2f}")
+    for key, value in med.items():
+        if key.startswith(("ratio_", "identical_share")) and value is not None:
+            print(f"{key}: {value:.2f}")
     print(f"peak RSS: {summary['peak_rss_mb']:.0f} MB (model loaded: {summary['peak_rss_mb_model_loaded']:.0f} MB)")
 
 

@@ -246,7 +246,7 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
         (["--attempts", "0"], "--attempts must be >= 1"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
         (["--harness", "missing.yaml"], "no such harness spec file"),
-        (["--dtype", "float16"], "--dtype must be float32 or bfloat16"),
+        (["--dtype", "float16"], "--dtype must be float32, bfloat16 or int8"),
         (["--model", "openai:m@http://127.0.0.1:9/v1", "--dtype", "bfloat16"], "applies to local models"),
     ],
 )
@@ -286,6 +286,21 @@ def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path
     assert len(trajectories) == 2 and not any(t.is_infra_error for t in trajectories)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     r = cli.invoke(app, [*args, "--model", "tiny-random", "--no-progress", "--resume"])
+    assert r.exit_code == 2 and "different configuration" in r.output
+
+
+def test_cli_eval_in_int8_quantizes_the_linear_layers_and_records_it(tmp_path):
+    out = tmp_path / "int8"
+    args = ["eval", "--suite", "toolcalc", "--tasks", "2", "--harness", "json-tools", "--out", str(out)]
+    r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "int8", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    with RunStore(out) as store:
+        meta = store.get_meta("model")
+        trajectories = list(store.trajectories())
+    assert meta["dtype"] == "torch.float32" and meta["quantization"]["kind"] == "int8"
+    assert len(trajectories) == 2 and not any(t.is_infra_error for t in trajectories)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "int8"
+    r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "bfloat16", "--no-progress", "--resume"])
     assert r.exit_code == 2 and "different configuration" in r.output
 
 

@@ -118,8 +118,9 @@ class EvalConfig(Options):
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
     dtype: str = Field(
         "float32",
-        description="weights of a local model: float32 (exact, reproducible) or bfloat16 (faster on CPUs with "
-        "bfloat16 instructions; episodes then depend on what else is in flight)",
+        description="weights of a local model: float32 (exact, reproducible), bfloat16 (faster on CPUs with "
+        "bfloat16 instructions; episodes then depend on what else is in flight) or int8 (linear layers in int8 "
+        "on the CPU: faster still, less accurate, also concurrency-dependent; see docs/models.md)",
     )
     api_key_env: Optional[str] = Field(
         None, description="openai: read the API key from this environment variable (default OPENAI_API_KEY)"
@@ -136,6 +137,8 @@ class EvalConfig(Options):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, value: str) -> str:
-        if value not in ("float32", "bfloat16"):
-            raise ValueError("must be float32 or bfloat16")
+        from harnessrl.models import DTYPES, dtype_choices
+
+        if value not in DTYPES:
+            raise ValueError(f"must be {dtype_choices()}")
         return value

@@ -34,7 +34,11 @@ def serve_cmd(
         Optional[str], typer.Option(help="the base model's name in requests and /v1/models (default: --model)")
     ] = None,
     dtype: Annotated[
-        str, typer.Option(help="weights: float32 (exact, reproducible) or bfloat16 (faster on some CPUs)")
+        str,
+        typer.Option(
+            help="weights: float32 (exact, reproducible), bfloat16 (faster on some CPUs) or int8 (linear layers "
+            "in int8 on the CPU: faster, less accurate; no LoRA adapters)"
+        ),
     ] = "float32",
     lora_modules: Annotated[
         Optional[list[str]], typer.Option(help="NAME=PATH: a peft adapter folder to load at start (repeatable)")
@@ -45,10 +49,12 @@ def serve_cmd(
 ) -> None:
     """Serve a local model over OpenAI's chat completions API (/v1/chat/completions, /v1/models,
     runtime LoRA adapters); Ctrl-C stops."""
-    from harnessrl.models import DTYPES, ModelUnavailable
+    from harnessrl.models import DTYPES, ModelUnavailable, dtype_choices
 
     if dtype not in DTYPES:
-        fail(f"--dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
+        fail(f"--dtype must be {dtype_choices()}, got {dtype!r}")
+    if dtype == "int8" and lora_modules:
+        fail("--lora-modules: LoRA adapters are merged into float weights; serve with --dtype float32 or bfloat16")
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if max_loras < len(lora_modules or []):

@@ -61,6 +61,7 @@ __all__ = [
     "ScriptedPolicy",
     "check_spec",
     "describe_models",
+    "dtype_choices",
     "load_policy",
 ]
 
@@ -117,7 +118,12 @@ def check_spec(
         raise ValueError(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
 
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "int8")
+
+
+def dtype_choices() -> str:
+    """The --dtype values as messages list them: "float32, bfloat16 or int8"."""
+    return f"{', '.join(DTYPES[:-1])} or {DTYPES[-1]}"
 
 
 def load_policy(
@@ -131,16 +137,20 @@ def load_policy(
     (used when `complete` is called without one, and recorded by `describe()`).
     `api_key_env`: for openai: specs, the environment variable holding the API key (default
     $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it.
-    `dtype`: the weights of a local model, "float32" (exact: see docs/models.md) or "bfloat16"
-    (faster on CPUs with bfloat16 instructions; samples then depend on what else is batched)."""
+    `dtype`: the weights of a local model, "float32" (exact: see docs/models.md), "bfloat16"
+    (faster on CPUs with bfloat16 instructions; samples then depend on what else is batched) or
+    "int8" (linear layers in int8, the rest float32, CPU only; generation only, see
+    harnessrl.models.int8). Int8Unavailable (a RuntimeError) when torch cannot run int8 here."""
     spec = spec.strip()
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be {' or '.join(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype must be {dtype_choices()}, got {dtype!r}")
     if spec in MODEL_NAMES or spec.startswith("hf:"):
         from harnessrl.models.hf import load_local
 
         policy = load_local(spec, sampling)
-        if dtype != "float32":
+        if dtype == "int8":
+            policy.quantize_int8()  # restarts the engine too
+        elif dtype != "float32":
             import torch
 
             policy.close()  # the engine's key/value cache takes the model's dtype when it (re)starts

@@ -174,6 +174,7 @@ class HFPolicy(Policy):
         self.generate_calls = 0  # calls so far: seeds requests that carry none (saved by the trainer)
         self._calls_lock = threading.Lock()
         self.max_concurrency = max_batch
+        self.quantization: dict | None = None  # what `quantize_int8` did, if it ran
         self._slot = _EngineSlot(model, self.stop_ids, max_batch, cache_budget_tokens)
 
     @property
@@ -284,16 +285,41 @@ class HFPolicy(Policy):
             model = model.to(device)
         return cls(model, base.tokenizer, name=name or f"hf:{p}", tool_role=base.tool_role)
 
+    def quantize_int8(self) -> dict:
+        """Make every linear layer of this policy's float32 model int8 (`harnessrl.models.int8`),
+        in place, for generation only; the engine restarts with the next request. Its outlier
+        channels are chosen on the built-in calibration chat, rendered with this tokenizer."""
+        from harnessrl.models.int8 import CALIBRATION, Int8Unavailable, quantize_int8
+        from harnessrl.types import Message
+
+        if self.quantization is not None:
+            raise Int8Unavailable(f"{self.name} is already {self.quantization['kind']}")
+        calibration = [
+            self.prompt_ids(GenerationRequest(messages=[Message(role=r, content=c) for r, c in turns]))
+            for turns in CALIBRATION
+        ]
+        parameters = self._parameter_count()
+        self.close()
+        self.quantization = {**quantize_int8(self.model, calibration), "parameters": parameters}
+        return self.quantization
+
+    def _parameter_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
     def describe(self) -> dict:
-        return {
+        out = {
             "name": self.name,
             "backend": "transformers",
-            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "parameters": self._parameter_count(),
             "dtype": str(next(self.model.parameters()).dtype),
             "tool_role": self.tool_role,
             "sampling": self.default_sampling.model_dump(),
             "engine": {"max_batch": self.max_batch, "cache_budget_tokens": self.cache_budget_tokens},
         }
+        if self.quantization is not None:  # linear layers int8, the rest (dtype above) float32
+            out["parameters"] = self.quantization["parameters"]
+            out["quantization"] = {k: v for k, v in self.quantization.items() if k != "parameters"}
+        return out
 
     # ----------------------------------------------------------------------------- engine
 

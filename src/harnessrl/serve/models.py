@@ -151,6 +151,13 @@ class ServedModels:
             raise ServeError(400, "lora_name must not be empty", param="lora_name")
         if name == self.base.name:
             raise ServeError(400, f"lora_name {name!r} is the base model's name", param="lora_name")
+        if self.base.policy.quantization is not None:
+            raise ServeError(
+                400,
+                f"this server runs {self.base.name} with int8 linear layers (--dtype int8), and LoRA adapters are "
+                "merged into float weights: serve it with --dtype float32 or bfloat16 to load adapters",
+                param="lora_path",
+            )
         folder = self._adapter_folder(path)
         with self._admin:
             with self._lock:
