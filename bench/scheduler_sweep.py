@@ -292,9 +292,34 @@ def run_one(
 
         shutil.rmtree(folder)
     t0 = time.perf_counter()
-    trainer = Trainer(config, folder, suite=suite, specs=train_specs, progress=False)
-    trainer.run()
-    train_s = time.perf_counter() - t0
+    # A learning curve: train to each --curve point in turn (a resumed run computes exactly what
+    # the uninterrupted one would) and evaluate there; the last point is --steps.
+    points = sorted({s for s in args.curve if 0 < s < args.steps} | {args.steps})
+    curve: dict[str, dict[str, float]] = {}
+    eval_s = 0.0
+    for i, target in enumerate(points):
+        trainer = Trainer(
+            config.model_copy(update={"steps": target}),
+            folder,
+            resume=i > 0,
+            suite=suite,
+            specs=train_specs,
+            progress=False,
+        )
+        trainer.run()
+        if target < args.steps:
+            t_eval = time.perf_counter()
+            curve[str(target)] = evaluate(
+                trainer.peft_model,
+                trainer.tokenizer,
+                suite,
+                list(specs.values()),
+                args.eval_tasks,
+                args.eval_attempts,
+                seed,
+            )
+            eval_s += time.perf_counter() - t_eval
+    train_s = time.perf_counter() - t0 - eval_s
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     picks: dict[str, float] = {}
     for r in steps:
@@ -303,10 +328,13 @@ def run_one(
     scores = evaluate(
         trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
     )
+    curve[str(args.steps)] = scores
     return {
         "seed": seed,
         "scheduler": scheduler,
         "steps": args.steps,
+        "config": {k: getattr(args, k) for k in ("tasks_per_step", "group_size", "lr", "temperature")},
+        "curve": curve,
         "train_seconds": round(train_s, 1),
         "seconds": round(time.perf_counter() - t0, 1),
         "scores": scores,
@@ -391,9 +419,20 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(SCHEDULERS),
         help="comma-separated names; the HARNESS=WEIGHT items of a ratio:... name stay with it",
     )
+    p.add_argument(
+        "--curve",
+        default="",
+        help="comma-separated steps at which to evaluate too, before --steps (a learning curve; e.g. 25,50,100)",
+    )
+    p.add_argument(
+        "--warm-from",
+        default=None,
+        help="a sweep folder whose warm starts (WARM/warm/seedN) to reuse instead of training new ones",
+    )
     p.add_argument("--out", default="runs/scheduler-sweep")
     p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
     args = p.parse_args(argv)
+    args.curve = [int(x) for x in args.curve.split(",") if x.strip()]
     os.environ.setdefault("HARNESSRL_THREADS", "1")
     torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
     schedulers = split_schedulers(args.schedulers)
@@ -412,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = {n: shrunk_spec(n) for n in TRAIN_HARNESSES + HELD_OUT_HARNESSES}
     t_start = time.perf_counter()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        warm = out / "warm" / f"seed{seed}"
+        warm = (Path(args.warm_from) if args.warm_from else out) / "warm" / f"seed{seed}"
         if not (warm / "config.json").exists():
             info = warm_start(seed, suite, specs, warm, args.warm_epochs)
             print(f"seed {seed}: warm start {info}", flush=True)
