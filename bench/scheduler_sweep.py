@@ -32,6 +32,7 @@ sweep keeps what it measured and `--resume` skips those) and OUT/summary.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -243,14 +244,21 @@ def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: P
 
 def evaluate(
     model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int
-) -> dict[str, float]:
+) -> dict[str, dict[str, float]]:
+    """Per harness: mean test score, pass@k and pass^k at k = attempts; and the record's summary
+    fields (train mean over TRAIN_HARNESSES, each held-out harness's score)."""
     sampling = SamplingParams(temperature=0.7, top_p=1.0, seed=seed)
     policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
     runner = Runner(policy, sampling, max_in_flight=64, progress=False)
     trajectories = runner.run(make_jobs(suite.tasks("test", n_tasks), specs, attempts))
+    summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], attempts) for s in specs}
+    scores = {h: s["mean_score"] or 0.0 for h, s in summaries.items()}
     return {
-        s.name: summarize_harness([t for t in trajectories if t.harness == s.name], attempts)["mean_score"] or 0.0
-        for s in specs
+        "scores": scores,
+        "pass_at_k": {h: s["pass_at_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
+        "pass_hat_k": {h: s["pass_hat_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
+        "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
+        "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
     }
 
 
@@ -299,7 +307,7 @@ def run_one(
     eval_s = 0.0
     for i, target in enumerate(points):
         trainer = Trainer(
-            config.model_copy(update={"steps": target}),
+            dataclasses.replace(config, steps=target),
             folder,
             resume=i > 0,
             suite=suite,
@@ -325,21 +333,19 @@ def run_one(
     for r in steps:
         for h, share in (r.get("shares") or {}).items():
             picks[h] = picks.get(h, 0.0) + share
-    scores = evaluate(
+    measured = evaluate(
         trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
     )
-    curve[str(args.steps)] = scores
+    curve[str(args.steps)] = measured
     return {
         "seed": seed,
         "scheduler": scheduler,
         "steps": args.steps,
         "config": {k: getattr(args, k) for k in ("tasks_per_step", "group_size", "lr", "temperature")},
-        "curve": curve,
+        "curve": {step: {"train_mean": m["train_mean"], "held_out": m["held_out"]} for step, m in curve.items()},
         "train_seconds": round(train_s, 1),
         "seconds": round(time.perf_counter() - t0, 1),
-        "scores": scores,
-        "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
-        "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
+        **measured,
         "harness_steps": picks,
         "skipped_steps": sum(1 for r in steps if r.get("skipped")),
         "reward_mean": statistics.mean(r["reward_mean"] for r in steps if r.get("reward_mean") is not None),
@@ -351,9 +357,14 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
     """One row per scheduler: mean [95% CI over seeds] of each measure, and paired differences to mixed."""
     by = {(r["seed"], r["scheduler"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
-    measures = {"train harnesses": lambda r: r["train_mean"]}
+    measures = {"train harnesses: mean": lambda r: r["train_mean"]}
     for h in HELD_OUT_HARNESSES:
-        measures[f"held-out {h}"] = lambda r, h=h: r["held_out"][h]
+        measures[f"held-out {h}: mean"] = lambda r, h=h: r["held_out"][h]
+    # pass@k and pass^k of the first held-out harness (records of older sweeps lack them)
+    h = HELD_OUT_HARNESSES[0]
+    if all("pass_at_k" in r for r in results):
+        measures[f"held-out {h}: pass@k"] = lambda r: r["pass_at_k"][h]
+        measures[f"held-out {h}: pass^k"] = lambda r: r["pass_hat_k"][h]
 
     def fmt(xs: list[float], signed: bool = False) -> str:
         if not xs:
@@ -364,8 +375,8 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
 
     head = (
         ["scheduler", "seeds"]
-        + [f"{k}: test score" for k in measures]
-        + [f"{k}: minus mixed" for k in measures]
+        + list(measures)
+        + [f"{k} minus mixed" for k in measures]
         + ["steps per harness (mean over seeds)"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -413,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature during training")
     p.add_argument("--warm-epochs", type=int, default=15)
     p.add_argument("--eval-tasks", type=int, default=24)
-    p.add_argument("--eval-attempts", type=int, default=2)
+    p.add_argument("--eval-attempts", type=int, default=3, help="attempts per test task: k of pass@k and pass^k")
     p.add_argument(
         "--schedulers",
         default=",".join(SCHEDULERS),
@@ -459,16 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(warm).eval()
-            scores = evaluate(
+            measured = evaluate(
                 model, load_tokenizer(), suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
             )
-            record = {
-                "seed": seed,
-                "scheduler": "warm-start",
-                "scores": scores,
-                "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
-                "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
-            }
+            record = {"seed": seed, "scheduler": "warm-start", **measured}
             results.append(record)
             with results_path.open("a") as fh:
                 fh.write(json.dumps(record) + "\n")
