@@ -388,6 +388,18 @@ def test_resume_with_another_configuration_is_refused(tmp_path, tokenizer):
         evolution(folder, SpecDependentAgent(tokenizer), rollouts=4).run()
 
 
+def test_a_resume_may_shorten_the_search_and_goes_on_to_the_test(tmp_path, tokenizer):
+    folder = tmp_path / "evo"
+    with pytest.raises(KeyboardInterrupt):  # call 300 is inside iteration 1's first candidate
+        evolution(folder, SpecDependentAgent(tokenizer, kill_at=300), iterations=3).run()
+    final = evolution(folder, SpecDependentAgent(tokenizer, seed=1), iterations=1).run()
+    assert final["iterations_run"] == 1
+    assert {ln["iteration"] for ln in log_lines(folder)} == {1}
+    assert json.loads((folder / "config.json").read_text())["iterations"] == 1
+    with RunStore(folder) as store:
+        assert "test.seed" in store.harnesses()  # the held-out split ran
+
+
 class FixedProposer:
     name = "fixed"
 
@@ -642,6 +654,32 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
     (folder / "LOCKED").write_text("final.json is written\n")  # what a finished run leaves
     r = run("--resume")
     assert r.exit_code == 2 and "finished and locked" in r.output
+
+
+def test_the_command_line_resume_takes_a_new_iterations_and_nothing_else(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import harnessrl.evolve.run as evolve_run
+    from harnessrl.cli import app
+
+    seen = []
+
+    def fake_run_evolve(config, out, **kw):
+        seen.append(config)
+        raise EvolveError("stopped by the test")
+
+    monkeypatch.setattr(evolve_run, "run_evolve", fake_run_evolve)
+    folder = tmp_path / "evo"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config(iterations=5, rollouts=8).to_json()))
+    (folder / "state.json").write_text(json.dumps({"phase": "search"}))
+    base = ["evolve", "--out", str(folder), "--resume", "--rollouts", "2"]
+    r = CliRunner().invoke(app, [*base, "--iterations", "1"])
+    assert r.exit_code == 2 and "stopped by the test" in r.output
+    assert "5 -> 1 iterations" in r.output
+    assert (seen[-1].iterations, seen[-1].rollouts) == (1, 8)  # --rollouts stays the stored one
+    CliRunner().invoke(app, base)
+    assert seen[-1].iterations == 5  # not given: the stored search length
 
 
 def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenizer):

@@ -92,6 +92,15 @@ def config_fields(model: type) -> dict[str, Any]:
     return dict(fields)
 
 
+_GIVEN: set[str] = set()
+
+
+def given_on_command_line(name: str) -> bool:
+    """Whether option `name` (its field name) was written on the running command's line, as
+    opposed to left at its default."""
+    return name in _GIVEN
+
+
 def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `fn(config_a, config_b, ...)` into a typer command whose options are the fields of
     the given pydantic models, in order. Values are validated by the models; a bad value exits 2
@@ -108,6 +117,10 @@ def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[...
             raise TypeError(f"{fn.__name__}: option names declared twice across {[m.__name__ for m in models]}")
 
         def command(**values: Any) -> Any:
+            ctx = values.pop("_typer_context", None)
+            _GIVEN.clear()
+            if ctx is not None:
+                _GIVEN.update(n for n in seen if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE")
             configs = []
             for model, names in owners:
                 try:
@@ -116,7 +129,8 @@ def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[...
                     fail(validation_message(e))
             return fn(*configs)
 
-        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        context = inspect.Parameter("_typer_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+        command.__signature__ = inspect.Signature([*params, context])  # type: ignore[attr-defined]
         command.__name__ = fn.__name__
         command.__doc__ = fn.__doc__
         command.__wrapped_config__ = models  # type: ignore[attr-defined]

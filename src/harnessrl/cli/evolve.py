@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.cli.common import config_command, err, executor_for, fail, given_on_command_line, out
 from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
 
 EvolveRun = run_options(
     "runs/evo",
-    "continue a killed run with its stored configuration (the other options, but for --executor and "
-    "--ray-address, are then ignored)",
+    "continue a killed run with its stored configuration (the other options, but for --iterations, --executor "
+    "and --ray-address, are then ignored; --iterations lengthens or shortens the search)",
     base=ExecutorOptions,
     api_key_env=(Optional[str], Field(None, description="openai: the environment variable with the API key")),
 )
@@ -29,8 +30,14 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
 
     try:
         if run.resume:
-            config = stored_config(run.out)
+            stored = stored_config(run.out)
             err.print(f"resuming {run.out} with its stored configuration", highlight=False)
+            if given_on_command_line("iterations") and config.iterations != stored.iterations:
+                err.print(
+                    f"search length changed: {stored.iterations} -> {config.iterations} iterations", highlight=False
+                )
+                stored = dataclasses.replace(stored, iterations=config.iterations)
+            config = stored
         with executor_for(run) as executor:
             final = run_evolve(
                 config,

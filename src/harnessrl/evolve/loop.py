@@ -60,6 +60,9 @@ from harnessrl.tasks.base import Task
 from harnessrl.triage import triage
 from harnessrl.types import Trajectory
 
+# Options a resume may change: a longer search continues, a shorter one goes on to the held-out
+# test once that many iterations are done.
+RESUMABLE_CHANGES = ("iterations",)
 STATE = "state.json"
 LOG = "evolution.jsonl"
 BEST = "best_harness.yaml"
@@ -273,7 +276,9 @@ class Evolution:
         # a folder with a state holds a run that this start continues (the CLI's --resume)
         resume = self._path(STATE).is_file()
         try:
-            self.run_folder = RunFolder.open(self.folder, "evolution", self.config.to_json(), resume=resume).start()
+            self.run_folder = RunFolder.open(
+                self.folder, "evolution", self.config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES
+            ).start()
         except RunFolderError as e:
             raise EvolveError(str(e)) from None
         self.run_folder.record(executor=self.executor.describe())  # a resumed run may run elsewhere

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from harnessrl.evolve.config import EvolveConfig
-from harnessrl.evolve.loop import Evolution, EvolveError
+from harnessrl.evolve.loop import RESUMABLE_CHANGES, Evolution, EvolveError
 from harnessrl.rundir import CONFIG, RunFolder, holds_run
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ def run_evolve(
     from harnessrl.tasks import get_suite
 
     try:
-        RunFolder.open(out, "evolution", config.to_json(), resume=resume)  # checks only; the loop opens it
+        # checks only; the loop opens it
+        RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
         seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
         sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
         the_suite = get_suite(config.suite)
