@@ -80,7 +80,9 @@ SCHEDULERS = [
     "sec",
     "lilo",
 ]
-N_KEYS = 6  # keys in use (of the 16 below): few enough for a small model to learn from ~100 examples
+# Keys in use (of the 16 below), --keys. With 6, the warm start either learns the mapping or stays at
+# chance (1/6), and GRPO at 150 steps never learned it under a harness whose format it had (docs/BENCHMARKS.md).
+N_KEYS = 6
 # Oracle examples per harness in the warm start: strong, medium, weak, none.
 WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
 
@@ -423,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature during training")
     p.add_argument("--warm-epochs", type=int, default=15)
+    p.add_argument("--keys", type=int, default=N_KEYS, help="keys of the codeword suite in use (1-16)")
     p.add_argument("--eval-tasks", type=int, default=24)
     p.add_argument("--eval-attempts", type=int, default=3, help="attempts per test task: k of pass@k and pass^k")
     p.add_argument(
@@ -444,6 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
     args = p.parse_args(argv)
     args.curve = [int(x) for x in args.curve.split(",") if x.strip()]
+    if not 1 <= args.keys <= len(KEYS):
+        p.error(f"--keys must be in 1..{len(KEYS)}")
+    globals()["N_KEYS"] = args.keys  # read by CodewordSuite when it builds tasks
     os.environ.setdefault("HARNESSRL_THREADS", "1")
     torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
     schedulers = split_schedulers(args.schedulers)
@@ -491,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     table = summarize(results, schedulers)
     header = (
-        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
+        f"codeword with {args.keys} keys, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
         f"{args.steps} steps x {args.tasks_per_step} tasks x "
         f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, "
         f"eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
