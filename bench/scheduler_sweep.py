@@ -80,9 +80,13 @@ SCHEDULERS = [
     "sec",
     "lilo",
 ]
-# Keys in use (of the 16 below), --keys. With 6, the warm start either learns the mapping or stays at
-# chance (1/6), and GRPO at 150 steps never learned it under a harness whose format it had (docs/BENCHMARKS.md).
-N_KEYS = 6
+# Keys asked during training and evaluation (--keys) and in the warm start's data (--warm-keys), of
+# the 16 below. The small policy does not learn a key -> word mapping by reward: with 6 or 2 keys,
+# GRPO over 100-150 steps left it at chance under every harness (docs/BENCHMARKS.md, calibration).
+# With one key asked after a warm start on six, the word is one fact to find by reward, and what
+# one harness finds, the others can use.
+N_KEYS = 1
+WARM_KEYS = 6
 # Oracle examples per harness in the warm start: strong, medium, weak, none.
 WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
 
@@ -129,15 +133,20 @@ def _words(text: str | None) -> list[str]:
 
 
 class CodewordSuite(Suite):
-    """Bench-only suite: a fixed key -> word mapping, asked under many phrasings."""
+    """Bench-only suite: a fixed key -> word mapping (the first `keys` keys), asked under many phrasings."""
 
     name = "codeword"
+
+    def __init__(self, keys: int = N_KEYS) -> None:
+        super().__init__()
+        self.keys = keys
+
     split_sizes = {"train": 400, "dev": 16, "test": 48}
     needs_workspace = False
 
     def families(self):
         def codeword(rng: random.Random):
-            k = rng.randrange(N_KEYS)
+            k = rng.randrange(self.keys)
             n = rng.randrange(10_000)
             word = WORDS[k]
 
@@ -425,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature during training")
     p.add_argument("--warm-epochs", type=int, default=15)
-    p.add_argument("--keys", type=int, default=N_KEYS, help="keys of the codeword suite in use (1-16)")
+    p.add_argument("--keys", type=int, default=N_KEYS, help="keys asked in training and evaluation (1-16)")
+    p.add_argument("--warm-keys", type=int, default=WARM_KEYS, help="keys in the warm start's oracle data (1-16)")
     p.add_argument("--eval-tasks", type=int, default=24)
     p.add_argument("--eval-attempts", type=int, default=3, help="attempts per test task: k of pass@k and pass^k")
     p.add_argument(
@@ -447,9 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
     args = p.parse_args(argv)
     args.curve = [int(x) for x in args.curve.split(",") if x.strip()]
-    if not 1 <= args.keys <= len(KEYS):
-        p.error(f"--keys must be in 1..{len(KEYS)}")
-    globals()["N_KEYS"] = args.keys  # read by CodewordSuite when it builds tasks
+    if not (1 <= args.keys <= len(KEYS) and 1 <= args.warm_keys <= len(KEYS)):
+        p.error(f"--keys and --warm-keys must be in 1..{len(KEYS)}")
     os.environ.setdefault("HARNESSRL_THREADS", "1")
     torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
     schedulers = split_schedulers(args.schedulers)
@@ -464,13 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.resume:
         results_path.write_text("")
     done = {(r["seed"], r["scheduler"]) for r in results}
-    suite = CodewordSuite()
+    suite = CodewordSuite(args.keys)
     specs = {n: shrunk_spec(n) for n in TRAIN_HARNESSES + HELD_OUT_HARNESSES}
     t_start = time.perf_counter()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         warm = (Path(args.warm_from) if args.warm_from else out) / "warm" / f"seed{seed}"
         if not (warm / "config.json").exists():
-            info = warm_start(seed, suite, specs, warm, args.warm_epochs)
+            info = warm_start(seed, CodewordSuite(args.warm_keys), specs, warm, args.warm_epochs)
             print(f"seed {seed}: warm start {info}", flush=True)
         if (seed, "warm-start") not in done:
             from transformers import AutoModelForCausalLM
@@ -497,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     table = summarize(results, schedulers)
     header = (
-        f"codeword with {args.keys} keys, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
+        f"codeword with {args.keys} keys (warm start on {args.warm_keys}), "
+        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
         f"{args.steps} steps x {args.tasks_per_step} tasks x "
         f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, "
         f"eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
