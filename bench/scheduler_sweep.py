@@ -1,6 +1,8 @@
 """Controlled comparison of the training schedulers at an equal step budget.
 
-    .venv/bin/python bench/scheduler_sweep.py --seeds 5 --steps 16 --out runs/sweep
+    .venv/bin/python bench/scheduler_sweep.py --seeds 5 --out runs/sweep            # defaults below
+    .venv/bin/python bench/scheduler_sweep.py --schedulers mixed --curve 10,20 ...   # calibration
+    .venv/bin/python bench/scheduler_sweep.py --published --jobs 16 ...              # many-core machine
 
 Setup (everything runs through the real trainer, runner, harnesses and GRPO loss):
 
@@ -9,24 +11,30 @@ Setup (everything runs through the real trainer, runner, harnesses and GRPO loss
   (next-token loss on the completion tokens) through only SOME harnesses, with different
   amounts of data: the harnesses start at different competence, which is what the schedulers
   are meant to exploit. The warm start is shared by every scheduler of a seed (paired design).
-* Suite `codeword`: "what is the code word for KEY?"; the answer is a fixed word per key
-  (16 keys). Scored 1 when the submitted answer is the key's word. The same content skill
-  under every harness, different formats: learning the mapping in one harness can transfer,
-  learning a format can interfere.
+* Suite `codeword`: "what is the code word for KEY?"; the answer is a fixed word per key.
+  Scored 1 when the submitted answer is the key's word. The warm start's data asks
+  `--warm-keys` keys (6), training and evaluation ask `--keys` (1): the policy knows the
+  formats and the candidate words, not which word the asked key wants, and finds it by reward.
+  The same fact is the answer under every harness, so what one harness learns can transfer;
+  what a format learns can interfere. (The policy does not learn a mapping of 2 or more keys by
+  reward within 150 steps: the calibration in docs/BENCHMARKS.md.)
 * Harnesses: the built-ins, shrunk to a 2-step budget and 32 new tokens per reply, without
-  demonstrations. Five train; `workspace-agent` is held out of training (never seen, not even
-  in the warm start) and only evaluated: the ClawEval-style new-harness test.
+  demonstrations. Five train (six with --published: hermes-tools too); `json-variant` (json-tools
+  with another system prompt) and `workspace-agent` are held out of training and of the warm
+  start, and only evaluated: the new-harness test.
 * Schedulers: harness-bandit, mixed, uniform, learnability-only, transfer-only, and the field's
-  baselines: a fixed ratio (RATIO below: more of every batch for the harnesses the warm start
+  baselines: a fixed ratio (`ratio_scheduler`: twice the share for the harnesses the warm start
   covered least), dump-ucb, sec and lilo (docs/training.md, "Schedulers"); the same steps, tasks
   per step and group size for each.
-* Evaluation after training: `--eval-tasks` test-split tasks x `--eval-attempts` attempts at
-  T=0.7 under every harness. Reported per scheduler, over seeds: the mean test score under the
-  training harnesses, the score under the held-out harness, both with a 95% t-interval over
-  seeds, and the paired difference to `mixed` (same seed, same warm start) with its 95% interval.
+* Evaluation after training (and at each --curve step): `--eval-tasks` test-split tasks x
+  `--eval-attempts` attempts at T=0.7 under every harness. Reported per scheduler, over seeds:
+  the mean test score under the training harnesses, the held-out harnesses' scores and the first
+  one's pass@k and pass^k (k = attempts), each with a 95% t-interval over seeds, and the paired
+  difference to `mixed` (same seed, same warm start) with its 95% interval.
 
 Writes OUT/results.jsonl (one line per seed x scheduler, appended as runs finish, so a killed
-sweep keeps what it measured and `--resume` skips those) and OUT/summary.md.
+sweep keeps what it measured and `--resume` skips those) and OUT/summary.md. `--jobs N` trains N
+runs at once in worker processes of one torch thread each.
 """
 
 from __future__ import annotations
@@ -64,22 +72,8 @@ TRAIN_HARNESSES = ["json-tools", "xml-tags", "react", "code-act", "plan-execute"
 # (what a user's new harness often is) and the built-in workspace-agent (new prompt, bootstrap
 # files, a memory tool).
 HELD_OUT_HARNESSES = ["json-variant", "workspace-agent"]
-# A hand-set static mix, the way a multi-source run fixes each source's ratio: twice the weight
-# for the two harnesses the warm start covered least (WARM_EXAMPLES below). Equal weights within
-# a tier keep the per-step rounding of shares to tasks fair: over the steps of a 4- or 8-task
-# sweep each harness gets within 0.05 of its share.
-RATIO = "ratio:json-tools=1,react=1,plan-execute=1,code-act=2,xml-tags=2"
-SCHEDULERS = [
-    "harness-bandit",
-    "mixed",
-    "uniform",
-    "learnability-only",
-    "transfer-only",
-    RATIO,
-    "dump-ucb",
-    "sec",
-    "lilo",
-]
+# --published adds a sixth training harness (the publication trained on six).
+PUBLISHED_EXTRA = "hermes-tools"
 # Keys asked during training and evaluation (--keys) and in the warm start's data (--warm-keys), of
 # the 16 below. The small policy does not learn a key -> word mapping by reward: with 6 or 2 keys,
 # GRPO over 100-150 steps left it at chance under every harness (docs/BENCHMARKS.md, calibration).
@@ -88,7 +82,31 @@ SCHEDULERS = [
 N_KEYS = 1
 WARM_KEYS = 6
 # Oracle examples per harness in the warm start: strong, medium, weak, none.
-WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0}
+WARM_EXAMPLES = {"json-tools": 48, "react": 24, "plan-execute": 16, "code-act": 6, "xml-tags": 0, "hermes-tools": 6}
+
+
+def ratio_scheduler(train: list[str]) -> str:
+    """A hand-set static mix, the way a multi-source run fixes each source's ratio: twice the weight
+    for the harnesses the warm start covered least (under 10 examples). Equal weights within a tier
+    keep the per-step rounding of shares to tasks fair: over the steps of a 4- or 8-task sweep each
+    harness gets within 0.05 of its share."""
+    by_coverage = sorted(train, key=lambda h: -WARM_EXAMPLES[h])
+    return "ratio:" + ",".join(f"{h}={2 if WARM_EXAMPLES[h] < 10 else 1}" for h in by_coverage)
+
+
+def all_schedulers(train: list[str]) -> list[str]:
+    return [
+        "harness-bandit",
+        "mixed",
+        "uniform",
+        "learnability-only",
+        "transfer-only",
+        ratio_scheduler(train),
+        "dump-ucb",
+        "sec",
+        "lilo",
+    ]
+
 
 KEYS = [
     "river",
@@ -225,12 +243,15 @@ def oracle_units(suite: Suite, spec: HarnessSpec, n: int, tok) -> list:
     return units_from_trajectories(trajectories, {t.episode_id: 1.0 for t in trajectories})
 
 
-def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: Path, epochs: int) -> dict:
-    """Supervised next-token pass on oracle replies; saves a transformers folder at `folder`."""
+def warm_start(
+    seed: int, suite: Suite, specs: dict[str, HarnessSpec], train: list[str], folder: Path, epochs: int
+) -> dict:
+    """Supervised next-token pass on oracle replies through the `train` harnesses (WARM_EXAMPLES
+    each); saves a transformers folder at `folder`."""
     model, tok = small_model(seed)
     units = []
-    for name, n in WARM_EXAMPLES.items():
-        units += oracle_units(suite, specs[name], n, tok)
+    for name in train:
+        units += oracle_units(suite, specs[name], WARM_EXAMPLES[name], tok)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
@@ -254,10 +275,10 @@ def warm_start(seed: int, suite: Suite, specs: dict[str, HarnessSpec], folder: P
 
 
 def evaluate(
-    model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int
+    model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int, train: list[str]
 ) -> dict[str, dict[str, float]]:
     """Per harness: mean test score, pass@k and pass^k at k = attempts; and the record's summary
-    fields (train mean over TRAIN_HARNESSES, each held-out harness's score)."""
+    fields (mean over the `train` harnesses, each held-out harness's score)."""
     sampling = SamplingParams(temperature=0.7, top_p=1.0, seed=seed)
     policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
     runner = Runner(policy, sampling, max_in_flight=64, progress=False)
@@ -268,7 +289,7 @@ def evaluate(
         "scores": scores,
         "pass_at_k": {h: s["pass_at_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
         "pass_hat_k": {h: s["pass_hat_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
-        "train_mean": statistics.mean(scores[h] for h in TRAIN_HARNESSES),
+        "train_mean": statistics.mean(scores[h] for h in train),
         "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
     }
 
@@ -288,7 +309,7 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 def run_one(
     seed: int, scheduler: str, warm: Path, suite: Suite, specs: dict[str, HarnessSpec], args, out: Path
 ) -> dict:
-    train_specs = [specs[n] for n in TRAIN_HARNESSES]
+    train_specs = [specs[n] for n in args.train]
     config = TrainConfig(
         model=f"hf:{warm}",
         scheduler=scheduler,
@@ -336,6 +357,7 @@ def run_one(
                 args.eval_tasks,
                 args.eval_attempts,
                 seed,
+                args.train,
             )
             eval_s += time.perf_counter() - t_eval
     train_s = time.perf_counter() - t0 - eval_s
@@ -345,7 +367,14 @@ def run_one(
         for h, share in (r.get("shares") or {}).items():
             picks[h] = picks.get(h, 0.0) + share
     measured = evaluate(
-        trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
+        trainer.peft_model,
+        trainer.tokenizer,
+        suite,
+        list(specs.values()),
+        args.eval_tasks,
+        args.eval_attempts,
+        seed,
+        args.train,
     )
     curve[str(args.steps)] = measured
     return {
@@ -364,7 +393,7 @@ def run_one(
     }
 
 
-def summarize(results: list[dict], schedulers: list[str]) -> str:
+def summarize(results: list[dict], schedulers: list[str], train: list[str]) -> str:
     """One row per scheduler: mean [95% CI over seeds] of each measure, and paired differences to mixed."""
     by = {(r["seed"], r["scheduler"]): r for r in results}
     seeds = sorted({r["seed"] for r in results})
@@ -404,9 +433,7 @@ def summarize(results: list[dict], schedulers: list[str]) -> str:
             cells.append("-")
         else:
             cells.append(
-                ", ".join(
-                    f"{h} {statistics.mean(r['harness_steps'].get(h, 0.0) for r in rows):.1f}" for h in TRAIN_HARNESSES
-                )
+                ", ".join(f"{h} {statistics.mean(r['harness_steps'].get(h, 0.0) for r in rows):.1f}" for h in train)
             )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -424,24 +451,35 @@ def split_schedulers(text: str) -> list[str]:
     return names
 
 
+# --published: the publication's budget (150 steps of 8 tasks x 8 rollouts, six training harnesses)
+PUBLISHED = {"steps": 150, "tasks_per_step": 8, "group_size": 8, "eval_tasks": 24}
+
+
+def _run_in_worker(seed: int, scheduler: str, warm: str, args: argparse.Namespace) -> dict:
+    """One (seed, scheduler) training run in a worker process of --jobs (one torch thread each)."""
+    torch.set_num_threads(1)
+    specs = {n: shrunk_spec(n) for n in args.train + HELD_OUT_HARNESSES}
+    return run_one(seed, scheduler, Path(warm), CodewordSuite(args.keys), specs, args, Path(args.out))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--tasks-per-step", type=int, default=4)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature during training")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--temperature", type=float, default=0.7, help="rollout sampling temperature during training")
     p.add_argument("--warm-epochs", type=int, default=15)
     p.add_argument("--keys", type=int, default=N_KEYS, help="keys asked in training and evaluation (1-16)")
     p.add_argument("--warm-keys", type=int, default=WARM_KEYS, help="keys in the warm start's oracle data (1-16)")
-    p.add_argument("--eval-tasks", type=int, default=24)
+    p.add_argument("--eval-tasks", type=int, default=16)
     p.add_argument("--eval-attempts", type=int, default=3, help="attempts per test task: k of pass@k and pass^k")
     p.add_argument(
         "--schedulers",
-        default=",".join(SCHEDULERS),
-        help="comma-separated names; the HARNESS=WEIGHT items of a ratio:... name stay with it",
+        default=None,
+        help="comma-separated names (default: all nine); the HARNESS=WEIGHT items of a ratio:... name stay with it",
     )
     p.add_argument(
         "--curve",
@@ -453,15 +491,34 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a sweep folder whose warm starts (WARM/warm/seedN) to reuse instead of training new ones",
     )
+    p.add_argument(
+        "--published",
+        action="store_true",
+        help="the publication's budget: 150 steps x 8 tasks x group 8, a sixth training harness "
+        f"({PUBLISHED_EXTRA}), 24 test tasks (overrides those options); hours per run on 2 cores, "
+        "meant for a many-core machine with --jobs",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="training runs at once, each in its own process with one torch thread (use the machine's cores)",
+    )
     p.add_argument("--out", default="runs/scheduler-sweep")
     p.add_argument("--resume", action="store_true", help="skip the (seed, scheduler) pairs already in results.jsonl")
     args = p.parse_args(argv)
     args.curve = [int(x) for x in args.curve.split(",") if x.strip()]
     if not (1 <= args.keys <= len(KEYS) and 1 <= args.warm_keys <= len(KEYS)):
         p.error(f"--keys and --warm-keys must be in 1..{len(KEYS)}")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
+    args.train = list(TRAIN_HARNESSES)
+    if args.published:
+        vars(args).update(PUBLISHED)
+        args.train.append(PUBLISHED_EXTRA)
     os.environ.setdefault("HARNESSRL_THREADS", "1")
     torch.set_num_threads(int(os.environ["HARNESSRL_THREADS"]))
-    schedulers = split_schedulers(args.schedulers)
+    schedulers = split_schedulers(args.schedulers) if args.schedulers else all_schedulers(args.train)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -474,42 +531,61 @@ def main(argv: list[str] | None = None) -> int:
         results_path.write_text("")
     done = {(r["seed"], r["scheduler"]) for r in results}
     suite = CodewordSuite(args.keys)
-    specs = {n: shrunk_spec(n) for n in TRAIN_HARNESSES + HELD_OUT_HARNESSES}
+    specs = {n: shrunk_spec(n) for n in args.train + HELD_OUT_HARNESSES}
     t_start = time.perf_counter()
+
+    def keep(record: dict) -> None:
+        results.append(record)
+        with results_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if record["scheduler"] != "warm-start":
+            print(
+                f"seed {record['seed']} {record['scheduler']:18s} train {record['train_mean']:.3f} "
+                f"held-out {record['held_out']} ({record['seconds']:.0f} s; "
+                f"elapsed {time.perf_counter() - t_start:.0f} s)",
+                flush=True,
+            )
+
+    todo = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         warm = (Path(args.warm_from) if args.warm_from else out) / "warm" / f"seed{seed}"
         if not (warm / "config.json").exists():
-            info = warm_start(seed, CodewordSuite(args.warm_keys), specs, warm, args.warm_epochs)
+            info = warm_start(seed, CodewordSuite(args.warm_keys), specs, args.train, warm, args.warm_epochs)
             print(f"seed {seed}: warm start {info}", flush=True)
         if (seed, "warm-start") not in done:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(warm).eval()
             measured = evaluate(
-                model, load_tokenizer(), suite, list(specs.values()), args.eval_tasks, args.eval_attempts, seed
+                model,
+                load_tokenizer(),
+                suite,
+                list(specs.values()),
+                args.eval_tasks,
+                args.eval_attempts,
+                seed,
+                args.train,
             )
-            record = {"seed": seed, "scheduler": "warm-start", **measured}
-            results.append(record)
-            with results_path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
-        for scheduler in schedulers:
-            if (seed, scheduler) in done:
-                continue
-            record = run_one(seed, scheduler, warm, suite, specs, args, out)
-            results.append(record)
-            with results_path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
-            print(
-                f"seed {seed} {scheduler:18s} train {record['train_mean']:.3f} held-out {record['held_out']} "
-                f"({record['seconds']:.0f} s; elapsed {time.perf_counter() - t_start:.0f} s)",
-                flush=True,
-            )
-    table = summarize(results, schedulers)
+            keep({"seed": seed, "scheduler": "warm-start", **measured})
+        todo += [(seed, scheduler, str(warm)) for scheduler in schedulers if (seed, scheduler) not in done]
+    if args.jobs == 1:
+        for seed, scheduler, warm in todo:
+            keep(run_one(seed, scheduler, Path(warm), suite, specs, args, out))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_in_worker, seed, scheduler, warm, args) for seed, scheduler, warm in todo]
+            for future in as_completed(futures):
+                keep(future.result())
+    table = summarize(results, schedulers, args.train)
     header = (
         f"codeword with {args.keys} keys (warm start on {args.warm_keys}), "
         f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, "
         f"{args.steps} steps x {args.tasks_per_step} tasks x "
         f"group {args.group_size}, lr {args.lr}, rollouts at T={args.temperature}, "
+        f"training harnesses {', '.join(args.train)}, "
         f"eval {args.eval_tasks} test tasks x {args.eval_attempts} attempts at T=0.7; "
         f"wall {time.perf_counter() - t_start:.0f} s\n\n"
     )
