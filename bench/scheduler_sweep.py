@@ -347,36 +347,25 @@ def run_one(
             progress=False,
         )
         trainer.run()
-        if target < args.steps:
-            t_eval = time.perf_counter()
-            curve[str(target)] = evaluate(
-                trainer.peft_model,
-                trainer.tokenizer,
-                suite,
-                list(specs.values()),
-                args.eval_tasks,
-                args.eval_attempts,
-                seed,
-                args.train,
-            )
-            eval_s += time.perf_counter() - t_eval
+        t_eval = time.perf_counter()
+        curve[str(target)] = evaluate(
+            trainer.peft_model,
+            trainer.tokenizer,
+            suite,
+            list(specs.values()),
+            args.eval_tasks,
+            args.eval_attempts,
+            seed,
+            args.train,
+        )
+        eval_s += time.perf_counter() - t_eval  # "train_seconds" leaves the evaluations out
     train_s = time.perf_counter() - t0 - eval_s
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     picks: dict[str, float] = {}
     for r in steps:
         for h, share in (r.get("shares") or {}).items():
             picks[h] = picks.get(h, 0.0) + share
-    measured = evaluate(
-        trainer.peft_model,
-        trainer.tokenizer,
-        suite,
-        list(specs.values()),
-        args.eval_tasks,
-        args.eval_attempts,
-        seed,
-        args.train,
-    )
-    curve[str(args.steps)] = measured
+    measured = curve[str(args.steps)]
     return {
         "seed": seed,
         "scheduler": scheduler,
