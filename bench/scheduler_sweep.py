@@ -274,11 +274,11 @@ def warm_start(
     return {"units": len(units), "final_loss": statistics.mean(losses[-5:]), "seconds": time.perf_counter() - t0}
 
 
-def evaluate(
-    model, tok, suite: Suite, specs: list[HarnessSpec], n_tasks: int, attempts: int, seed: int, train: list[str]
-) -> dict[str, dict[str, float]]:
-    """Per harness: mean test score, pass@k and pass^k at k = attempts; and the record's summary
-    fields (mean over the `train` harnesses, each held-out harness's score)."""
+def evaluate(model, tok, suite: Suite, specs: list[HarnessSpec], args, seed: int) -> dict[str, dict[str, float]]:
+    """Per harness, on args.eval_tasks test tasks x args.eval_attempts: mean score, pass@k and
+    pass^k at k = attempts; and the record's summary fields (mean over the args.train harnesses,
+    each held-out harness's score)."""
+    n_tasks, attempts, train = args.eval_tasks, args.eval_attempts, args.train
     sampling = SamplingParams(temperature=0.7, top_p=1.0, seed=seed)
     policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
     runner = Runner(policy, sampling, max_in_flight=64, progress=False)
@@ -348,16 +348,7 @@ def run_one(
         )
         trainer.run()
         t_eval = time.perf_counter()
-        curve[str(target)] = evaluate(
-            trainer.peft_model,
-            trainer.tokenizer,
-            suite,
-            list(specs.values()),
-            args.eval_tasks,
-            args.eval_attempts,
-            seed,
-            args.train,
-        )
+        curve[str(target)] = evaluate(trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args, seed)
         eval_s += time.perf_counter() - t_eval  # "train_seconds" leaves the evaluations out
     train_s = time.perf_counter() - t0 - eval_s
     steps = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
@@ -545,16 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(warm).eval()
-            measured = evaluate(
-                model,
-                load_tokenizer(),
-                suite,
-                list(specs.values()),
-                args.eval_tasks,
-                args.eval_attempts,
-                seed,
-                args.train,
-            )
+            measured = evaluate(model, load_tokenizer(), suite, list(specs.values()), args, seed)
             keep({"seed": seed, "scheduler": "warm-start", **measured})
         todo += [(seed, scheduler, str(warm)) for scheduler in schedulers if (seed, scheduler) not in done]
     if args.jobs == 1:
