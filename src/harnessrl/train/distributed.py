@@ -237,8 +237,33 @@ class Distributed:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                store = None
+                if self.world_size > 1:
+                    try:  # rank 0 hosts the group's store: it must leave last
+                        store = dist.distributed_c10d._get_default_store()
+                    except (AttributeError, RuntimeError):
+                        store = None
                 dist.destroy_process_group()
+                if store is not None:
+                    _leave_last_on_rank_0(store, self.rank, self.world_size)
             self.owns_group = False
+
+
+def _leave_last_on_rank_0(store, rank: int, world: int, timeout_s: float = 30.0) -> None:
+    """After every process has left its group, count the leavers in the store; rank 0, which
+    hosts the store, waits for all of them before it exits. A process that leaves while another
+    one's gloo threads still talk to it made that one abort at exit ("terminate called without
+    an active exception", SIGABRT) now and then."""
+    import time
+
+    try:
+        store.add("harnessrl/left", 1)
+        if rank == 0:
+            deadline = time.monotonic() + timeout_s
+            while store.add("harnessrl/left", 0) < world and time.monotonic() < deadline:
+                time.sleep(0.02)
+    except RuntimeError:  # a store whose host is gone: nothing left to wait for
+        pass
 
 
 def local_mini_batches(units: Sequence[T], offset: int, total: int, n: int, seed: str) -> list[list[T]]:
