@@ -1,0 +1,122 @@
+"""The engine's decode attention: a prefix shared by the whole batch is read once per step.
+
+In a decode step every running row attends over its whole cache, and on a CPU that is a memory
+read: rows x context x (keys + values) per layer, as many bytes as the weights themselves at
+~12 rows of ~800 tokens. When the rows share a prefix (every episode of a harness starts with
+the same system prompt and demonstrations), the prefix's keys and values are the same for all
+of them, so they are read once: the queries of all rows (and all heads of a key/value group)
+score that block in one matrix product, each row scores its own remaining slots, and the two
+softmax parts are merged with their maxima and sums (the two-level "cascade" that vLLM and
+FlashInfer use for shared prefixes). The result equals one softmax over the whole row up to
+float rounding.
+
+The engine turns this on for its decode forwards only, by naming `ENGINE_ATTENTION` as the
+model's attention implementation for the duration of the forward and handing the step's plan
+(rows' lengths, shared prefix length) through `decode_plan`. Anything this function does not
+handle (more than one query token, soft-capping, attention sinks, dropout) goes to the model's
+own implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+ENGINE_ATTENTION = "harnessrl-engine"
+MIN_SHARED = 32  # a shared prefix shorter than this is not worth the extra products
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """One decode step: row r attends to its slots 0..lengths[r] (the new token's slot included);
+    slots 0..shared-1 hold the same tokens in every row. `mask`: (rows, 1, 1, kv_len - shared),
+    True where a row may attend among its own slots from `shared` on. `fallback`: the model's own
+    attention implementation."""
+
+    shared: int
+    mask: torch.Tensor
+    fallback: str
+
+
+_plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harnessrl_decode_plan", default=None)
+
+
+def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) -> DecodePlan:
+    """The plan of a decode step whose rows hold `lengths` tokens (the new one goes at slot
+    `lengths[r]`) in a cache read up to `kv_len` slots, `shared` of them common to every row."""
+    shared = shared if shared >= MIN_SHARED else 0
+    slots = torch.arange(shared, kv_len)
+    mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
+    return DecodePlan(shared, mask, fallback)
+
+
+@contextlib.contextmanager
+def decode_plan(model, plan: DecodePlan) -> Iterator[None]:
+    """Run the model's forwards inside this block with the engine's decode attention."""
+    config = model.config
+    token = _plan.set(plan)
+    config._attn_implementation = ENGINE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = plan.fallback
+        _plan.reset(token)
+
+
+def _fallback(name: str):
+    if name == "eager" or name not in ALL_ATTENTION_FUNCTIONS:
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _softmax_part(scores: torch.Tensor, values: torch.Tensor):
+    """(max, sum of exp, unnormalised output) of one block of scores (..., slots) over values."""
+    top = scores.amax(dim=-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    return top, weights.sum(dim=-1, keepdim=True), torch.matmul(weights, values)
+
+
+def engine_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """query (rows, heads, 1, dim); key/value (rows, kv_heads, kv_len, dim), the rows' cache
+    slots; returns (rows, 1, heads, dim) as transformers' attention functions do."""
+    plan = _plan.get()
+    if (
+        plan is None
+        or query.shape[2] != 1
+        or dropout
+        or kwargs.get("softcap") is not None
+        or kwargs.get("s_aux") is not None
+        or kwargs.get("sliding_window") is not None
+    ):
+        fallback = _fallback(plan.fallback if plan is not None else "sdpa")
+        return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    scale = scaling if scaling is not None else dim**-0.5
+    q = query.reshape(rows, kv_heads, group, dim) * scale
+    shared = plan.shared
+    own_k, own_v = key[:, :, shared:], value[:, :, shared:]
+    scores = torch.matmul(q, own_k.transpose(-1, -2)).masked_fill_(~plan.mask, float("-inf"))
+    if not shared:
+        out = torch.matmul(torch.softmax(scores, dim=-1), own_v)
+        return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+    top2, sum2, out2 = _softmax_part(scores, own_v)
+    # the shared block: every row's queries of a kv head against one copy of its keys
+    qs = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * group, dim)
+    top1, sum1, out1 = _softmax_part(torch.matmul(qs, key[0, :, :shared].transpose(-1, -2)), value[0, :, :shared])
+    top1, sum1, out1 = (t.reshape(kv_heads, rows, group, -1).permute(1, 0, 2, 3) for t in (top1, sum1, out1))
+    top = torch.maximum(top1, top2)
+    w1, w2 = torch.exp(top1 - top), torch.exp(top2 - top)
+    out = (out1 * w1 + out2 * w2) / (sum1 * w1 + sum2 * w2)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+
+
+AttentionInterface.register(ENGINE_ATTENTION, engine_attention)
