@@ -7,15 +7,12 @@ one round of work; a background thread (`start`) can call `step` while there is 
 callers just wait on their futures (`asyncio.wrap_future` turns one into an awaitable).
 
 One step:
-1. admit waiting requests while fewer than `max_batch` run. For each, the longest prefix of
-   its prompt whose keys and values are in the prefix cache is copied into the request's row of
-   the batch cache, and only the remaining tokens run through the model (at positions after
-   the prefix). Requests admitted together are prefilled in one forward (their new tokens
-   left-padded to one width, up to `prefill_tokens`), except that a request repeating more of
-   another's uncached prompt than its own cached prefix waits for the next forward, which then
-   finds that prefix in the cache (the first turns of many episodes share a system prompt: it
-   is prefilled once). The prompt's last logits give the first completion token; the prompt
-   then goes into the prefix cache.
+1. admit waiting requests while fewer than `max_batch` run. Admitting prefills the prompt for
+   that request alone: the longest prefix of the prompt whose keys and values are in the
+   prefix cache is copied into the request's row of the batch cache, and only the remaining
+   tokens run through the model (at positions after the prefix). The prompt's last logits give
+   the first completion token. The prompt then goes into the prefix cache, so a request
+   admitted next (in the same step or later) reuses it.
 2. one decode step for every running request at once: each row feeds its last token at its own
    position; rows of different lengths share one forward through a 4D attention mask that
    hides each row's unused cache slots, and a prefix every row shares is read once
@@ -71,7 +68,6 @@ from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
-_SHARE_MIN = 32  # a request repeating this many more uncached tokens of another waits for its cache
 
 
 class EngineClosed(RuntimeError):
@@ -121,7 +117,6 @@ class EngineStats:
     decode_steps: int = 0  # batched forwards of one token per running row
     decode_rows: int = 0  # rows summed over decode steps
     peak_batch: int = 0
-    prefill_forwards: int = 0  # forwards that prefilled admitted requests (several per forward)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     cache_budget_tokens: int = 0
@@ -190,17 +185,16 @@ class _ForwardCache(DynamicCache):
     Each attention layer hands over the keys/values of the new tokens; they are written into
     the batch cache at the rows' own positions, and the layer gets back the rows' cached slots
     up to `kv_len` (unused slots are hidden by the engine's attention mask). Two shapes:
-    prefill (rows first_row.. of the batch, each with its new tokens left-padded to one width:
-    `writes` = (batch index, token index, row, slot) of every real token; padding is never
-    written) and decode (rows 0..n-1, one token each at `positions`).
+    prefill (one row `row`, tokens at `start`..) and decode (rows 0..n-1, one token each at
+    `positions`).
     """
 
-    def __init__(self, kv: _BatchKV, *, kv_len: int, first_row: int = 0, writes=None, positions=None):
+    def __init__(self, kv: _BatchKV, *, kv_len: int, row: int = 0, start: int = 0, positions=None):
         super().__init__()
         self.kv = kv
         self.kv_len = kv_len
-        self.first_row = first_row
-        self.writes = writes  # prefill: 4 long tensors of equal length
+        self.row = row
+        self.start = start
         self.positions = positions  # (n,) long, decode only
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -210,20 +204,19 @@ class _ForwardCache(DynamicCache):
                 f"layer {layer_idx} returned keys of shape {tuple(key_states.shape)}; the engine expected "
                 f"{buf.shape[2]} kv heads of size {buf.shape[-1]}"
             )
-        n = key_states.shape[0]
         if self.positions is None:
-            src_b, src_t, rows, slots = self.writes
-            buf[0][rows, :, slots] = key_states[src_b, :, src_t]
-            buf[1][rows, :, slots] = value_states[src_b, :, src_t]
-            first = self.first_row
-            return buf[0, first : first + n, :, : self.kv_len], buf[1, first : first + n, :, : self.kv_len]
+            end = self.start + key_states.shape[2]
+            buf[0, self.row, :, self.start : end] = key_states[0]
+            buf[1, self.row, :, self.start : end] = value_states[0]
+            return buf[0, self.row : self.row + 1, :, :end], buf[1, self.row : self.row + 1, :, :end]
+        n = key_states.shape[0]
         rows = torch.arange(n, device=buf.device)
         buf[0, :n][rows, :, self.positions] = key_states[:, :, 0]
         buf[1, :n][rows, :, self.positions] = value_states[:, :, 0]
         return buf[0, :n, :, : self.kv_len], buf[1, :n, :, : self.kv_len]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0 if self.positions is None else self.kv_len - 1
+        return self.start if self.positions is None else self.kv_len - 1
 
 
 # ------------------------------------------------------------------------------- requests
@@ -346,9 +339,7 @@ class Engine:
     prompt + completion, by default the model's max_position_embeddings.
     `shared_prefix_attention`: in a decode step, read the keys/values of a prefix every running
     row shares once instead of once per row (harnessrl.models.attention; equal up to float
-    rounding, so off only for comparisons). `prefill_tokens`: requests admitted together are
-    prefilled in one forward while (requests x longest uncached part) stays within this many
-    tokens (one request always goes, however long).
+    rounding, so off only for comparisons).
     """
 
     def __init__(
@@ -360,12 +351,9 @@ class Engine:
         cache_budget_tokens: int = 16384,
         max_context: int | None = None,
         shared_prefix_attention: bool = True,
-        prefill_tokens: int = 4096,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
-        if prefill_tokens < 1:
-            raise ValueError("prefill_tokens must be >= 1")
         config = model.config
         attn = getattr(config, "_attn_implementation", None) or "eager"
         if attn not in ("sdpa", "eager"):
@@ -386,7 +374,6 @@ class Engine:
         self._bool_mask = attn == "sdpa"
         self._attn = attn
         self.shared_prefix_attention = shared_prefix_attention
-        self.prefill_tokens = prefill_tokens
         self._shared_key: tuple[int, ...] = ()
         self._shared_len = 0
         params = _forward_parameters(model)
@@ -629,8 +616,7 @@ class Engine:
             self._release(req, insert=False)
             req.future.set_exception(CancelledError())
             worked = True
-        admitted: list[_Request] = []
-        while len(self._rows) + len(admitted) < self.max_batch:
+        while len(self._rows) < self.max_batch:
             with self._lock:
                 if not self._waiting:
                     break
@@ -639,10 +625,8 @@ class Engine:
                     self._by_future.pop(req.future, None)
                     self._stats.cancelled += 1
                     continue
-            admitted.append(req)
+            self._admit(req)
             worked = True
-        if admitted:
-            self._admit(admitted)
         if self._rows:
             self._decode()
             worked = True
@@ -664,124 +648,50 @@ class Engine:
         )
         return out.logits[:, -1].float().cpu()
 
-    def _admit(self, reqs: list[_Request]) -> None:
-        """Prefill the admitted requests, several per forward where they do not repeat each
-        other's uncached prefix (a request that shares more with one already in this forward
-        than the prefix cache holds waits for the next forward, which then reuses it)."""
-        pending = reqs
-        while pending:
-            batch: list[tuple[_Request, int]] = []  # (request, cached prefix it will reuse)
-            later: list[_Request] = []
-            width = 0
-            for req in pending:
-                cached = self._cached_length(req.prompt)
-                new = len(req.prompt) - cached
-                if batch and (
-                    (len(batch) + 1) * max(width, new) > self.prefill_tokens
-                    or (
-                        self.prefix_cache.budget_tokens > 0
-                        and any(
-                            len(os.path.commonprefix([req.prompt, other.prompt])) > cached + _SHARE_MIN
-                            for other, _ in batch
-                        )
-                    )
-                ):
-                    later.append(req)
-                    continue
-                batch.append((req, cached))
-                width = max(width, new)
-            self._prefill([req for req, _ in batch])
-            pending = later
-
-    def _cached_length(self, prompt: tuple[int, ...]) -> int:
-        if self.prefix_cache.budget_tokens <= 0:
-            return 0
-        return self.prefix_cache.match(prompt, limit=len(prompt) - 1).length
-
-    def _prefill(self, reqs: list[_Request]) -> None:
-        """One forward over the new tokens of `reqs` (left-padded to one width), which then join
-        the batch. If it fails with several requests, each is retried alone, so a request that
-        cannot be prefilled fails alone."""
+    def _admit(self, req: _Request) -> None:
         t0 = time.perf_counter()
-        first = len(self._rows)
-        try:
-            self._kv.reserve(first + len(reqs), max(len(r.prompt) for r in reqs) + 1, self.max_batch)
-            cached = [self._reuse_prefix(req, first + i) for i, req in enumerate(reqs)]
-            logits = self._prefill_forward(reqs, cached, first)
-        except Exception as exc:
-            for req in reqs:
-                if req.lock is not None:
-                    self.prefix_cache.unlock(req.lock)
-                    req.lock = None
-            if len(reqs) > 1:
-                for req in reqs:
-                    self._prefill([req])
-                return
-            self._fail(reqs[0], EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
-            return
-        for i, (req, done) in enumerate(zip(reqs, cached)):
-            prompt = req.prompt
-            req.row, req.length, req.cached = first + i, len(prompt), done
-            self._rows.append(req)
-            self._stats.prompt_tokens += len(prompt)
-            self._stats.prefilled_tokens += len(prompt) - done
-            self._stats.cached_tokens += done
-            if self.prefix_cache.budget_tokens > 0:
-                node = self.prefix_cache.insert(prompt, self._kv.row(req.row, len(prompt)))
-                if node is not self.prefix_cache.root:
-                    self.prefix_cache.lock(node)
-                if req.lock is not None:
-                    self.prefix_cache.unlock(req.lock)
-                req.lock = node if node is not self.prefix_cache.root else None
-        self._stats.peak_batch = max(self._stats.peak_batch, len(self._rows))
-        self._stats.prefill_forwards += 1
-        self._stats.prefill_seconds += time.perf_counter() - t0
-        for req, row_logits in zip(reqs, logits):
-            self._accept(req, *_sample(row_logits, req))
-
-    def _reuse_prefix(self, req: _Request, row: int) -> int:
-        """Copy the longest cached prefix of the prompt into `row` (locking it); its length."""
-        req.generation = self._generation
-        if self.prefix_cache.budget_tokens <= 0:
-            return 0
         prompt = req.prompt
-        match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
-        cached = 0
-        for node, take in match.pieces:
-            self._kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
-            cached += take
-        if cached:
-            self.prefix_cache.lock(match.node)
-            req.lock = match.node
-        return cached
-
-    def _prefill_forward(self, reqs: list[_Request], cached: list[int], first: int) -> torch.Tensor:
-        """Logits (len(reqs), vocab) of each prompt's last token. Request i's new tokens sit at
-        the right end of a window of `span` tokens; a padding query attends to slot 0 only."""
-        news = [len(r.prompt) - c for r, c in zip(reqs, cached)]
-        span = max(news)
-        width = max(len(r.prompt) for r in reqs)
-        k = len(reqs)
-        input_ids = torch.zeros((k, span), dtype=torch.long)
-        positions = torch.zeros((k, span), dtype=torch.long)
-        mask = torch.zeros((k, 1, span, width), dtype=torch.bool)
-        mask[:, :, :, 0] = True
-        src_b, src_t, rows, slots = [], [], [], []
-        slot_ids = torch.arange(width)
-        for i, (req, start, new) in enumerate(zip(reqs, cached, news)):
-            pad = span - new
-            input_ids[i, pad:] = torch.tensor(req.prompt[start:], dtype=torch.long)
-            pos = torch.arange(start, start + new)
-            positions[i, pad:] = pos
-            mask[i, 0, pad:] = slot_ids.unsqueeze(0) <= pos.unsqueeze(1)
-            src_b.append(torch.full((new,), i))
-            src_t.append(torch.arange(pad, span))
-            rows.append(torch.full((new,), first + i))
-            slots.append(pos)
-        device = self.device
-        writes = tuple(torch.cat(t).to(device) for t in (src_b, src_t, rows, slots))
-        cache = _ForwardCache(self._kv, kv_len=width, first_row=first, writes=writes)
-        return self._forward(input_ids, positions, mask, cache)
+        row = len(self._rows)
+        match = None
+        try:
+            self._kv.reserve(row + 1, len(prompt) + 1, self.max_batch)
+            req.generation = self._generation
+            cached = 0
+            if self.prefix_cache.budget_tokens > 0:
+                match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
+                for node, take in match.pieces:
+                    self._kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
+                    cached += take
+                if cached:
+                    self.prefix_cache.lock(match.node)
+                    req.lock = match.node
+            new = torch.tensor([prompt[cached:]], dtype=torch.long)
+            width = len(prompt)
+            positions = torch.arange(cached, width).unsqueeze(0)
+            mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
+            cache = _ForwardCache(self._kv, kv_len=width, row=row, start=cached)
+            logits = self._forward(new, positions, mask, cache)[0]
+        except Exception as exc:
+            if req.lock is not None:
+                self.prefix_cache.unlock(req.lock)
+                req.lock = None
+            self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
+            return
+        req.row, req.length, req.cached = row, len(prompt), cached
+        self._rows.append(req)
+        self._stats.prompt_tokens += len(prompt)
+        self._stats.prefilled_tokens += len(prompt) - cached
+        self._stats.cached_tokens += cached
+        self._stats.peak_batch = max(self._stats.peak_batch, len(self._rows))
+        if self.prefix_cache.budget_tokens > 0:
+            node = self.prefix_cache.insert(prompt, self._kv.row(row, len(prompt)))
+            if node is not self.prefix_cache.root:
+                self.prefix_cache.lock(node)
+            if req.lock is not None:
+                self.prefix_cache.unlock(req.lock)
+            req.lock = node if node is not self.prefix_cache.root else None
+        self._stats.prefill_seconds += time.perf_counter() - t0
+        self._accept(req, *_sample(logits, req))
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
