@@ -24,6 +24,7 @@ from harnessrl.evolve.acceptance import (
     estimate_noise,
     score_resolution,
     screening_winners,
+    unseen_rate_floor,
 )
 from harnessrl.evolve.edits import apply_changes, apply_diff, spec_diff, spec_from_text
 from harnessrl.evolve.loop import episode_scores, stream_seed
@@ -221,6 +222,16 @@ def test_the_noise_sd_is_the_larger_of_the_between_run_and_within_task_estimates
     assert flat.degenerate
     assert score_resolution(12, 8) == pytest.approx(1 / 96)
     assert acceptance_threshold(flat, 2.0, floor=score_resolution(12, 8)) == pytest.approx(1 / 96)
+    # greedy decoding with mixed scores: no spread because there is none, not because it hid
+    assert unseen_rate_floor(flat, 4) == 0.0
+    zeros, none_pass = {"t1": 0.0, "t2": 0.0}, {"t1": [0.0, 0.0], "t2": [0.0, 0.0]}
+    at_zero = estimate_noise(zeros, zeros, none_pass, none_pass)
+    assert unseen_rate_floor(at_zero, 192) == pytest.approx(2 * (2 * (3 / 192) * (1 - 3 / 192) / 96) ** 0.5)
+    ones, all_pass = {"t1": 1.0, "t2": 1.0}, {"t1": [1.0, 1.0], "t2": [1.0, 1.0]}
+    assert unseen_rate_floor(estimate_noise(ones, ones, all_pass, all_pass), 192) == unseen_rate_floor(at_zero, 192)
+    assert unseen_rate_floor(at_zero, 4) == pytest.approx(2 * (2 * 0.5 * 0.5 / 2) ** 0.5)  # p capped at 1/2
+    with pytest.raises(ValueError, match="at least 2"):
+        unseen_rate_floor(at_zero, 1)
 
 
 def test_screening_winners_and_the_confirmed_choice():
@@ -687,12 +698,13 @@ def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenize
     always_wrong = ScriptedPolicy(
         lambda m: proto.render_call(ToolCall(name="submit", arguments={"answer": "wrong"})), tokenizer=tokenizer
     )
-    cfg = config(iterations=1, candidates=1, rollouts=2, min_threshold=0.05)
+    cfg = config(iterations=1, candidates=1, rollouts=2, min_threshold=0.2)
     dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
     said: list[str] = []
     Evolution(tmp_path / "evo", cfg, SEED, dev, test, always_wrong, RulesProposer(), log=said.append).run()
     noise = json.loads((tmp_path / "evo" / "noise.json").read_text())
-    assert noise["sd_task_difference"] == 0 and noise["threshold"] == 0.05
+    # --min-threshold above every other floor is the threshold
+    assert noise["sd_task_difference"] == 0 and noise["unseen_rate_floor"] < 0.2 and noise["threshold"] == 0.2
     assert any(s.startswith("warning: the two seed runs agree on every dev task") for s in said)
     (line,) = log_lines(tmp_path / "evo")
     assert line["delta"] == 0 and not line["accepted"]  # nothing changes an always-wrong agent
@@ -900,8 +912,13 @@ def test_a_degenerate_noise_estimate_never_means_a_zero_threshold(tmp_path, toke
     Evolution(tmp_path / "evo", cfg, SEED, dev, test, always_wrong, RulesProposer(), log=said.append).run()
     noise = json.loads((tmp_path / "evo" / "noise.json").read_text())
     assert noise["degenerate"] and noise["sd_paired_difference"] == 0
-    assert noise["threshold"] == pytest.approx(1 / (12 * 2)) == pytest.approx(noise["score_resolution"])
-    assert any("1/(dev tasks x rollouts) = 0.0417" in s for s in said)
+    # 0 of 48 episodes passed: a pass rate up to 3/48 could hide there, and the threshold is the
+    # noise such a rate makes (2 SD of a paired difference of two 24-episode means), far above
+    # one episode's worth of score
+    p = 3 / 48
+    assert noise["threshold"] == pytest.approx(2 * (2 * p * (1 - p) / 24) ** 0.5) == noise["unseen_rate_floor"]
+    assert noise["threshold"] > 3 * noise["score_resolution"]
+    assert any("every one of the 48 seed episodes scored 0" in s for s in said)
 
 
 def test_useless_edits_are_almost_never_accepted_over_a_whole_search():

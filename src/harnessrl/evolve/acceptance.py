@@ -19,7 +19,9 @@ instead of T - 1, so it is far steadier, and the larger of the two is kept so th
 effects the between-run estimate sees are not lost. A threshold set from an estimate that came out
 low by chance is what let most false acceptances through (simulate.py). The loop's floor is at
 least one episode's worth of score, 1/(T R): a degenerate estimate (every episode of every task
-scored the same twice) never means a threshold of 0.
+scored the same twice) never means a threshold of 0. When the seed scored 0 in every episode (or 1
+in every one) the floor is higher (`unseen_rate_floor`): a rate too small to show in 2TR episodes
+can still be up to about 3/(2TR), and the threshold is the noise such a rate would make.
 
 THRESHOLD_MULTIPLE = 2: a harness no better than the incumbent clears it by chance about 2-3 %
 of the time per comparison (one-sided normal tail beyond 2 SD).
@@ -120,6 +122,25 @@ def score_resolution(n_tasks: int, rollouts: int) -> float:
     if n_tasks < 1 or rollouts < 1:
         raise ValueError("the score resolution needs at least one task and one rollout")
     return 1.0 / (n_tasks * rollouts)
+
+
+def unseen_rate_floor(noise: NoiseEstimate, n_episodes: int, multiple: float = THRESHOLD_MULTIPLE) -> float:
+    """A floor for a seed that scored 0 (or 1) in every one of the noise runs' `n_episodes`
+    episodes, 0 otherwise.
+
+    Spread that was not seen is not spread that is absent: a harness that passes 1 % of the time
+    most likely passes none of 192 episodes. With 0 successes in N episodes the rate may still
+    be up to about 3/N (the "rule of three", a one-sided 95 % bound), and at that rate the paired
+    difference of two dev means of N/2 episodes each has SD sqrt(2 p (1 - p) / (N / 2)). The floor
+    is `multiple` times that SD (all 1s: the same with 1 - p). Greedy decoding with mixed scores
+    is degenerate too but not at an extreme: its spread really is 0, and this floor stays 0.
+    """
+    if n_episodes < 2:
+        raise ValueError("the floor needs the episode count of both noise runs (at least 2)")
+    if not noise.degenerate or 0.0 < noise.mean_a < 1.0 or noise.mean_a != noise.mean_b:
+        return 0.0
+    p = min(0.5, 3.0 / n_episodes)
+    return multiple * math.sqrt(2.0 * p * (1.0 - p) / (n_episodes / 2.0))
 
 
 def acceptance_threshold(noise: NoiseEstimate, multiple: float = THRESHOLD_MULTIPLE, floor: float = 0.0) -> float:

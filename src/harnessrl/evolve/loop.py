@@ -46,6 +46,7 @@ from harnessrl.evolve.acceptance import (
     estimate_noise,
     score_resolution,
     screening_winners,
+    unseen_rate_floor,
 )
 from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
@@ -309,13 +310,16 @@ class Evolution:
         b = self.measure(seed_spec, "noise.b", self.dev_tasks, "noise.b", "search")
         noise = estimate_noise(a.scores, b.scores, episode_scores(a.trajectories), episode_scores(b.trajectories))
         resolution = score_resolution(len(self.dev_tasks), self.config.rollouts)
+        episodes = 2 * len(self.dev_tasks) * self.config.rollouts
+        unseen = unseen_rate_floor(noise, episodes, self.config.threshold_multiple)
         state.noise = noise.to_json() | {
             "runs": [a.dev_record(), b.dev_record()],
             "threshold_multiple": self.config.threshold_multiple,
             "min_threshold": self.config.min_threshold,
             "score_resolution": resolution,
+            "unseen_rate_floor": unseen,
         }
-        floor = max(self.config.min_threshold, resolution)
+        floor = max(self.config.min_threshold, resolution, unseen)
         state.threshold = acceptance_threshold(noise, self.config.threshold_multiple, floor)
         self._write("noise.json", json.dumps(state.noise | {"threshold": state.threshold}, indent=1) + "\n")
         self._write(BEST, seed_spec.to_yaml())
@@ -323,11 +327,16 @@ class Evolution:
         self.log(f"noise: sd of the dev mean {noise.sd_dev_mean:.4f}, threshold {state.threshold:.4f}")
         if noise.degenerate:
             # e.g. greedy decoding, or a few tasks that fail the same way every time: no spread seen
+            why = (
+                f"every one of the {episodes} seed episodes scored {noise.mean_a:g}, so a rate up to ~3/{episodes} "
+                f"could hide there: the threshold is the noise it would make, {unseen:.4f}"
+                if unseen
+                else f"the threshold is its floor {state.threshold:.4f} (the larger of one episode's worth of score, "
+                f"1/(dev tasks x rollouts) = {resolution:.4f}, and --min-threshold)"
+            )
             self.log(
                 "warning: the two seed runs agree on every dev task and every attempt, so the noise estimate is 0; "
-                f"the threshold is its floor {state.threshold:.4f} (the larger of one episode's worth of score, "
-                f"1/(dev tasks x rollouts) = {resolution:.4f}, and --min-threshold); use more dev tasks or rollouts, "
-                "or set --min-threshold"
+                f"{why}; use more dev tasks or rollouts, or set --min-threshold"
             )
 
     def _proposals(self, iteration: int, ctx: ProposalContext) -> list[Proposal]:

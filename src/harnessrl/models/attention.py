@@ -14,7 +14,8 @@ The engine turns this on for its decode forwards only, by naming `ENGINE_ATTENTI
 model's attention implementation for the duration of the forward and handing the step's plan
 (rows' lengths, shared prefix length) through `decode_plan`. Anything this function does not
 handle (more than one query token, soft-capping, attention sinks, dropout) goes to the model's
-own implementation.
+own implementation, and so does a forward on another thread that runs meanwhile (the plan is
+per thread).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class DecodePlan:
 
 
 _plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harnessrl_decode_plan", default=None)
+# the model's own implementation, by id(config): a forward on another thread (the engine's
+# prefill thread) can run while a decode forward has the config pointing here
+_fallbacks: dict[int, str] = {}
 
 
 def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) -> DecodePlan:
@@ -59,6 +63,7 @@ def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) ->
 def decode_plan(model, plan: DecodePlan) -> Iterator[None]:
     """Run the model's forwards inside this block with the engine's decode attention."""
     config = model.config
+    _fallbacks[id(config)] = plan.fallback
     token = _plan.set(plan)
     config._attn_implementation = ENGINE_ATTENTION
     try:
@@ -95,7 +100,8 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
         or kwargs.get("s_aux") is not None
         or kwargs.get("sliding_window") is not None
     ):
-        fallback = _fallback(plan.fallback if plan is not None else "sdpa")
+        name = plan.fallback if plan is not None else _fallbacks.get(id(getattr(module, "config", None)), "sdpa")
+        fallback = _fallback(name)
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]

@@ -56,7 +56,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -68,6 +68,12 @@ from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
+# A request prefilled on the prefill thread joins the batch after one decode step per this many
+# uncached prompt tokens (waiting for its prefill if that is slower). A fixed schedule, not "when
+# it is done": which rows decode together then never depends on timing, so the same requests
+# give the same floats every run. 64: about what one core prefills while a step of ~12 rows
+# decodes (smollm2-135m, float32).
+_OVERLAP_TOKENS_PER_STEP = 64
 
 
 class EngineClosed(RuntimeError):
@@ -117,7 +123,8 @@ class EngineStats:
     decode_steps: int = 0  # batched forwards of one token per running row
     decode_rows: int = 0  # rows summed over decode steps
     peak_batch: int = 0
-    prefill_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # spent in prefill forwards (overlapped ones included)
+    prefills_overlapped: int = 0  # prefills that ran on the prefill thread beside decode steps
     decode_seconds: float = 0.0
     cache_budget_tokens: int = 0
     cache_tokens: int = 0  # tokens held by the prefix cache now
@@ -322,6 +329,26 @@ def _sample(logits: torch.Tensor, req: _Request) -> tuple[int, float]:
 # --------------------------------------------------------------------------------- engine
 
 
+def _cpus() -> int:
+    if hasattr(os, "process_cpu_count"):
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@dataclass
+class _Prefill:
+    """A prefill running on the prefill thread: into its own one-row cache `kv`, `cached`
+    prompt tokens of which came from the prefix cache."""
+
+    req: _Request
+    kv: _BatchKV
+    cached: int
+    future: Future  # (last-position logits (1, vocab), seconds)
+    due: int  # joins the batch once this many decode steps have run
+
+
 def _forward_parameters(model) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
@@ -339,7 +366,12 @@ class Engine:
     prompt + completion, by default the model's max_position_embeddings.
     `shared_prefix_attention`: in a decode step, read the keys/values of a prefix every running
     row shares once instead of once per row (harnessrl.models.attention; equal up to float
-    rounding, so off only for comparisons).
+    rounding, so off only for comparisons). `overlap_prefill`: prefill an admitted request on a
+    second thread while the running rows keep decoding (one such prefill at a time; the request
+    joins the batch after one decode step per 64 new prompt tokens, waiting for the prefill if
+    it is slower, so the schedule never depends on timing). None: on when torch runs one
+    intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
+    of several threads each would only fight over the cores).
     """
 
     def __init__(
@@ -351,6 +383,7 @@ class Engine:
         cache_budget_tokens: int = 16384,
         max_context: int | None = None,
         shared_prefix_attention: bool = True,
+        overlap_prefill: bool | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -374,6 +407,12 @@ class Engine:
         self._bool_mask = attn == "sdpa"
         self._attn = attn
         self.shared_prefix_attention = shared_prefix_attention
+        if overlap_prefill is None:
+            overlap_prefill = torch.get_num_threads() == 1 and _cpus() >= 2
+        self.overlap_prefill = overlap_prefill
+        self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
+        self._inflight: _Prefill | None = None
+        self._may_overlap = False  # this step: overlap allowed (not while the model is in train mode)
         self._shared_key: tuple[int, ...] = ()
         self._shared_len = 0
         params = _forward_parameters(model)
@@ -458,7 +497,7 @@ class Engine:
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self._waiting or self._rows)
+            return self._busy()
 
     def step(self) -> bool:
         """Admit what fits, then one decode step for every running request. False if idle."""
@@ -467,6 +506,7 @@ class Engine:
             was_training = model.training
             if was_training:  # (train() walks every module: not on every step when already in eval)
                 model.eval()
+            self._may_overlap = self.overlap_prefill and not was_training
             try:
                 worked = self._step()
             finally:
@@ -476,10 +516,10 @@ class Engine:
                 finished, self._finished = self._finished, []
                 for future, completion in finished:
                     future.set_result(completion)
-            if not self._rows:
+            if not self._rows and self._inflight is None:
                 self._kv.release()
             with self._lock:
-                if not (self._waiting or self._rows):
+                if not self._busy():
                     self._work.notify_all()
             return worked
 
@@ -487,7 +527,7 @@ class Engine:
         """Block until nothing is waiting or running (stepping here unless a driver thread runs)."""
         if self._driver_alive():
             with self._work:
-                while (self._waiting or self._rows) and not self._closed:
+                while self._busy() and not self._closed:
                     self._work.wait()
             return
         while self.has_work():
@@ -531,14 +571,12 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         with self._step_lock:
-            with self._lock:
-                pending = list(self._waiting) + list(self._rows)
-                self._waiting.clear()
-            for req in pending:
+            for req in self._drop_all():
                 self._fail(req, EngineClosed("the engine was closed before the request finished"))
-            self._rows.clear()
-            self._kv.release()
             self.prefix_cache.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     def __enter__(self) -> Engine:
         return self
@@ -557,6 +595,9 @@ class Engine:
         submitted meanwhile wait until it ends. For training the model between generations
         (a forward or backward on the same model must never overlap a step)."""
         with self._step_lock:
+            if self._inflight is not None:  # a prefill on the prefill thread uses the model too
+                with contextlib.suppress(Exception):
+                    self._inflight.future.result()
             yield
 
     def stats(self) -> EngineStats:
@@ -573,10 +614,30 @@ class Engine:
     def _driver_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread()
 
+    def _busy(self) -> bool:
+        return bool(self._waiting or self._rows or self._inflight is not None)
+
+    def _drop_all(self) -> list[_Request]:
+        """Take every waiting, prefilling and running request out of the engine (their prefill
+        finished first); returns them, for failing."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            with contextlib.suppress(Exception):
+                inflight.future.result()
+            if inflight.req.lock is not None:
+                self.prefix_cache.unlock(inflight.req.lock)
+                inflight.req.lock = None
+        with self._lock:
+            pending = list(self._waiting) + list(self._rows) + ([inflight.req] if inflight is not None else [])
+            self._waiting.clear()
+        self._rows.clear()
+        self._kv.release()
+        return pending
+
     def _drive(self) -> None:
         while True:
             with self._work:
-                while not self._closed and not (self._waiting or self._rows):
+                while not self._closed and not self._busy():
                     self._work.wait()
                 if self._closed:
                     return
@@ -584,13 +645,8 @@ class Engine:
                 self.step()
             except Exception as exc:
                 with self._step_lock:
-                    with self._lock:
-                        pending = list(self._waiting) + list(self._rows)
-                        self._waiting.clear()
-                    for req in pending:
+                    for req in self._drop_all():
                         self._fail(req, EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
-                    self._rows.clear()
-                    self._kv.release()
 
     def _weights_fingerprint(self) -> tuple[int, int, int]:
         ids = versions = count = 0
@@ -616,7 +672,12 @@ class Engine:
             self._release(req, insert=False)
             req.future.set_exception(CancelledError())
             worked = True
-        while len(self._rows) < self.max_batch:
+        if self._inflight is not None and (not self._rows or self._stats.decode_steps >= self._inflight.due):
+            self._land()  # (waiting for it when there is nothing to decode meanwhile)
+            worked = True
+        while len(self._rows) + (self._inflight is not None) < self.max_batch:
+            if self._inflight is not None:
+                break  # one prefill beside the decode steps at a time
             with self._lock:
                 if not self._waiting:
                     break
@@ -625,11 +686,16 @@ class Engine:
                     self._by_future.pop(req.future, None)
                     self._stats.cancelled += 1
                     continue
-            self._admit(req)
+            if self._may_overlap and self._rows:
+                self._launch(req)
+            else:
+                self._admit(req)
             worked = True
         if self._rows:
             self._decode()
             worked = True
+        if self._inflight is not None and self._stats.decode_steps >= self._inflight.due:
+            self._land()  # it joins the next decode step
         return worked
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
@@ -649,48 +715,117 @@ class Engine:
         return out.logits[:, -1].float().cpu()
 
     def _admit(self, req: _Request) -> None:
+        """Prefill `req` here and now, straight into the next free row of the batch cache."""
         t0 = time.perf_counter()
-        prompt = req.prompt
         row = len(self._rows)
-        match = None
         try:
-            self._kv.reserve(row + 1, len(prompt) + 1, self.max_batch)
-            req.generation = self._generation
-            cached = 0
-            if self.prefix_cache.budget_tokens > 0:
-                match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
-                for node, take in match.pieces:
-                    self._kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
-                    cached += take
-                if cached:
-                    self.prefix_cache.lock(match.node)
-                    req.lock = match.node
-            new = torch.tensor([prompt[cached:]], dtype=torch.long)
-            width = len(prompt)
-            positions = torch.arange(cached, width).unsqueeze(0)
-            mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
-            cache = _ForwardCache(self._kv, kv_len=width, row=row, start=cached)
-            logits = self._forward(new, positions, mask, cache)[0]
+            self._kv.reserve(row + 1, len(req.prompt) + 1, self.max_batch)
+            cached = self._reuse_prefix(req, self._kv, row)
+            logits = self._forward(*self._prefill_inputs(req, self._kv, row, cached))[0]
         except Exception as exc:
-            if req.lock is not None:
-                self.prefix_cache.unlock(req.lock)
-                req.lock = None
-            self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
+            self._prefill_failed(req, exc)
             return
+        self._stats.prefill_seconds += time.perf_counter() - t0
+        self._join(req, row, cached, logits)
+
+    def _launch(self, req: _Request) -> None:
+        """Start prefilling `req` on the prefill thread, into a one-row cache of its own (the
+        batch cache may grow meanwhile); `_land` brings it into the batch."""
+        kv = _BatchKV(*self._kv.shape, self._kv.dtype, self._kv.device)
+        try:
+            kv.reserve(1, len(req.prompt) + 1, 1)
+            cached = self._reuse_prefix(req, kv, 0)
+            inputs = self._prefill_inputs(req, kv, 0, cached)
+        except Exception as exc:
+            self._prefill_failed(req, exc)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-prefill")
+        steps = max(1, -(-(len(req.prompt) - cached) // _OVERLAP_TOKENS_PER_STEP))
+        future = self._pool.submit(self._timed_forward, inputs)
+        self._inflight = _Prefill(req, kv, cached, future, self._stats.decode_steps + steps)
+        self._stats.prefills_overlapped += 1
+
+    def _timed_forward(self, inputs) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        with torch.inference_mode():  # (thread-local: the prefill thread sets its own)
+            logits = self._forward(*inputs)
+        return logits, time.perf_counter() - t0
+
+    def _land(self) -> None:
+        """The prefill thread's request joins the batch (its keys/values copied into a row)."""
+        job, self._inflight = self._inflight, None
+        req = job.req
+        try:
+            logits, seconds = job.future.result()
+            self._stats.prefill_seconds += seconds
+            if req.cancel:
+                if req.lock is not None:
+                    self.prefix_cache.unlock(req.lock)
+                    req.lock = None
+                self._stats.cancelled += 1
+                with self._lock:
+                    self._by_future.pop(req.future, None)
+                req.future.set_exception(CancelledError())
+                return
+            row = len(self._rows)
+            n = len(req.prompt)
+            self._kv.reserve(row + 1, n + 1, self.max_batch)
+            self._kv.row(row, n).copy_(job.kv.row(0, n))
+        except Exception as exc:
+            self._prefill_failed(req, exc)
+            return
+        self._join(req, row, job.cached, logits[0])
+
+    def _reuse_prefix(self, req: _Request, kv: _BatchKV, row: int) -> int:
+        """Copy the longest cached prefix of the prompt into `row` of `kv` and lock it there;
+        how many tokens that was."""
+        req.generation = self._generation
+        if self.prefix_cache.budget_tokens <= 0:
+            return 0
+        prompt = req.prompt
+        match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
+        cached = 0
+        for node, take in match.pieces:
+            kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
+            cached += take
+        if cached:
+            self.prefix_cache.lock(match.node)
+            req.lock = match.node
+        return cached
+
+    def _prefill_inputs(self, req: _Request, kv: _BatchKV, row: int, cached: int) -> tuple:
+        """(input ids, positions, mask, cache) of the prompt's uncached tokens, for `_forward`."""
+        prompt = req.prompt
+        width = len(prompt)
+        new = torch.tensor([prompt[cached:]], dtype=torch.long)
+        positions = torch.arange(cached, width).unsqueeze(0)
+        mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
+        return new, positions, mask, _ForwardCache(kv, kv_len=width, row=row, start=cached)
+
+    def _prefill_failed(self, req: _Request, exc: BaseException) -> None:
+        if req.lock is not None:
+            self.prefix_cache.unlock(req.lock)
+            req.lock = None
+        self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
+
+    def _join(self, req: _Request, row: int, cached: int, logits: torch.Tensor) -> None:
+        """A prefilled request (its keys/values in `row`) takes its place in the batch, its
+        prompt goes into the prefix cache, and its first token is sampled."""
+        prompt = req.prompt
         req.row, req.length, req.cached = row, len(prompt), cached
         self._rows.append(req)
         self._stats.prompt_tokens += len(prompt)
         self._stats.prefilled_tokens += len(prompt) - cached
         self._stats.cached_tokens += cached
         self._stats.peak_batch = max(self._stats.peak_batch, len(self._rows))
-        if self.prefix_cache.budget_tokens > 0:
+        if self.prefix_cache.budget_tokens > 0 and req.generation == self._generation:
             node = self.prefix_cache.insert(prompt, self._kv.row(row, len(prompt)))
             if node is not self.prefix_cache.root:
                 self.prefix_cache.lock(node)
             if req.lock is not None:
                 self.prefix_cache.unlock(req.lock)
             req.lock = node if node is not self.prefix_cache.root else None
-        self._stats.prefill_seconds += time.perf_counter() - t0
         self._accept(req, *_sample(logits, req))
 
     def _decode(self) -> None:
