@@ -205,7 +205,16 @@ def run_mode(mode: str, policy, sampling, jobs, in_flight: int) -> dict:
     }
     if before is not None:
         after = policy.engine_stats()
-        for key in ("prompt_tokens", "prefilled_tokens", "cached_tokens", "decode_steps", "decode_rows"):
+        for key in (
+            "prompt_tokens",
+            "prefilled_tokens",
+            "cached_tokens",
+            "decode_steps",
+            "decode_rows",
+            "prefill_seconds",
+            "decode_seconds",
+            "prefills_overlapped",
+        ):
             if key in after:
                 out[key] = after[key] - before.get(key, 0)
     return out
