@@ -246,6 +246,17 @@ def test_closing_with_a_prefill_in_flight_fails_it(model, tokenizer):
     assert not engine.has_work()
 
 
+def test_the_prefill_thread_default_follows_the_environment(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_PREFILL_THREAD", "0")
+    assert Engine(model, tokenizer).overlap_prefill is False
+    monkeypatch.setenv("HARNESSRL_PREFILL_THREAD", "1")
+    assert Engine(model, tokenizer).overlap_prefill is True
+    assert Engine(model, tokenizer, overlap_prefill=False).overlap_prefill is False  # the argument wins
+    monkeypatch.setenv("HARNESSRL_PREFILL_THREAD", "yes")
+    with pytest.raises(ValueError, match="HARNESSRL_PREFILL_THREAD must be 0 or 1"):
+        Engine(model, tokenizer)
+
+
 def _kv(n: int, fill: float = 0.0) -> torch.Tensor:
     return torch.full((2, 2, 1, n, 3), fill)
 

@@ -337,6 +337,16 @@ def _cpus() -> int:
     return os.cpu_count() or 1
 
 
+def _overlap_by_default() -> bool:
+    """$HARNESSRL_PREFILL_THREAD (1 or 0) when set; else on with one torch thread and a second CPU."""
+    wanted = os.environ.get("HARNESSRL_PREFILL_THREAD", "").strip()
+    if wanted in ("0", "1"):
+        return wanted == "1"
+    if wanted:
+        raise ValueError(f"HARNESSRL_PREFILL_THREAD must be 0 or 1, got {wanted!r}")
+    return torch.get_num_threads() == 1 and _cpus() >= 2
+
+
 @dataclass
 class _Prefill:
     """A prefill running on the prefill thread: into its own one-row cache `kv`, `cached`
@@ -371,7 +381,8 @@ class Engine:
     joins the batch after one decode step per 64 new prompt tokens, waiting for the prefill if
     it is slower, so the schedule never depends on timing). None: on when torch runs one
     intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
-    of several threads each would only fight over the cores).
+    of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
+    decides instead when set.
     """
 
     def __init__(
@@ -408,7 +419,7 @@ class Engine:
         self._attn = attn
         self.shared_prefix_attention = shared_prefix_attention
         if overlap_prefill is None:
-            overlap_prefill = torch.get_num_threads() == 1 and _cpus() >= 2
+            overlap_prefill = _overlap_by_default()
         self.overlap_prefill = overlap_prefill
         self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
         self._inflight: _Prefill | None = None

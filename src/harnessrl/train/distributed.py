@@ -142,6 +142,10 @@ class Distributed:
             # (models.hf.configure_threads): N processes on one machine share them instead.
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             os.environ["HARNESSRL_THREADS"] = str(max(1, cpus // local_world - 1))
+        if "HARNESSRL_PREFILL_THREAD" not in os.environ:
+            # the engine's prefill thread takes a core of its own: only where each process has two
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            os.environ["HARNESSRL_PREFILL_THREAD"] = "1" if cpus // local_world >= 2 else "0"
         backend = "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
