@@ -92,7 +92,9 @@ def test_requests_joining_mid_flight_match_running_alone(model, tokenizer, overl
     prompts = _prompts(tokenizer, 4, base="Join")
     alone = []
     for p in prompts:
-        alone.append(Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate([EngineRequest(p, 8)])[0])
+        alone.append(
+            Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate([EngineRequest(p, 8)])[0]
+        )
     engine = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4, cache_budget_tokens=0)
     first = engine.submit(prompts[0], 8)
     engine.step()
@@ -204,7 +206,9 @@ def test_shared_prefix_attention_equals_full_attention(model, tokenizer, tempera
     assert len(system) >= 32  # long enough for the decode steps to read it once
     requests = [EngineRequest(p, 12, temperature=temperature, seed=i) for i, p in enumerate(prompts)]
     shared = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4).generate(requests)
-    full = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4, shared_prefix_attention=False).generate(requests)
+    full = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4, shared_prefix_attention=False).generate(
+        requests
+    )
     for prompt, a, b in zip(prompts, shared, full):
         assert a.ids == b.ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
@@ -388,7 +392,9 @@ def test_weights_changed_in_place_drop_the_prefix_cache(tokenizer, overlap):
     after = engine.generate([EngineRequest(follow_up, 6)])[0]
     assert after.cached_tokens == 0
     assert engine.stats().cache_clears == 1
-    fresh = Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate([EngineRequest(follow_up, 6)])[0]
+    fresh = Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate(
+        [EngineRequest(follow_up, 6)]
+    )[0]
     assert after.ids == fresh.ids
 
 
@@ -396,7 +402,9 @@ def test_weights_changed_in_place_drop_the_prefix_cache(tokenizer, overlap):
 def test_background_thread_serves_many_callers(model, tokenizer, overlap):
     prompts = _prompts(tokenizer, 6, base="Thread")
     requests = [EngineRequest(p, 7, temperature=0.8, seed=i) for i, p in enumerate(prompts)]
-    expected = [Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate([r])[0].ids for r in requests]
+    expected = [
+        Engine(model, tokenizer, overlap_prefill=overlap, cache_budget_tokens=0).generate([r])[0].ids for r in requests
+    ]
     engine = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=3).start()
     got: dict[int, list[int]] = {}
 
