@@ -210,9 +210,13 @@ def test_shared_prefix_attention_equals_full_attention(model, tokenizer, tempera
         requests
     )
     for prompt, a, b in zip(prompts, shared, full):
-        assert a.ids == b.ids
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
-        assert a.logprobs == pytest.approx(_teacher_forced(model, prompt, a.ids, temperature), abs=1e-4)
+        # the two differ by float rounding only: the same greedy tokens; sampled ones can part at a
+        # token whose probability sits on a draw's boundary (the tiny model's are nearly flat)
+        if temperature == 0:
+            assert a.ids == b.ids
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        for result in (a, b):
+            assert result.logprobs == pytest.approx(_teacher_forced(model, prompt, result.ids, temperature), abs=1e-4)
     assert model.config._attn_implementation == "sdpa"  # the engine's decode attention was only borrowed
 
 
