@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from harnessrl.models import packed
 from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.engine import Engine, EngineClosed, EngineRequest
 from harnessrl.models.prefix_cache import PrefixCache
@@ -262,6 +263,42 @@ def test_the_prefill_thread_default_follows_the_environment(model, tokenizer, mo
     assert Engine(model, tokenizer, overlap_prefill=False).overlap_prefill is False  # the argument wins
     monkeypatch.setenv("HARNESSRL_PREFILL_THREAD", "yes")
     with pytest.raises(ValueError, match="HARNESSRL_PREFILL_THREAD must be 0 or 1"):
+        Engine(model, tokenizer)
+
+
+@pytest.mark.skipif(not packed.available(), reason="this torch build has no oneDNN prepacked linear")
+def test_packed_decode_weights_match_the_plain_products_and_follow_weight_changes(tokenizer):
+    model = tiny_random_model()
+    system, prompts = _shared_prompts(tokenizer, 3)
+    requests = [EngineRequest(p, 10, temperature=0.8, seed=i) for i, p in enumerate(prompts)]
+    on = Engine(model, tokenizer, max_batch=4, packed_decode=True)
+    off = Engine(model, tokenizer, max_batch=4, packed_decode=False)
+    assert on._packed is not None and off._packed is None
+    for prompt, result in zip(prompts, on.generate(requests)):
+        assert result.logprobs == pytest.approx(_teacher_forced(model, prompt, result.ids, 0.8), abs=1e-4)
+    greedy = [EngineRequest(p, 10) for p in prompts]
+    assert [r.ids for r in on.generate(greedy)] == [r.ids for r in off.generate(greedy)]
+    made = on._packed.packs_made
+    assert made == len(on._packed.linears)  # packed once, reused by every later step
+    assert all("forward" not in m.__dict__ for m in on._packed.linears)  # swapped in only during a step
+    with torch.no_grad():  # an optimizer step: the packed copies must follow
+        for p in model.parameters():
+            p.mul_(1.5)
+    for prompt, result in zip(prompts, on.generate(requests)):
+        assert result.logprobs == pytest.approx(_teacher_forced(model, prompt, result.ids, 0.8), abs=1e-4)
+    assert on._packed.packs_made == 2 * made
+
+
+def test_packed_decode_is_opt_in_and_only_for_float32_cpu_models(tokenizer, monkeypatch):
+    model = tiny_random_model()
+    monkeypatch.delenv("HARNESSRL_PACKED_DECODE", raising=False)
+    assert Engine(model, tokenizer)._packed is None
+    monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "1")
+    assert (Engine(model, tokenizer)._packed is not None) == packed.available()
+    half = tiny_random_model().to(torch.bfloat16)
+    assert Engine(half, tokenizer)._packed is None
+    monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "on")
+    with pytest.raises(ValueError, match="HARNESSRL_PACKED_DECODE must be 0 or 1"):
         Engine(model, tokenizer)
 
 

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
+from harnessrl.models import packed
 from harnessrl.models.attention import decode_plan, make_plan
 from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
 
@@ -382,7 +383,10 @@ class Engine:
     it is slower, so the schedule never depends on timing). None: on when torch runs one
     intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
     of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
-    decides instead when set.
+    decides instead when set. `packed_decode`: decode steps use oneDNN-prepacked copies of the
+    float32 linear weights (harnessrl.models.packed; as many bytes again as those weights; equal
+    up to float rounding, but not batch-invariant: see harnessrl.models.packed). None: on when
+    $HARNESSRL_PACKED_DECODE=1, for a float32 CPU model on a torch with oneDNN; off by default.
     """
 
     def __init__(
@@ -395,6 +399,7 @@ class Engine:
         max_context: int | None = None,
         shared_prefix_attention: bool = True,
         overlap_prefill: bool | None = None,
+        packed_decode: bool | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -421,6 +426,11 @@ class Engine:
         if overlap_prefill is None:
             overlap_prefill = _overlap_by_default()
         self.overlap_prefill = overlap_prefill
+        if packed_decode is None:
+            packed_decode = packed.wanted() and packed.packable(model)
+        elif packed_decode and not packed.available():
+            raise ValueError("packed_decode needs a torch build with oneDNN (torch.backends.mkldnn)")
+        self._packed = packed.PackedLinears(model, max_batch) if packed_decode else None
         self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
         self._inflight: _Prefill | None = None
         self._may_overlap = False  # this step: overlap allowed (not while the model is in train mode)
@@ -585,6 +595,8 @@ class Engine:
             for req in self._drop_all():
                 self._fail(req, EngineClosed("the engine was closed before the request finished"))
             self.prefix_cache.clear()
+            if self._packed is not None:
+                self._packed.clear()
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
@@ -850,11 +862,13 @@ class Engine:
         mask = (torch.arange(kv_len).unsqueeze(0) <= lengths.unsqueeze(1)).view(n, 1, 1, kv_len)
         cache = _ForwardCache(self._kv, kv_len=kv_len, positions=lengths.to(self.device))
         try:
-            if self.shared_prefix_attention:
-                plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn)
-                with decode_plan(self.model, plan):
-                    logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
-            else:
+            with contextlib.ExitStack() as stack:
+                if self.shared_prefix_attention:
+                    plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn)
+                    stack.enter_context(decode_plan(self.model, plan))
+                if self._packed is not None:
+                    stack.enter_context(self._packed.swapped_in())
+                    stack.enter_context(packed.decoding())
                 logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
         except Exception as exc:
             for req in list(rows):
