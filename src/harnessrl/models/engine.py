@@ -330,7 +330,8 @@ def _sample(logits: torch.Tensor, req: _Request) -> tuple[int, float]:
 # --------------------------------------------------------------------------------- engine
 
 
-def _cpus() -> int:
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the platform has one)."""
     if hasattr(os, "process_cpu_count"):
         return os.process_cpu_count() or 1
     if hasattr(os, "sched_getaffinity"):
@@ -345,7 +346,7 @@ def _overlap_by_default() -> bool:
         return wanted == "1"
     if wanted:
         raise ValueError(f"HARNESSRL_PREFILL_THREAD must be 0 or 1, got {wanted!r}")
-    return torch.get_num_threads() == 1 and _cpus() >= 2
+    return torch.get_num_threads() == 1 and usable_cpus() >= 2
 
 
 @dataclass
@@ -647,9 +648,7 @@ class Engine:
         if inflight is not None:
             with contextlib.suppress(Exception):
                 inflight.future.result()
-            if inflight.req.lock is not None:
-                self.prefix_cache.unlock(inflight.req.lock)
-                inflight.req.lock = None
+            self._unlock(inflight.req)
         with self._lock:
             pending = list(self._waiting) + list(self._rows) + ([inflight.req] if inflight is not None else [])
             self._waiting.clear()
@@ -783,9 +782,7 @@ class Engine:
             logits, seconds = job.future.result()
             self._stats.prefill_seconds += seconds
             if req.cancel:
-                if req.lock is not None:
-                    self.prefix_cache.unlock(req.lock)
-                    req.lock = None
+                self._unlock(req)
                 self._stats.cancelled += 1
                 with self._lock:
                     self._by_future.pop(req.future, None)
@@ -826,10 +823,14 @@ class Engine:
         mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
         return new, positions, mask, _ForwardCache(kv, kv_len=width, row=row, start=cached)
 
-    def _prefill_failed(self, req: _Request, exc: BaseException) -> None:
+    def _unlock(self, req: _Request) -> None:
+        """Let go of the prefix-cache node the request holds (if any)."""
         if req.lock is not None:
             self.prefix_cache.unlock(req.lock)
             req.lock = None
+
+    def _prefill_failed(self, req: _Request, exc: BaseException) -> None:
+        self._unlock(req)
         self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
 
     def _join(self, req: _Request, row: int, cached: int, logits: torch.Tensor) -> None:
@@ -846,8 +847,7 @@ class Engine:
             node = self.prefix_cache.insert(prompt, self._kv.row(row, len(prompt)))
             if node is not self.prefix_cache.root:
                 self.prefix_cache.lock(node)
-            if req.lock is not None:
-                self.prefix_cache.unlock(req.lock)
+            self._unlock(req)
             req.lock = node if node is not self.prefix_cache.root else None
         self._accept(req, *_sample(logits, req))
 
@@ -924,9 +924,7 @@ class Engine:
             fed = req.prompt + tuple(req.out_ids[:-1])
             assert len(fed) == req.length, (len(fed), req.length)
             cache.insert(fed, self._kv.row(req.row, req.length))
-        if req.lock is not None:
-            cache.unlock(req.lock)
-            req.lock = None
+        self._unlock(req)
         last = self._rows[-1]
         if last is not req:
             self._kv.move(last.row, req.row, last.length)

@@ -58,7 +58,7 @@ from harnessrl.models.base import (  # noqa: E402
     PolicyError,
     SamplingParams,
 )
-from harnessrl.models.engine import Completion, Engine  # noqa: E402
+from harnessrl.models.engine import Completion, Engine, usable_cpus  # noqa: E402
 from harnessrl.types import ModelCall  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -84,13 +84,7 @@ def configure_threads() -> int:
         if wanted:
             n = int(wanted)
         else:
-            if hasattr(os, "process_cpu_count"):
-                cpus = os.process_cpu_count() or 1
-            elif hasattr(os, "sched_getaffinity"):
-                cpus = len(os.sched_getaffinity(0))
-            else:
-                cpus = os.cpu_count() or 1
-            n = cpus - 1
+            n = usable_cpus() - 1
         torch.set_num_threads(max(1, n))
         _threads_configured = True
     return torch.get_num_threads()

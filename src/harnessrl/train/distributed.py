@@ -137,15 +137,16 @@ class Distributed:
         rank = int(env["RANK"])
         local_rank = int(env.get("LOCAL_RANK", rank) or 0)
         local_world = int(env.get("LOCAL_WORLD_SIZE", world) or world)
+        from harnessrl.models.engine import usable_cpus
+
+        per_process = usable_cpus() // local_world
         if "HARNESSRL_THREADS" not in os.environ:
             # Each process would otherwise take every CPU but one for its torch threads
             # (models.hf.configure_threads): N processes on one machine share them instead.
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            os.environ["HARNESSRL_THREADS"] = str(max(1, cpus // local_world - 1))
+            os.environ["HARNESSRL_THREADS"] = str(max(1, per_process - 1))
         if "HARNESSRL_PREFILL_THREAD" not in os.environ:
             # the engine's prefill thread takes a core of its own: only where each process has two
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            os.environ["HARNESSRL_PREFILL_THREAD"] = "1" if cpus // local_world >= 2 else "0"
+            os.environ["HARNESSRL_PREFILL_THREAD"] = "1" if per_process >= 2 else "0"
         backend = "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
