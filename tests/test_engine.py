@@ -289,14 +289,20 @@ def test_packed_decode_weights_match_the_plain_products_and_follow_weight_change
     assert on._packed.packs_made == 2 * made
 
 
-def test_packed_decode_is_opt_in_and_only_for_float32_cpu_models(tokenizer, monkeypatch):
+def test_packed_decode_is_on_by_default_for_small_float32_cpu_models_only(tokenizer, monkeypatch):
     model = tiny_random_model()
     monkeypatch.delenv("HARNESSRL_PACKED_DECODE", raising=False)
-    assert Engine(model, tokenizer)._packed is None
-    monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "1")
     assert (Engine(model, tokenizer)._packed is not None) == packed.available()
     half = tiny_random_model().to(torch.bfloat16)
     assert Engine(half, tokenizer)._packed is None
+    # a model whose packed copy would cost more than the default cap stays plain unless asked
+    monkeypatch.setattr(packed, "DEFAULT_MAX_BYTES", packed.linear_bytes(model) - 1)
+    assert Engine(model, tokenizer)._packed is None
+    monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "1")
+    assert (Engine(model, tokenizer)._packed is not None) == packed.available()
+    monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "0")
+    monkeypatch.setattr(packed, "DEFAULT_MAX_BYTES", 2 * 1024**3)
+    assert Engine(model, tokenizer)._packed is None
     monkeypatch.setenv("HARNESSRL_PACKED_DECODE", "on")
     with pytest.raises(ValueError, match="HARNESSRL_PACKED_DECODE must be 0 or 1"):
         Engine(model, tokenizer)

@@ -315,14 +315,18 @@ def _sample(logits: torch.Tensor, req: _Request) -> tuple[int, float]:
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, dim=-1)[token])
     logp = torch.log_softmax(logits / req.temperature, dim=-1)
-    probs = logp.exp()
-    ids = None
+    candidates, ids = logp, None
     if req.top_p < 1.0:
-        probs, ids = _nucleus(probs, req.top_p)
-    # inverse CDF with one uniform draw from the request's own generator
-    cdf = torch.cumsum(probs.double(), dim=0)
-    u = torch.rand((), generator=req.generator, dtype=torch.float64)
-    pick = min(int(torch.searchsorted(cdf, u * cdf[-1], right=True)), cdf.numel() - 1)
+        probs, ids = _nucleus(logp.exp(), req.top_p)
+        candidates = probs.log()
+    # Exponential race (the Gumbel-max trick): the arg max of log p_i - log E_i, with one
+    # E_i ~ Exp(1) per candidate from the request's own generator, is a draw from p. Rounding
+    # noise in the logits (another batch size, another prefill split) flips it only where two
+    # candidates' scores tie within that noise. An inverse CDF over the vocabulary instead
+    # flips whenever the rounding of every probability before the pick, summed, crosses the
+    # uniform draw: on a flat distribution that happened about once per thousand tokens.
+    uniform = torch.rand(candidates.shape, generator=req.generator, dtype=candidates.dtype)
+    pick = int(torch.argmax(candidates - torch.log(-torch.log(uniform))))
     token = int(ids[pick]) if ids is not None else pick
     return token, float(logp[token])
 
@@ -386,8 +390,8 @@ class Engine:
     of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
     decides instead when set. `packed_decode`: decode steps use oneDNN-prepacked copies of the
     float32 linear weights (harnessrl.models.packed; as many bytes again as those weights; equal
-    up to float rounding, but not batch-invariant: see harnessrl.models.packed). None: on when
-    $HARNESSRL_PACKED_DECODE=1, for a float32 CPU model on a torch with oneDNN; off by default.
+    up to float rounding). None: $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a
+    float32 CPU model whose linear weights take at most 2 GiB, on a torch with oneDNN.
     """
 
     def __init__(
@@ -428,7 +432,7 @@ class Engine:
             overlap_prefill = _overlap_by_default()
         self.overlap_prefill = overlap_prefill
         if packed_decode is None:
-            packed_decode = packed.wanted() and packed.packable(model)
+            packed_decode = packed.default_on(model)
         elif packed_decode and not packed.available():
             raise ValueError("packed_decode needs a torch build with oneDNN (torch.backends.mkldnn)")
         self._packed = packed.PackedLinears(model, max_batch) if packed_decode else None

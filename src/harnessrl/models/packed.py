@@ -5,7 +5,7 @@ a small-M matrix product, and the general GEMM spends much of it re-laying out t
 reads. oneDNN can lay a weight out once for such products ("prepacking"): measured on the 90
 layer matrices of smollm2-135m, 1 thread, weights cold in cache, 46.4 -> 27.5 ms at 12 rows and
 52.4 -> 34.2 ms at 16 (docs/BENCHMARKS.md). The results equal the plain product up to float
-rounding, row by row independently of how many rows there are.
+rounding.
 
 `PackedLinears` keeps a packed copy of every float32 `nn.Linear` of a CPU model (as many bytes
 again as those weights), repacked when a weight changes (its identity or in-place version
@@ -14,11 +14,12 @@ that uses its packed copy, but only in forwards run under `decoding()` on the sa
 forward on another thread meanwhile (the engine's prefill thread) keeps the plain product, so its
 floats never depend on timing.
 
-Off by default (`Engine(packed_decode=True)` or `HARNESSRL_PACKED_DECODE=1` turn it on): the
-packed products are not bit-identical to the plain ones a step of another size would use, so
-which episodes are identical between one and many in flight changes. On smollm2-135m all 16
-benchmark episodes stayed identical, but on the tiny random model of the tests, whose next-token
-distributions are nearly flat, an episode sampled at T=1 parted from its one-at-a-time twin.
+On by default where it pays and the copy is affordable (`default_on`): a float32 CPU model whose
+linear weights take at most DEFAULT_MAX_BYTES. `HARNESSRL_PACKED_DECODE=0` or
+`Engine(packed_decode=False)` turn it off, `=1` / `True` on for a larger model too. Batching
+changes the floats no more than the plain product does: a row's product no longer depends on how
+many rows share the step for most matrices (the plain product takes another kernel for one row
+than for several), though not for all (smollm2's 1536-wide down projections still do).
 """
 
 from __future__ import annotations
@@ -35,12 +36,34 @@ from torch import nn
 _decoding: contextvars.ContextVar[bool] = contextvars.ContextVar("harnessrl_packed_decoding", default=False)
 
 
-def wanted() -> bool:
-    """$HARNESSRL_PACKED_DECODE: 1 turns packed decode on by default, 0 or unset leaves it off."""
+DEFAULT_MAX_BYTES = 2 * 1024**3
+"""Packed by default only while the copy costs at most this much memory (2 GiB: a ~500M
+parameter float32 model)."""
+
+
+def default_on(model) -> bool:
+    """Whether an engine over `model` packs its decode weights when not told: $HARNESSRL_PACKED_DECODE
+    (0 off, 1 on wherever `packable`), unset: `packable` and the linear weights take at most
+    DEFAULT_MAX_BYTES."""
     value = os.environ.get("HARNESSRL_PACKED_DECODE", "").strip()
     if value not in ("", "0", "1"):
         raise ValueError(f"HARNESSRL_PACKED_DECODE must be 0 or 1, got {value!r}")
-    return value == "1"
+    if value == "0" or not packable(model):
+        return False
+    return value == "1" or linear_bytes(model) <= DEFAULT_MAX_BYTES
+
+
+def linear_bytes(model) -> int:
+    """Bytes of the weights a `PackedLinears` would copy."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in _linears(model))
+
+
+def _linears(model) -> list[nn.Linear]:
+    return [
+        m
+        for m in model.modules()
+        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+    ]
 
 
 def available() -> bool:
@@ -65,11 +88,7 @@ class PackedLinears:
     `rows`: the batch size the packing is laid out for (any number of rows works)."""
 
     def __init__(self, model, rows: int):
-        self.linears = [
-            m
-            for m in model.modules()
-            if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-        ]
+        self.linears = _linears(model)
         self.rows = rows
         self._packs: dict[int, tuple[tuple[int, int], torch.Tensor]] = {}
         self.packs_made = 0
