@@ -8,7 +8,9 @@ of them, so they are read once: the queries of all rows (and all heads of a key/
 score that block in one matrix product, each row scores its own remaining slots, and the two
 softmax parts are merged with their maxima and sums (the two-level "cascade" that vLLM and
 FlashInfer use for shared prefixes). The result equals one softmax over the whole row up to
-float rounding.
+float rounding. In float32 each part runs in torch's fused CPU attention kernel, which returns
+the log-sum-exp the merge needs (decode steps 1.06x faster than with plain matrix products at
+4-16 rows on smollm2-135m); other dtypes use the plain products.
 
 The engine turns this on for its decode forwards only, by naming `ENGINE_ATTENTION` as the
 model's attention implementation for the duration of the forward and handing the step's plan
@@ -42,6 +44,7 @@ class DecodePlan:
     shared: int
     mask: torch.Tensor
     fallback: str
+    bias: torch.Tensor  # the mask as float32 0 / -inf, for the fused kernel
 
 
 _plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harnessrl_decode_plan", default=None)
@@ -56,7 +59,8 @@ def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) ->
     shared = shared if shared >= MIN_SHARED else 0
     slots = torch.arange(shared, kv_len)
     mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
-    return DecodePlan(shared, mask, fallback)
+    bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+    return DecodePlan(shared, mask, fallback, bias)
 
 
 @contextlib.contextmanager
@@ -81,11 +85,17 @@ def _fallback(name: str):
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
+# torch's fused CPU attention kernel, which also returns each query's log-sum-exp: what merging
+# the two softmax parts needs (float32 only here; other dtypes take the plain products)
+_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def _softmax_part(scores: torch.Tensor, values: torch.Tensor):
-    """(max, sum of exp, unnormalised output) of one block of scores (..., slots) over values."""
+    """(normalised output, log-sum-exp) of one block of scores (..., queries, slots) over values."""
     top = scores.amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - top)
-    return top, weights.sum(dim=-1, keepdim=True), torch.matmul(weights, values)
+    total = weights.sum(dim=-1, keepdim=True)
+    return torch.matmul(weights / total, values), (top + total.log()).squeeze(-1)
 
 
 def engine_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -107,21 +117,35 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     kv_heads = key.shape[1]
     group = heads // kv_heads
     scale = scaling if scaling is not None else dim**-0.5
-    q = query.reshape(rows, kv_heads, group, dim) * scale
+    # a row's query heads of one kv head go where a prompt's query tokens would (rows, kv_heads,
+    # group, dim): one key/value head then serves its whole group without being repeated
+    q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
     own_k, own_v = key[:, :, shared:], value[:, :, shared:]
-    scores = torch.matmul(q, own_k.transpose(-1, -2)).masked_fill_(~plan.mask, float("-inf"))
+    fused = _FUSED is not None and query.dtype == torch.float32
+    if fused:
+        out2, lse2 = _FUSED(q, own_k, own_v, 0.0, False, attn_mask=plan.bias, scale=scale)[:2]
+    else:
+        scores = torch.matmul(q * scale, own_k.transpose(-1, -2)).masked_fill_(~plan.mask, float("-inf"))
+        if not shared:
+            out2 = torch.matmul(torch.softmax(scores, dim=-1), own_v)
+        else:
+            out2, lse2 = _softmax_part(scores, own_v)
     if not shared:
-        out = torch.matmul(torch.softmax(scores, dim=-1), own_v)
-        return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
-    top2, sum2, out2 = _softmax_part(scores, own_v)
+        return out2.reshape(rows, heads, 1, dim).transpose(1, 2), None
     # the shared block: every row's queries of a kv head against one copy of its keys
-    qs = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * group, dim)
-    top1, sum1, out1 = _softmax_part(torch.matmul(qs, key[0, :, :shared].transpose(-1, -2)), value[0, :, :shared])
-    top1, sum1, out1 = (t.reshape(kv_heads, rows, group, -1).permute(1, 0, 2, 3) for t in (top1, sum1, out1))
-    top = torch.maximum(top1, top2)
-    w1, w2 = torch.exp(top1 - top), torch.exp(top2 - top)
-    out = (out1 * w1 + out2 * w2) / (sum1 * w1 + sum2 * w2)
+    qs = q.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, dim)
+    shared_k, shared_v = key[:1, :, :shared], value[:1, :, :shared]
+    if fused:
+        out1, lse1 = _FUSED(qs, shared_k, shared_v, 0.0, False, scale=scale)[:2]
+    else:
+        out1, lse1 = _softmax_part(torch.matmul(qs * scale, shared_k.transpose(-1, -2)), shared_v)
+    out1 = out1.reshape(kv_heads, rows, group, dim).permute(1, 0, 2, 3)
+    lse1 = lse1.reshape(kv_heads, rows, group).permute(1, 0, 2).unsqueeze(-1)
+    lse2 = lse2.unsqueeze(-1)
+    top = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - top), torch.exp(lse2 - top)
+    out = (out1 * w1 + out2 * w2) / (w1 + w2)
     return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
 
 

@@ -72,9 +72,12 @@ _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tok
 # A request prefilled on the prefill thread joins the batch after one decode step per this many
 # uncached prompt tokens (waiting for its prefill if that is slower). A fixed schedule, not "when
 # it is done": which rows decode together then never depends on timing, so the same requests
-# give the same floats every run. 64: about what one core prefills while a step of ~12 rows
-# decodes (smollm2-135m, float32).
+# give the same floats every run. About what one core prefills while the other decodes a step
+# of ~8-12 rows (smollm2-135m, float32, 1 thread each): 64 with the plain products; 32 with
+# prepacked decode weights, whose steps are faster (on the rollout benchmark 32 beat 64 in 5 of 7
+# paired runs, by 8% in the median; 16, 24, 40 and 48 did worse than 32).
 _OVERLAP_TOKENS_PER_STEP = 64
+_OVERLAP_TOKENS_PER_PACKED_STEP = 32
 
 
 class EngineClosed(RuntimeError):
@@ -384,8 +387,8 @@ class Engine:
     row shares once instead of once per row (harnessrl.models.attention; equal up to float
     rounding, so off only for comparisons). `overlap_prefill`: prefill an admitted request on a
     second thread while the running rows keep decoding (one such prefill at a time; the request
-    joins the batch after one decode step per 64 new prompt tokens, waiting for the prefill if
-    it is slower, so the schedule never depends on timing). None: on when torch runs one
+    joins the batch after one decode step per 64 new prompt tokens, 32 with `packed_decode`,
+    waiting for the prefill if it is slower, so the schedule never depends on timing). None: on when torch runs one
     intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
     of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
     decides instead when set. `packed_decode`: decode steps use oneDNN-prepacked copies of the
@@ -767,7 +770,8 @@ class Engine:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-prefill")
-        steps = max(1, -(-(len(req.prompt) - cached) // _OVERLAP_TOKENS_PER_STEP))
+        per_step = _OVERLAP_TOKENS_PER_STEP if self._packed is None else _OVERLAP_TOKENS_PER_PACKED_STEP
+        steps = max(1, -(-(len(req.prompt) - cached) // per_step))
         future = self._pool.submit(self._timed_forward, inputs)
         self._inflight = _Prefill(req, kv, cached, future, self._stats.decode_steps + steps)
         self._stats.prefills_overlapped += 1
