@@ -750,7 +750,8 @@ class Engine:
         try:
             self._kv.reserve(row + 1, len(req.prompt) + 1, self.max_batch)
             cached = self._reuse_prefix(req, self._kv, row)
-            logits = self._forward(*self._prefill_inputs(req, self._kv, row, cached))[0]
+            with self._idle_core_borrowed():
+                logits = self._forward(*self._prefill_inputs(req, self._kv, row, cached))[0]
         except Exception as exc:
             self._prefill_failed(req, exc)
             return
@@ -775,6 +776,21 @@ class Engine:
         future = self._pool.submit(self._timed_forward, inputs)
         self._inflight = _Prefill(req, kv, cached, future, self._stats.decode_steps + steps)
         self._stats.prefills_overlapped += 1
+
+    @contextlib.contextmanager
+    def _idle_core_borrowed(self) -> Iterator[None]:
+        """A forward on the engine thread while the prefill thread is idle runs on one more
+        intra-op thread: the prefill thread's core (the thread count is the calling thread's
+        own, so a prefill launched later still runs on one)."""
+        if not (self._may_overlap and self._inflight is None):
+            yield
+            return
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
     def _timed_forward(self, inputs) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
@@ -877,6 +893,7 @@ class Engine:
                 if self._packed is not None:
                     stack.enter_context(self._packed.swapped_in())
                     stack.enter_context(packed.decoding())
+                stack.enter_context(self._idle_core_borrowed())
                 logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
         except Exception as exc:
             for req in list(rows):
