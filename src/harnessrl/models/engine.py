@@ -391,10 +391,11 @@ class Engine:
     waiting for the prefill if it is slower, so the schedule never depends on timing). None: on when torch runs one
     intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
     of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
-    decides instead when set. `packed_decode`: decode steps use oneDNN-prepacked copies of the
-    float32 linear weights (harnessrl.models.packed; as many bytes again as those weights; equal
-    up to float rounding). None: $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a
-    float32 CPU model whose linear weights take at most 2 GiB, on a torch with oneDNN.
+    decides instead when set. `packed_decode`: the engine's forwards (decode steps and its
+    prefills) use oneDNN-prepacked copies of the float32 linear weights (harnessrl.models.packed;
+    as many bytes again as those weights; equal up to float rounding). None:
+    $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a float32 CPU model whose linear
+    weights take at most 2 GiB, on a torch with oneDNN.
     """
 
     def __init__(
@@ -750,7 +751,7 @@ class Engine:
         try:
             self._kv.reserve(row + 1, len(req.prompt) + 1, self.max_batch)
             cached = self._reuse_prefix(req, self._kv, row)
-            with self._idle_core_borrowed():
+            with self._idle_core_borrowed(), self._packed_prefill():
                 logits = self._forward(*self._prefill_inputs(req, self._kv, row, cached))[0]
         except Exception as exc:
             self._prefill_failed(req, exc)
@@ -773,7 +774,14 @@ class Engine:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-prefill")
         per_step = _OVERLAP_TOKENS_PER_STEP if self._packed is None else _OVERLAP_TOKENS_PER_PACKED_STEP
         steps = max(1, -(-(len(req.prompt) - cached) // per_step))
-        future = self._pool.submit(self._timed_forward, inputs)
+        if self._packed is not None:
+            self._packed.acquire()  # released by the prefill thread when its forward is done
+        try:
+            future = self._pool.submit(self._timed_forward, inputs)
+        except BaseException:
+            if self._packed is not None:
+                self._packed.release()
+            raise
         self._inflight = _Prefill(req, kv, cached, future, self._stats.decode_steps + steps)
         self._stats.prefills_overlapped += 1
 
@@ -794,9 +802,23 @@ class Engine:
 
     def _timed_forward(self, inputs) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
-        with torch.inference_mode():  # (thread-local: the prefill thread sets its own)
-            logits = self._forward(*inputs)
+        try:
+            # (thread-local, both: the prefill thread sets its own)
+            with torch.inference_mode(), packed.engine_forward():
+                logits = self._forward(*inputs)
+        finally:
+            if self._packed is not None:
+                self._packed.release()
         return logits, time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def _packed_prefill(self) -> Iterator[None]:
+        """The packed weights for a prefill run here on the engine thread (when packed)."""
+        if self._packed is None:
+            yield
+            return
+        with self._packed.swapped_in(), packed.engine_forward():
+            yield
 
     def _land(self) -> None:
         """The prefill thread's request joins the batch (its keys/values copied into a row)."""
@@ -892,7 +914,7 @@ class Engine:
                     stack.enter_context(decode_plan(self.model, plan))
                 if self._packed is not None:
                     stack.enter_context(self._packed.swapped_in())
-                    stack.enter_context(packed.decoding())
+                    stack.enter_context(packed.engine_forward())
                 stack.enter_context(self._idle_core_borrowed())
                 logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
         except Exception as exc:
