@@ -515,3 +515,31 @@ def test_a_model_in_train_mode_generates_in_eval_mode_and_stays_in_train_mode(to
     # (up to float rounding: in train mode the engine runs every forward on its own thread, one
     # intra-op thread each, in eval mode it may prefill beside a step or borrow the idle core)
     assert got.ids == expected.ids and got.logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_the_sampler_draws_from_the_tempered_nucleus_distribution(top_p):
+    """The exponential race is an exact draw: over many seeds each token comes up as often as
+    its probability under softmax(z / T), restricted to the top_p nucleus and renormalised; the
+    recorded log-probability is the untruncated one."""
+    from concurrent.futures import Future
+
+    from harnessrl.models.engine import _Request, _sample
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    temperature = 0.7
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    probs = logp.exp()
+    keep = (torch.cumsum(probs, 0) - probs) < top_p  # sorted already: the nucleus is a prefix
+    want = torch.where(keep, probs, 0.0) / probs[keep].sum()
+    draws = 20000
+    counts = torch.zeros(len(logits))
+    for seed in range(draws):
+        req = _Request(0, (1,), EngineRequest([1], temperature=temperature, top_p=top_p, seed=seed), None, Future())
+        token, recorded = _sample(logits, req)
+        counts[token] += 1
+        assert recorded == pytest.approx(float(logp[token]), abs=1e-6)
+    assert counts[~keep].sum() == 0
+    # 4 standard deviations of a binomial frequency (the seeds are fixed, so the test is too)
+    tolerance = 4 * torch.sqrt(want * (1 - want) / draws) + 1e-9
+    assert torch.all((counts / draws - want).abs() <= tolerance), (counts / draws, want)
