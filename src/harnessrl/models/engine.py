@@ -388,14 +388,15 @@ class Engine:
     rounding, so off only for comparisons). `overlap_prefill`: prefill an admitted request on a
     second thread while the running rows keep decoding (one such prefill at a time; the request
     joins the batch after one decode step per 64 new prompt tokens, 32 with `packed_decode`,
-    waiting for the prefill if it is slower, so the schedule never depends on timing). None: on when torch runs one
-    intra-op thread and the machine has a second core (harnessrl leaves one free; two forwards
-    of several threads each would only fight over the cores); $HARNESSRL_PREFILL_THREAD=1 or 0
-    decides instead when set. `packed_decode`: the engine's forwards (decode steps and its
-    prefills) use oneDNN-prepacked copies of the float32 linear weights (harnessrl.models.packed;
-    as many bytes again as those weights; equal up to float rounding). None:
-    $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a float32 CPU model whose linear
-    weights take at most 2 GiB, on a torch with oneDNN.
+    waiting for the prefill if it is slower, so the schedule never depends on timing; while no
+    prefill runs there, the engine thread's forwards borrow its core as a second intra-op
+    thread). None: on when torch runs one intra-op thread and the machine has a second core
+    (harnessrl leaves one free; two forwards of several threads each would only fight over the
+    cores); $HARNESSRL_PREFILL_THREAD=1 or 0 decides instead when set. `packed_decode`: the
+    engine's forwards (decode steps and its prefills) use oneDNN-prepacked copies of the float32
+    linear weights (harnessrl.models.packed; as many bytes again as those weights; equal up to
+    float rounding). None: $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a float32 CPU
+    model whose linear weights take at most 2 GiB, on a torch with oneDNN.
     """
 
     def __init__(
@@ -788,8 +789,8 @@ class Engine:
     @contextlib.contextmanager
     def _idle_core_borrowed(self) -> Iterator[None]:
         """A forward on the engine thread while the prefill thread is idle runs on one more
-        intra-op thread: the prefill thread's core (the thread count is the calling thread's
-        own, so a prefill launched later still runs on one)."""
+        intra-op thread: the prefill thread's core. The count is restored before the step goes
+        on, and no prefill is launched inside the block, so the two never overlap."""
         if not (self._may_overlap and self._inflight is None):
             yield
             return
