@@ -307,6 +307,12 @@ def test_packed_decode_weights_match_the_plain_products_and_follow_weight_change
     for prompt, result in zip(prompts, on.generate(requests)):
         assert result.logprobs == pytest.approx(_teacher_forced(model, prompt, result.ids, 0.8), abs=1e-4)
     assert on._packed.packs_made == 2 * made
+    # a `.data` assignment keeps the weight's identity and version: clear_cache() repacks
+    for p in model.parameters():
+        p.data = p.data * 0.5
+    on.clear_cache()
+    for prompt, result in zip(prompts, on.generate(requests)):
+        assert result.logprobs == pytest.approx(_teacher_forced(model, prompt, result.ids, 0.8), abs=1e-4)
 
 
 def test_packed_decode_is_on_by_default_for_small_float32_cpu_models_only(tokenizer, monkeypatch):

@@ -296,8 +296,8 @@ def _check_request(req: EngineRequest, vocab: int, max_context: int | None) -> t
     return prompt, stops
 
 
-def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The most probable tokens until their mass reaches top_p (the first always): (probs, ids).
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The ids of the most probable tokens until their mass reaches top_p (the first always).
 
     Looks at the top 64 first and widens only when the nucleus does not end inside them, so the
     usual case costs a top-k instead of sorting the whole vocabulary.
@@ -307,8 +307,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Ten
         top, ids = torch.topk(probs, k)
         before = torch.cumsum(top, dim=0) - top
         if k == probs.numel() or bool(before[-1] >= top_p):
-            keep = before < top_p
-            return top[keep], ids[keep]
+            return ids[before < top_p]
         k = min(probs.numel(), 8 * k)
 
 
@@ -320,8 +319,8 @@ def _sample(logits: torch.Tensor, req: _Request) -> tuple[int, float]:
     logp = torch.log_softmax(logits / req.temperature, dim=-1)
     candidates, ids = logp, None
     if req.top_p < 1.0:
-        probs, ids = _nucleus(logp.exp(), req.top_p)
-        candidates = probs.log()
+        ids = _nucleus(logp.exp(), req.top_p)
+        candidates = logp[ids]
     # Exponential race (the Gumbel-max trick): the arg max of log p_i - log E_i, with one
     # E_i ~ Exp(1) per candidate from the request's own generator, is a draw from p. Rounding
     # noise in the logits (another batch size, another prefill split) flips it only where two
@@ -621,6 +620,8 @@ class Engine:
         """Forget every cached prefix (call it after changing what the model computes)."""
         with self._step_lock:
             self._invalidate()
+            if self._packed is not None:
+                self._packed.clear()  # (a `.data` assignment keeps a weight's identity and version)
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -691,6 +692,8 @@ class Engine:
         self._generation += 1
         self.prefix_cache.clear()
         self._stats.cache_clears += 1
+        if self._packed is not None:
+            self._packed.weights_changed()
 
     def _step(self) -> bool:
         weights = self._weights_fingerprint()
@@ -752,7 +755,7 @@ class Engine:
         try:
             self._kv.reserve(row + 1, len(req.prompt) + 1, self.max_batch)
             cached = self._reuse_prefix(req, self._kv, row)
-            with self._idle_core_borrowed(), self._packed_prefill():
+            with self._idle_core_borrowed(), self._packed_forward():
                 logits = self._forward(*self._prefill_inputs(req, self._kv, row, cached))[0]
         except Exception as exc:
             self._prefill_failed(req, exc)
@@ -813,8 +816,8 @@ class Engine:
         return logits, time.perf_counter() - t0
 
     @contextlib.contextmanager
-    def _packed_prefill(self) -> Iterator[None]:
-        """The packed weights for a prefill run here on the engine thread (when packed)."""
+    def _packed_forward(self) -> Iterator[None]:
+        """The packed weights for a forward run here on the engine thread (when packed)."""
         if self._packed is None:
             yield
             return
@@ -913,9 +916,7 @@ class Engine:
                 if self.shared_prefix_attention:
                     plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn)
                     stack.enter_context(decode_plan(self.model, plan))
-                if self._packed is not None:
-                    stack.enter_context(self._packed.swapped_in())
-                    stack.enter_context(packed.engine_forward())
+                stack.enter_context(self._packed_forward())
                 stack.enter_context(self._idle_core_borrowed())
                 logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
         except Exception as exc:

@@ -9,8 +9,10 @@ tokens) gain too: 196 -> 146 ms at 64 tokens, 474 -> 408 ms at 200. The results 
 product up to float rounding.
 
 `PackedLinears` keeps a packed copy of every float32 `nn.Linear` of a CPU model (as many bytes
-again as those weights), repacked when a weight changes (its identity or in-place version
-counter, which optimizer steps bump). While at least one user holds it (`acquire`/`release`, or
+again as those weights), repacked when a weight changed (its identity or in-place version
+counter, which optimizer steps bump). Its owner says when that may have happened
+(`weights_changed()`: the engine does when its fingerprint of the parameters moves), so a step
+does not check 200 weights again. While at least one user holds it (`acquire`/`release`, or
 `swapped_in()`: a decode step, a prefill on the engine thread or on its prefill thread), each of
 those layers has a forward that uses its packed copy in forwards run under `engine_forward()`,
 and the plain product in any other forward (a training pass on another thread). A forward never
@@ -96,10 +98,16 @@ class PackedLinears:
         self._packs: dict[int, tuple[tuple[int, int], torch.Tensor]] = {}
         self.packs_made = 0
         self._users = 0
+        self._stale = True  # nothing packed yet
         self._lock = threading.Lock()
+
+    def weights_changed(self) -> None:
+        """Some weight may have changed: the next `acquire` repacks those that did."""
+        self._stale = True
 
     def _refresh(self) -> None:
         """Repack every weight that changed (identity or in-place version) since it was packed."""
+        self._stale = False
         for module in self.linears:
             key = (id(module.weight), module.weight._version)
             have = self._packs.get(id(module))
@@ -110,11 +118,13 @@ class PackedLinears:
                 self.packs_made += 1
 
     def acquire(self) -> None:
-        """Install the layers' packed forwards (repacking what changed) for one more user: a
-        decode step, or a prefill that may run on another thread meanwhile. They stay installed
-        until every user has released them, so a forward never sees them come or go midway."""
+        """Install the layers' packed forwards (repacking what changed, after `weights_changed`)
+        for one more user: a decode step, or a prefill that may run on another thread meanwhile.
+        They stay installed until every user has released them, so a forward never sees them come
+        or go midway."""
         with self._lock:
-            self._refresh()
+            if self._stale:
+                self._refresh()
             if self._users == 0:
                 for module in self.linears:
                     module.forward = functools.partial(_forward, self._packs, module)
@@ -139,6 +149,7 @@ class PackedLinears:
     def clear(self) -> None:
         with self._lock:
             self._packs.clear()
+            self._stale = True
 
 
 @contextlib.contextmanager
