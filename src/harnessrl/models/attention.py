@@ -39,18 +39,47 @@ class DecodePlan:
     """One decode step: row r attends to its slots 0..lengths[r] (the new token's slot included);
     slots 0..shared-1 hold the same tokens in every row. `mask`: (rows, 1, 1, kv_len - shared),
     True where a row may attend among its own slots from `shared` on. `fallback`: the model's own
-    attention implementation."""
+    attention implementation. `runs`: how the fused kernel reads the rows' own slots, as
+    (first row, end row, end slot, bias or None) of consecutive rows read together up to that
+    slot (the longest of them), so a short row is not read at the longest row's width (see
+    `plan_runs`); the bias is None where every row of the run reaches its end slot."""
 
     shared: int
     mask: torch.Tensor
     fallback: str
     bias: torch.Tensor  # the mask as float32 0 / -inf, for the fused kernel
+    runs: tuple[tuple[int, int, int, torch.Tensor | None], ...] = ()
 
 
 _plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harnessrl_decode_plan", default=None)
 # the model's own implementation, by id(config): a forward on another thread (the engine's
 # prefill thread) can run while a decode forward has the config pointing here
 _fallbacks: dict[int, str] = {}
+
+RUN_COST_SLOTS = 200
+"""What one more kernel call costs, in row-slots read (measured on smollm2-135m: a call on a
+CPU costs about as much as reading 64 more slots of keys and values for one row)."""
+
+
+def plan_runs(own: list[int], call_cost: int = RUN_COST_SLOTS) -> tuple[tuple[int, int], ...]:
+    """Split rows with `own[r]` slots each (in row order) into runs of consecutive rows, each run
+    read at its longest row's width: the split that reads the fewest slots, counting
+    `call_cost` slots per run. Returns (first row, end row) pairs."""
+    n = len(own)
+    best = [0] * (n + 1)
+    start = [0] * (n + 1)
+    for end in range(1, n + 1):
+        widest, best[end] = 0, None
+        for first in range(end - 1, -1, -1):
+            widest = max(widest, own[first])
+            cost = best[first] + (end - first) * widest + call_cost
+            if best[end] is None or cost < best[end]:
+                best[end], start[end] = cost, first
+    runs, end = [], n
+    while end:
+        runs.append((start[end], end))
+        end = start[end]
+    return tuple(reversed(runs))
 
 
 def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) -> DecodePlan:
@@ -60,7 +89,13 @@ def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) ->
     slots = torch.arange(shared, kv_len)
     mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
     bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
-    return DecodePlan(shared, mask, fallback, bias)
+    own = (lengths + 1 - shared).tolist()
+    runs = []
+    for first, end in plan_runs(own):
+        width = max(own[first:end])
+        ragged = min(own[first:end]) < width
+        runs.append((first, end, shared + width, bias[first:end, :, :, :width] if ragged else None))
+    return DecodePlan(shared, mask, fallback, bias, tuple(runs))
 
 
 @contextlib.contextmanager
@@ -98,6 +133,27 @@ def _softmax_part(scores: torch.Tensor, values: torch.Tensor):
     return torch.matmul(weights / total, values), (top + total.log()).squeeze(-1)
 
 
+def _own_fused(q, key, value, plan: DecodePlan, scale: float):
+    """The fused kernel over the rows' own slots, run by run (`DecodePlan.runs`)."""
+    shared = plan.shared
+    runs = plan.runs or ((0, q.shape[0], key.shape[2], plan.bias),)
+    parts = [
+        _FUSED(
+            q[first:end],
+            key[first:end, :, shared:width],
+            value[first:end, :, shared:width],
+            0.0,
+            False,
+            attn_mask=bias,
+            scale=scale,
+        )[:2]
+        for first, end, width, bias in runs
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
 def engine_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """query (rows, heads, 1, dim); key/value (rows, kv_heads, kv_len, dim), the rows' cache
     slots; returns (rows, 1, heads, dim) as transformers' attention functions do."""
@@ -121,11 +177,11 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     # group, dim): one key/value head then serves its whole group without being repeated
     q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
-    own_k, own_v = key[:, :, shared:], value[:, :, shared:]
     fused = _FUSED is not None and query.dtype == torch.float32
     if fused:
-        out2, lse2 = _FUSED(q, own_k, own_v, 0.0, False, attn_mask=plan.bias, scale=scale)[:2]
+        out2, lse2 = _own_fused(q, key, value, plan, scale)
     else:
+        own_k, own_v = key[:, :, shared:], value[:, :, shared:]
         scores = torch.matmul(q * scale, own_k.transpose(-1, -2)).masked_fill_(~plan.mask, float("-inf"))
         if not shared:
             out2 = torch.matmul(torch.softmax(scores, dim=-1), own_v)

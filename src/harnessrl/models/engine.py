@@ -78,6 +78,11 @@ _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tok
 # paired runs, by 8% in the median; 16, 24, 40 and 48 did worse than 32).
 _OVERLAP_TOKENS_PER_STEP = 64
 _OVERLAP_TOKENS_PER_PACKED_STEP = 32
+# While the prefill thread is busy and at most this many rows decode (the start of a run, when
+# every episode's first request queues at once), the engine thread prefills the next waiting
+# request itself: a step of so few rows costs nearly as much as a full one, so both cores
+# prefill instead.
+_FEW_ROWS = 4
 
 
 class EngineClosed(RuntimeError):
@@ -710,7 +715,7 @@ class Engine:
             self._land()  # (waiting for it when there is nothing to decode meanwhile)
             worked = True
         while len(self._rows) + (self._inflight is not None) < self.max_batch:
-            if self._inflight is not None:
+            if self._inflight is not None and len(self._rows) > _FEW_ROWS:
                 break  # one prefill beside the decode steps at a time
             with self._lock:
                 if not self._waiting:
@@ -720,7 +725,7 @@ class Engine:
                     self._by_future.pop(req.future, None)
                     self._stats.cancelled += 1
                     continue
-            if self._may_overlap and self._rows:
+            if self._may_overlap and self._rows and self._inflight is None:
                 self._launch(req)
             else:
                 self._admit(req)
