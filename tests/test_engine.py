@@ -259,6 +259,19 @@ def test_decode_attention_in_runs_equals_one_padded_softmax(shared):
         assert torch.allclose(out[r, 0], (weights @ v)[:, 0], atol=1e-5)
 
 
+def test_decode_plans_are_made_where_the_keys_are_and_only_a_cpu_takes_the_fused_kernel():
+    from harnessrl.models.attention import _FUSED, make_plan, uses_fused_kernel
+
+    lengths = torch.tensor([40, 90])
+    plan = make_plan(lengths, 91, 0, "sdpa", device=torch.device("meta"))  # stands in for a GPU
+    assert plan.mask.device.type == "meta" and plan.bias.device.type == "meta"
+    assert all(bias is None or bias.device.type == "meta" for *_, bias in plan.runs)
+    assert make_plan(lengths, 91, 0, "sdpa", runs=False).runs == ()
+    assert not uses_fused_kernel(torch.float32, torch.device("cuda"))  # a CPU-only kernel
+    assert not uses_fused_kernel(torch.bfloat16, torch.device("cpu"))
+    assert uses_fused_kernel(torch.float32, torch.device("cpu")) == (_FUSED is not None)
+
+
 def test_a_request_on_the_prefill_thread_can_be_cancelled_and_waits_for_pauses(model, tokenizer):
     prompts = _prompts(tokenizer, 3, base="Beside")
     prompts[1] = tokenizer.encode("a long task statement " * 40)  # > 64 tokens: a few steps of prefill

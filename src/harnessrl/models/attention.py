@@ -8,7 +8,7 @@ of them, so they are read once: the queries of all rows (and all heads of a key/
 score that block in one matrix product, each row scores its own remaining slots, and the two
 softmax parts are merged with their maxima and sums (the two-level "cascade" that vLLM and
 FlashInfer use for shared prefixes). The result equals one softmax over the whole row up to
-float rounding. In float32 each part runs in torch's fused CPU attention kernel, which returns
+float rounding. In float32 on a CPU each part runs in torch's fused CPU attention kernel, which returns
 the log-sum-exp the merge needs (decode steps 1.06x faster than with plain matrix products at
 4-16 rows on smollm2-135m); other dtypes use the plain products.
 
@@ -82,20 +82,33 @@ def plan_runs(own: list[int], call_cost: int = RUN_COST_SLOTS) -> tuple[tuple[in
     return tuple(reversed(runs))
 
 
-def make_plan(lengths: torch.Tensor, kv_len: int, shared: int, fallback: str) -> DecodePlan:
+def uses_fused_kernel(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether decode attention over keys/values of this dtype and device runs in torch's fused
+    CPU kernel (float32 on a CPU); anything else takes the plain matrix products."""
+    return _FUSED is not None and dtype == torch.float32 and torch.device(device).type == "cpu"
+
+
+def make_plan(
+    lengths: torch.Tensor, kv_len: int, shared: int, fallback: str, *, runs: bool = True, device=None
+) -> DecodePlan:
     """The plan of a decode step whose rows hold `lengths` tokens (the new one goes at slot
-    `lengths[r]`) in a cache read up to `kv_len` slots, `shared` of them common to every row."""
+    `lengths[r]`) in a cache read up to `kv_len` slots, `shared` of them common to every row.
+    `runs`: split the rows into runs (`DecodePlan.runs`; only the fused kernel reads them).
+    `device`: where the keys and values are (the masks are made there; default the CPU)."""
     shared = shared if shared >= MIN_SHARED else 0
-    slots = torch.arange(shared, kv_len)
-    mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
-    bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
     own = (lengths + 1 - shared).tolist()
-    runs = []
+    lengths = lengths.to(device) if device is not None else lengths
+    slots = torch.arange(shared, kv_len, device=lengths.device)
+    mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
+    bias = torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
+    if not runs:
+        return DecodePlan(shared, mask, fallback, bias)
+    split = []
     for first, end in plan_runs(own):
         width = max(own[first:end])
         ragged = min(own[first:end]) < width
-        runs.append((first, end, shared + width, bias[first:end, :, :, :width] if ragged else None))
-    return DecodePlan(shared, mask, fallback, bias, tuple(runs))
+        split.append((first, end, shared + width, bias[first:end, :, :, :width] if ragged else None))
+    return DecodePlan(shared, mask, fallback, bias, tuple(split))
 
 
 @contextlib.contextmanager
@@ -177,7 +190,7 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     # group, dim): one key/value head then serves its whole group without being repeated
     q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
-    fused = _FUSED is not None and query.dtype == torch.float32
+    fused = uses_fused_kernel(query.dtype, query.device)
     if fused:
         out2, lse2 = _own_fused(q, key, value, plan, scale)
     else:

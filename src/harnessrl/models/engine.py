@@ -63,7 +63,7 @@ import torch
 from transformers import DynamicCache
 
 from harnessrl.models import packed
-from harnessrl.models.attention import decode_plan, make_plan
+from harnessrl.models.attention import decode_plan, make_plan, uses_fused_kernel
 from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
 
 FINISH_STOP = "stop"
@@ -919,7 +919,8 @@ class Engine:
         try:
             with contextlib.ExitStack() as stack:
                 if self.shared_prefix_attention:
-                    plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn)
+                    runs = uses_fused_kernel(self._kv.dtype, self.device)
+                    plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn, runs=runs, device=self.device)
                     stack.enter_context(decode_plan(self.model, plan))
                 stack.enter_context(self._packed_forward())
                 stack.enter_context(self._idle_core_borrowed())
