@@ -57,8 +57,9 @@ _plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harne
 _fallbacks: dict[int, str] = {}
 
 RUN_COST_SLOTS = 200
-"""What one more kernel call costs, in row-slots read (measured on smollm2-135m: a call on a
-CPU costs about as much as reading 64 more slots of keys and values for one row)."""
+"""What one more kernel call costs, in row-slots read (smollm2-135m, 1 thread, step timings: of
+0, 16, 64, 100, 200 and 400, 200 gave the fastest steps at 8 and 12 rows; at 5 rows 400 did,
+by 5%). bench/decode_steps.py measures the runs on and off."""
 
 
 def plan_runs(own: list[int], call_cost: int = RUN_COST_SLOTS) -> tuple[tuple[int, int], ...]:
@@ -96,7 +97,7 @@ def make_plan(
     `runs`: split the rows into runs (`DecodePlan.runs`; only the fused kernel reads them).
     `device`: where the keys and values are (the masks are made there; default the CPU)."""
     shared = shared if shared >= MIN_SHARED else 0
-    own = (lengths + 1 - shared).tolist()
+    own = (lengths + 1 - shared).tolist() if runs else []
     lengths = lengths.to(device) if device is not None else lengths
     slots = torch.arange(shared, kv_len, device=lengths.device)
     mask = (slots.unsqueeze(0) <= lengths.unsqueeze(1)).view(lengths.numel(), 1, 1, kv_len - shared)
