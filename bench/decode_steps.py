@@ -6,11 +6,15 @@ prefix followed by an own part of random length (`--own-min`..`--own-max` tokens
 contexts differ as an agent's episodes at different turns do), then times decode steps with the
 option on and off, alternating, and reports the median step time of each. Options:
 
+  kernel   the rows' own slots in the compiled kernel (harnessrl.models.decode_kernel) against
+           torch's fused kernel in runs of rows (`plan_runs`)
   runs     reading each row's own slots in runs of similar width (harnessrl.models.attention
-           `plan_runs`) against reading every row up to the longest row's length
+           `plan_runs`) against reading every row up to the longest row's length (both with
+           the fused kernel)
   shared   shared-prefix decode attention against attending over every row's whole cache
 
-    HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --rows 5,8,12
+    HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --rows 1,5,8,12
+    HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --option runs --rows 5,8,12
     HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --option shared --rows 8
     .venv/bin/python bench/decode_steps.py --model tiny-random --rows 2 --steps 2   # plumbing
 
@@ -24,13 +28,13 @@ import json
 import statistics
 import time
 
-OPTIONS = ("runs", "shared")
+OPTIONS = ("kernel", "runs", "shared")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="tiny-random, smollm2-135m or hf:PATH")
-    p.add_argument("--option", default="runs", choices=OPTIONS)
+    p.add_argument("--option", default="kernel", choices=OPTIONS)
     p.add_argument("--rows", default="5,8,12", help="comma-separated batch sizes")
     p.add_argument("--shared", type=int, default=450, help="tokens of prefix every row shares")
     p.add_argument("--own-min", type=int, default=30)
@@ -66,7 +70,10 @@ def measure(args: argparse.Namespace, model, tokenizer, rows: int) -> dict:
     default_cost = attention.plan_runs.__defaults__
 
     def setting(on: bool) -> None:
-        if args.option == "runs":  # a call that costs more than any padding: one run
+        if args.option == "kernel":
+            engine.compiled_attention = on
+        elif args.option == "runs":  # a call that costs more than any padding: one run
+            engine.compiled_attention = False
             attention.plan_runs.__defaults__ = default_cost if on else (10**12,)
         else:
             engine.shared_prefix_attention = on

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import CancelledError
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -223,6 +224,16 @@ def test_shared_prefix_attention_equals_full_attention(model, tokenizer, tempera
     assert model.config._attn_implementation == "sdpa"  # the engine's decode attention was only borrowed
 
 
+def _assert_each_row_attends_its_own_slots(out, query, key, value, lengths) -> None:
+    """`out` (rows, 1, heads, dim) is each row's query against its slots 0..lengths[r], one plain softmax."""
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
+    for r in range(query.shape[0]):
+        k = key[r, :, : lengths[r] + 1].repeat_interleave(heads // kv_heads, dim=0)
+        v = value[r, :, : lengths[r] + 1].repeat_interleave(heads // kv_heads, dim=0)
+        weights = torch.softmax(query[r] @ k.transpose(-1, -2) / dim**0.5, dim=-1)
+        assert torch.allclose(out[r, 0], (weights @ v)[:, 0], atol=1e-5)
+
+
 def test_rows_of_very_different_lengths_are_read_in_runs_of_their_own_width():
     from harnessrl.models.attention import plan_runs
 
@@ -252,15 +263,58 @@ def test_decode_attention_in_runs_equals_one_padded_softmax(shared):
     holder = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
     with decode_plan(holder, plan):
         out, _ = engine_attention(None, query, key, value, None)
-    for r in range(rows):  # each row against its own slots, one plain softmax
-        k = key[r, :, : lengths[r] + 1].repeat_interleave(heads // kv_heads, dim=0)
-        v = value[r, :, : lengths[r] + 1].repeat_interleave(heads // kv_heads, dim=0)
-        weights = torch.softmax(query[r] @ k.transpose(-1, -2) / dim**0.5, dim=-1)
-        assert torch.allclose(out[r, 0], (weights @ v)[:, 0], atol=1e-5)
+    _assert_each_row_attends_its_own_slots(out, query, key, value, lengths)
+
+
+@pytest.mark.parametrize("shared", [0, 40])
+def test_compiled_decode_attention_equals_a_softmax_over_each_rows_own_slots(shared):
+    from harnessrl.models import decode_kernel
+    from harnessrl.models.attention import decode_plan, engine_attention, make_plan
+
+    if not decode_kernel.available():
+        pytest.skip("numba is not installed")
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([60, 700, 75, 690, 64])  # row r attends to slots 0..lengths[r]
+    rows, heads, kv_heads, dim, capacity = 5, 6, 2, 16, 768
+    # slots of a batch cache: a slice of a wider buffer, as the engine hands them over
+    buf = torch.randn(2, rows, kv_heads, capacity, dim, generator=gen)
+    buf[:, :, :, :shared] = buf[:, :1, :, :shared].clone()
+    key, value = buf[0, :, :, : int(lengths.max()) + 1], buf[1, :, :, : int(lengths.max()) + 1]
+    query = torch.randn(rows, heads, 1, dim, generator=gen)
+    plan = make_plan(lengths, key.shape[2], shared, "sdpa", kernel=True)
+    assert plan.own.tolist() == (lengths + 1 - shared).tolist() and plan.runs == ()
+    holder = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
+    with decode_plan(holder, plan):
+        out, _ = engine_attention(None, query, key, value, None)
+    _assert_each_row_attends_its_own_slots(out, query, key, value, lengths)
+
+
+def test_the_compiled_kernel_gives_a_row_the_same_floats_whatever_else_is_in_the_batch():
+    from harnessrl.models import decode_kernel
+
+    if not decode_kernel.available():
+        pytest.skip("numba is not installed")
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(4, 3, 3, 64, generator=gen)
+    key, value = torch.randn(2, 4, 3, 512, 64, generator=gen)
+    counts = np.array([300, 20, 511, 7])
+    out, lse = decode_kernel.own_attention(q, key, value, counts, 1, 0.125)
+    for r in range(4):
+        alone, alone_lse = decode_kernel.own_attention(
+            q[r : r + 1], key[r : r + 1], value[r : r + 1], counts[r : r + 1], 1, 0.125
+        )
+        assert torch.equal(alone[0], out[r]) and torch.equal(alone_lse[0], lse[r])
+    reference = torch.logsumexp(q[3] @ key[3, :, 1:8].transpose(-1, -2) * 0.125, dim=-1)
+    assert torch.allclose(lse[3], reference, atol=1e-5)
+    for bad in ([300, 20, 512, 7], [300, 0, 5, 7]):  # past the cache's slots; a row of none
+        with pytest.raises(ValueError, match="cache slots"):
+            decode_kernel.own_attention(q, key, value, np.array(bad), 1, 0.125)
+    with pytest.raises(ValueError, match="3 counts for 4 rows"):
+        decode_kernel.own_attention(q, key, value, np.array([1, 2, 3]), 1, 0.125)
 
 
 def test_decode_plans_are_made_where_the_keys_are_and_only_a_cpu_takes_the_fused_kernel():
-    from harnessrl.models.attention import _FUSED, make_plan, uses_fused_kernel
+    from harnessrl.models.attention import _FUSED, make_plan, uses_compiled_kernel, uses_fused_kernel
 
     lengths = torch.tensor([40, 90])
     plan = make_plan(lengths, 91, 0, "sdpa", device=torch.device("meta"))  # stands in for a GPU
@@ -270,6 +324,8 @@ def test_decode_plans_are_made_where_the_keys_are_and_only_a_cpu_takes_the_fused
     assert not uses_fused_kernel(torch.float32, torch.device("cuda"))  # a CPU-only kernel
     assert not uses_fused_kernel(torch.bfloat16, torch.device("cpu"))
     assert uses_fused_kernel(torch.float32, torch.device("cpu")) == (_FUSED is not None)
+    assert not uses_compiled_kernel(torch.float32, torch.device("cuda"))
+    assert not uses_compiled_kernel(torch.bfloat16, torch.device("cpu"))
 
 
 def test_a_request_on_the_prefill_thread_can_be_cancelled_and_waits_for_pauses(model, tokenizer):

@@ -8,9 +8,11 @@ of them, so they are read once: the queries of all rows (and all heads of a key/
 score that block in one matrix product, each row scores its own remaining slots, and the two
 softmax parts are merged with their maxima and sums (the two-level "cascade" that vLLM and
 FlashInfer use for shared prefixes). The result equals one softmax over the whole row up to
-float rounding. In float32 on a CPU each part runs in torch's fused CPU attention kernel, which returns
-the log-sum-exp the merge needs (decode steps 1.06x faster than with plain matrix products at
-4-16 rows on smollm2-135m); other dtypes use the plain products.
+float rounding. In float32 on a CPU the shared block runs in torch's fused CPU attention kernel,
+which returns the log-sum-exp the merge needs, and the rows' own slots in a compiled kernel that
+reads each row exactly as far as it reaches (harnessrl.models.decode_kernel; without numba, the
+fused kernel in runs of rows of similar length, `plan_runs`); other dtypes and devices use
+plain matrix products.
 
 The engine turns this on for its decode forwards only, by naming `ENGINE_ATTENTION` as the
 model's attention implementation for the duration of the forward and handing the step's plan
@@ -27,8 +29,11 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+from harnessrl.models import decode_kernel
 
 ENGINE_ATTENTION = "harnessrl-engine"
 MIN_SHARED = 32  # a shared prefix shorter than this is not worth the extra products
@@ -42,13 +47,15 @@ class DecodePlan:
     attention implementation. `runs`: how the fused kernel reads the rows' own slots, as
     (first row, end row, end slot, bias or None) of consecutive rows read together up to that
     slot (the longest of them), so a short row is not read at the longest row's width (see
-    `plan_runs`); the bias is None where every row of the run reaches its end slot."""
+    `plan_runs`); the bias is None where every row of the run reaches its end slot. `own`: how
+    many own slots (from `shared` on) each row reads, for the compiled kernel (None: not used)."""
 
     shared: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None  # None with `own`
     fallback: str
-    bias: torch.Tensor  # the mask as float32 0 / -inf, for the fused kernel
+    bias: torch.Tensor | None  # the mask as float32 0 / -inf, for the fused kernel; None with `own`
     runs: tuple[tuple[int, int, int, torch.Tensor | None], ...] = ()
+    own: np.ndarray | None = None
 
 
 _plan: contextvars.ContextVar[DecodePlan | None] = contextvars.ContextVar("harnessrl_decode_plan", default=None)
@@ -89,14 +96,30 @@ def uses_fused_kernel(dtype: torch.dtype, device: torch.device) -> bool:
     return _FUSED is not None and dtype == torch.float32 and torch.device(device).type == "cpu"
 
 
+def uses_compiled_kernel(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the rows' own slots go to the compiled kernel (float32 on a CPU, numba present)."""
+    return uses_fused_kernel(dtype, device) and decode_kernel.available()
+
+
 def make_plan(
-    lengths: torch.Tensor, kv_len: int, shared: int, fallback: str, *, runs: bool = True, device=None
+    lengths: torch.Tensor,
+    kv_len: int,
+    shared: int,
+    fallback: str,
+    *,
+    runs: bool = True,
+    kernel: bool = False,
+    device=None,
 ) -> DecodePlan:
     """The plan of a decode step whose rows hold `lengths` tokens (the new one goes at slot
     `lengths[r]`) in a cache read up to `kv_len` slots, `shared` of them common to every row.
-    `runs`: split the rows into runs (`DecodePlan.runs`; only the fused kernel reads them).
-    `device`: where the keys and values are (the masks are made there; default the CPU)."""
+    `kernel`: the rows' own slots go to the compiled kernel (`DecodePlan.own`; see
+    `uses_compiled_kernel`); else `runs`: split the rows into runs for the fused kernel
+    (`DecodePlan.runs`). `device`: where the keys and values are (the masks are made there;
+    default the CPU)."""
     shared = shared if shared >= MIN_SHARED else 0
+    if kernel:
+        return DecodePlan(shared, None, fallback, None, own=(lengths.cpu() + 1 - shared).numpy().astype(np.int64))
     own = (lengths + 1 - shared).tolist() if runs else []
     lengths = lengths.to(device) if device is not None else lengths
     slots = torch.arange(shared, kv_len, device=lengths.device)
@@ -192,7 +215,9 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
     fused = uses_fused_kernel(query.dtype, query.device)
-    if fused:
+    if fused and plan.own is not None:
+        out2, lse2 = decode_kernel.own_attention(q, key, value, plan.own, shared, scale)
+    elif fused:
         out2, lse2 = _own_fused(q, key, value, plan, scale)
     else:
         own_k, own_v = key[:, :, shared:], value[:, :, shared:]

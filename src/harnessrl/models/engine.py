@@ -63,7 +63,7 @@ import torch
 from transformers import DynamicCache
 
 from harnessrl.models import packed
-from harnessrl.models.attention import decode_plan, make_plan, uses_fused_kernel
+from harnessrl.models.attention import decode_plan, make_plan, uses_compiled_kernel, uses_fused_kernel
 from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
 
 FINISH_STOP = "stop"
@@ -437,6 +437,9 @@ class Engine:
         self._bool_mask = attn == "sdpa"
         self._attn = attn
         self.shared_prefix_attention = shared_prefix_attention
+        # the rows' own slots in the compiled kernel where it runs (harnessrl.models.decode_kernel);
+        # off (torch's fused kernel in runs) only for comparisons
+        self.compiled_attention = True
         if overlap_prefill is None:
             overlap_prefill = _overlap_by_default()
         self.overlap_prefill = overlap_prefill
@@ -920,7 +923,10 @@ class Engine:
             with contextlib.ExitStack() as stack:
                 if self.shared_prefix_attention:
                     runs = uses_fused_kernel(self._kv.dtype, self.device)
-                    plan = make_plan(lengths, kv_len, self._shared_prefix(), self._attn, runs=runs, device=self.device)
+                    kernel = self.compiled_attention and uses_compiled_kernel(self._kv.dtype, self.device)
+                    plan = make_plan(
+                        lengths, kv_len, self._shared_prefix(), self._attn, runs=runs, kernel=kernel, device=self.device
+                    )
                     stack.enter_context(decode_plan(self.model, plan))
                 stack.enter_context(self._packed_forward())
                 stack.enter_context(self._idle_core_borrowed())
