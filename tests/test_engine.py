@@ -234,6 +234,23 @@ def _assert_each_row_attends_its_own_slots(out, query, key, value, lengths) -> N
         assert torch.allclose(out[r, 0], (weights @ v)[:, 0], atol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "fused-runs"])
+def test_decode_attention_kernels_give_the_greedy_tokens_of_the_full_attention(model, tokenizer, compiled):
+    from harnessrl.models import decode_kernel
+
+    if compiled and not decode_kernel.available():
+        pytest.skip("numba is not installed")
+    system, prompts = _shared_prompts(tokenizer, 4)
+    prompts[2] = prompts[2] + tokenizer.encode(" and then the rest" * 30)  # rows far apart in length
+    requests = [EngineRequest(p, 10, temperature=0.0, seed=i) for i, p in enumerate(prompts)]
+    engine = Engine(model, tokenizer, overlap_prefill=False, max_batch=4)
+    engine.compiled_attention = compiled
+    full = Engine(model, tokenizer, overlap_prefill=False, max_batch=4, shared_prefix_attention=False)
+    for a, b in zip(engine.generate(requests), full.generate(requests)):
+        assert a.ids == b.ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
 def test_rows_of_very_different_lengths_are_read_in_runs_of_their_own_width():
     from harnessrl.models.attention import plan_runs
 
