@@ -251,6 +251,26 @@ def test_decode_attention_kernels_give_the_greedy_tokens_of_the_full_attention(m
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def test_a_plan_for_the_compiled_kernel_leaves_other_dtypes_to_the_models_own_attention():
+    from harnessrl.models.attention import decode_plan, engine_attention, make_plan
+
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([5, 9])
+    query = torch.randn(2, 4, 1, 8, generator=gen, dtype=torch.bfloat16)
+    key, value = torch.randn(2, 2, 2, 10, 8, generator=gen, dtype=torch.bfloat16)
+    mask = (torch.arange(10) <= lengths.unsqueeze(1)).view(2, 1, 1, 10)
+    module = SimpleNamespace(num_key_value_groups=2, training=False)
+    holder = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    additive = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+    with decode_plan(holder, make_plan(lengths, 10, 0, "eager", kernel=True)):
+        out, _ = engine_attention(module, query, key, value, additive, scaling=8**-0.5)
+    for r in range(2):  # the model's eager attention over the row's slots
+        k = key[r, :, : lengths[r] + 1].repeat_interleave(2, dim=0).float()
+        v = value[r, :, : lengths[r] + 1].repeat_interleave(2, dim=0).float()
+        weights = torch.softmax(query[r].float() @ k.transpose(-1, -2) / 8**0.5, dim=-1)
+        assert torch.allclose(out[r, 0].float(), (weights @ v)[:, 0], atol=2e-2)
+
+
 def test_rows_of_very_different_lengths_are_read_in_runs_of_their_own_width():
     from harnessrl.models.attention import plan_runs
 

@@ -195,8 +195,10 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     """query (rows, heads, 1, dim); key/value (rows, kv_heads, kv_len, dim), the rows' cache
     slots; returns (rows, 1, heads, dim) as transformers' attention functions do."""
     plan = _plan.get()
+    fused = uses_fused_kernel(query.dtype, query.device)
     if (
         plan is None
+        or (plan.own is not None and not fused)  # a plan for the compiled kernel, which needs float32 on a CPU
         or query.shape[2] != 1
         or dropout
         or kwargs.get("softcap") is not None
@@ -214,8 +216,7 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     # group, dim): one key/value head then serves its whole group without being repeated
     q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
-    fused = uses_fused_kernel(query.dtype, query.device)
-    if fused and plan.own is not None:
+    if plan.own is not None:
         out2, lse2 = decode_kernel.own_attention(q, key, value, plan.own, shared, scale)
     elif fused:
         out2, lse2 = _own_fused(q, key, value, plan, scale)
