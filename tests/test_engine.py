@@ -251,6 +251,21 @@ def test_decode_attention_kernels_give_the_greedy_tokens_of_the_full_attention(m
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def test_a_compiled_kernel_that_computes_wrong_is_not_used(monkeypatch):
+    numba = pytest.importorskip("numba")
+    from harnessrl.models import decode_kernel
+
+    def wrong(*args, **kwargs):  # compiles to a kernel that leaves its outputs at zero
+        def compile(fn):
+            return lambda q, k, v, counts, start, scale, out, lse: (out.fill(0), lse.fill(0))
+
+        return compile
+
+    monkeypatch.setattr(numba, "njit", wrong)
+    with pytest.warns(UserWarning, match="not used: the compiled kernel gave wrong results"):
+        assert decode_kernel._compiled.__wrapped__() is None
+
+
 def test_a_plan_for_the_compiled_kernel_leaves_other_dtypes_to_the_models_own_attention():
     from harnessrl.models.attention import decode_plan, engine_attention, make_plan
 

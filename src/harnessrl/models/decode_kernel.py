@@ -10,15 +10,17 @@ It returns each query's output and log-sum-exp, what the shared-prefix merge in
 harnessrl.models.attention needs. Every (row, head) is computed on its own, so a row's result
 never depends on which other rows share the step.
 
-Compiled on first use (a second or two; numba keeps the machine code in its on-disk cache, so
-later processes load it). `available()` says whether numba imports; without it the engine uses
-torch's fused kernel instead.
+Compiled on first use (about a second; numba keeps the machine code in its on-disk cache, so
+later processes load it) and checked on one tiny case. `available()` says whether that worked;
+without numba, or if it did not, the engine uses torch's fused kernel instead (with a warning
+where numba imports but the kernel fails).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -72,11 +74,24 @@ def _compiled():
                         for d in range(dim):
                             out[b, h, g, d] += p * v[b, h, start + w, d]
 
+    try:  # compile (or load) now, on one tiny case checked against numpy, not in a decode step
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal(shape, dtype=np.float32) for shape in ((1, 1, 2, 4), (1, 1, 3, 4), (1, 1, 3, 4)))
+        out, lse = np.empty((1, 1, 2, 4), np.float32), np.empty((1, 1, 2), np.float32)
+        attend(q, k, v, np.array([2], np.int64), 1, np.float32(0.5), out, lse)
+        scores = q[0, 0] @ k[0, 0, 1:].T * 0.5
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        expected = (weights / weights.sum(axis=1, keepdims=True)) @ v[0, 0, 1:]
+        if not np.allclose(out[0, 0], expected, atol=1e-5):
+            raise RuntimeError("the compiled kernel gave wrong results")
+    except Exception as exc:  # noqa: BLE001 - the engine falls back to torch's fused kernel
+        warnings.warn(f"harnessrl: the compiled decode attention kernel is not used: {exc}", stacklevel=2)
+        return None
     return attend
 
 
 def available() -> bool:
-    """Whether the kernel can run here (numba imports)."""
+    """Whether the kernel can run here: numba imports and the kernel compiles and computes."""
     return _compiled() is not None
 
 
