@@ -567,12 +567,16 @@ def test_seeded_script_gives_the_same_episodes_at_any_concurrency(tokenizer):
     assert len(texts) > 3  # the seeds really vary the replies
 
 
-def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp_path):
+def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp_path, request):
     """SIGINT while an episode sits in a 3 s tool: run() raises KeyboardInterrupt at once, the
     episodes recorded before are in the store, and no episode starts afterwards."""
     import os
     import signal
 
+    # Python's own SIGINT handler, even where this process started with SIGINT ignored (a shell
+    # without job control ignores it for the commands it runs in the background)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     started: list[str] = []
 
     def interrupting_work(env, seconds):
