@@ -114,7 +114,10 @@ def own_attention(
     kv_heads, group, dim), log-sum-exp (rows, kv_heads, group)). Every count must be >= 1."""
     kernel = _compiled()
     if kernel is None:
-        raise RuntimeError("the compiled decode attention kernel needs numba (pip install numba)")
+        raise RuntimeError(
+            "the compiled decode attention kernel is not available here: numba is missing (pip install numba) "
+            "or the kernel failed its check when first compiled (see the warning then)"
+        )
     rows, heads, group, dim = q.shape
     if counts.shape != (rows,):
         raise ValueError(f"{counts.size} counts for {rows} rows")
