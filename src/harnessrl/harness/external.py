@@ -186,13 +186,17 @@ class ExternalEpisode:
                 raise ServeError(429 if self.termination == Termination.max_steps else 400, self.detail)
             if self.calls >= self.limits.max_model_calls:
                 self._end(
-                    Termination.max_steps, f"the agent asked for more than {self.limits.max_model_calls} model calls"
+                    Termination.max_steps,
+                    f"the agent asked for more than {self.limits.max_model_calls} model calls (limits.max_model_calls)",
                 )
-                raise ServeError(429, f"{self.detail} (limits.max_model_calls); no more requests are answered")
+                raise ServeError(429, f"{self.detail}; no more requests are answered")
             budget = self.limits.max_total_tokens
             if budget is not None and self.completion_tokens >= budget:
-                self._end(Termination.max_tokens, f"{self.completion_tokens} completion tokens used of {budget}")
-                raise ServeError(400, f"{self.detail} (limits.max_total_tokens); no more requests are answered")
+                self._end(
+                    Termination.max_tokens,
+                    f"{self.completion_tokens} completion tokens used of {budget} (limits.max_total_tokens)",
+                )
+                raise ServeError(400, f"{self.detail}; no more requests are answered")
             max_new = min(request.max_new_tokens, self.limits.max_new_tokens)
             if budget is not None:
                 max_new = max(1, min(max_new, budget - self.completion_tokens))
