@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_trainer import BASE, SPECS, TextScore, _lora, _set_up, _units, adapter_weights, lines
 
-from harnessrl.train import trainer as trainer_module
+from harnessrl.train import update as update_module
 from harnessrl.train.distributed import Distributed, local_mini_batches, unsupported_launch
 from harnessrl.train.grpo import grpo_loss, split_mini_batches
 from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
@@ -262,10 +262,10 @@ def test_the_summed_gradient_of_two_processes_is_the_one_process_gradient(tmp_pa
     two, one = _set_up(tmp_path / "two", config), _set_up(tmp_path / "one", config)
     two.dist = Mirror()
     got, want = two._update(_units(two), 0), one._update(_units(one), 0)
-    assert got["units_trained"] == 2 * want["units_trained"] == 8  # counted over both processes
+    assert got.units_trained == 2 * want.units_trained == 8  # counted over both processes
     for key in ("loss", "grad_norm", "clip_fraction", "ratio_mean"):
-        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
-    assert torch.allclose(got["sketch"], want["sketch"], rtol=1e-4, atol=1e-7)
+        assert getattr(got, key) == pytest.approx(getattr(want, key), rel=1e-5, abs=1e-7), key
+    assert torch.allclose(got.sketch, want.sketch, rtol=1e-4, atol=1e-7)
     a, b = _lora(two), _lora(one)
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in b)
 
@@ -281,7 +281,7 @@ def test_a_nan_loss_on_one_process_stops_every_process_at_the_summed_loss(tmp_pa
         loss, stats = grpo_loss(*args, **kwargs)
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_loss)
+    monkeypatch.setattr(update_module, "grpo_loss", nan_loss)
     monkeypatch.setattr(Mirror, "all_reduce_", lambda self, x: reduced.append(x.dtype) or x.mul_(2))
     before = _lora(t)
     with pytest.raises(TrainingDiverged, match="step 1: the loss is nan"):

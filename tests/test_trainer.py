@@ -22,7 +22,7 @@ from harnessrl.cli.train import train_app
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
-from harnessrl.train import trainer as trainer_module
+from harnessrl.train import update as update_module
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, split_mini_batches, token_logprobs
 from harnessrl.train.trainer import (
     TrainConfig,
@@ -33,6 +33,7 @@ from harnessrl.train.trainer import (
     micro_batches,
     sampling_seed,
 )
+from harnessrl.train.update import accumulate_gradient
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -338,7 +339,7 @@ def test_nan_loss_stops_cleanly_and_the_checkpoint_resumes(full_run, tmp_path, m
         loss, stats = grpo_loss(*args, **kwargs)
         return (loss * math.nan if t.step >= 1 else loss), stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_after_step_one)
+    monkeypatch.setattr(update_module, "grpo_loss", nan_after_step_one)
     with pytest.raises(TrainingDiverged, match=r"loss is nan: training stopped; the last checkpoint .* is intact"):
         t.run()
     stopped = lines(out / "metrics.jsonl")[-1]
@@ -399,7 +400,7 @@ def _grads(t: Trainer) -> dict[str, torch.Tensor]:
 def test_grpo_gradient_flows_only_into_lora_parameters(ready):
     t = ready
     t.optimizer.zero_grad(set_to_none=True)
-    t._accumulate_gradient(_units(t))
+    accumulate_gradient(t.update_context(), _units(t))
     for name, p in t.peft_model.named_parameters():
         if "lora_" in name:
             assert p.requires_grad and p.grad is not None and p.grad.abs().max() > 0, name
@@ -416,7 +417,7 @@ def test_micro_batches_and_skipped_zero_advantage_units_give_the_full_batch_grad
     for micro_batch in (1, 10_000):  # one unit per micro-batch / everything at once
         t.config = dataclasses.replace(t.config, micro_batch=micro_batch, aggregation=aggregation)
         t.optimizer.zero_grad(set_to_none=True)
-        t._accumulate_gradient(units)
+        accumulate_gradient(t.update_context(), units)
         grads.append(_grads(t))
     # reference: every unit (zero advantages included) in one batch, straight through grpo_loss
     t.optimizer.zero_grad(set_to_none=True)
@@ -446,8 +447,8 @@ def test_one_pass_one_mini_batch_is_one_adamw_step_on_the_full_batch_gradient(tm
     t, ref = _set_up(tmp_path / "a", config), _set_up(tmp_path / "b", config)
     units = _units(t)
     update = t._update(units, 0)
-    assert update["optimizer_steps"] == 1 and update["clip_fraction_by_epoch"] == [0.0]
-    assert update["units_trained"] == 4  # the two zero-advantage units are not forwarded
+    assert update.optimizer_steps == 1 and update.clip_fraction_by_epoch == [0.0]
+    assert update.units_trained == 4  # the two zero-advantage units are not forwarded
     # by hand: every unit in one batch through grpo_loss, backward, clip, AdamW
     batch = pad_units(units, ref.policy.pad_id)
     logprobs = token_logprobs(ref.peft_model, batch, ref.config.temperature)
@@ -456,9 +457,9 @@ def test_one_pass_one_mini_batch_is_one_adamw_step_on_the_full_batch_gradient(tm
     sketch = ref.sketcher.sketch_model(ref.peft_model)
     norm = torch.nn.utils.clip_grad_norm_(ref.trainable, ref.config.max_grad_norm)
     ref.optimizer.step()
-    assert math.isclose(update["loss"], float(loss.detach()), rel_tol=1e-5)
-    assert math.isclose(update["grad_norm"], float(norm), rel_tol=1e-4)
-    assert torch.allclose(update["sketch"], sketch, rtol=1e-4, atol=1e-6)
+    assert math.isclose(update.loss, float(loss.detach()), rel_tol=1e-5)
+    assert math.isclose(update.grad_norm, float(norm), rel_tol=1e-4)
+    assert torch.allclose(update.sketch, sketch, rtol=1e-4, atol=1e-6)
     got, want = _lora(t), _lora(ref)
     assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
 
@@ -476,11 +477,11 @@ def test_old_logprobs_are_recomputed_before_the_first_update(tmp_path, monkeypat
         ratios.append(torch.exp(logprobs.detach() - old_logprobs)[completion_mask > 0])
         return grpo_loss(logprobs, old_logprobs, advantages, completion_mask, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", recording)
+    monkeypatch.setattr(update_module, "grpo_loss", recording)
     update = t._update(units, 0)
     assert len(ratios) == 1 and torch.allclose(ratios[0], torch.ones_like(ratios[0]), atol=1e-6)
-    assert update["rollout_logprob_diff_max"] == pytest.approx(0.5, abs=1e-4)
-    assert update["rollout_logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert update.rollout_logprob_diff_max == pytest.approx(0.5, abs=1e-4)
+    assert update.rollout_logprob_diff_mean == pytest.approx(0.5, abs=1e-4)
 
 
 def test_generation_after_an_update_uses_the_new_weights(tmp_path, tokenizer):
@@ -541,17 +542,17 @@ def test_later_mini_steps_see_ratios_away_from_1_and_the_clip_acts(tmp_path, mon
         ratios.append(torch.exp(logprobs.detach() - old_logprobs)[completion_mask > 0])
         return grpo_loss(logprobs, old_logprobs, advantages, completion_mask, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", recording)
+    monkeypatch.setattr(update_module, "grpo_loss", recording)
     before = _lora(t)
     update = t._update(units, 0)
-    assert len(ratios) == update["optimizer_steps"] >= 2  # one micro-batch per mini-step here
+    assert len(ratios) == update.optimizer_steps >= 2  # one micro-batch per mini-step here
     assert torch.allclose(ratios[0], torch.ones_like(ratios[0]), atol=1e-5)  # the sampling policy itself
     assert all((r - 1).abs().max() > 1e-3 for r in ratios[1:])
-    assert len(update["clip_fraction_by_epoch"]) == epochs
-    assert update["clip_fraction"] > 0 and max(update["clip_fraction_by_epoch"]) > 0
+    assert len(update.clip_fraction_by_epoch) == epochs
+    assert update.clip_fraction > 0 and max(update.clip_fraction_by_epoch) > 0
     if epochs > 1:
-        assert update["clip_fraction_by_epoch"][1] > 0
-    assert update["units_trained"] == 4 and update["sketch"].abs().max() > 0
+        assert update.clip_fraction_by_epoch[1] > 0
+    assert update.units_trained == 4 and update.sketch.abs().max() > 0
     after = _lora(t)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -571,7 +572,7 @@ def test_the_loss_is_computed_without_dropout(tmp_path):
     results = []
     for _ in range(2):
         t.optimizer.zero_grad(set_to_none=True)
-        stats, *_ = t._accumulate_gradient(units)
+        stats, *_ = accumulate_gradient(t.update_context(), units)
         results.append((stats, _grads(t)))
     (s1, g1), (s2, g2) = results
     assert s1 == s2 and g1.keys() == g2.keys() and all(torch.equal(g1[k], g2[k]) for k in g1)

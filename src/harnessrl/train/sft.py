@@ -45,6 +45,7 @@ from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_j
 from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
+from harnessrl.train.progress import StepProgress
 from harnessrl.train.sft_data import (
     OWN,
     ChatRenderer,
@@ -67,7 +68,7 @@ from harnessrl.train.sft_sample import (
     run_samples,
     sampling_options_given,
 )
-from harnessrl.train.trainer import StepProgress, TrainingDiverged, micro_batches
+from harnessrl.train.update import TrainingDiverged, micro_batches
 
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
 # next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's

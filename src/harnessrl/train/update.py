@@ -1,0 +1,341 @@
+"""The optimizer steps of one GRPO rollout batch: old log-probs recomputed, then ppo_epochs passes
+of mini_batches mini-steps, each accumulated over micro-batches, sketched, clipped and stepped.
+
+    update_policy(ctx, units, step)
+        recompute_old_logprobs              no-grad teacher-forced pass on the sampling weights
+        for each epoch, for each mini-batch:
+            accumulate_gradient             micro-batches -> token_logprobs -> grpo_loss -> backward
+            (several processes: all_reduce_gradient sums the LoRA gradient)
+            sketch (first pass only), clip, AdamW step
+
+Everything the update needs is in one `UpdateContext` (the model, its trainable LoRA weights, the
+optimizer, the sketcher, the processes, the device); the result is one typed `UpdateResult`. The
+trainer's module docstring says why the old log-probs are recomputed and why the model stays in
+eval mode; this module is the code of those rules.
+
+Gradient accumulation reproduces the mini-batch loss exactly: each micro-batch's loss (a mean over
+its own tokens, or sequences for "seq-mean") is weighted by its share of the mini-batch's
+completion tokens (or sequences). With the KL term off, units whose advantage is exactly 0 have
+zero gradient, so they are not forwarded at all; they still count in the normaliser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harnessrl.train.config import TrainConfig
+from harnessrl.train.distributed import local_mini_batches
+from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
+from harnessrl.train.progress import mean
+from harnessrl.train.sketch import GradientSketch
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
+
+
+def micro_batches(units: list[TrainingUnit], max_tokens: int) -> list[list[TrainingUnit]]:
+    """Pack units into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
+
+    Longest first, so a batch's width is set by its first unit; a unit longer than the budget
+    goes alone. Deterministic for a given list.
+    """
+    order = sorted(units, key=lambda u: len(u.prompt_ids) + len(u.completion_ids), reverse=True)
+    batches: list[list[TrainingUnit]] = []
+    current: list[TrainingUnit] = []
+    width = 0
+    for u in order:
+        n = len(u.prompt_ids) + len(u.completion_ids)
+        if current and max(width, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], 0
+        current.append(u)
+        width = max(width, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padded_batch(units: list[TrainingUnit], pad_id: int, device: torch.device | str | None) -> dict[str, torch.Tensor]:
+    """`pad_units` with every tensor on the model's device (the loss compares them with its log-probs)."""
+    batch = pad_units(units, pad_id)
+    if device is None:
+        return batch
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+@dataclass
+class UpdateContext:
+    """What the optimizer steps read and change: the LoRA model, its trainable weights and their
+    optimizer, the gradient sketcher, the processes (`harnessrl.train.distributed.Distributed`)."""
+
+    config: TrainConfig
+    model: Any  # the peft model
+    trainable: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    sketcher: GradientSketch
+    dist: Any
+    pad_id: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.trainable[0].device if self.trainable else torch.device("cpu")
+
+    def active(self, units: list[TrainingUnit]) -> list[TrainingUnit]:
+        """The units the loss forwards: all with the KL term on, else those with a nonzero advantage."""
+        return units if self.config.kl_coef > 0 else [u for u in units if u.advantage != 0]
+
+
+@dataclass
+class UpdateResult:
+    """One batch's optimizer steps. `UpdateResult()` is the step that took none (no signal).
+
+    loss is the mean over mini-steps; clip_fraction / ratio_mean / kl are over every trained token
+    of every pass; grad_norm is the mean of the mini-steps' norms before clipping; units_trained
+    counts the first pass, padded_tokens all passes; the sketch is of the first pass's gradient."""
+
+    loss: float | None = None
+    clip_fraction: float | None = None
+    ratio_mean: float | None = None
+    kl: float | None = None
+    clip_fraction_by_epoch: list[float | None] | None = None
+    grad_norm: float | None = None
+    optimizer_steps: int = 0
+    units_trained: int = 0
+    padded_tokens: int = 0
+    sketch: torch.Tensor | None = None
+    rollout_logprob_diff_max: float | None = None
+    rollout_logprob_diff_mean: float | None = None
+    time_backward: float = 0.0
+    time_sketch: float = 0.0
+    time_optimizer: float = 0.0
+
+
+def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> UpdateResult:
+    """The optimizer steps of one rollout batch: ppo_epochs passes, each of mini_batches mini-steps.
+
+    Every mini-step's loss compares the current log-probs with the old ones, recomputed here first
+    under the weights that sampled the batch (`recompute_old_logprobs`), so from the second
+    mini-step on the ratio moves away from 1 and the clip acts. The sketch is of the first pass's
+    gradients, each mini-batch's weighted by its share of the batch: the whole batch's gradient at
+    the sampling policy when there is one mini-batch (each later mini-batch's is taken where the
+    earlier mini-steps left the weights). Mini-batches whose units all have advantage 0 (KL off)
+    have no gradient: no step.
+
+    Several processes: `units` are this process's; the batch is every process's units in rank
+    order. Each mini-batch is the one-process mini-batch (`local_mini_batches`), its loss is
+    normalised by the whole mini-batch's tokens (or units), and the gradient is summed over the
+    processes before the sketch, the clip and the step: every process takes the step one process
+    would have taken on the whole batch (up to float rounding).
+    """
+    cfg, dist = ctx.config, ctx.dist
+    t0 = time.perf_counter()
+    units, drift_max, drift_mean = recompute_old_logprobs(ctx, units)
+    t_old = time.perf_counter() - t0
+    sizes = dist.all_gather_object((len(units), sum(len(u.completion_ids) for u in units)))
+    n_units, batch_tokens = sum(n for n, _ in sizes), sum(t for _, t in sizes)
+    offset = sum(n for n, _ in sizes[: dist.rank])  # where this process's units start in the batch
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+    sketch = None
+    losses: list[float] = []
+    grad_norms: list[float] = []
+    token_sums = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+    trained_tokens = 0
+    clip_by_epoch: list[float | None] = []
+    units_trained = padded_tokens = 0
+    t_backward = t_sketch = t_opt = 0.0
+    for epoch in range(cfg.ppo_epochs):
+        epoch_clip, epoch_tokens = 0.0, 0
+        split_seed = f"harnessrl-train-minibatches:{cfg.seed}:{step}:{epoch}"
+        for mb in local_mini_batches(units, offset, n_units, cfg.mini_batches, split_seed):
+            t0 = time.perf_counter()
+            ctx.optimizer.zero_grad(set_to_none=True)
+            totals = global_totals(ctx, mb) if dist.enabled else None
+            if totals is not None and not totals[2]:
+                continue  # no process has a trainable unit in this mini-batch
+            stats, n_active, active_tokens, padded = accumulate_gradient(ctx, mb, step, totals)
+            if totals is not None:
+                stats, n_active, padded = all_reduce_gradient(ctx, stats, n_active, padded, step)
+            t_backward += time.perf_counter() - t0
+            if not n_active:
+                continue
+            padded_tokens += padded
+            losses.append(stats["loss"])
+            for key in token_sums:
+                token_sums[key] += stats[key] * active_tokens
+            trained_tokens += active_tokens
+            epoch_clip += stats["clip_fraction"] * active_tokens
+            epoch_tokens += active_tokens
+
+            if epoch == 0:  # the scheduler's sketch, before the optimizer touches anything
+                units_trained += n_active
+                t0 = time.perf_counter()
+                part = ctx.sketcher.sketch_model(ctx.model)  # of the summed gradient
+                mb_tokens, mb_units = totals[:2] if totals else (sum(len(u.completion_ids) for u in mb), len(mb))
+                if mb_units != n_units:  # its share of the batch's loss normaliser
+                    if cfg.aggregation == "token-mean":
+                        part = part * (mb_tokens / batch_tokens)
+                    else:
+                        part = part * (mb_units / n_units)
+                sketch = part if sketch is None else sketch + part
+                t_sketch += time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(ctx.trainable, max_norm))
+            if not math.isfinite(grad_norm):
+                ctx.optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(f"step {step + 1}: the gradient norm is {grad_norm}")
+            ctx.optimizer.step()
+            ctx.optimizer.zero_grad(set_to_none=True)
+            grad_norms.append(grad_norm)
+            t_opt += time.perf_counter() - t0
+        clip_by_epoch.append(epoch_clip / epoch_tokens if epoch_tokens else None)
+    per_token = {key: token_sums[key] / trained_tokens if trained_tokens else None for key in token_sums}
+    return UpdateResult(
+        loss=mean(losses),
+        clip_fraction=per_token["clip_fraction"],
+        ratio_mean=per_token["ratio_mean"],
+        kl=per_token["kl"],
+        clip_fraction_by_epoch=clip_by_epoch,
+        grad_norm=mean(grad_norms),
+        optimizer_steps=len(grad_norms),
+        units_trained=units_trained,
+        padded_tokens=padded_tokens,
+        sketch=sketch,
+        rollout_logprob_diff_max=drift_max,
+        rollout_logprob_diff_mean=drift_mean,
+        time_backward=t_backward + t_old,
+        time_sketch=t_sketch,
+        time_optimizer=t_opt,
+    )
+
+
+def recompute_old_logprobs(
+    ctx: UpdateContext, units: list[TrainingUnit]
+) -> tuple[list[TrainingUnit], float | None, float | None]:
+    """The units with their old log-probs recomputed by a no-grad teacher-forced pass on the
+    current weights (the weights that sampled them), and how far the rollout's recorded log-probs
+    were from these (max and mean absolute difference over the recomputed tokens; None when none).
+
+    Only the units the loss will forward are recomputed; the others keep the rollout's numbers,
+    which nothing reads. Same micro-batches as the loss, in eval mode (no dropout); the order of
+    the units is kept."""
+    cfg = ctx.config
+    recomputed: dict[int, list[float]] = {}
+    diff_max, diff_sum, tokens = 0.0, 0.0, 0
+    ctx.model.eval()
+    with torch.no_grad():
+        for mb in micro_batches(ctx.active(units), cfg.micro_batch):
+            batch = padded_batch(mb, ctx.pad_id, ctx.device)
+            logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+            old = batch["old_logprobs"].float()
+            for row, u in enumerate(mb):
+                p, c = len(u.prompt_ids), len(u.completion_ids)
+                new = logprobs[row, p : p + c]
+                diff = (new - old[row, p : p + c]).abs()
+                diff_max = max(diff_max, float(diff.max()))
+                diff_sum += float(diff.sum())
+                tokens += c
+                recomputed[id(u)] = new.tolist()
+    if ctx.dist.enabled:  # over every process's units
+        parts = ctx.dist.all_gather_object((diff_max, diff_sum, tokens))
+        diff_max, diff_sum, tokens = max(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
+    fresh = [dataclasses.replace(u, old_logprobs=recomputed[id(u)]) if id(u) in recomputed else u for u in units]
+    return fresh, (diff_max if tokens else None), (diff_sum / tokens if tokens else None)
+
+
+def accumulate_gradient(
+    ctx: UpdateContext, units: list[TrainingUnit], step: int = 0, totals: tuple[int, int, int] | None = None
+) -> tuple[dict[str, float], int, int, int]:
+    """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
+
+    The micro-batch loss is weighted by its share of `units` (completion tokens for token-mean,
+    sequences for seq-mean), so the accumulated gradient is that of the loss of all of `units`.
+    The model stays in eval mode (no dropout). Returns the stats (loss; clip_fraction, ratio_mean,
+    kl over the forwarded tokens), the number of units forwarded, their completion tokens and the
+    padded tokens. `step` (0-based) only names the step in a divergence message.
+
+    `totals`: (completion tokens, units, trained completion tokens) of the whole mini-batch when
+    `units` are only this process's part of it (`global_totals`): the shares are then of the
+    whole, and the processes' sums add up to the whole mini-batch's gradient and stats.
+    """
+    cfg = ctx.config
+    active = ctx.active(units)
+    if totals is None:
+        total_tokens = sum(len(u.completion_ids) for u in units)
+        total_units = len(units)
+        active_tokens = sum(len(u.completion_ids) for u in active)
+    else:
+        total_tokens, total_units, active_tokens = totals
+    sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+    padded = 0
+    ctx.model.eval()  # whatever mode something left it in: no dropout in these log-probs
+    for mb in micro_batches(active, cfg.micro_batch):
+        batch = padded_batch(mb, ctx.pad_id, ctx.device)
+        padded += batch["input_ids"].numel()
+        # the loss in float32 whatever the model computes in (bfloat16 on a GPU)
+        logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+        ref = None
+        if cfg.kl_coef > 0:
+            with torch.no_grad(), ctx.model.disable_adapter():
+                ref = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+        loss, stats = grpo_loss(
+            logprobs,
+            batch["old_logprobs"].float(),
+            batch["advantages"].float(),
+            batch["completion_mask"].float(),
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            aggregation=cfg.aggregation,
+            ref_logprobs=ref,
+            kl_coef=cfg.kl_coef,
+        )
+        # (with several processes the others wait for this gradient: a non-finite loss goes into
+        # the summed loss instead, and every process stops there, in `all_reduce_gradient`)
+        if not torch.isfinite(loss) and totals is None:
+            ctx.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(f"step {step + 1}: the loss is {float(loss.detach())}")
+        mb_tokens = sum(len(u.completion_ids) for u in mb)
+        weight = mb_tokens / total_tokens if cfg.aggregation == "token-mean" else len(mb) / total_units
+        (loss * weight).backward()
+        sums["loss"] += float(loss.detach()) * weight
+        share = mb_tokens / active_tokens  # the per-token stats, over the trained tokens
+        for key in ("clip_fraction", "ratio_mean", "kl"):
+            sums[key] += stats[key] * share
+    return sums, len(active), active_tokens, padded
+
+
+def global_totals(ctx: UpdateContext, units: list[TrainingUnit]) -> tuple[int, int, int]:
+    """(completion tokens, units, trained completion tokens) of a mini-batch over every process."""
+    active = ctx.active(units)
+    counts = [sum(len(u.completion_ids) for u in units), len(units), sum(len(u.completion_ids) for u in active)]
+    totals = ctx.dist.all_reduce_(torch.tensor(counts, dtype=torch.int64))
+    return int(totals[0]), int(totals[1]), int(totals[2])
+
+
+def all_reduce_gradient(
+    ctx: UpdateContext, stats: dict[str, float], n_active: int, padded: int, step: int
+) -> tuple[dict, int, int]:
+    """Sum the LoRA gradient, the stats, the forwarded units and the padded tokens of one
+    mini-batch over the processes (one flat buffer for the gradient). Every process gets the same
+    sums, so the sketch, the clip and the optimizer step that follow are the same everywhere. A
+    non-finite summed loss stops every process here."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ctx.trainable]
+    flat = ctx.dist.all_reduce_(torch.cat([g.reshape(-1) for g in grads]))
+    start = 0
+    for p in ctx.trainable:
+        p.grad = flat[start : start + p.numel()].view_as(p)
+        start += p.numel()
+    keys = ("loss", "clip_fraction", "ratio_mean", "kl")
+    sums = ctx.dist.all_reduce_(torch.tensor([*(stats[k] for k in keys), n_active, padded], dtype=torch.float64))
+    stats = dict(zip(keys, sums[:4].tolist()))
+    if not math.isfinite(stats["loss"]):
+        ctx.optimizer.zero_grad(set_to_none=True)
+        raise TrainingDiverged(f"step {step + 1}: the loss is {stats['loss']}")
+    return stats, int(sums[4]), int(sums[5])
