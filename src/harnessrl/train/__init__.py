@@ -8,8 +8,14 @@ One idea per file:
   schedulers.py  which harness collects the next batch: mixed, uniform, round-robin, single:NAME,
                  harness-bandit (and its learnability-only / transfer-only ablations)
 
-  trainer.py     the loop: scheduler -> runner -> GRPO loss -> backward -> sketch -> optimizer ->
-                 scheduler.observe, with LoRA, checkpoints and resume
+  step.py        one step's pieces: the plan (harness, tasks), group advantages and units, the
+                 step's statistics, the scheduler's observation (typed records)
+  update.py      the optimizer steps of one batch: old log-probs recomputed, gradient accumulation,
+                 sketch, clip, AdamW
+  checkpoint.py  the GRPO checkpoint (adapter, optimizer, generators, state)
+  progress.py    the progress bar of training runs
+  trainer.py     the run: plan -> rollouts -> advantages -> update -> observe, with LoRA,
+                 evaluation, checkpoints and resume
   config.py      TrainConfig: every option, declared once (the CLI, harnessrl.cli.train, is built from it)
   distributed.py several training processes (torchrun / accelerate launch): the process group and
                  the collectives the trainer uses; one process without a launcher
