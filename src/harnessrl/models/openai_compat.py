@@ -27,6 +27,13 @@ request without one gets a seed derived from (``sampling.seed``, number of earli
 policy), so attempts of the same prompt get different noise and a fresh policy replays a run's seeds.
 ``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
 once, and never asked again if that works.
+``explicit_sampling=True`` (the rollout servers of training) also sends every other field that
+shapes vLLM's sampling distribution at its neutral value: ``presence_penalty=0``,
+``frequency_penalty=0`` and, in the JSON body beside ``return_token_ids``, ``top_k=0``,
+``min_p=0`` and ``repetition_penalty=1``. vLLM fills each field a request does not send from
+the model's generation_config.json (instruct models ship a top_k or a repetition penalty
+there) unless it runs with ``--generation-config vllm``; sent, they are what the request says.
+Off by default: hosted APIs refuse the fields that are not OpenAI's.
 
 **Failures are infrastructure errors.** 429, 5xx, connection errors, timeouts and malformed
 responses (not JSON, no choices, no content and no tool calls) are retried with exponential
@@ -111,6 +118,8 @@ def resolve_api_key(api_key_env: str | None = None) -> str:
 
 
 SEED_MASK = 0x7FFFFFFF  # 31-bit seeds: every server accepts them
+# vLLM's sampling fields beyond OpenAI's, at the values that leave the distribution untouched
+NEUTRAL_VLLM_SAMPLING: dict[str, Any] = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
 def counter_seed(seed: int, request_index: int) -> int:
@@ -324,6 +333,7 @@ class OpenAIPolicy(Policy):
         logprobs: bool = True,
         return_token_ids: bool = False,
         full_seeds: bool = False,
+        explicit_sampling: bool = False,
         sleep: Callable[[float], None] | None = None,
     ):
         if not model:
@@ -349,6 +359,9 @@ class OpenAIPolicy(Policy):
         # send a request's whole 63-bit seed, not its low 31 bits: for servers known to take it
         # (harnessrl serve, vLLM), so that they sample exactly what the in-process engine would
         self.full_seeds = full_seeds
+        # every sampling field at its neutral value, so no server default (vLLM's
+        # generation_config.json) changes the distribution a trainer recomputes (module docstring)
+        self.explicit_sampling = explicit_sampling
         self._sleep = sleep
         self._lock = threading.Lock()
         self._requests_issued = 0
@@ -375,6 +388,7 @@ class OpenAIPolicy(Policy):
             "logprobs": self.logprobs,
             "return_token_ids": self.return_token_ids,
             "full_seeds": self.full_seeds,
+            "explicit_sampling": self.explicit_sampling,
             "api_key_env": self.api_key_env,
             "max_concurrency": self.max_concurrency,
             "max_retries": self.max_retries,
@@ -498,8 +512,17 @@ class OpenAIPolicy(Policy):
             kwargs["tools"] = tool_definitions(request.tools or [])
         if logprobs:
             kwargs["logprobs"] = True
+        extra: dict[str, Any] = {}
+        if self.explicit_sampling:
+            kwargs["presence_penalty"] = 0.0
+            kwargs["frequency_penalty"] = 0.0
+            # vLLM's own sampling fields go in the JSON body (the openai client has no parameters
+            # for them); top_k 0 is "off" (vLLM 0.33 also takes -1 but prefers 0)
+            extra.update(NEUTRAL_VLLM_SAMPLING)
         if self.return_token_ids:
-            kwargs["extra_body"] = {"return_token_ids": True}
+            extra["return_token_ids"] = True
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs
 
     def _request_once(self, request: GenerationRequest, sampling: SamplingParams, seed: int):
