@@ -8,10 +8,11 @@ records them (`RunFolder`). A field's command-line names, where they are not jus
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 
 def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str, Any]:
@@ -29,6 +30,68 @@ def comma_list(values: Any) -> Any:
     if isinstance(values, (list, tuple)):
         return [v.strip() for item in values for v in str(item).split(",") if v.strip()]
     return values
+
+
+# -- where a local model runs, and in what precision: one type each, shared by every job ----------
+# (checked here for their form only, without importing torch; whether the device exists is
+# checked by harnessrl.models.device.resolve_device when the job starts, before anything loads)
+
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def device_spec(value: str) -> str:
+    """A --device value in its canonical form ("CUDA:0 " -> "cuda:0"); ValueError for any other."""
+    spec = str(value).strip().lower()
+    if not _DEVICE.fullmatch(spec):
+        raise ValueError(f"must be {DEVICE_FORMS}, got {value!r}")
+    return spec
+
+
+DEVICE_HELP = (
+    "where the local model runs: auto (cuda when torch sees a GPU, else cpu), cpu, cuda or cuda:N "
+    "(see docs/models.md, Devices and precision)"
+)
+Device = Annotated[str, AfterValidator(device_spec), Field(description=DEVICE_HELP)]
+
+# The precisions of generation; training takes the float ones only (int8 layers have no gradient),
+# and so do the jobs that train or compare many runs (study, evolve).
+INFERENCE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+TRAINING_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def _dtype_spec(allowed: tuple[str, ...]):
+    def check(value: str) -> str:
+        spec = str(value).strip().lower()
+        if spec not in allowed:
+            fixed = [d for d in allowed if d != "auto"]
+            listed = f"{', '.join(fixed[:-1])} or {fixed[-1]}"
+            raise ValueError(f"must be {listed}, or auto (float32 on a CPU, bfloat16 on CUDA); got {value!r}")
+        return spec
+
+    return check
+
+
+inference_dtype_spec = _dtype_spec(INFERENCE_DTYPES)
+DTYPE_HELP = (
+    "weights of a local model: auto (float32 on a CPU, bfloat16 on CUDA), float32 (exact, reproducible), "
+    "bfloat16 (on a CPU: faster with bfloat16 instructions; episodes then depend on what else is in flight) or int8 "
+    "(linear layers in int8, CPU only: faster still, less accurate, also concurrency-dependent; see docs/models.md)"
+)
+Dtype = Annotated[str, AfterValidator(inference_dtype_spec), Field(description=DTYPE_HELP)]
+FloatDtype = Annotated[
+    str,
+    AfterValidator(_dtype_spec(TRAINING_DTYPES)),
+    Field(description="weights of a local model: auto (float32 on a CPU, bfloat16 on CUDA), float32 or bfloat16"),
+]
+TrainDtype = Annotated[
+    str,
+    AfterValidator(_dtype_spec(TRAINING_DTYPES)),
+    Field(
+        description="weights of the base model: auto (float32 on a CPU, bfloat16 on CUDA), float32 or bfloat16; "
+        "the LoRA weights and their optimizer state stay float32 (see docs/training.md)"
+    ),
+]
 
 
 class Options(BaseModel):
@@ -116,12 +179,8 @@ class EvalConfig(Options):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
     max_in_flight: int = Field(16, ge=1, description="episodes in flight (batch size of generation)")
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
-    dtype: str = Field(
-        "float32",
-        description="weights of a local model: float32 (exact, reproducible), bfloat16 (faster on CPUs with "
-        "bfloat16 instructions; episodes then depend on what else is in flight) or int8 (linear layers in int8 "
-        "on the CPU: faster still, less accurate, also concurrency-dependent; see docs/models.md)",
-    )
+    device: Device = "auto"
+    dtype: Dtype = "auto"
     api_key_env: Optional[str] = Field(
         None, description="openai: read the API key from this environment variable (default OPENAI_API_KEY)"
     )
@@ -133,12 +192,3 @@ class EvalConfig(Options):
     )
 
     _split_harness = field_validator("harness", mode="before")(comma_list)
-
-    @field_validator("dtype")
-    @classmethod
-    def _dtype(cls, value: str) -> str:
-        from harnessrl.models import DTYPES, dtype_choices
-
-        if value not in DTYPES:
-            raise ValueError(f"must be {dtype_choices()}")
-        return value

@@ -159,8 +159,16 @@ def run_eval(
                     "(only PinchBench llm_judge and hybrid tasks do)"
                 )
         check_spec(config.model, config.api_key_env, oracle=True)
-        if config.dtype != "float32" and (config.model.startswith("openai:") or config.model.strip() == ORACLE):
-            raise EvalError(f"--dtype {config.dtype} applies to local models (tiny-random, smollm2-135m, hf:PATH)")
+        local = not (config.model.startswith("openai:") or config.model.strip() == ORACLE)
+        if not local:
+            for option, value, neutral in (("--dtype", config.dtype, "float32"), ("--device", config.device, "auto")):
+                if value not in ("auto", neutral):
+                    raise EvalError(f"{option} {value} applies to local models (tiny-random, smollm2-135m, hf:PATH)")
+        if local:  # a device this machine lacks, or int8 on a GPU: refused before any work
+            from harnessrl.models.device import resolve_device, resolve_dtype
+
+            device = resolve_device(config.device)
+            dtype = resolve_dtype(config.dtype, device)
     except EvalError:
         raise
     except ValueError as e:
@@ -179,11 +187,17 @@ def run_eval(
         judge_model=config.judge_model,
         judge_api_key_env=config.judge_api_key_env,
     )
-    if config.dtype != "float32":  # recorded only when chosen: runs from before the option resume as they were
-        record["dtype"] = config.dtype
+    if local:
+        # The dtype as it resolves here, and only when it is not float32: runs from before the
+        # option resume as they were, and an "auto" run is not continued in another precision on
+        # another machine unnoticed. The device is recorded but may differ on resume: it changes
+        # float rounding only.
+        if dtype != "float32":
+            record["dtype"] = dtype
+        record["device"] = str(device)
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
     try:
-        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume)
+        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume, may_differ=("device",))
     except RunFolderError as e:
         raise EvalError(str(e)) from None
     try:  # connect, and check that every task and harness can go where the episodes run
@@ -208,7 +222,11 @@ def run_eval(
 
         # -- the model (slow) -----------------------------------------------------------------------
         try:
-            policy = load_policy(config.model, sampling, api_key_env=config.api_key_env, dtype=config.dtype)
+            policy = (
+                load_policy(config.model, sampling, dtype=dtype, device=str(device))
+                if local
+                else load_policy(config.model, sampling, api_key_env=config.api_key_env)
+            )
         except (ValueError, RuntimeError, OSError) as e:
             raise EvalError(f"cannot load model '{config.model}': {e}") from None
         if judge is not None:

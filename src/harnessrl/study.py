@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import Field, model_validator
 
-from harnessrl.config import Options, cli
+from harnessrl.config import Device, FloatDtype, Options, cli
 from harnessrl.rundir import RunFolder, RunFolderError, holds_run, write_json
 
 STUDY_JSON = "study.json"
@@ -92,6 +92,8 @@ class StudyConfig(Options):
     model: str = Field(
         "smollm2-135m", description="the base model (a local one, it is fine-tuned): tiny-random, smollm2-135m, hf:PATH"
     )
+    device: Device = "auto"
+    dtype: FloatDtype = "auto"
     seed_eval_tasks: int = Field(4, ge=0, description="first N dev tasks the seed harness is evaluated on (0 = skip)")
     dev_tasks: int = Field(4, ge=2, description="evolve: first N dev tasks (decision tasks)")
     rollouts: int = Field(2, ge=1, description="evolve: attempts per task in every measurement")
@@ -451,6 +453,11 @@ class Study:
         self.console = console
         c = config
         try:
+            from harnessrl.models.device import resolve_device, resolve_dtype
+
+            # a device this machine lacks: refused before any work; auto resolved once, for every stage
+            self.device = resolve_device(c.device)
+            self.dtype = resolve_dtype(c.dtype, self.device)
             check_spec(c.model, option="--model")
             if c.collect_model is not None:
                 check_spec(c.collect_model, option="--collect-model", oracle=True)
@@ -469,6 +476,8 @@ class Study:
                     suite=c.suite,
                     seed_harness=c.seed_harness,
                     model=c.model,
+                    device=c.device,
+                    dtype=self.dtype,
                     dev_tasks=c.dev_tasks,
                     test_tasks=c.test_tasks,
                     rollouts=c.rollouts,
@@ -483,15 +492,25 @@ class Study:
             raise StudyError(str(e)) from None
         # with --evolved the evolution's options play no part: left out, so they may change on --resume
         unused = EVOLVE_OPTIONS if c.evolved is not None else ()
+        # the device is recorded as it resolved and may differ on resume (float rounding only);
+        # the dtype as it resolved, only when it is not float32 (studies from before the option
+        # resume as they were, and a float32 study is not continued in bfloat16 unnoticed)
+        unused = (*unused, "device", "dtype")
         self.record = {
             **{k: v for k, v in config.model_dump().items() if k not in unused},
+            "device": str(self.device),
+            **({"dtype": self.dtype} if self.dtype != "float32" else {}),
             "seed_spec": self.seed_spec.to_dict(),
             "evolved_spec": None if self.given_evolved is None else self.given_evolved.to_dict(),
         }
         growable = resume and not self._training_started()
         try:
             self.folder = RunFolder.open(
-                self.out, "study", self.record, resume=resume, may_differ=GROWABLE if growable else ()
+                self.out,
+                "study",
+                self.record,
+                resume=resume,
+                may_differ=(*GROWABLE, "device") if growable else ("device",),
             )
             if growable:
                 old = self.folder.stored_config()
@@ -534,10 +553,11 @@ class Study:
         if self._policy is not None and self._policy[0] == model:
             return self._policy[1]
         self._release()
-        from harnessrl.models import load_policy
+        from harnessrl.models import MODEL_NAMES, load_policy
 
+        local = model in MODEL_NAMES or model.startswith("hf:")  # (a --collect-model may be a server)
         try:
-            policy = load_policy(model)
+            policy = load_policy(model, dtype=self.dtype, device=str(self.device)) if local else load_policy(model)
         except (ValueError, RuntimeError, OSError) as e:
             raise StudyError(f"{stage}: cannot load model '{model}': {e}") from None
         self._policy = (model, policy)
@@ -742,6 +762,8 @@ class Study:
             from_runs=[str(self.out / "collect")],
             as_harness=c.seed_harness,
             model=c.model,
+            device=c.device,
+            dtype=self.dtype,
             placebo="shuffle-answers" if stage == "placebo" else "none",
             epochs=c.epochs,
             lr=c.lr,

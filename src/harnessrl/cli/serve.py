@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from harnessrl.cli.common import err, fail
+from harnessrl.config import DEVICE_HELP, DTYPE_HELP, device_spec, inference_dtype_spec
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -23,6 +24,21 @@ def _lora_modules(values: list[str]) -> dict[str, str]:
     return modules
 
 
+def _served(model: str, served_model_name: str | None, max_loras: int, dtype: str, device: str):
+    """The local model `model` loaded on `device` in `dtype`, as the server's models (ValueError
+    for a spec that is not a local model, as ServedModels.from_spec)."""
+    from harnessrl.models import MODEL_NAMES, check_spec, load_policy
+    from harnessrl.serve import ServedModels
+    from harnessrl.serve.models import LOCAL_ONLY
+
+    spec = model.strip()
+    if not (spec in MODEL_NAMES or spec.startswith("hf:")):
+        raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
+    check_spec(spec, option="--model")
+    policy = load_policy(spec, dtype=dtype, device=device)
+    return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True)
+
+
 def serve_cmd(
     model: Annotated[str, typer.Option("--model", help="local model: tiny-random, smollm2-135m or hf:PATH")],
     host: Annotated[str, typer.Option(help="address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
@@ -33,13 +49,8 @@ def serve_cmd(
     served_model_name: Annotated[
         Optional[str], typer.Option(help="the base model's name in requests and /v1/models (default: --model)")
     ] = None,
-    dtype: Annotated[
-        str,
-        typer.Option(
-            help="weights: float32 (exact, reproducible), bfloat16 (faster on some CPUs) or int8 (linear layers "
-            "in int8 on the CPU: faster, less accurate; no LoRA adapters)"
-        ),
-    ] = "float32",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP + "; int8 serves no LoRA adapters")] = "auto",
     lora_modules: Annotated[
         Optional[list[str]], typer.Option(help="NAME=PATH: a peft adapter folder to load at start (repeatable)")
     ] = None,
@@ -49,10 +60,14 @@ def serve_cmd(
 ) -> None:
     """Serve a local model over OpenAI's chat completions API (/v1/chat/completions, /v1/models,
     runtime LoRA adapters); Ctrl-C stops."""
-    from harnessrl.models import DTYPES, ModelUnavailable, dtype_choices
+    from harnessrl.models import ModelUnavailable
 
-    if dtype not in DTYPES:
-        fail(f"--dtype must be {dtype_choices()}, got {dtype!r}")
+    for option, check, value in (("--device", device_spec, device), ("--dtype", inference_dtype_spec, dtype)):
+        try:
+            check(value)
+        except ValueError as e:
+            fail(f"{option} {e}")
+    device, dtype = device_spec(device), inference_dtype_spec(dtype)
     if dtype == "int8" and lora_modules:
         fail("--lora-modules: LoRA adapters are merged into float weights; serve with --dtype float32 or bfloat16")
     if log_level not in LOG_LEVELS:
@@ -60,10 +75,16 @@ def serve_cmd(
     if max_loras < len(lora_modules or []):
         fail(f"--lora-modules names {len(lora_modules or [])} adapters but --max-loras is {max_loras}")
     modules = _lora_modules(lora_modules or [])
-    from harnessrl.serve import ServedModels, ServeError, run_server
+    from harnessrl.models.device import DeviceUnavailable, resolve_device, resolve_dtype
+    from harnessrl.serve import ServeError, run_server
 
+    try:  # before anything loads: a device this machine lacks, int8 on a GPU
+        where = resolve_device(device)
+        dtype = resolve_dtype(dtype, where)
+    except DeviceUnavailable as e:
+        fail(str(e))
     try:
-        models = ServedModels.from_spec(model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype)
+        models = _served(model, served_model_name, max_loras, dtype, str(where))
     except (ValueError, ModelUnavailable, OSError) as e:
         fail(f"cannot serve {model!r}: {e}")
     try:

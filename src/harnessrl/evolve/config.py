@@ -9,6 +9,7 @@ from typing import Any, Optional
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from harnessrl.config import Device, FloatDtype
 from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
 
 
@@ -21,6 +22,8 @@ class EvolveConfig:
     model: str = Field(
         "smollm2-135m", description="the agent's model: tiny-random, smollm2-135m, hf:PATH or openai:MODEL@URL"
     )
+    device: Device = "auto"
+    dtype: FloatDtype = "auto"
     dev_tasks: int = Field(
         48, ge=2, description="first N dev tasks (decision tasks; >= 2: the noise estimate needs a spread over tasks)"
     )
@@ -72,4 +75,12 @@ class EvolveConfig:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The recorded configuration. `device` only when it is not auto, `dtype` only when it
+        is not float32 (run_evolve resolves auto first): runs from before these options resume
+        as they were, and a run computed in bfloat16 is never continued in float32 unnoticed."""
+        out = dataclasses.asdict(self)
+        if out["device"] == "auto":
+            del out["device"]
+        if out["dtype"] in ("auto", "float32"):
+            del out["dtype"]
+        return out

@@ -6,6 +6,7 @@ models load and the loop (loop.py) runs, resuming whatever the folder already ho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -53,6 +54,14 @@ def run_evolve(
     from harnessrl.tasks import get_suite
 
     try:
+        local = not config.model.startswith("openai:")
+        if local:  # a device this machine lacks: refused before any work; auto resolved before it is recorded
+            from harnessrl.models.device import resolve_device, resolve_dtype
+
+            device = resolve_device(config.device)
+            config = dataclasses.replace(config, dtype=resolve_dtype(config.dtype, device))
+        elif config.device != "auto" or config.dtype not in ("auto", "float32"):
+            raise EvolveError("--device and --dtype apply to local models (tiny-random, smollm2-135m, hf:PATH)")
         # checks only; the loop opens it
         RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
         seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
@@ -71,7 +80,10 @@ def run_evolve(
     except ExecutorError as e:
         raise EvolveError(str(e)) from None
     try:
-        policy = load_policy(config.model, sampling, api_key_env=api_key_env)
+        if local:
+            policy = load_policy(config.model, sampling, dtype=config.dtype, device=str(device))
+        else:
+            policy = load_policy(config.model, sampling, api_key_env=api_key_env)
         if config.proposer == "llm":
             proposer_sampling = SamplingParams(temperature=0.7, seed=config.seed)
             proposer = LLMProposer(load_policy(config.proposer_model, proposer_sampling, api_key_env=api_key_env))

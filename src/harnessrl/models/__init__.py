@@ -119,6 +119,8 @@ def check_spec(
 
 
 DTYPES = ("float32", "bfloat16", "int8")
+"""The fixed precisions of a local model; "auto" (float32 on a CPU, bfloat16 on CUDA) is resolved
+into one of them by harnessrl.models.device.resolve_dtype."""
 
 
 def dtype_choices() -> str:
@@ -131,33 +133,44 @@ def load_policy(
     sampling: SamplingParams | None = None,
     *,
     api_key_env: str | None = None,
-    dtype: str = "float32",
+    dtype: str = "auto",
+    device: str = "auto",
 ) -> Policy:
     """The policy named by `spec`. `sampling` becomes the policy's default SamplingParams
     (used when `complete` is called without one, and recorded by `describe()`).
     `api_key_env`: for openai: specs, the environment variable holding the API key (default
     $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it.
-    `dtype`: the weights of a local model, "float32" (exact: see docs/models.md), "bfloat16"
-    (faster on CPUs with bfloat16 instructions; samples then depend on what else is batched) or
-    "int8" (linear layers in int8, the rest float32, CPU only; generation only, see
-    harnessrl.models.int8). Int8Unavailable (a RuntimeError) when torch cannot run int8 here."""
+    `device`: where a local model runs: "auto" (the GPU when torch sees one, else the CPU),
+    "cpu", "cuda" or "cuda:N" (harnessrl.models.device.resolve_device). The model, its engine's
+    key/value cache and everything the engine computes live there.
+    `dtype`: the weights of a local model, "auto" (float32 on a CPU, bfloat16 on CUDA),
+    "float32" (exact: see docs/models.md), "bfloat16" (on a CPU, faster with bfloat16
+    instructions; samples then depend on what else is batched) or "int8" (linear layers in int8,
+    the rest float32, CPU only; generation only, see harnessrl.models.int8). Int8Unavailable (a
+    RuntimeError) when torch cannot run int8 here; DeviceUnavailable (a ValueError, one line) for
+    a device this machine lacks or a model that will not fit in a GPU's free memory (checked
+    before loading)."""
     spec = spec.strip()
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be {dtype_choices()}, got {dtype!r}")
+    if dtype not in ("auto", *DTYPES):
+        raise ValueError(f"dtype must be {dtype_choices()} or auto, got {dtype!r}")
     if spec in MODEL_NAMES or spec.startswith("hf:"):
-        from harnessrl.models.hf import load_local
+        from harnessrl.models.device import check_fits, resolve_device, resolve_dtype
+        from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, load_local
 
-        policy = load_local(spec, sampling)
-        if dtype == "int8":
+        where = resolve_device(device)
+        precision = resolve_dtype(dtype, where)
+        check_fits(spec, where, precision, cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS)
+        if precision == "int8":
+            policy = load_local(spec, sampling)
             policy.quantize_int8()  # restarts the engine too
-        elif dtype != "float32":
-            import torch
-
-            policy.close()  # the engine's key/value cache takes the model's dtype when it (re)starts
-            policy.model.to(getattr(torch, dtype))
-        return policy
-    if dtype != "float32":
+            return policy
+        return load_local(spec, sampling, device=where, dtype=precision)
+    if dtype not in ("auto", "float32"):
         raise ValueError(f"--dtype {dtype} applies to local models (tiny-random, smollm2-135m, hf:PATH), not {spec!r}")
+    if device != "auto":
+        raise ValueError(
+            f"--device {device} applies to local models (tiny-random, smollm2-135m, hf:PATH), not {spec!r}"
+        )
     if spec.startswith("openai:"):
         from harnessrl.models.openai_compat import OpenAIPolicy
 

@@ -389,18 +389,20 @@ class Engine:
     prompt + completion, by default the model's max_position_embeddings.
     `shared_prefix_attention`: in a decode step, read the keys/values of a prefix every running
     row shares once instead of once per row (harnessrl.models.attention; equal up to float
-    rounding, so off only for comparisons). `overlap_prefill`: prefill an admitted request on a
+    rounding, so off only for comparisons). None: on for a model on the CPU; on any other device
+    the model's own attention runs every forward. `overlap_prefill`: prefill an admitted request on a
     second thread while the running rows keep decoding (one such prefill at a time; the request
     joins the batch after one decode step per 64 new prompt tokens, 32 with `packed_decode`,
     waiting for the prefill if it is slower, so the schedule never depends on timing; while no
     prefill runs there, the engine thread's forwards borrow its core as a second intra-op
     thread). None: on when torch runs one intra-op thread and the machine has a second core
     (harnessrl leaves one free; two forwards of several threads each would only fight over the
-    cores); $HARNESSRL_PREFILL_THREAD=1 or 0 decides instead when set. `packed_decode`: the
-    engine's forwards (decode steps and its prefills) use oneDNN-prepacked copies of the float32
-    linear weights (harnessrl.models.packed; as many bytes again as those weights; equal up to
-    float rounding). None: $HARNESSRL_PACKED_DECODE (0 or 1) when set, else on for a float32 CPU
-    model whose linear weights take at most 2 GiB, on a torch with oneDNN.
+    cores); $HARNESSRL_PREFILL_THREAD=1 or 0 decides instead when set; off for a model that is
+    not on the CPU. `packed_decode`: the engine's forwards (decode steps and its prefills) use
+    oneDNN-prepacked copies of the float32 linear weights (harnessrl.models.packed; as many
+    bytes again as those weights; equal up to float rounding). None: $HARNESSRL_PACKED_DECODE (0
+    or 1) when set, else on for a float32 CPU model whose linear weights take at most 2 GiB, on a
+    torch with oneDNN.
     """
 
     def __init__(
@@ -411,7 +413,7 @@ class Engine:
         max_batch: int = 8,
         cache_budget_tokens: int = 16384,
         max_context: int | None = None,
-        shared_prefix_attention: bool = True,
+        shared_prefix_attention: bool | None = None,
         overlap_prefill: bool | None = None,
         packed_decode: bool | None = None,
     ):
@@ -436,12 +438,21 @@ class Engine:
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self._bool_mask = attn == "sdpa"
         self._attn = attn
+        first = next(model.parameters())
+        on_cpu = first.device.type == "cpu"
+        # The CPU-only machinery (the shared-prefix decode attention with its fused and compiled
+        # kernels, the prefill thread and the borrowed core, the prepacked oneDNN weights) is
+        # chosen here from the model's device. On a GPU the model's own attention (SDPA, which
+        # dispatches to flash / memory-efficient kernels) reads the cache at the device's
+        # bandwidth and one CUDA stream serialises the forwards anyway, so none of it is used.
+        if shared_prefix_attention is None:
+            shared_prefix_attention = on_cpu
         self.shared_prefix_attention = shared_prefix_attention
         # the rows' own slots in the compiled kernel where it runs (harnessrl.models.decode_kernel);
         # off (torch's fused kernel in runs) only for comparisons
         self.compiled_attention = True
         if overlap_prefill is None:
-            overlap_prefill = _overlap_by_default()
+            overlap_prefill = on_cpu and _overlap_by_default()
         self.overlap_prefill = overlap_prefill
         if packed_decode is None:
             packed_decode = packed.default_on(model)
@@ -456,7 +467,6 @@ class Engine:
         params = _forward_parameters(model)
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
-        first = next(model.parameters())
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -741,6 +751,11 @@ class Engine:
         return worked
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+        """The model's last-position logits (rows, vocab), float32, on the CPU: each request
+        samples there from its own CPU generator, so a seed draws the same noise on any device
+        (and the batch's logits cross to the host once per step, not once per row)."""
+        # (the callers build their inputs on the model's device already: .to() is a no-op then)
+        mask = mask.to(self.device)
         if not self._bool_mask:  # eager attention adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self._kv.dtype, device=mask.device).masked_fill(
                 ~mask, torch.finfo(self._kv.dtype).min
@@ -750,7 +765,7 @@ class Engine:
             kwargs["logits_to_keep"] = 1
         out = self.model(
             input_ids=input_ids.to(self.device),
-            attention_mask=mask.to(self.device),
+            attention_mask=mask,
             position_ids=positions.to(self.device),
             **kwargs,
         )
@@ -876,9 +891,10 @@ class Engine:
         """(input ids, positions, mask, cache) of the prompt's uncached tokens, for `_forward`."""
         prompt = req.prompt
         width = len(prompt)
-        new = torch.tensor([prompt[cached:]], dtype=torch.long)
-        positions = torch.arange(cached, width).unsqueeze(0)
-        mask = (torch.arange(width).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
+        device = kv.device  # the model's: a long prompt's mask is never built on the host and copied
+        new = torch.tensor([prompt[cached:]], dtype=torch.long, device=device)
+        positions = torch.arange(cached, width, device=device).unsqueeze(0)
+        mask = (torch.arange(width, device=device).unsqueeze(0) <= positions.T).view(1, 1, width - cached, width)
         return new, positions, mask, _ForwardCache(kv, kv_len=width, row=row, start=cached)
 
     def _unlock(self, req: _Request) -> None:
@@ -913,12 +929,16 @@ class Engine:
         t0 = time.perf_counter()
         rows = self._rows
         n = len(rows)
+        # `lengths` stays on the host (the attention plan reads it there); the model's inputs are
+        # made on its device
         lengths = torch.tensor([r.length for r in rows], dtype=torch.long)
         kv_len = int(lengths.max()) + 1
         self._kv.reserve(n, kv_len, self.max_batch)
-        input_ids = torch.tensor([[r.out_ids[-1]] for r in rows], dtype=torch.long)
-        mask = (torch.arange(kv_len).unsqueeze(0) <= lengths.unsqueeze(1)).view(n, 1, 1, kv_len)
-        cache = _ForwardCache(self._kv, kv_len=kv_len, positions=lengths.to(self.device))
+        device = self.device
+        at = lengths.to(device)
+        input_ids = torch.tensor([[r.out_ids[-1]] for r in rows], dtype=torch.long, device=device)
+        mask = (torch.arange(kv_len, device=device).unsqueeze(0) <= at.unsqueeze(1)).view(n, 1, 1, kv_len)
+        cache = _ForwardCache(self._kv, kv_len=kv_len, positions=at)
         try:
             with contextlib.ExitStack() as stack:
                 if self.shared_prefix_attention:
@@ -930,7 +950,7 @@ class Engine:
                     stack.enter_context(decode_plan(self.model, plan))
                 stack.enter_context(self._packed_forward())
                 stack.enter_context(self._idle_core_borrowed())
-                logits = self._forward(input_ids, lengths.unsqueeze(1), mask, cache)
+                logits = self._forward(input_ids, at.unsqueeze(1), mask, cache)
         except Exception as exc:
             for req in list(rows):
                 self._release(req, insert=False)

@@ -203,7 +203,7 @@ class HFPolicy(Policy):
 
         p = Path(path).expanduser()
         if p.is_dir() and (p / "adapter_config.json").is_file():
-            return cls.from_adapter(p, name=name, device=device)
+            return cls.from_adapter(p, name=name, dtype=dtype, device=device)
         if p.is_file() and p.suffix == ".gguf":
             folder, extra = p.parent, {"gguf_file": p.name}
         elif p.is_dir() and (p / "config.json").is_file():
@@ -230,8 +230,11 @@ class HFPolicy(Policy):
             raise ModelUnavailable(f"{p}: {exc}") from exc
 
     @classmethod
-    def from_adapter(cls, folder: str | os.PathLike, *, name: str | None = None, device=None) -> HFPolicy:
-        """A peft (LoRA) adapter folder: load its base model, apply the adapter, merge it.
+    def from_adapter(
+        cls, folder: str | os.PathLike, *, name: str | None = None, dtype: torch.dtype = torch.float32, device=None
+    ) -> HFPolicy:
+        """A peft (LoRA) adapter folder: load its base model (in `dtype`, on `device`), apply the
+        adapter, merge it.
 
         The base is the model spec in the folder's harnessrl.json ("base_model", written by
         `harnessrl train`: tiny-random, smollm2-135m or hf:PATH), else the adapter_config.json's
@@ -265,7 +268,7 @@ class HFPolicy(Policy):
         from peft import PeftModel
 
         try:
-            base = load_local(base_spec)
+            base = load_local(base_spec, device=device, dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
         except ValueError as exc:
             raise ModelUnavailable(
                 f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})"
@@ -275,8 +278,7 @@ class HFPolicy(Policy):
         except Exception as exc:  # noqa: BLE001
             raise ModelUnavailable(f"cannot apply the adapter {p} to {base_spec}: {type(exc).__name__}: {exc}") from exc
         model.eval()
-        if device is not None:
-            model = model.to(device)
+        base.close()  # its engine was over the unmerged model
         return cls(model, base.tokenizer, name=name or f"hf:{p}", tool_role=base.tool_role)
 
     def quantize_int8(self) -> dict:
@@ -310,6 +312,9 @@ class HFPolicy(Policy):
             "sampling": self.default_sampling.model_dump(),
             "engine": {"max_batch": self.max_batch, "cache_budget_tokens": self.cache_budget_tokens},
         }
+        where = next(self.model.parameters()).device
+        if where.type != "cpu":  # (CPU runs describe themselves as they always did)
+            out["device"] = str(where)
         if self.quantization is not None:  # linear layers int8, the rest (dtype above) float32
             out["parameters"] = self.quantization["parameters"]
             out["quantization"] = {k: v for k, v in self.quantization.items() if k != "parameters"}
@@ -506,22 +511,35 @@ def _settle(future: Future, *, result=None, exception: BaseException | None = No
 LOCAL_FORMS = "tiny-random, smollm2-135m, hf:PATH"
 
 
-def load_local(spec: str, sampling: SamplingParams | None = None) -> HFPolicy:
+def load_local(spec: str, sampling: SamplingParams | None = None, *, device=None, dtype: str = "float32") -> HFPolicy:
     """A local model spec (tiny-random, smollm2-135m, hf:PATH) as an HFPolicy; ValueError for
-    any other form. `sampling` becomes the policy's default SamplingParams."""
+    any other form. `sampling` becomes the policy's default SamplingParams. `device` (a
+    torch.device, default the CPU) and `dtype` ("float32" or "bfloat16"): where the weights go,
+    and in what precision, BEFORE the policy (and its engine, whose key/value cache takes the
+    model's device and dtype) is built. A float32 CPU model is never moved or cast."""
     spec = spec.strip()
+    target = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"load_local takes float32 or bfloat16, not {dtype!r}")
+
+    def placed(model):
+        if next(model.parameters()).dtype != target or (device is not None and torch.device(device).type != "cpu"):
+            model = model.to(device=device, dtype=target)
+        return model
+
     if spec == "tiny-random":
         from harnessrl.models.embedded import load_tokenizer, tiny_random_model
 
-        return HFPolicy(tiny_random_model(), load_tokenizer(), name=spec, default_sampling=sampling)
+        return HFPolicy(placed(tiny_random_model()), load_tokenizer(), name=spec, default_sampling=sampling)
     if spec == "smollm2-135m":
         from harnessrl.models.embedded import load_smollm2, load_tokenizer
 
-        return HFPolicy(load_smollm2(), load_tokenizer(), name=spec, default_sampling=sampling)
+        return HFPolicy(placed(load_smollm2()), load_tokenizer(), name=spec, default_sampling=sampling)
     if spec.startswith("hf:"):
         if not spec[3:]:
             raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
-        policy = HFPolicy.from_pretrained(spec[3:])
+        # read in the target precision straight away: a 9B model never exists in float32 here
+        policy = HFPolicy.from_pretrained(spec[3:], dtype=target, device=device)
         if sampling is not None:
             policy.default_sampling = sampling
         return policy

@@ -23,6 +23,7 @@ and 0 elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -168,15 +169,39 @@ def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0)
     # logits over a 49k vocabulary would be most of the memory and time of a backward pass.
     rows, cols = completion_mask[:, 1:].nonzero(as_tuple=True)  # hidden state at cols predicts cols + 1
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
-    if _plain_output_head(base):
-        hidden = base.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = base.get_output_embeddings()(hidden[rows, cols]).float() / temperature
-    else:  # a model that post-processes its logits (soft-capping, scaling): use its own forward
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[rows, cols].float() / temperature
+    # (no key/value cache: nothing reads it, and a checkpointed layer would write it twice)
+    with _checkpointing_forward(base):
+        if _plain_output_head(base):
+            hidden = base.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+            logits = base.get_output_embeddings()(hidden[rows, cols]).float() / temperature
+        else:  # a model that post-processes its logits (soft-capping, scaling): use its own forward
+            out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            logits = out.logits[rows, cols].float() / temperature
     targets = input_ids[rows, cols + 1]
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     logp = torch.zeros((B, T), dtype=picked.dtype, device=input_ids.device).index_put((rows, cols + 1), picked)
     return logp * completion_mask
+
+
+@contextlib.contextmanager
+def _checkpointing_forward(model):
+    """While gradients are recorded, the modules with gradient checkpointing on
+    (`harnessrl.train.lora.enable_gradient_checkpointing`) in training mode, each alone (not
+    their children): transformers checkpoints only a module in training mode, and the trainers
+    keep the model in eval mode so that no dropout ever acts. The backward's recompute needs no
+    flag. Nothing happens for a model without checkpointing, or under no_grad."""
+    flagged = []
+    if torch.is_grad_enabled():
+        flagged = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True and not m.training]
+    for module in flagged:
+        module.training = True
+    try:
+        yield
+    finally:
+        for module in flagged:
+            module.training = False
 
 
 def _plain_output_head(model) -> bool:

@@ -43,19 +43,62 @@ def check_local_model(model: str, error: type[Exception]) -> None:
     raise error(f"cannot train '{model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)")
 
 
-def load_local_policy(model: str, error: type[Exception]):
-    """The model as an HFPolicy (its tokenizer, its torch model, its engine)."""
+def load_local_policy(
+    model: str, error: type[Exception], *, device: str = "auto", dtype: str = "auto", training: Any = None
+):
+    """The model as an HFPolicy (its tokenizer, its torch model, its engine) on `device` in
+    `dtype` ("auto": float32 on a CPU, bfloat16 on CUDA; harnessrl.models.device). `training`:
+    the run's TrainConfig or SFTConfig, whose micro-batch, LoRA and gradient checkpointing size
+    the memory check made before loading (without it only the weights and the engine's cache
+    are counted). A device this machine lacks, int8, or a model that will not fit is `error`,
+    in one line."""
     from harnessrl.models import load_policy
     from harnessrl.models.base import ModelUnavailable
-    from harnessrl.models.hf import HFPolicy
+    from harnessrl.models.device import DeviceUnavailable, check_fits, resolve_device, resolve_dtype
+    from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, HFPolicy
 
+    if dtype == "int8":
+        raise error("--dtype int8 cannot be trained (int8 layers have no gradients): use auto, float32 or bfloat16")
     try:
-        policy = load_policy(model)
+        where = resolve_device(device)
+        precision = resolve_dtype(dtype, where)
+        if training is not None:
+            check_fits(
+                model,
+                where,
+                precision,
+                cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS,
+                training_tokens=training.micro_batch,
+                lora_rank=training.lora_r,
+                lora_targets=len(training.lora_targets),
+                gradient_checkpointing=training.gradient_checkpointing,
+            )
+    except DeviceUnavailable as e:
+        raise error(str(e)) from None
+    try:
+        policy = load_policy(model, device=str(where), dtype=precision)
     except (ValueError, ModelUnavailable, OSError) as e:
         raise error(f"cannot load model '{model}': {e}") from None
     if not isinstance(policy, HFPolicy):
         raise error(f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {model!r}")
     return policy
+
+
+def precision_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A training run's recorded configuration with `device` and `dtype` as they resolve on this
+    machine: the device as it is (a resume may continue on another one: it changes float
+    rounding only), the dtype only when it is not float32, so that a run from before these
+    options resumes as it was and a CPU run started with "auto" is not resumed in bfloat16 on a
+    GPU unnoticed (that changes what every step computes: resume with --dtype float32 there)."""
+    from harnessrl.models.device import resolve_device, resolve_dtype
+
+    out = dict(record)
+    where = resolve_device(out.get("device", "auto"))
+    out["device"] = str(where)
+    precision = resolve_dtype(out.pop("dtype", "auto"), where)
+    if precision != "float32":
+        out["dtype"] = precision
+    return out
 
 
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -90,8 +133,32 @@ def attach(policy, config, error: type[Exception]) -> tuple[Any, list[torch.nn.P
         ) from None
     assert peft_model.get_base_model() is policy.model
     peft_model.eval()
+    if getattr(config, "gradient_checkpointing", False):
+        enable_gradient_checkpointing(policy.model, error)
     trainable = [p for _, p in lora_parameters(peft_model)]
+    # With a bfloat16 base peft keeps the adapter in float32 (autocast_adapter_dtype, on by
+    # default): AdamW's moments take their parameters' dtype, so they are float32 too.
     return peft_model, trainable, torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, error: type[Exception]) -> None:
+    """Recompute each decoder layer's activations in the backward instead of keeping them
+    (transformers' activation checkpointing, non-reentrant: gradients reach the LoRA weights
+    although the layers' inputs need none, and the result equals the plain backward).
+
+    transformers checkpoints a layer only while that module is in training mode, and the
+    trainers keep the model in eval mode (no dropout anywhere: see `attach`); the training
+    forward (`harnessrl.train.grpo.token_logprobs`) therefore switches the flag of the
+    checkpointed modules alone for its duration (`checkpointing_forward`), which changes nothing
+    else they compute."""
+    kwargs = {"use_reentrant": False}
+    try:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    except (ValueError, AttributeError) as e:
+        raise error(f"--gradient-checkpointing: this model does not support it ({e})") from None
 
 
 # -- the run folder's checkpoint and adapter ----------------------------------------------------------

@@ -73,7 +73,9 @@ from harnessrl.train.update import TrainingDiverged, micro_batches
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
 # next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
 # fingerprint of the examples is what a resume is checked against.
-SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "data")
+# device and gradient checkpointing change float rounding only (docs/training.md, "Devices and
+# precision"); the dtype is compared, as it resolves here (lora.precision_record)
+SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "data", "device", "gradient_checkpointing")
 
 
 def units_of(examples: ExampleSet) -> list[TrainingUnit]:
@@ -195,8 +197,12 @@ class SFTRun:
         self.console = console
         self.folder: RunFolder | None = None
         if self.out is not None:
+            try:
+                resolved = lora.precision_record(config.to_dict())
+            except ValueError as e:  # a device this machine lacks, or int8 asked on a GPU
+                raise SFTError(str(e)) from None
             record = {
-                **config.to_dict(),
+                **resolved,
                 "as_harness": self.harness_name,
                 "harness_spec": spec.to_dict() if spec is not None else {n: x.to_dict() for n, x in self.specs.items()},
                 "suite": self.suite,
@@ -222,7 +228,9 @@ class SFTRun:
     def prepare(self) -> ExampleSet:
         """Load the model's tokenizer (with the model) and replay the episodes into examples."""
         cfg = self.config
-        policy = self.policy = lora.load_local_policy(cfg.model, SFTError)
+        policy = self.policy = lora.load_local_policy(
+            cfg.model, SFTError, device=cfg.device, dtype=cfg.dtype, training=cfg
+        )
         self.renderer = ChatRenderer(policy.tokenizer, policy.tool_role)
         if self.plan is not None:
             self.selection = self.sample()
@@ -383,7 +391,9 @@ class SFTRun:
                 "changed?); start a new --out"
             )
         lora.load_adapter_weights(self.peft_model, lora.read_adapter_weights(folder), folder, SFTError)
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        # read onto the CPU (a run may resume on another device); load_state_dict moves each
+        # state tensor to its parameter's device
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
         self.step = int(state["step"])
         return True
 
