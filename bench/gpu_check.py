@@ -12,8 +12,9 @@ time cap (a part that fails or runs out of time records its error; the others st
             then one task each) at 1, 16 and 64 in flight: harnessrl's continuous-batching engine
             (HFPolicy) against one padded `model.generate` call; same max new tokens, no stop
             token on either side, so both produce exactly in-flight x max-new-tokens tokens
-  grpo      three GRPO steps with LoRA through harnessrl's Trainer on toolcalc through the
-            json-tools harness (step budget shrunk); an untrained model scores 0 everywhere, so
+  grpo      three GRPO steps with LoRA through harnessrl's Trainer (HarnessBandit choosing
+            between json-tools and react, step budgets shrunk) on toolcalc; an untrained model
+            scores 0 everywhere, so
             flat groups get +-1 advantages (timing only) and every step runs its backward pass
   sft       one supervised LoRA step (harnessrl.train.sft) on oracle episodes of toolcalc
 
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PARTS = ("build", "generate", "grpo", "sft")
+GRPO_HARNESSES = ("json-tools", "react")  # HarnessBandit picks one per step (it needs two or more)
 # Seconds each part may take on the GPU machine; together under 8 minutes.
 CAPS = {"build": 60, "generate": 150, "grpo": 150, "sft": 90}
 DEFAULT_CONFIG = "bench/configs/qwen2.5-1.5b.json"
@@ -110,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--levels", default=None, help="requests in flight for the generate part, comma-separated")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per completion (generate part)")
     p.add_argument("--cache-budget", type=int, default=32768, help="engine prefix cache, tokens")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per level (generate part; medians)")
     p.add_argument("--grpo-steps", type=int, default=3)
     p.add_argument("--grpo-tasks", type=int, default=None, help="tasks per GRPO step")
     p.add_argument("--group-size", type=int, default=None, help="attempts per task")
@@ -221,10 +224,12 @@ def plan(args) -> int:
         "build": f"init the model on {args.device} from the config, save it to {model_dir(args)} "
         f"(safetensors, {args.dtype}) with the tokenizer",
         "generate": f"greedy, {args.max_new_tokens} new tokens, no stop token, at {args.levels} in flight: "
-        "the engine (HFPolicy) vs one padded model.generate on the same prompts; tokens/s, peak memory",
-        "grpo": f"{args.grpo_steps} GRPO steps with LoRA (r 16), toolcalc x json-tools (max_steps "
-        f"{args.grpo_max_steps}, max_new_tokens {args.grpo_new_tokens}), {args.grpo_tasks} tasks x group "
-        f"{args.group_size}, micro-batch {args.micro_batch} tokens, flat groups +-1; step time, peak memory",
+        f"the engine (HFPolicy) vs one padded model.generate on the same prompts, median of {args.repeats}; "
+        "tokens/s, peak memory",
+        "grpo": f"{args.grpo_steps} GRPO steps with LoRA (r 16), toolcalc x {','.join(GRPO_HARNESSES)} "
+        f"(harness-bandit; max_steps {args.grpo_max_steps}, max_new_tokens {args.grpo_new_tokens}), "
+        f"{args.grpo_tasks} tasks x group {args.group_size}, micro-batch {args.micro_batch} tokens, "
+        "flat groups +-1; step time, peak memory",
         "sft": f"one SFT step with LoRA on {args.sft_examples} examples from oracle episodes of {args.sft_tasks} "
         "toolcalc tasks (json-tools); step time, peak memory",
     }
@@ -332,7 +337,7 @@ def run(args) -> int:
         "seed": args.seed,
         "settings": {
             k: getattr(args, k)
-            for k in ("levels", "max_new_tokens", "cache_budget", "grpo_steps", "grpo_tasks", "group_size")
+            for k in ("levels", "max_new_tokens", "cache_budget", "repeats", "grpo_steps", "grpo_tasks", "group_size")
             + ("grpo_max_steps", "grpo_new_tokens", "micro_batch", "sft_tasks", "sft_examples")
         },
     }
@@ -369,7 +374,7 @@ def run(args) -> int:
 
 
 CHILD_OPTIONS = (
-    "config", "device", "dtype", "seed", "tokenizer", "work_dir", "levels", "max_new_tokens", "cache_budget",
+    "config", "device", "dtype", "seed", "tokenizer", "work_dir", "levels", "max_new_tokens", "cache_budget", "repeats",
     "grpo_steps", "grpo_tasks", "group_size", "grpo_max_steps", "grpo_new_tokens", "micro_batch", "sft_tasks",
     "sft_examples",
 )  # fmt: skip
@@ -574,6 +579,10 @@ def hf_generate(model, prompts: list[list[int]], pad_id: int, max_new_tokens: in
 
 
 def part_generate(args, rec: Recorder) -> None:
+    """Per level: a warm-up of both paths, then `repeats` timed rounds (engine, then generate);
+    the medians are reported, every round's seconds too."""
+    import statistics
+
     from harnessrl.models.base import SamplingParams
     from harnessrl.models.hf import HFPolicy
 
@@ -582,52 +591,64 @@ def part_generate(args, rec: Recorder) -> None:
     prompts = prompts_for(base, max(args.level_list))
     greedy = SamplingParams(temperature=0.0)
     m = args.max_new_tokens
-    rec.set(prompt_tokens_mean=round(sum(len(p) for p in prompts) / len(prompts), 1), max_new_tokens=m, levels={})
-    # warm-up of both paths (kernel selection, allocator), outside every clock
-    warm = HFPolicy(model, tokenizer, name="warm-up", max_batch=2, cache_budget_tokens=0)
-    warm.generate_ids(prompts[:2], 4, greedy, stop_ids=[])
-    warm.close()
-    hf_generate(model, prompts[:2], base.pad_id, 4, args.device)
+    rec.set(
+        prompt_tokens_mean=round(sum(len(p) for p in prompts) / len(prompts), 1),
+        max_new_tokens=m,
+        repeats=args.repeats,
+        levels={},
+    )
     for n in args.level_list:
         batch = prompts[:n]
         policy = HFPolicy(model, tokenizer, name=f"engine-{n}", max_batch=n, cache_budget_tokens=args.cache_budget)
-        reset_peak(args)
-        t0 = time.perf_counter()
-        outs = policy.generate_ids(batch, m, greedy, stop_ids=[])
-        sync(args)
-        engine_s = time.perf_counter() - t0
-        engine_peak = peak_gib(args)
-        stats = policy.engine_stats()
+        # warm-up at this batch size (engine start, kernel selection, allocator), outside the
+        # clocks; every timed round starts with an empty prefix cache, so none reuses another's
+        policy.generate_ids(batch, 2, greedy, stop_ids=[])
+        hf_generate(model, batch, base.pad_id, 2, args.device)
+        engine_s, hf_s, engine_peak, hf_peak = [], [], [], []
+        for _ in range(args.repeats):
+            policy.clear_cache()
+            before = policy.engine_stats()  # counters since the engine was built
+            reset_peak(args)
+            t0 = time.perf_counter()
+            outs = policy.generate_ids(batch, m, greedy, stop_ids=[])
+            sync(args)
+            engine_s.append(time.perf_counter() - t0)
+            engine_peak.append(peak_gib(args))
+            after = policy.engine_stats()
+            reset_peak(args)
+            t0 = time.perf_counter()
+            hf_ids = hf_generate(model, batch, base.pad_id, m, args.device)
+            sync(args)
+            hf_s.append(time.perf_counter() - t0)
+            hf_peak.append(peak_gib(args))
         policy.close()
+        stats = {k: after[k] - before.get(k, 0) for k in ("prompt_tokens", "prefilled_tokens", "cached_tokens")}
+        stats["decode_steps"] = after["decode_steps"] - before.get("decode_steps", 0)
         engine_ids = [ids for ids, _, _ in outs]
-        reset_peak(args)
-        t0 = time.perf_counter()
-        hf_ids = hf_generate(model, batch, base.pad_id, m, args.device)
-        sync(args)
-        hf_s = time.perf_counter() - t0
         engine_tokens, hf_tokens = sum(map(len, engine_ids)), sum(map(len, hf_ids))
+        e_s, h_s = statistics.median(engine_s), statistics.median(hf_s)
         same_prefix = [
             next((i for i, (a, b) in enumerate(zip(e, h)) if a != b), min(len(e), len(h)))
             for e, h in zip(engine_ids, hf_ids)
         ]
         row = {
-            "engine_tok_s": round(engine_tokens / engine_s, 1),
-            "hf_generate_tok_s": round(hf_tokens / hf_s, 1),
-            "engine_over_hf": round((engine_tokens / engine_s) / (hf_tokens / hf_s), 3),
-            "engine_s": round(engine_s, 3),
-            "hf_generate_s": round(hf_s, 3),
+            "engine_tok_s": round(engine_tokens / e_s, 1),
+            "hf_generate_tok_s": round(hf_tokens / h_s, 1),
+            "engine_over_hf": round((engine_tokens / e_s) / (hf_tokens / h_s), 3),
+            "engine_s": [round(x, 3) for x in engine_s],
+            "hf_generate_s": [round(x, 3) for x in hf_s],
             "completion_tokens": engine_tokens,
             "hf_completion_tokens": hf_tokens,
-            "prompt_tokens": stats.get("prompt_tokens"),
-            "engine_prefilled_tokens": stats.get("prefilled_tokens"),
-            "engine_cached_tokens": stats.get("cached_tokens"),
-            "engine_decode_steps": stats.get("decode_steps"),
+            "prompt_tokens": stats["prompt_tokens"],
+            "engine_prefilled_tokens": stats["prefilled_tokens"],
+            "engine_cached_tokens": stats["cached_tokens"],
+            "engine_decode_steps": stats["decode_steps"],
             # untrained weights have nearly tied logits: batching changes rounding, and greedy picks
             # then part ways; a diagnostic, not a pass/fail
             "greedy_identical_rows": sum(e == h for e, h in zip(engine_ids, hf_ids)),
             "greedy_same_prefix_mean": round(sum(same_prefix) / len(same_prefix), 1),
-            "engine_peak_gib": engine_peak,
-            "hf_generate_peak_gib": peak_gib(args),
+            "engine_peak_gib": max(engine_peak) if on_gpu(args) else None,
+            "hf_generate_peak_gib": max(hf_peak) if on_gpu(args) else None,
         }
         rec.data["levels"][str(n)] = row
         rec.flush()
@@ -696,15 +717,18 @@ def part_grpo(args, rec: Recorder) -> None:
     from harnessrl.train.config import TrainConfig
     from harnessrl.train.trainer import Trainer
 
-    data = load_harness("json-tools").to_dict()
-    data["rules"]["max_steps"] = args.grpo_max_steps
-    data["rules"]["max_new_tokens"] = args.grpo_new_tokens
-    data["rules"]["timeout_s"] = None
-    spec = parse_spec(data, "json-tools")
+    specs = []
+    for name in GRPO_HARNESSES:  # validated copies with shrunk budgets and no clock
+        data = load_harness(name).to_dict()
+        data["rules"]["max_steps"] = args.grpo_max_steps
+        data["rules"]["max_new_tokens"] = args.grpo_new_tokens
+        data["rules"]["timeout_s"] = None
+        specs.append(parse_spec(data, name))
     fields = dict(
         model=f"hf:{model_dir(args)}",
         suite="toolcalc",
-        harnesses=[spec.name],
+        harnesses=[s.name for s in specs],
+        scheduler="harness-bandit",
         steps=args.grpo_steps,
         tasks_per_step=args.grpo_tasks,
         group_size=args.group_size,
@@ -721,7 +745,7 @@ def part_grpo(args, rec: Recorder) -> None:
     _force_advantages(forced)
     config = TrainConfig(**fields)
     rec.set(
-        harness=spec.name,
+        harnesses=[s.name for s in specs],
         lora_r=config.lora_r,
         scheduler=config.scheduler,
         device_option=native,
@@ -736,6 +760,7 @@ def part_grpo(args, rec: Recorder) -> None:
             sync(args)
             step = {
                 "step": r["step"],
+                "harness": r["harness"],
                 "seconds": round(time.perf_counter() - t0, 3),
                 "rollout_s": round(r["time"]["rollout"], 3),
                 "backward_s": round(r["time"]["backward"], 3),
@@ -756,7 +781,7 @@ def part_grpo(args, rec: Recorder) -> None:
 
     out = Path(args.work_dir) / "grpo"
     shutil.rmtree(out, ignore_errors=True)
-    trainer = MeasuredTrainer(config, out, specs=[spec], progress=False)
+    trainer = MeasuredTrainer(config, out, specs=specs, progress=False)
     trainer.run()
     rec.set(trainable_parameters=sum(p.numel() for p in trainer.trainable))
 
