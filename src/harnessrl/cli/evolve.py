@@ -37,6 +37,10 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
                     f"search length changed: {stored.iterations} -> {config.iterations} iterations", highlight=False
                 )
                 stored = dataclasses.replace(stored, iterations=config.iterations)
+            if given_on_command_line("device") and config.device != stored.device:
+                # where the model runs changes float rounding only: a run may continue on another device
+                err.print(f"device changed: {stored.device} -> {config.device}", highlight=False)
+                stored = dataclasses.replace(stored, device=config.device)
             config = stored
         with executor_for(run) as executor:
             final = run_evolve(
