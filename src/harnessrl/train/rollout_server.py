@@ -216,7 +216,7 @@ def diagnose(
     - penalised: the tokens the server gives less probability than the trainer are mostly tokens
       already in the prompt or earlier in the completion (a repetition/presence/frequency penalty);
     - truncated: no token has less probability and the rest have more: the distribution was cut
-      and renormalised (top_k, top_p, min_p);
+      and renormalised (top_k, top_p, min_p), or a penalty steered the completion to new tokens;
     - mismatch: none of these (another model or adapter, another chat template...).
     """
     n = len(server)
@@ -239,9 +239,12 @@ def diagnose(
             "already occur in the prompt or earlier in the completion"
         )
     if not lower:
+        # a penalty shows the same way when the completion avoids the penalised tokens (it then
+        # samples new ones, each made more likely by the renormalisation): one verdict for both
         return "truncated", (
-            f"every token is at least as likely on the server as in the full softmax, by {mean_t:.3f} nats on "
-            "average: the distribution was cut and renormalised"
+            f"every token is at least as likely on the server as under the trainer, by {mean_t:.3f} nats on "
+            "average: the distribution was cut and renormalised (a top_k, top_p or min_p), or penalised away "
+            "from tokens already seen (a repetition, presence or frequency penalty)"
         )
     return "mismatch", f"mean |diff| {mean_t:.4f}, with no pattern of temperature, truncation or penalty"
 
@@ -519,12 +522,9 @@ class RolloutServers(Policy):
                 "(and --generation-config vllm, which the recipe also needs; docs/scale.md)."
             )
         if check.request == "defaults":
-            what = "cut (a top_k, top_p or min_p)" if check.verdict == "truncated" else "penalised"
-            if check.verdict == "mismatch":
-                what = "changed"
             return head + (
-                f"With only OpenAI's fields sent, its distribution is {what} by its own defaults (the model's "
-                "generation_config.json): restart it with --generation-config vllm."
+                "With only OpenAI's fields sent, its own defaults (the model's generation_config.json: a top_k, "
+                "top_p, min_p or penalty) change the distribution: restart it with --generation-config vllm."
             )
         if check.verdict in ("truncated", "penalised"):
             return head + (
