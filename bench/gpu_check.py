@@ -542,14 +542,11 @@ def part_build(args, rec: Recorder) -> None:
     )
 
 
-def load_policy(args, max_batch: int | None = None):
-    """The built model as an HFPolicy on the device (engine rows: `max_batch`)."""
-    from harnessrl.models.hf import HFPolicy
+def load_policy(args):
+    """The built model as an HFPolicy on the device, through harnessrl's own loader."""
+    from harnessrl.models import load_policy as load
 
-    policy = HFPolicy.from_pretrained(model_dir(args), dtype=torch_dtype(args), device=args.device)
-    if max_batch is not None and max_batch != policy.max_batch:
-        policy = HFPolicy(policy.model, policy.tokenizer, name=policy.name, max_batch=max_batch)
-    return policy
+    return load(f"hf:{model_dir(args)}", device=args.device, dtype=args.dtype)
 
 
 def prompts_for(policy, n: int) -> list[list[int]]:
@@ -658,37 +655,6 @@ def part_generate(args, rec: Recorder) -> None:
         )
 
 
-def _config_with_device(config_cls, args, fields: dict) -> tuple[dict, bool]:
-    """`fields` plus device/dtype where the config declares them; True when it does (else the
-    loader is patched to put the model on the device)."""
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    if "device" not in names:
-        return fields, False
-    fields = {**fields, "device": args.device}
-    if "dtype" in names:
-        fields["dtype"] = args.dtype
-    return fields, True
-
-
-def _load_on_device(args) -> None:
-    """Make harnessrl.train.lora.load_local_policy (which both trainers call) load the hf: model
-    on the device in the run's dtype, with as many engine rows as episodes in flight."""
-    from harnessrl.models.base import ModelUnavailable
-    from harnessrl.train import lora
-
-    rows = max(args.grpo_tasks * args.group_size, 16)
-
-    def load_local_policy(model: str, error: type[Exception], **_ignored):
-        if model != f"hf:{model_dir(args)}":
-            raise error(f"this check trains only its own model folder, not {model!r}")
-        try:
-            return load_policy(args, rows)
-        except (ValueError, ModelUnavailable, OSError) as e:
-            raise error(f"cannot load model '{model}': {e}") from None
-
-    lora.load_local_policy = load_local_policy
-
-
 def _force_advantages(counter: dict) -> None:
     """Timing only: a group whose rewards are all equal (an untrained model scores 0 everywhere)
     gets advantages +1, -1, +1, ... so the step's backward pass, sketch and optimizer step run.
@@ -737,10 +703,9 @@ def part_grpo(args, rec: Recorder) -> None:
         checkpoint_every=args.grpo_steps,
         save_rollouts=False,
         seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
     )
-    fields, native = _config_with_device(TrainConfig, args, fields)
-    if not native:
-        _load_on_device(args)
     forced = {"groups": 0}
     _force_advantages(forced)
     config = TrainConfig(**fields)
@@ -748,7 +713,6 @@ def part_grpo(args, rec: Recorder) -> None:
         harnesses=[s.name for s in specs],
         lora_r=config.lora_r,
         scheduler=config.scheduler,
-        device_option=native,
         steps=[],
     )
 
@@ -810,10 +774,9 @@ def part_sft(args, rec: Recorder) -> None:
         batch_size=args.sft_examples,
         micro_batch=args.micro_batch,
         seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
     )
-    fields, native = _config_with_device(SFTConfig, args, fields)
-    if not native:
-        _load_on_device(args)
     run = SFTRun(SFTConfig(**fields), out, progress=False)
     examples = run.prepare()
     # exactly one optimizer step: the first batch_size examples (in their stored order)
@@ -824,7 +787,6 @@ def part_sft(args, rec: Recorder) -> None:
     sync(args)
     last = summary["last"]
     rec.set(
-        device_option=native,
         examples_available=len(examples.examples),
         examples=len(run.examples.examples),
         steps=summary["steps"],
