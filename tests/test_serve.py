@@ -280,6 +280,57 @@ def test_bad_requests_get_openai_errors(served, body, status, words):
     assert words in error["message"] and error["code"] == status and error["type"]
 
 
+def test_unknown_fields_are_ignored_and_vllms_sampling_fields_refused_unless_neutral(served, reference):
+    """As vLLM 0.33: a field no one defines is ignored (its request models allow extra fields);
+    vLLM's own sampling fields change what vLLM samples, so this server refuses them unless neutral."""
+    base = {"model": "tiny-random", "messages": WIRE, "max_tokens": 4, "seed": 5, "temperature": 0.7}
+    plain = post(served[0], "/chat/completions", base).json()["choices"][0]["message"]
+    unknown = post(served[0], "/chat/completions", {**base, "not_a_field": 1, "user": "someone"})
+    assert unknown.status_code == 200 and unknown.json()["choices"][0]["message"] == plain
+    neutral = {**base, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0}
+    neutral.update(frequency_penalty=0.0, min_tokens=0, ignore_eos=False, stop_token_ids=[], use_beam_search=False)
+    response = post(served[0], "/chat/completions", neutral)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"] == plain
+    for field, value in [("top_k", 20), ("min_tokens", 2), ("ignore_eos", True), ("stop_token_ids", [5])]:
+        refused = post(served[0], "/chat/completions", {**base, field: value})
+        assert refused.status_code == 400 and field in refused.json()["error"]["message"], (field, refused.text)
+
+
+def test_generation_config_auto_and_raw_logprobs_emulate_vllms_defaults(tokenizer):
+    """--generation-config auto: unsent fields default from the model's generation config (the
+    engine applies temperature and top_p; a top_k or penalty it cannot apply is refused, naming
+    the flag). --logprobs-mode raw_logprobs: log softmax of the untempered logits, vLLM's default."""
+    import torch
+
+    model = tiny_random_model()
+    model.generation_config.temperature = 0.5
+    policy = HFPolicy(model, tokenizer, name="tiny-random")
+    body = {"model": "tiny-random", "messages": WIRE, "max_tokens": 6, "seed": 9, "logprobs": True}
+    body["return_token_ids"] = True
+    try:
+        with serving(policy) as url:  # the defaults: --generation-config vllm, processed logprobs
+            at_1 = post(url, "/chat/completions", body).json()
+            at_half = post(url, "/chat/completions", {**body, "temperature": 0.5}).json()
+        with serving(policy, generation_config="auto", logprobs_mode="raw_logprobs") as url:
+            auto = post(url, "/chat/completions", body).json()
+            model.generation_config.top_k = 20
+            refused = post(url, "/chat/completions", body)
+            sent = post(url, "/chat/completions", {**body, "top_k": 0})
+    finally:
+        policy.close()
+    # auto took T=0.5 from the generation config: the tokens sampled at 0.5
+    assert auto["choices"][0]["token_ids"] == at_half["choices"][0]["token_ids"] != at_1["choices"][0]["token_ids"]
+    ids = auto["prompt_token_ids"] + auto["choices"][0]["token_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, len(auto["prompt_token_ids"]) - 1 : -1]
+    raw = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids[len(auto["prompt_token_ids"]) :])[:, None])
+    served_raw = [e["logprob"] for e in auto["choices"][0]["logprobs"]["content"]]
+    processed = [e["logprob"] for e in at_half["choices"][0]["logprobs"]["content"]]
+    assert close(served_raw, raw.squeeze(-1).tolist()) and not close(served_raw, processed)
+    assert refused.status_code == 400 and "--generation-config vllm" in refused.json()["error"]["message"]
+    assert sent.status_code == 200
+
+
 def test_malformed_bodies_are_400(served):
     for raw in (b"{not json", b"[1, 2]", b'{"model": "tiny-random"}'):
         response = post(served[0], "/chat/completions", raw)
@@ -363,16 +414,13 @@ def test_lora_load_reload_in_place_and_unload(served, client, adapters, referenc
     assert [m["id"] for m in httpx.get(url + "/models").json()["data"]] == ["tiny-random"]
 
 
-def test_lora_route_errors_and_max_loras(tokenizer, adapters, tmp_path):
-    one, two = adapters
+def test_lora_route_errors(tokenizer, adapters, tmp_path):
+    one, _ = adapters
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
     not_adapter = tmp_path / "empty"
     not_adapter.mkdir()
     try:
         with serving(policy, max_loras=1) as url:
-            assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(one)}).status_code == 200
-            full = post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": str(two)})
-            assert full.status_code == 400 and "(--max-loras 1)" in full.json()["error"]["message"]
             for body, words in [
                 ({"lora_name": "tiny-random", "lora_path": str(one)}, "base model"),
                 ({"lora_name": "c", "lora_path": str(tmp_path / "missing")}, "not a folder"),
@@ -381,9 +429,55 @@ def test_lora_route_errors_and_max_loras(tokenizer, adapters, tmp_path):
             ]:
                 response = post(url, "/load_lora_adapter", body)
                 assert response.status_code == 400 and words in response.json()["error"]["message"], response.text
-            # after an unload there is room again
-            assert post(url, "/unload_lora_adapter", {"lora_name": "a"}).status_code == 200
+    finally:
+        policy.close()
+
+
+def test_max_loras_is_an_lru_of_merged_copies_as_in_vllm(tokenizer, adapters, tmp_path):
+    """vLLM registers any number of adapter names and holds at most --max-loras (--max-cpu-loras)
+    of them, evicting the least recently used and reloading an evicted one from its path."""
+    import shutil
+
+    one, two = adapters
+    moved = shutil.copytree(one, tmp_path / "one")
+    models = ServedModels(HFPolicy(tiny_random_model(), tokenizer, name="tiny-random"), max_loras=1)
+    try:
+        with serving(models) as url:
+            assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(moved)}).status_code == 200
+            body = {"model": "a", "messages": WIRE, "max_tokens": 4, "seed": 3, "logprobs": True}
+            first = post(url, "/chat/completions", body).json()["choices"][0]
+            # a second adapter is not refused: it takes the only slot, "a" is evicted
             assert post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": str(two)}).status_code == 200
+            assert models.resident_adapters() == ["b"]
+            assert sorted(m["id"] for m in httpx.get(url + "/models").json()["data"]) == ["a", "b", "tiny-random"]
+            # a request for "a" merges it again from its folder (and evicts "b"): the same answer
+            again = post(url, "/chat/completions", body).json()["choices"][0]
+            assert again["message"] == first["message"] and again["logprobs"] == first["logprobs"]
+            assert models.resident_adapters() == ["a"]
+            # evicted and its folder gone: it cannot be reloaded (vLLM reloads from the path too)
+            assert post(url, "/chat/completions", {**body, "model": "b"}).status_code == 200
+            shutil.rmtree(moved)
+            gone = post(url, "/chat/completions", body)
+            assert gone.status_code == 404 and "No adapter found" in gone.json()["error"]["message"]
+    finally:
+        models.close()
+        models.base.policy.close()
+
+
+def test_an_adapter_above_max_lora_rank_is_refused_as_vllm_does(tokenizer, adapters):
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    try:
+        with serving(policy, max_lora_rank=1) as url:  # the adapters are rank 4
+            refused = post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])})
+            # vLLM 0.33: its engine's ValueError comes back as a 500 with this message
+            assert refused.status_code == 500
+            assert "LoRA rank 4 is greater than max_lora_rank 1." in refused.json()["error"]["message"]
+            assert "--max-lora-rank 8" in refused.json()["error"]["message"]
+            assert [m["id"] for m in httpx.get(url + "/models").json()["data"]] == ["tiny-random"]
+        with serving(policy, max_lora_rank=8) as url:
+            assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])}).status_code == 200
+        with pytest.raises(ValueError, match="max_lora_rank must be one of 1, 8, 16"):
+            ServedModels(policy, max_lora_rank=4)
     finally:
         policy.close()
 

@@ -104,9 +104,11 @@ def create_app(models: ServedModels) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
-        with models.use(body.model) as entry:
+        # off the event loop: an adapter evicted from the LRU is merged again from its folder first
+        entry = await asyncio.to_thread(models.acquire, body.model)
+        try:
             policy = entry.policy
-            request, sampling = to_generation(body, max_new_tokens=1)
+            request, sampling = to_generation(body, max_new_tokens=1, defaults=models.sampling_defaults())
             try:
                 prompt = await asyncio.to_thread(policy.prompt_ids, request)
             except Exception as exc:  # noqa: BLE001 - the template could not render these messages
@@ -130,6 +132,12 @@ def create_app(models: ServedModels) -> FastAPI:
                 call = await asyncio.wrap_future(policy.submit(request, sampling))
             except PolicyError as exc:
                 return JSONResponse(error_body(500, str(exc)), status_code=500)
+            if body.logprobs and models.logprobs_mode == "raw_logprobs" and call.completion_ids:
+                # vLLM's default: log softmax of the raw logits, before temperature
+                raw = await asyncio.to_thread(entry.raw_logprobs, call.prompt_ids, call.completion_ids)
+                call = call.model_copy(update={"logprobs": raw})
+        finally:
+            models.release(entry)
         request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         name = entry.name
         if body.stream:

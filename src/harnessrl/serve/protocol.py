@@ -6,7 +6,11 @@ top_logprobs, ...) is refused with a 400 naming the parameter, never silently se
 The recording endpoint of external harnesses (serve/recording.py) does take native tools: it
 passes `ToolTurns`, which writes the tool turns of the conversation as text in a tool-call
 protocol, and answers with `tool_calls` it parsed from the completion.
-Unknown extra fields are ignored, as vLLM does. Responses carry what the official `openai` client
+Fields neither OpenAI nor vLLM defines are ignored, as vLLM 0.33 does (its request models allow
+extra fields and only log them: entrypoints/serve/engine/protocol.py, OpenAIBaseModel); vLLM's
+own sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
+bad_words, allowed_token_ids, use_beam_search, ...) are declared here, so that one set to
+anything but its neutral value is refused rather than ignored. Responses carry what the official `openai` client
 and vLLM clients read, including vLLM's extras: `prompt_token_ids` on the response and
 `token_ids` on the choice (`return_token_ids`), and logprob tokens written `token_id:N`
 (`return_tokens_as_token_ids`).
@@ -94,6 +98,17 @@ class ChatCompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None
     top_k: int | None = None
     min_p: float | None = None
+    # vLLM's other sampling fields: refused unless neutral (vLLM would honour them)
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    prompt_logprobs: int | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -222,23 +237,61 @@ def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> 
         "top_k": (None, 0, -1),
         "min_p": (None, 0, 0.0),
     }
-    for field, allowed in neutral.items():
+    vllm_neutral = {
+        "use_beam_search": (None, False),
+        "length_penalty": (None, 1, 1.0),
+        "min_tokens": (None, 0),
+        "ignore_eos": (None, False),
+        "include_stop_str_in_output": (None, False),
+        "prompt_logprobs": (None,),
+    }
+    for field, allowed in {**neutral, **vllm_neutral}.items():
         if getattr(body, field) not in allowed:
             raise ServeError(400, f"{field} is not supported by this server (only its neutral value)", param=field)
+    for field in ("stop_token_ids", "bad_words", "allowed_token_ids", "structured_outputs"):
+        if getattr(body, field):
+            raise ServeError(400, f"{field} is not supported by this server", param=field)
     if body.logit_bias:
         raise ServeError(400, "logit_bias is not supported by this server", param="logit_bias")
     if body.response_format and body.response_format.get("type", "text") != "text":
         raise ServeError(400, "response_format: only plain text responses are supported", param="response_format")
 
 
+NEUTRAL_DEFAULTS = {"top_k": (0, -1), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0)}
+NEUTRAL_DEFAULTS.update({"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0)})
+
+
+def _refuse_unappliable_defaults(body: ChatCompletionRequest, defaults: dict[str, float]) -> None:
+    """vLLM applies the model's generation_config.json to every field a request does not send;
+    this server's engine cannot apply a top_k, min_p or penalty, so a request that would get one
+    is refused, naming the way out."""
+    for field, neutral in NEUTRAL_DEFAULTS.items():
+        value = defaults.get(field)
+        if getattr(body, field) is None and value is not None and value not in neutral:
+            raise ServeError(
+                400,
+                f"{field}: the model's generation_config.json sets {field}={value}, which vLLM applies to a request "
+                f"that does not send {field} and this server cannot apply: send {field} (its neutral value), or "
+                "serve with --generation-config vllm",
+                param=field,
+            )
+
+
 def to_generation(
-    body: ChatCompletionRequest, max_new_tokens: int, tool_turns: ToolTurns | None = None
+    body: ChatCompletionRequest,
+    max_new_tokens: int,
+    tool_turns: ToolTurns | None = None,
+    defaults: dict[str, float] | None = None,
 ) -> tuple[GenerationRequest, SamplingParams]:
     """The request as our GenerationRequest + SamplingParams (ServeError 400 when it cannot be
     served exactly). `max_new_tokens` applies when the body sets neither max token field.
     With `tool_turns`, `tools` and `tool_choice` are accepted and the conversation's tool turns
-    written as text (the caller shows the tools to the model: `tool_schemas`)."""
+    written as text (the caller shows the tools to the model: `tool_schemas`). `defaults`: the
+    values of fields the body does not send (vLLM's --generation-config auto; ServedModels's
+    `sampling_defaults`), else OpenAI's."""
+    defaults = defaults or {}
     _refuse_unless_neutral(body, tools=tool_turns is not None)
+    _refuse_unappliable_defaults(body, defaults)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = None if body.seed is None else body.seed % SEED_RANGE  # negative seeds wrap, as 64-bit integers do
     request = GenerationRequest(
@@ -248,8 +301,8 @@ def to_generation(
         seed=seed,
     )
     sampling = SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        temperature=defaults.get("temperature", DEFAULT_TEMPERATURE) if body.temperature is None else body.temperature,
+        top_p=defaults.get("top_p", 1.0) if body.top_p is None else body.top_p,
     )
     return request, sampling
 

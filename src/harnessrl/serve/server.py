@@ -23,15 +23,16 @@ def _served_models(
     served_model_name: str | None,
     max_loras: int,
     dtype: str,
+    options: dict,
 ) -> tuple[ServedModels, bool]:
     """(the models, whether the caller of this function must close them)."""
     if isinstance(model, ServedModels):
         return model, False
     if isinstance(model, HFPolicy):
-        return ServedModels(model, served_model_name, max_loras=max_loras, owns_base=False), True
+        return ServedModels(model, served_model_name, max_loras=max_loras, owns_base=False, **options), True
     if isinstance(model, str):
         return ServedModels.from_spec(
-            model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype
+            model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype, **options
         ), True
     raise TypeError(f"serving() takes a model spec, an HFPolicy or ServedModels, not a {type(model).__name__}")
 
@@ -125,6 +126,9 @@ def serving(
     port: int = 0,
     lora_modules: dict[str, str] | None = None,
     log_level: str = "warning",
+    max_lora_rank: int = 16,
+    generation_config: str = "vllm",
+    logprobs_mode: str = "processed_logprobs",
 ) -> Iterator[str]:
     """Serve `model` over OpenAI's chat completions API from a background thread; yields the
     base URL, e.g. ``http://127.0.0.1:41234/v1`` (for `openai.OpenAI(base_url=...)` or the
@@ -136,7 +140,9 @@ def serving(
     serve the policy it trains: the engine drops cached prefixes when the weights change), or a
     ServedModels. `port=0` takes a free port. `lora_modules`: {name: adapter folder} loaded
     before the server starts; more can be loaded through POST /v1/load_lora_adapter. Adapters
-    are closed on exit.
+    are closed on exit. `max_lora_rank`, `generation_config` ("vllm" or "auto") and
+    `logprobs_mode` ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names
+    (ServedModels; ignored when `model` is a ServedModels, which has its own).
 
     The server stops when the block ends: it stops accepting connections, gives requests in
     flight up to a few seconds, and the thread is joined.
@@ -147,7 +153,10 @@ def serving(
     """
     from harnessrl.serve.app import create_app
 
-    models, owned = _served_models(model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype)
+    options = {"max_lora_rank": max_lora_rank, "generation_config": generation_config, "logprobs_mode": logprobs_mode}
+    models, owned = _served_models(
+        model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype, options=options
+    )
     try:
         for name, path in (lora_modules or {}).items():
             models.load_adapter(name, path)
