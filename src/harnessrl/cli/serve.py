@@ -24,9 +24,10 @@ def _lora_modules(values: list[str]) -> dict[str, str]:
     return modules
 
 
-def _served(model: str, served_model_name: str | None, max_loras: int, dtype: str, device: str):
+def _served(model: str, served_model_name: str | None, max_loras: int, dtype: str, device: str, **options):
     """The local model `model` loaded on `device` in `dtype`, as the server's models (ValueError
-    for a spec that is not a local model, as ServedModels.from_spec)."""
+    for a spec that is not a local model, as ServedModels.from_spec, which takes no device);
+    `options`: the other keywords of ServedModels."""
     from harnessrl.models import MODEL_NAMES, check_spec, load_policy
     from harnessrl.serve import ServedModels
     from harnessrl.serve.models import LOCAL_ONLY
@@ -36,7 +37,7 @@ def _served(model: str, served_model_name: str | None, max_loras: int, dtype: st
         raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
     check_spec(spec, option="--model")
     policy = load_policy(spec, dtype=dtype, device=device)
-    return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True)
+    return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
 
 
 def serve_cmd(
