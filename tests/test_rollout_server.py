@@ -14,6 +14,7 @@ from test_trainer import BASE, SPECS, TextScore, lines
 
 from harnessrl.serve import serving
 from harnessrl.store import RunStore
+from harnessrl.train.rollout_server import ADAPTERS_DIR
 from harnessrl.train.trainer import Trainer, TrainError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -62,9 +63,13 @@ def test_every_model_call_records_the_policy_version_that_sampled_it(runs):
         step = t.attempt // G
         for s in t.steps:
             assert s.model_call.policy_version == updated_before[step] and s.model_call.completion_ids
-    # the adapter the server loaded last is the one the trainer saved after its last update
-    assert (root / "served" / "rollout-adapter" / "adapter_config.json").is_file()
+    # every version had a folder of its own; at the end only the last one published is left (the
+    # others were unloaded and deleted once idle): the one the last step's rollouts came from
+    folders = list((root / "served" / ADAPTERS_DIR).iterdir())
+    assert [f.name.split("-")[0] for f in folders] == [f"v{updated_before[-1]}"]
+    assert (folders[0] / "adapter_config.json").is_file()
     config = json.loads((root / "served" / "config.json").read_text())
+    assert config["rollout_probe"]["max_abs_diff"] < 1e-4  # fp32 on both sides of the probe
     assert config["rollout_servers"] and config["rollout_servers"][0].startswith("http://127.0.0.1:")
 
 

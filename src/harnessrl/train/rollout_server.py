@@ -1,7 +1,7 @@
 """GRPO's rollouts on OpenAI-compatible servers (`harnessrl train grpo --rollout-server URL`).
 
 The trainer keeps its own copy of the model and its LoRA adapter: it computes every log-prob the
-loss uses itself (`Trainer._recompute_old_logprobs`), so a server only has to sample, from
+loss uses itself (`harnessrl.train.update.recompute_old_logprobs`), so a server only has to sample, from
 exactly the distribution the trainer recomputes. Three things make that true on vLLM (docs/scale.md):
 
 **Every policy version under a name and a path never used before** (`publish`). Before the
@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 ADAPTER_PREFIX = "harnessrl-policy"  # adapter names: harnessrl-policy-{run_id}-v{version}
 ADAPTERS_DIR = "rollout-adapters"  # OUT/<this>/v{version}-{run_id}: the folders the servers load
-ADAPTER_DIR = "rollout-adapter"  # where a trainer that saves the adapter itself puts it (load_adapter)
 LOAD_TIMEOUT_S = 300.0
 _RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
@@ -388,12 +387,6 @@ class RolloutServers(Policy):
         self.version = version
         self.release()
         return time.perf_counter() - t0
-
-    def load_adapter(self, folder: Path, version: int) -> None:
-        """`publish` for a caller that wrote the adapter into `folder` itself: it is copied into
-        the version's own folder (beside `folder`), never loaded in place from `folder`."""
-        source = Path(folder)
-        self.publish(lambda dest: shutil.copytree(source, dest), source.parent, version)
 
     def release(self) -> list[int]:
         """Remove from every server, and delete the folder of, each version this process

@@ -231,7 +231,8 @@ class Trainer:
         from harnessrl.rollout import Runner
 
         cfg = self.config
-        policy = lora.load_local_policy(cfg.model, TrainError)
+        # on --device in --dtype; a device this machine lacks, or a model that will not fit, is one line
+        policy = lora.load_local_policy(cfg.model, TrainError, device=cfg.device, dtype=cfg.dtype, training=cfg)
         # LoRA in policy.model itself: generation uses the adapter; eval mode throughout (no dropout,
         # see the module docstring)
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, TrainError)
@@ -243,10 +244,12 @@ class Trainer:
         self._weights_version = 0  # optimizer steps behind the weights as they are (see _sync_servers)
         self.servers = None
         if cfg.rollout_servers:
-            from harnessrl.train.rollout_server import RolloutServerError, RolloutServers
+            from harnessrl.train.rollout_server import RolloutServerError, RolloutServers, new_run_id
 
+            # the adapters' names and folders are those of this launch, the same in every process
+            run_id = self.dist.broadcast_object(new_run_id() if self.dist.is_main else None)
             try:
-                self.servers = RolloutServers(cfg.rollout_servers, max_concurrency=cfg.max_in_flight)
+                self.servers = RolloutServers(cfg.rollout_servers, run_id=run_id, max_concurrency=cfg.max_in_flight)
                 self.servers.check()
             except (ValueError, RolloutServerError) as e:
                 raise TrainError(str(e)) from None
@@ -461,23 +464,35 @@ class Trainer:
         }
 
     def _sync_servers(self) -> float:
-        """With --rollout-server: the adapter as it is now, saved into OUT/rollout-adapter and
-        loaded in place by every server, unless they hold it already; returns the seconds spent."""
+        """With --rollout-server: the adapter as it is now, published to every server under a name
+        and from a folder never used before (vLLM keys its prefix cache by both: an in-place
+        reload would keep serving keys and values of older weights), unless they hold it already.
+        Before the run's first rollout the servers are also probed: their log-probs must be the
+        trainer's own at the run's temperature (`RolloutServers.probe`, recorded in config.json
+        as rollout_probe). Returns the seconds spent."""
         if self.servers is None:
             return 0.0
-        from harnessrl.train.rollout_server import ADAPTER_DIR, RolloutServerError
+        from harnessrl.train.rollout_server import RolloutServerError, teacher_forced
 
         version = self._weights_version
         if self.servers.version == version:
             return 0.0
+        first = self.servers.version is None
         t0 = time.perf_counter()
-        # One process writes and reloads (all hold the same weights); the others wait for it.
+        # One process writes and loads (all hold the same weights); the others wait for it.
         error = None
         if self.dist.is_main:
-            folder = self.out / ADAPTER_DIR
-            self.peft_model.save_pretrained(str(folder))
             try:
-                self.servers.load_adapter(folder, version)
+                self.servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
+                if first:
+                    # a harness that sends its tools natively needs the server's tool calling
+                    native = any(getattr(getattr(s, "protocol", None), "native_tools", False) for s in self.specs)
+                    with self.policy.paused():
+                        report = self.servers.probe(
+                            teacher_forced(self.peft_model), self.config.temperature, native_tools=native
+                        )
+                    self.folder.record(rollout_probe=report.as_dict())
+                    self._say(f"rollout servers probed: log-probs within {report.max_abs_diff:.2g} of the trainer's")
             except RolloutServerError as e:
                 error = str(e)
         error = self.dist.agree(error)
@@ -600,6 +615,8 @@ class Trainer:
         if main and not (self.out / "checkpoint").exists():
             self.save_checkpoint()
         adapter = self.save_adapter() if main else self.out / "adapter"
+        if self.servers is not None and main:
+            self.servers.release()  # the old versions still loaded and their folders; the last stays
         self.policy.close()  # the engine thread (a later use of the policy starts a new one)
         if self.tb is not None:
             self.tb.close()
