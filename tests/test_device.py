@@ -139,8 +139,9 @@ def _one_line_error(result, *needles: str) -> None:
         ["train", "sft", "--model", "tiny-random", "--sample", "1", "--sample-suite", "toolcalc"]
         + ["--sample-tasks", "1", "--as-harness", "json-tools"],
         ["serve", "--model", "tiny-random"],
+        ["train", "grpo", "--model", "tiny-random", "--suite", "toolcalc", "--harnesses", "json-tools,react"],
     ],
-    ids=["eval", "evolve", "study", "sft", "serve"],
+    ids=["eval", "evolve", "study", "sft", "serve", "grpo"],
 )
 def test_every_job_refuses_a_device_this_machine_lacks_in_one_line_before_any_work(tmp_path, monkeypatch, command):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

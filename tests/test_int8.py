@@ -213,12 +213,3 @@ def test_serving_int8_refuses_lora_adapters(tokenizer, tmp_path):
         app, ["serve", "--model", "tiny-random", "--dtype", "int8", "--lora-modules", f"a={tmp_path}"]
     )
     assert result.exit_code == 2 and "--dtype float32 or bfloat16" in result.output
-
-
-@pytest.mark.parametrize("command", [["train", "grpo"], ["train", "sft"], ["evolve"], ["study"]])
-def test_training_and_evolution_take_no_dtype(command):
-    """They keep the float32 model: --dtype is not an option of theirs."""
-    from harnessrl.cli import app
-
-    result = CliRunner().invoke(app, [*command, "--dtype", "int8"])
-    assert result.exit_code == 2 and "--dtype" in result.output

@@ -63,7 +63,7 @@ from harnessrl.types import Trajectory
 
 # Options a resume may change: a longer search continues, a shorter one goes on to the held-out
 # test once that many iterations are done.
-RESUMABLE_CHANGES = ("iterations",)
+RESUMABLE_CHANGES = ("iterations", "device")
 STATE = "state.json"
 LOG = "evolution.jsonl"
 BEST = "best_harness.yaml"

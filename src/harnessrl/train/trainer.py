@@ -118,8 +118,10 @@ __all__ = [
 
 # Options that may change when a run is resumed: none changes what the next steps compute
 # (`processes`, the number of training processes, changes only float rounding; which servers
-# sample the rollouts changes nothing either: per-request seeds, same weights).
-RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers")
+# sample the rollouts changes nothing either: per-request seeds, same weights; `device` changes
+# float rounding only, and gradient checkpointing recomputes the same activations; a different
+# dtype is refused: it changes what every step computes).
+RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers", "device", "gradient_checkpointing")
 
 
 class TrainError(ValueError):
@@ -190,8 +192,12 @@ class Trainer:
         self.resume = resume
         self.progress = progress
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
+        try:  # the device as it resolves here (a device this machine lacks: refused before any work)
+            options = lora.precision_record(config.to_dict())
+        except ValueError as e:
+            raise TrainError(str(e)) from None
         record = {
-            **config.to_dict(),
+            **options,
             "harness_specs": {s.name: s.to_dict() for s in self.specs},
             "processes": self.dist.world_size,
         }
