@@ -540,3 +540,35 @@ def test_cli_help_and_refusals():
     assert remote.exit_code == 2 and "local models only" in remote.output
     bad = runner.invoke(app, ["serve", "--model", "tiny-random", "--lora-modules", "nopath"])
     assert bad.exit_code == 2 and "NAME=PATH" in bad.output
+
+
+def test_cli_takes_vllms_sampling_and_lora_rank_options_and_refuses_values_vllm_refuses():
+    from harnessrl.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--help"])
+    for flag in ("--max-lora-rank", "--generation-config", "--logprobs-mode"):
+        assert flag in result.output
+    for args, message in (
+        (["--max-lora-rank", "24"], "--max-lora-rank must be one of 1, 8, 16, 32"),
+        (["--generation-config", "model"], "--generation-config must be auto or vllm"),
+        (["--logprobs-mode", "processed"], "--logprobs-mode must be raw_logprobs or processed_logprobs"),
+    ):
+        bad = runner.invoke(app, ["serve", "--model", "tiny-random", *args])
+        assert bad.exit_code == 2 and message in bad.output, bad.output
+
+
+def test_cli_options_reach_the_served_models(monkeypatch):
+    import harnessrl.serve as serve_module
+    from harnessrl.cli import app
+
+    seen = {}
+
+    def capture(models, **kwargs):
+        seen.update(rank=models.max_lora_rank, config=models.generation_config, mode=models.logprobs_mode)
+
+    monkeypatch.setattr(serve_module, "run_server", capture)
+    args = ["serve", "--model", "tiny-random", "--max-lora-rank", "32", "--generation-config", "auto"]
+    result = CliRunner().invoke(app, [*args, "--logprobs-mode", "raw_logprobs"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"rank": 32, "config": "auto", "mode": "raw_logprobs"}

@@ -55,6 +55,26 @@ def serve_cmd(
     lora_modules: Annotated[
         Optional[list[str]], typer.Option(help="NAME=PATH: a peft adapter folder to load at start (repeatable)")
     ] = None,
+    max_lora_rank: Annotated[
+        int,
+        typer.Option(
+            help="highest LoRA rank an adapter may have (vLLM's choices: 1, 8, 16, 32, 64, 128, 256, 320, 512)"
+        ),
+    ] = 16,
+    generation_config: Annotated[
+        str,
+        typer.Option(
+            help="vllm: a sampling field a request does not send takes the neutral default; auto (vLLM's default): "
+            "it takes the model folder's generation_config.json value"
+        ),
+    ] = "vllm",
+    logprobs_mode: Annotated[
+        str,
+        typer.Option(
+            help="processed_logprobs: log-probs of the distribution sampled from (temperature applied); "
+            "raw_logprobs (vLLM's default): of the untempered logits"
+        ),
+    ] = "processed_logprobs",
     log_level: Annotated[
         str, typer.Option(help="the server's log level: critical, error, warning, info, debug, trace")
     ] = "info",
@@ -71,6 +91,14 @@ def serve_cmd(
     device, dtype = device_spec(device), inference_dtype_spec(dtype)
     if dtype == "int8" and lora_modules:
         fail("--lora-modules: LoRA adapters are merged into float weights; serve with --dtype float32 or bfloat16")
+    from harnessrl.serve.models import GENERATION_CONFIGS, LOGPROBS_MODES, MAX_LORA_RANKS
+
+    if max_lora_rank not in MAX_LORA_RANKS:
+        fail(f"--max-lora-rank must be one of {', '.join(map(str, MAX_LORA_RANKS))}, got {max_lora_rank}")
+    if generation_config not in GENERATION_CONFIGS:
+        fail(f"--generation-config must be {' or '.join(GENERATION_CONFIGS)}, got {generation_config!r}")
+    if logprobs_mode not in LOGPROBS_MODES:
+        fail(f"--logprobs-mode must be {' or '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if max_loras < len(lora_modules or []):
@@ -85,7 +113,16 @@ def serve_cmd(
     except DeviceUnavailable as e:
         fail(str(e))
     try:
-        models = _served(model, served_model_name, max_loras, dtype, str(where))
+        models = _served(
+            model,
+            served_model_name,
+            max_loras,
+            dtype,
+            str(where),
+            max_lora_rank=max_lora_rank,
+            generation_config=generation_config,
+            logprobs_mode=logprobs_mode,
+        )
     except (ValueError, ModelUnavailable, OSError) as e:
         fail(f"cannot serve {model!r}: {e}")
     try:
