@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,11 @@ def attach(policy, config, error: type[Exception]) -> tuple[Any, list[torch.nn.P
         task_type="CAUSAL_LM",
     )
     try:
-        with torch.random.fork_rng(devices=[]):  # the LoRA init depends only on the seed
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # the LoRA init depends only on the seed
             torch.manual_seed(config.seed)
+            # peft reads transformers' deprecated is_gradient_checkpointing: a FutureWarning on every
+            # training run that the user can do nothing about
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             peft_model = get_peft_model(policy.model, lora)
     except ValueError as e:
         raise error(
