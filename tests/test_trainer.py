@@ -129,6 +129,7 @@ BASE = TrainConfig(
     checkpoint_every=5,
     eval_every=2,
     eval_tasks=2,
+    device="cpu",  # every trainer test is a `train grpo --device cpu` run (auto would pick a GPU where one is)
 )
 
 
