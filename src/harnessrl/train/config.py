@@ -112,6 +112,21 @@ class TrainConfig:
         0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)"
     )
     scale_advantages: bool = Field(True, description="divide advantages by the group std (off: Dr. GRPO)")
+    # The sampler (bf16 vLLM, int8, 4-bit llama.cpp) is never exactly the float32 trainer
+    # (docs/training.md, "Rollout-trainer mismatch and truncated importance sampling").
+    rollout_correction: str = Field(
+        "none",
+        description="none, or tis: weight each policy-gradient term by the truncated ratio trainer / sampler",
+    )
+    tis_cap: float = Field(2.0, ge=1, allow_inf_nan=False, description="upper cap of the TIS weight (>= 1)")
+    tis_level: str = Field("token", description="token (one TIS weight per token) or sequence (one per model call)")
+    mismatch_ratio: float = Field(
+        2.0,
+        gt=1,
+        allow_inf_nan=False,
+        description="a token counts as mismatched (rollout_mismatch_frac) when trainer / sampler probability is "
+        "above this or below its inverse",
+    )
     sketch_dim: int = Field(512, ge=1, description="dimension of the gradient sketch")
     sketch_kind: str = Field("countsketch", description="countsketch or gaussian")
     checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
@@ -132,6 +147,8 @@ class TrainConfig:
     _lists = field_validator("harnesses", "lora_targets", "rollout_servers", mode="before")(comma_list)
     _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
     _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
+    _rollout_correction = field_validator("rollout_correction")(_one_of("none", "tis"))
+    _tis_level = field_validator("tis_level")(_one_of("token", "sequence"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
 
     def to_dict(self) -> dict[str, Any]:

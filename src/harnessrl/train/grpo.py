@@ -4,8 +4,10 @@ One optimizer step, read top to bottom:
 
     rewards [G, n]  --group_advantages-->  one advantage per episode
     trajectories    --units_from_trajectories-->  one TrainingUnit per model call
-    units           --pad_units-->  input_ids, attention_mask, completion_mask, old_logprobs, advantages
+    units           --pad_units-->  input_ids, attention_mask, completion_mask, old_logprobs,
+                                    sampler_logprobs, advantages
     model, batch    --token_logprobs-->  log pi(token) for every completion token
+    old, sampler    --truncated_is_weights-->  optional per-token weights (rollout-trainer mismatch)
     everything      --grpo_loss-->  scalar loss (and a few numbers to log)
 
 Training units are per model call, not per episode: each call's (prompt ids, completion ids,
@@ -24,6 +26,7 @@ and 0 elsewhere.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -64,10 +67,22 @@ class TrainingUnit:
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    old_logprobs: list[float]  # log-prob of each completion token under the sampling policy
+    # log-prob of each completion token under the policy the ratio is taken against: the sampler's
+    # as recorded by the rollout, replaced by the trainer's own recomputation before the update
+    # (`harnessrl.train.update.recompute_old_logprobs`)
+    old_logprobs: list[float]
     advantage: float
     harness: str
     episode_id: str
+    # The sampler's own log-probs, kept when old_logprobs are replaced by the trainer's: the engine
+    # that sampled (bf16 vLLM, int8, a 4-bit llama.cpp) is never exactly the float32 trainer, and
+    # the gap is measured and optionally corrected (truncated importance sampling). None: the
+    # old_logprobs are still the sampler's.
+    sampler_logprobs: list[float] | None = None
+
+    def sampled_logprobs(self) -> list[float]:
+        """The sampler's log-prob of each completion token, whether or not old_logprobs were recomputed."""
+        return self.old_logprobs if self.sampler_logprobs is None else self.sampler_logprobs
 
 
 def units_from_trajectories(
@@ -112,10 +127,12 @@ def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
     """Right-pad prompt + completion of each unit into one batch.
 
     Returns input_ids [B, T] (long), attention_mask [B, T] (1 on real tokens), completion_mask
-    [B, T] (1 on completion tokens only), old_logprobs [B, T] (at the completion positions, 0
-    elsewhere) and advantages [B]. Right padding keeps every real token at position = its index,
-    which is what the model saw during generation (HF derives positions from the attention mask
-    under the left padding it uses there).
+    [B, T] (1 on completion tokens only), old_logprobs and sampler_logprobs [B, T] (at the
+    completion positions, 0 elsewhere; sampler_logprobs equal old_logprobs for a unit whose
+    old_logprobs were never recomputed, `TrainingUnit.sampled_logprobs`) and advantages [B].
+    Right padding keeps every real token at position = its index, which is what the model saw
+    during generation (HF derives positions from the attention mask under the left padding it
+    uses there).
     """
     if not units:
         raise ValueError("no training units to pad")
@@ -124,24 +141,29 @@ def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
             raise ValueError(f"episode {u.episode_id!r}: a training unit needs a non-empty prompt")
         if not u.completion_ids or len(u.old_logprobs) != len(u.completion_ids):
             raise ValueError(f"episode {u.episode_id!r}: need one old logprob per completion token (and >= 1 token)")
+        if len(u.sampled_logprobs()) != len(u.completion_ids):
+            raise ValueError(f"episode {u.episode_id!r}: need one sampler logprob per completion token")
     T = max(len(u.prompt_ids) + len(u.completion_ids) for u in units)
     B = len(units)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, T), dtype=torch.long)
     completion_mask = torch.zeros((B, T), dtype=torch.float)
     old_logprobs = torch.zeros((B, T), dtype=torch.float)
+    sampler_logprobs = torch.zeros((B, T), dtype=torch.float)
     for row, u in enumerate(units):
         p, c = len(u.prompt_ids), len(u.completion_ids)
         input_ids[row, : p + c] = torch.tensor(u.prompt_ids + u.completion_ids, dtype=torch.long)
         attention_mask[row, : p + c] = 1
         completion_mask[row, p : p + c] = 1.0
         old_logprobs[row, p : p + c] = torch.tensor(u.old_logprobs, dtype=torch.float)
+        sampler_logprobs[row, p : p + c] = torch.tensor(u.sampled_logprobs(), dtype=torch.float)
     advantages = torch.tensor([u.advantage for u in units], dtype=torch.float)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "completion_mask": completion_mask,
         "old_logprobs": old_logprobs,
+        "sampler_logprobs": sampler_logprobs,
         "advantages": advantages,
     }
 
@@ -223,14 +245,20 @@ def grpo_loss(
     aggregation: Literal["token-mean", "seq-mean"] = "token-mean",
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
+    pg_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped policy-gradient loss of GRPO, with DAPO's asymmetric clip and token-mean by default.
 
     Per completion token t of sequence b (A_b = the sequence's advantage):
 
         ratio  = exp(logp - old_logp)
-        loss_t = -min(ratio * A_b, clip(ratio, 1 - clip_low, 1 + clip_high) * A_b)
+        loss_t = -w_t * min(ratio * A_b, clip(ratio, 1 - clip_low, 1 + clip_high) * A_b)
                + kl_coef * (exp(ref - logp) - (ref - logp) - 1)        [only with ref_logprobs]
+
+    w_t = pg_weights[b, t], a per-token weight of the policy-gradient term only (not of the KL
+    term), treated as a constant (detached: no gradient flows through it). The trainer passes the
+    truncated importance-sampling weights of `truncated_is_weights` there, which correct for the
+    sampler not being the trainer; None (the default) is w_t = 1: the loss exactly as without it.
 
     The KL term is the k3 estimator of KL(pi || ref) (Schulman): non-negative, unbiased, zero
     when logp == ref. Off by default (kl_coef = 0), as in DAPO and Dr. GRPO.
@@ -263,6 +291,8 @@ def grpo_loss(
     unclipped = ratio * A
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * A
     per_token = -torch.minimum(unclipped, clipped)
+    if pg_weights is not None:
+        per_token = per_token * pg_weights.detach().to(per_token.dtype)
 
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None:
@@ -285,6 +315,46 @@ def grpo_loss(
             "kl": float((kl * mask).sum() / n_tokens),
         }
     return loss, stats
+
+
+def truncated_is_weights(
+    old_logprobs: Tensor,
+    sampler_logprobs: Tensor,
+    completion_mask: Tensor,
+    cap: float = 2.0,
+    level: Literal["token", "sequence"] = "token",
+) -> tuple[Tensor, Tensor]:
+    """Truncated importance-sampling (TIS) weights of the policy-gradient term: the tokens were
+    drawn from the sampler (a bf16 / int8 / 4-bit engine), the loss is of the trainer's policy.
+
+    With log r_t = old_logp_t - sampler_logp_t (the trainer's log-prob of the sampled token,
+    recomputed before the update, minus the sampler's; M = completion_mask):
+
+        "token":     w_t = min(r_t, cap)                                   one weight per token
+        "sequence":  w_b = min(prod_t r_t, cap) = exp(min(sum_t M * log r_t, log cap))
+                     on every token of the sequence
+
+    Returns (weights [B, T], capped [B, T] bool): weights are 0 off the completion tokens, capped
+    marks the completion tokens whose weight is the cap (their ratio reached it). The sequence
+    weight is computed in log space so a long completion's product can't overflow. The cap bounds
+    the variance the few tokens the sampler under-rates would add (Yao et al. 2025 use 2); the
+    token level is biased but low-variance, the sequence level is the exact sequence ratio below
+    the cap. No gradient: the weights are constants of the loss.
+    """
+    if cap < 1:
+        raise ValueError(f"the TIS cap must be >= 1 (a cap below 1 scales down even on-policy tokens), got {cap}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
+    with torch.no_grad():
+        is_token = completion_mask > 0
+        # padding zeroed before exp, as in grpo_loss: junk there never overflows into inf * 0 = NaN
+        log_r = torch.where(is_token, old_logprobs.float() - sampler_logprobs.float(), torch.zeros_like(old_logprobs))
+        if level == "sequence":
+            log_r = log_r.sum(dim=1, keepdim=True).expand_as(log_r)
+        log_cap = math.log(cap)
+        capped = (log_r >= log_cap) & is_token
+        weights = torch.where(is_token, torch.exp(torch.clamp(log_r, max=log_cap)), torch.zeros_like(log_r))
+    return weights, capped
 
 
 def split_mini_batches(units: list[TrainingUnit], n: int, seed: str) -> list[list[TrainingUnit]]:

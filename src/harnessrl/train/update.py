@@ -2,9 +2,11 @@
 of mini_batches mini-steps, each accumulated over micro-batches, sketched, clipped and stepped.
 
     update_policy(ctx, units, step)
-        recompute_old_logprobs              no-grad teacher-forced pass on the sampling weights
+        recompute_old_logprobs              no-grad teacher-forced pass on the sampling weights; the
+                                            sampler's log-probs are kept and compared (RolloutMismatch)
         for each epoch, for each mini-batch:
             accumulate_gradient             micro-batches -> token_logprobs -> grpo_loss -> backward
+                                            (--rollout-correction tis: truncated_is_weights in the loss)
             (several processes: all_reduce_gradient sums the LoRA gradient)
             sketch (first pass only), clip, AdamW step
 
@@ -31,7 +33,7 @@ import torch
 
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import local_mini_batches
-from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs
+from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs, truncated_is_weights
 from harnessrl.train.progress import mean
 from harnessrl.train.sketch import GradientSketch
 
@@ -112,6 +114,14 @@ class UpdateResult:
     sketch: torch.Tensor | None = None
     rollout_logprob_diff_max: float | None = None
     rollout_logprob_diff_mean: float | None = None
+    # the sampler against the trainer on the trained tokens (`RolloutMismatch`); tis_* only with
+    # --rollout-correction tis
+    rollout_log_ratio_mean: float | None = None
+    rollout_kl_mean: float | None = None
+    rollout_kl_max: float | None = None
+    rollout_mismatch_frac: float | None = None
+    tis_weight_mean: float | None = None
+    tis_capped_frac: float | None = None
     time_backward: float = 0.0
     time_sketch: float = 0.0
     time_optimizer: float = 0.0
@@ -136,7 +146,7 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
     """
     cfg, dist = ctx.config, ctx.dist
     t0 = time.perf_counter()
-    units, drift_max, drift_mean = recompute_old_logprobs(ctx, units)
+    units, mismatch = recompute_old_logprobs(ctx, units)
     t_old = time.perf_counter() - t0
     sizes = dist.all_gather_object((len(units), sum(len(u.completion_ids) for u in units)))
     n_units, batch_tokens = sum(n for n, _ in sizes), sum(t for _, t in sizes)
@@ -208,46 +218,120 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
         units_trained=units_trained,
         padded_tokens=padded_tokens,
         sketch=sketch,
-        rollout_logprob_diff_max=drift_max,
-        rollout_logprob_diff_mean=drift_mean,
+        rollout_logprob_diff_max=mismatch.logprob_diff_max,
+        rollout_logprob_diff_mean=mismatch.logprob_diff_mean,
+        rollout_log_ratio_mean=mismatch.log_ratio_mean,
+        rollout_kl_mean=mismatch.kl_mean,
+        rollout_kl_max=mismatch.kl_max,
+        rollout_mismatch_frac=mismatch.mismatch_frac,
+        tis_weight_mean=mismatch.tis_weight_mean,
+        tis_capped_frac=mismatch.tis_capped_frac,
         time_backward=t_backward + t_old,
         time_sketch=t_sketch,
         time_optimizer=t_opt,
     )
 
 
-def recompute_old_logprobs(
-    ctx: UpdateContext, units: list[TrainingUnit]
-) -> tuple[list[TrainingUnit], float | None, float | None]:
+@dataclass
+class RolloutMismatch:
+    """How far the sampler's distribution was from the trainer's, on the tokens the update trains.
+
+    Per sampled completion token y_t (drawn from the sampler), with
+    log r_t = log p_trainer(y_t) - log p_sampler(y_t) (the trainer's recomputed old log-prob
+    minus the rollout's recorded one, both at the run temperature):
+
+        logprob_diff_max / _mean   max / mean of |log r_t|
+        log_ratio_mean             mean of log r_t (its negative is the k1 estimate of
+                                   KL(sampler || trainer): unbiased, but of either sign per token)
+        kl_mean / kl_max           mean / max of k3_t = r_t - 1 - log r_t: on tokens drawn from the
+                                   sampler E[r - 1] = 0, so the mean is an unbiased estimate of
+                                   KL(sampler || trainer) per token, and every k3_t >= 0
+        mismatch_frac              share of tokens with |log r_t| > log(mismatch_ratio): the
+                                   trainer finds the token over mismatch_ratio times more (or less)
+                                   likely than the sampler did
+        tis_weight_mean            mean TIS weight over the tokens (`truncated_is_weights`, a
+                                   sequence's weight counted on each of its tokens)
+        tis_capped_frac            share of tokens whose weight is the cap
+
+    Over every process's trained units. Everything None when no token was trained; the tis_*
+    values also without --rollout-correction tis. Float32 sampling by the trainer's own weights
+    gives values around 1e-6 (engine rounding); an int8 / bf16 / 4-bit sampler does not.
+    """
+
+    logprob_diff_max: float | None = None
+    logprob_diff_mean: float | None = None
+    log_ratio_mean: float | None = None
+    kl_mean: float | None = None
+    kl_max: float | None = None
+    mismatch_frac: float | None = None
+    tis_weight_mean: float | None = None
+    tis_capped_frac: float | None = None
+
+
+def recompute_old_logprobs(ctx: UpdateContext, units: list[TrainingUnit]) -> tuple[list[TrainingUnit], RolloutMismatch]:
     """The units with their old log-probs recomputed by a no-grad teacher-forced pass on the
-    current weights (the weights that sampled them), and how far the rollout's recorded log-probs
-    were from these (max and mean absolute difference over the recomputed tokens; None when none).
+    current weights (the weights that sampled them, up to the sampling engine's precision), the
+    sampler's own log-probs kept beside them (`TrainingUnit.sampler_logprobs`), and how far the
+    two were apart (`RolloutMismatch`).
 
     Only the units the loss will forward are recomputed; the others keep the rollout's numbers,
     which nothing reads. Same micro-batches as the loss, in eval mode (no dropout); the order of
     the units is kept."""
     cfg = ctx.config
+    tis = cfg.rollout_correction == "tis"
+    log_threshold = math.log(cfg.mismatch_ratio)
     recomputed: dict[int, list[float]] = {}
-    diff_max, diff_sum, tokens = 0.0, 0.0, 0
+    # per process: tokens, then sums (|log r|, log r, k3, tokens over the threshold, TIS weight,
+    # capped tokens) and maxima (|log r|, k3)
+    tokens, sums, maxima = 0, [0.0] * 6, [0.0, 0.0]
     ctx.model.eval()
     with torch.no_grad():
         for mb in micro_batches(ctx.active(units), cfg.micro_batch):
             batch = padded_batch(mb, ctx.pad_id, ctx.device)
             logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
-            old = batch["old_logprobs"].float()
+            mask = batch["completion_mask"] > 0
+            # float64, and expm1 for r - 1: k3 of a ~1e-7 log-ratio is ~1e-14, not float32 noise
+            log_r = (logprobs.double() - batch["sampler_logprobs"].double())[mask]
+            k3 = (torch.expm1(log_r) - log_r).clamp(min=0.0)
+            tokens += int(mask.sum())
+            sums[0] += float(log_r.abs().sum())
+            sums[1] += float(log_r.sum())
+            sums[2] += float(k3.sum())
+            sums[3] += float((log_r.abs() > log_threshold).sum())
+            maxima[0] = max(maxima[0], float(log_r.abs().max()))
+            maxima[1] = max(maxima[1], float(k3.max()))
+            if tis:
+                weights, capped = truncated_is_weights(
+                    logprobs, batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, cfg.tis_level
+                )
+                sums[4] += float(weights[mask].double().sum())
+                sums[5] += float(capped.sum())
             for row, u in enumerate(mb):
                 p, c = len(u.prompt_ids), len(u.completion_ids)
-                new = logprobs[row, p : p + c]
-                diff = (new - old[row, p : p + c]).abs()
-                diff_max = max(diff_max, float(diff.max()))
-                diff_sum += float(diff.sum())
-                tokens += c
-                recomputed[id(u)] = new.tolist()
+                recomputed[id(u)] = logprobs[row, p : p + c].tolist()
     if ctx.dist.enabled:  # over every process's units
-        parts = ctx.dist.all_gather_object((diff_max, diff_sum, tokens))
-        diff_max, diff_sum, tokens = max(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
-    fresh = [dataclasses.replace(u, old_logprobs=recomputed[id(u)]) if id(u) in recomputed else u for u in units]
-    return fresh, (diff_max if tokens else None), (diff_sum / tokens if tokens else None)
+        parts = ctx.dist.all_gather_object((tokens, sums, maxima))
+        tokens = sum(part[0] for part in parts)
+        sums = [sum(part[1][i] for part in parts) for i in range(len(sums))]
+        maxima = [max(part[2][i] for part in parts) for i in range(len(maxima))]
+    fresh = [
+        dataclasses.replace(u, old_logprobs=recomputed[id(u)], sampler_logprobs=u.sampled_logprobs())
+        if id(u) in recomputed
+        else u
+        for u in units
+    ]
+    if not tokens:
+        return fresh, RolloutMismatch()
+    return fresh, RolloutMismatch(
+        logprob_diff_max=maxima[0],
+        logprob_diff_mean=sums[0] / tokens,
+        log_ratio_mean=sums[1] / tokens,
+        kl_mean=sums[2] / tokens,
+        kl_max=maxima[1],
+        mismatch_frac=sums[3] / tokens,
+        tis_weight_mean=sums[4] / tokens if tis else None,
+        tis_capped_frac=sums[5] / tokens if tis else None,
+    )
 
 
 def accumulate_gradient(
@@ -285,6 +369,11 @@ def accumulate_gradient(
         if cfg.kl_coef > 0:
             with torch.no_grad(), ctx.model.disable_adapter():
                 ref = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+        pg_weights = None
+        if cfg.rollout_correction == "tis":  # the sampler is not the trainer: reweight its tokens
+            pg_weights, _ = truncated_is_weights(
+                batch["old_logprobs"], batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, cfg.tis_level
+            )
         loss, stats = grpo_loss(
             logprobs,
             batch["old_logprobs"].float(),
@@ -295,6 +384,7 @@ def accumulate_gradient(
             aggregation=cfg.aggregation,
             ref_logprobs=ref,
             kl_coef=cfg.kl_coef,
+            pg_weights=pg_weights,
         )
         # (with several processes the others wait for this gradient: a non-finite loss goes into
         # the summed loss instead, and every process stops there, in `all_reduce_gradient`)
