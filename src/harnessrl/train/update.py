@@ -100,7 +100,8 @@ class UpdateResult:
 
     loss is the mean over mini-steps; clip_fraction / ratio_mean / kl are over every trained token
     of every pass; grad_norm is the mean of the mini-steps' norms before clipping; units_trained
-    counts the first pass, padded_tokens all passes; the sketch is of the first pass's gradient."""
+    counts the first pass, padded_tokens all passes; the sketch is of the first pass's gradient.
+    rollout_* and tis_* compare the sampler with the trainer before the first step (`RolloutMismatch`)."""
 
     loss: float | None = None
     clip_fraction: float | None = None
@@ -132,7 +133,9 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
 
     Every mini-step's loss compares the current log-probs with the old ones, recomputed here first
     under the weights that sampled the batch (`recompute_old_logprobs`), so from the second
-    mini-step on the ratio moves away from 1 and the clip acts. The sketch is of the first pass's
+    mini-step on the ratio moves away from 1 and the clip acts. With --rollout-correction tis each
+    token's policy-gradient term is weighted by its truncated importance weight trainer / sampler
+    (`truncated_is_weights`; the same weights in every pass). The sketch is of the first pass's
     gradients, each mini-batch's weighted by its share of the batch: the whole batch's gradient at
     the sampling policy when there is one mini-batch (each later mini-batch's is taken where the
     earlier mini-steps left the weights). Mini-batches whose units all have advantage 0 (KL off)
