@@ -1,5 +1,7 @@
 """The GRPO trainer's checkpoint: OUT/checkpoint/ holds adapter/, optimizer.pt, rng.pt and
-state.json (step, scheduler, task RNG, sampling-call counter), written into a temporary folder
+state.json (step, policy version, scheduler, task RNG, sampling-call counter; with
+--max-off-policy-steps the plans already made for later steps), and pinned_adapters.pt when such
+a plan is bound to an older policy version (its weights), written into a temporary folder
 and renamed into place (`harnessrl.train.lora.write_checkpoint`), so a killed run leaves either
 the previous checkpoint or the new one, never half of one.
 
@@ -10,7 +12,7 @@ The RNG file holds the CPU generator and, when the run uses CUDA, every CUDA dev
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +49,22 @@ class Saved:
     weights: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     rng: dict[str, Any]
+    pinned: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # version -> adapter weights
 
 
-def save(out: Path, peft_model, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> Path:
-    """OUT/checkpoint with the adapter, the optimizer, the generators and `state` (state.json)."""
-    return lora.write_checkpoint(out, peft_model, optimizer, state, {"rng.pt": rng_state()})
+def save(
+    out: Path,
+    peft_model,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    pinned: dict[str, dict[str, torch.Tensor]] | None = None,
+) -> Path:
+    """OUT/checkpoint with the adapter, the optimizer, the generators and `state` (state.json);
+    `pinned`: the adapter weights of older policy versions planned steps are bound to."""
+    tensors: dict[str, Any] = {"rng.pt": rng_state()}
+    if pinned:
+        tensors["pinned_adapters.pt"] = pinned
+    return lora.write_checkpoint(out, peft_model, optimizer, state, tensors)
 
 
 def read(out: Path) -> Saved | None:
@@ -66,6 +79,9 @@ def read(out: Path) -> Saved | None:
         lora.read_adapter_weights(folder),
         torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"),
         torch.load(folder / "rng.pt", weights_only=True, map_location="cpu"),
+        torch.load(folder / "pinned_adapters.pt", weights_only=True, map_location="cpu")
+        if (folder / "pinned_adapters.pt").is_file()
+        else {},
     )
 
 

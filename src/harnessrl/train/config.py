@@ -140,6 +140,23 @@ class TrainConfig:
         "or vLLM with runtime LoRA) that reloads the adapter after every update; repeat to spread over several",
         json_schema_extra=cli("--rollout-server", repeat=True),
     )
+    max_off_policy_steps: int = Field(
+        0,
+        ge=0,
+        description="collect the rollouts of the next N steps while the trainer updates (needs --rollout-server); "
+        "a unit is trained at most N policy versions after the one that sampled it (0 = synchronous)",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="refill each step with fresh groups until --tasks-per-step groups have non-zero advantages "
+        "(DAPO's dynamic sampling), within --max-sampling-rounds; train on those groups only",
+    )
+    max_sampling_rounds: int = Field(
+        3,
+        ge=1,
+        description="with --dynamic-sampling: rounds of rollouts per step, the first included (verl's "
+        "filter_groups.max_num_gen_batches)",
+    )
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
     seed: int = Field(0, description="seed of tasks, scheduler, LoRA init and sampling")
     save_rollouts: bool = Field(True, description="keep every training episode in OUT/rollouts/run.db")

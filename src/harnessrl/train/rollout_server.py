@@ -16,8 +16,10 @@ server) and must be the same in every training process: the name of a version is
 function of (run_id, version), so processes that do not publish (`version` is set on them)
 request the same name. A version is removed from the servers (`POST /v1/unload_lora_adapter`)
 and its folder deleted once no request of this process uses it (`release`, called by every
-`publish`); rollouts end before the optimizer step that makes the next version, so the other
-processes' requests are over by then too.
+`publish`) and no collection is bound to it (`pin`). With synchronous rollouts they end before
+the optimizer step that makes the next version, so the other processes' requests are over by then
+too; with --max-off-policy-steps a collection is bound to the version it was planned under
+(`at_version`), pinned by every process until its batch has been gathered from all of them.
 
 **Every sampling field sent** (OpenAIPolicy's `explicit_sampling`): temperature, top_p,
 top_k=0, min_p=0, repetition_penalty=1, presence/frequency_penalty=0, so no server default
@@ -31,9 +33,10 @@ native tools a harness needs is refused, naming the server flag to add.
 `RolloutServers` is a Policy over one or more servers. Each request goes to the server with the
 fewest requests outstanding (the first on a tie), with the request's whole 63-bit sampling seed
 (both servers take it), and must come back with its token ids (`return_token_ids`): training
-needs them. Every ModelCall is stamped with the policy version the servers held when it was
-sent (the number of optimizer steps behind the adapter loaded), so the trainer can report how
-far behind the weights it trains each call was sampled.
+needs them. Every ModelCall is stamped with the policy version it was sent under (the current
+one, or the version a collection is bound to), so the trainer can report, and bound, how far
+behind the weights it trains each call was sampled. `idle_seconds` says how long each server had
+no request of this process in flight (the trainer logs it per step).
 """
 
 from __future__ import annotations
@@ -315,6 +318,11 @@ class RolloutServers(Policy):
         self._lock = threading.Lock()
         self._outstanding = [0] * len(self.urls)
         self._in_flight: Counter[int] = Counter()  # version -> this process's requests in flight
+        # version -> collections bound to it (`pin`): kept on the servers between their requests
+        self._pinned: Counter[int] = Counter()
+        # per server: seconds with no request of this process in flight, and since when it is idle
+        self._idle_total = [0.0] * len(self.urls)
+        self._idle_since: list[float | None] = [time.monotonic()] * len(self.urls)
         self._published: dict[int, Path] = {}  # versions this process loaded and has not removed
         self.sent = [0] * len(self.urls)  # requests each server got (for the run's record)
         self._version: int | None = None
@@ -392,9 +400,12 @@ class RolloutServers(Policy):
         """Remove from every server, and delete the folder of, each version this process
         published that is not the current one and has no request of this process in flight
         (vLLM reloads an evicted adapter from its path, so a folder goes only after its name).
-        A server that cannot unload keeps the version for the next call. Returns those removed."""
+        A server that cannot unload keeps the version for the next call. A pinned version
+        (`pin`: a collection still bound to it) stays. Returns those removed."""
         with self._lock:
-            idle = [v for v in self._published if v != self._version and self._in_flight[v] == 0]
+            idle = [
+                v for v in self._published if v != self._version and self._in_flight[v] == 0 and self._pinned[v] == 0
+            ]
         removed = []
         for version in sorted(idle):
             body = {"lora_name": adapter_name(self.run_id, version)}
@@ -414,6 +425,34 @@ class RolloutServers(Policy):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(version)
         return removed
+
+    def pin(self, version: int) -> None:
+        """Keep `version` on the servers until as many `unpin` calls: a collection bound to it
+        (`at_version`) may be between two requests, with none in flight, when a newer version is
+        published, and it must still find its adapter loaded afterwards."""
+        with self._lock:
+            self._pinned[version] += 1
+
+    def unpin(self, version: int) -> None:
+        with self._lock:
+            if self._pinned[version] <= 0:
+                raise RuntimeError(f"policy version {version} is not pinned")
+            self._pinned[version] -= 1
+
+    def at_version(self, version: int) -> Policy:
+        """A Policy whose requests all go to policy `version`, whatever is published meanwhile
+        (pin it for as long as the policy is used)."""
+        return _AtVersion(self, version)
+
+    def idle_seconds(self) -> list[float]:
+        """Per server, the seconds so far (since this object was made) with no request of this
+        process in flight."""
+        now = time.monotonic()
+        with self._lock:
+            return [
+                total + (now - since if since is not None else 0.0)
+                for total, since in zip(self._idle_total, self._idle_since)
+            ]
 
     # -- the probe ------------------------------------------------------------------------------------
     def probe(
@@ -552,15 +591,21 @@ class RolloutServers(Policy):
             )
 
     # -- requests -------------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+    def submit(
+        self, request: GenerationRequest, sampling: SamplingParams | None = None, *, version: int | None = None
+    ) -> Future[ModelCall]:
+        """One request, under policy `version` (default: the version current now)."""
         sampling = sampling or SamplingParams()
         with self._lock:
             if self._version is None:
                 raise RolloutServerError("no adapter is loaded on the rollout servers yet (publish first)")
             i = min(range(len(self.urls)), key=lambda k: self._outstanding[k])
+            if self._outstanding[i] == 0 and self._idle_since[i] is not None:
+                self._idle_total[i] += time.monotonic() - self._idle_since[i]
+                self._idle_since[i] = None
             self._outstanding[i] += 1
             self.sent[i] += 1
-            version = self._version
+            version = self._version if version is None else version
             self._in_flight[version] += 1
         inner = self.clients[i].submit_as(adapter_name(self.run_id, version), request, sampling)
         outer: Future[ModelCall] = Future()
@@ -568,6 +613,8 @@ class RolloutServers(Policy):
         def done(f: Future[ModelCall]) -> None:
             with self._lock:
                 self._outstanding[i] -= 1
+                if self._outstanding[i] == 0:
+                    self._idle_since[i] = time.monotonic()
                 self._in_flight[version] -= 1
             if f.cancelled():
                 outer.cancel()
@@ -614,3 +661,27 @@ class RolloutServers(Policy):
             "adapter": self.adapter_name,
             "run_id": self.run_id,
         }
+
+
+class _AtVersion(Policy):
+    """RolloutServers with every request bound to one policy version (`RolloutServers.at_version`)."""
+
+    def __init__(self, servers: RolloutServers, version: int):
+        self.servers = servers
+        self.version = version
+        self.name = f"{servers.name}-v{version}"
+        self.max_concurrency = servers.max_concurrency
+
+    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+        return self.servers.submit(request, sampling, version=self.version)
+
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
+        futures = [self.submit(r, sampling) for r in requests]
+        wait(futures)
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            raise failed
+        return [f.result() for f in futures]
+
+    def describe(self) -> dict:
+        return {**self.servers.describe(), "adapter": adapter_name(self.servers.run_id, self.version)}

@@ -1,6 +1,8 @@
 """The pieces of one GRPO step around the update, each a function of typed values:
 
     plan_step          the scheduler's choice, the step's tasks (seeded), each to one harness
+    refill_plan        dynamic sampling: more groups for the same step and selection, fresh tasks
+    attempt_base       the first attempt number of a step's round (unique episode ids)
     group_batch        per (task, harness) group: advantages from grade.score, training units
     batch_stats        the step's statistics over every process's groups
     observe            the scheduler learns from the update (advantages, rewards, sketch)
@@ -69,6 +71,35 @@ class StepPlan:
         """What every process must agree on (checked with several processes)."""
         return (self.step, self.selection.shares, [t.id for t, _ in self.assignment])
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON data (a checkpoint holds the plans already made for later steps)."""
+        return {
+            "step": self.step,
+            "shares": dict(self.selection.shares),
+            "probabilities": dict(self.probabilities),
+            "counts": dict(self.counts),
+            "assignment": [[task.id, spec.name] for task, spec in self.assignment],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], tasks_by_id: dict[str, Any], spec_by_name: dict) -> StepPlan:
+        return cls(
+            int(data["step"]),
+            Selection(dict(data["shares"])),
+            dict(data["probabilities"]),
+            dict(data["counts"]),
+            [(tasks_by_id[task_id], spec_by_name[name]) for task_id, name in data["assignment"]],
+        )
+
+
+def _assign(
+    shares: dict[str, float], task_rng: random.Random, train_tasks: list, spec_by_name: dict, n: int, step: int
+) -> tuple[dict[str, int], list[tuple[Any, Any]]]:
+    counts = allocate_tasks(shares, n, step)
+    picked = iter(task_rng.sample(range(len(train_tasks)), n))
+    assignment = [(train_tasks[next(picked)], spec_by_name[h]) for h, c in counts.items() for _ in range(c)]
+    return counts, assignment
+
 
 def plan_step(
     scheduler, task_rng: random.Random, train_tasks: list, spec_by_name: dict, tasks_per_step: int, step: int
@@ -77,10 +108,25 @@ def plan_step(
     train tasks, and each goes to one harness in the selection's shares (`allocate_tasks`)."""
     probabilities = scheduler.probabilities()
     selection = scheduler.select(step)
-    counts = allocate_tasks(selection.shares, tasks_per_step, step)
-    picked = iter(task_rng.sample(range(len(train_tasks)), tasks_per_step))
-    assignment = [(train_tasks[next(picked)], spec_by_name[h]) for h, c in counts.items() for _ in range(c)]
+    counts, assignment = _assign(selection.shares, task_rng, train_tasks, spec_by_name, tasks_per_step, step)
     return StepPlan(step, selection, probabilities, counts, assignment)
+
+
+def refill_plan(plan: StepPlan, task_rng: random.Random, train_tasks: list, spec_by_name: dict, n: int) -> StepPlan:
+    """Dynamic sampling: `n` more groups for `plan`'s step, under the same selection (no new
+    scheduler decision), on `n` distinct tasks drawn afresh from the task RNG (a task may come
+    back from an earlier round: its new group gets new attempt numbers, `attempt_base`)."""
+    counts, assignment = _assign(plan.selection.shares, task_rng, train_tasks, spec_by_name, n, plan.step)
+    return StepPlan(plan.step, plan.selection, plan.probabilities, counts, assignment)
+
+
+def attempt_base(step: int, round_: int, group_size: int, rounds: int) -> int:
+    """The attempt number of the first episode of round `round_` of `step` (each group takes
+    group_size consecutive numbers from there): `rounds` rounds per step at most (1 without
+    dynamic sampling: step * group_size, as always), so attempt numbers, and with them episode
+    ids and sampling streams, are unique over the run, and the episodes of the steps from
+    `step` on are exactly those with attempt >= attempt_base(step, 0, ...)."""
+    return (step * rounds + round_) * group_size
 
 
 @dataclass
@@ -95,10 +141,11 @@ class GroupOutcome:
 
 
 def group_batch(
-    plan: StepPlan, groups: range, trajectories: list, scale_advantages: bool
+    plan: StepPlan, groups: range, trajectories: list, scale_advantages: bool, drop_flat: bool = False
 ) -> tuple[list[TrainingUnit], dict[int, GroupOutcome]]:
     """The training units of this process's `groups` (one per model call, each with its episode's
-    group-relative advantage) and each group's outcome."""
+    group-relative advantage) and each group's outcome. `drop_flat` (dynamic sampling): a group
+    whose advantages are all 0 gives no units (its outcome is still returned)."""
     by_group: dict[tuple[str, str], list] = defaultdict(list)
     for traj in trajectories:
         by_group[(traj.task_id, traj.harness)].append(traj)
@@ -114,9 +161,10 @@ def group_batch(
         if len(valid) >= 2:
             A = group_advantages(torch.tensor([scores], dtype=torch.float64), scale=scale_advantages)
             advantages = A[0].tolist()
-            for traj, a in zip(valid, advantages):
-                advantage_of[traj.episode_id] = a
-                trained.append(traj)
+            if not (drop_flat and all(a == 0 for a in advantages)):
+                for traj, a in zip(valid, advantages):
+                    advantage_of[traj.episode_id] = a
+                    trained.append(traj)
         outcomes[g] = GroupOutcome(len(group), scores, advantages)
     return units_from_trajectories(trained, advantage_of), outcomes
 
@@ -157,6 +205,11 @@ class BatchStats:
     @property
     def rewards(self) -> list[float]:
         return [r for values in self.rewards_by_harness.values() for r in values]
+
+    @property
+    def signal_groups(self) -> int:
+        """Groups whose advantages are not all 0 (the ones that carry a gradient)."""
+        return self.groups - self.flat_groups
 
 
 def batch_stats(plan: StepPlan, parts: list[LocalBatch]) -> BatchStats:

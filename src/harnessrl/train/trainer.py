@@ -77,10 +77,14 @@ Files in the run folder OUT:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
 import time
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +100,14 @@ from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_schedule
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import (
     LocalBatch,
+    StepPlan,
     allocate_tasks,
+    attempt_base,
     batch_stats,
     group_batch,
     observe,
     plan_step,
+    refill_plan,
     sampling_seed,
 )
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
@@ -126,6 +133,29 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers"
 
 class TrainError(ValueError):
     """Bad options or a refused run folder: reported before any training (the CLI exits 2)."""
+
+
+@dataclass
+class _Pending:
+    """A planned step: its plan, the policy version its first round is sampled by, and (with
+    --max-off-policy-steps) that round's collection, handed to the collector thread."""
+
+    plan: StepPlan
+    version: int
+    future: Future | None = None
+    pinned: bool = False
+
+
+@dataclass
+class _Round:
+    """One round of a step's rollouts, as this process ran it and every process's statistics."""
+
+    trajectories: list
+    units: list[TrainingUnit]
+    parts: list[LocalBatch]
+    started: float
+    ended: float
+    waited: float  # seconds the training thread waited for it
 
 
 # ------------------------------------------------------------------------------------- the trainer
@@ -182,6 +212,12 @@ class Trainer:
                     f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
                 )
         lora.check_local_model(config.model, TrainError)
+        if config.max_off_policy_steps > 0 and not config.rollout_servers:
+            raise TrainError(
+                f"--max-off-policy-steps {config.max_off_policy_steps} needs --rollout-server: the in-process engine "
+                "samples with the very weights the trainer updates, so its rollouts cannot overlap an update "
+                "(asynchronous collection with the in-process engine is not implemented; docs/training.md)"
+            )
 
         try:
             self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
@@ -223,6 +259,15 @@ class Trainer:
         self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
+        # The pipeline (docs/training.md, "Asynchronous collection"): the plans made and not yet
+        # trained, in step order; the next step to plan; rounds per step (attempt numbers).
+        self._pipeline: deque[_Pending] = deque()
+        self._next_plan = 0
+        self._rounds = config.max_sampling_rounds if config.dynamic_sampling else 1
+        self._collector: ThreadPoolExecutor | None = None  # runs plans ahead (--max-off-policy-steps)
+        self._snapshots: dict[int, dict[str, Any]] = {}  # rank 0: weights of versions plans are bound to
+        self._last_update: tuple[float, float] | None = None  # the previous step's update (start, end)
+        self._idle_mark: list[float] = []
 
     @property
     def record(self) -> dict[str, Any]:
@@ -247,7 +292,7 @@ class Trainer:
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
         self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
-        self._weights_version = 0  # optimizer steps behind the weights as they are (see _sync_servers)
+        self._weights_version = 0  # the policy version of the weights as they are: steps that updated so far
         self.servers = None
         if cfg.rollout_servers:
             from harnessrl.train.rollout_server import RolloutServerError, RolloutServers, new_run_id
@@ -259,6 +304,9 @@ class Trainer:
                 self.servers.check()
             except (ValueError, RolloutServerError) as e:
                 raise TrainError(str(e)) from None
+            self._idle_mark = self.servers.idle_seconds()
+            if cfg.max_off_policy_steps > 0:  # one thread: the plans are collected one after the other
+                self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collector")
         self.runner = Runner(
             self.servers if self.servers is not None else policy,
             self.sampling,
@@ -302,8 +350,9 @@ class Trainer:
                 },
             )
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
-            self.store.delete_attempts_from(self.step * cfg.group_size)
-            self.runner.on_episode = self.store.add
+            self.store.delete_attempts_from(attempt_base(self.step, 0, cfg.group_size, self._rounds))
+            if self._collector is None:  # else the training thread stores each round as it takes it
+                self.runner.on_episode = self.store.add
         if importlib.util.find_spec("tensorboard") is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -315,17 +364,22 @@ class Trainer:
     # -- checkpoints (harnessrl.train.checkpoint) ---------------------------------------------------
     def save_checkpoint(self) -> Path:
         """OUT/checkpoint, written in a temporary folder then renamed into place (state.json last)."""
-        return checkpoint.save(
-            self.out,
-            self.peft_model,
-            self.optimizer,
-            {
-                "step": self.step,
-                "scheduler": self.scheduler.state_dict(),
-                "task_rng": _rng_state(self.task_rng),
-                "generate_calls": self.policy.generate_calls,
-            },
-        )
+        state = {
+            "step": self.step,
+            "policy_version": self._weights_version,
+            "scheduler": self.scheduler.state_dict(),
+            "task_rng": _rng_state(self.task_rng),
+            "generate_calls": self.policy.generate_calls,
+        }
+        pinned = {}
+        if self.config.max_off_policy_steps > 0:
+            # the plans already made for the next steps (their decisions are taken) and the weights
+            # of every older version they are bound to: a resumed run samples them as this one would
+            state["pipeline"] = [{"plan": p.plan.to_dict(), "version": p.version} for p in self._pipeline]
+            pinned = {
+                str(p.version): self._snapshots[p.version] for p in self._pipeline if p.version != self._weights_version
+            }
+        return checkpoint.save(self.out, self.peft_model, self.optimizer, state, pinned=pinned)
 
     def load_checkpoint(self) -> bool:
         """Restore adapter, optimizer, scheduler, RNGs and step; False when there is none yet.
@@ -340,8 +394,29 @@ class Trainer:
         _set_rng_state(self.task_rng, state["task_rng"])
         self.policy.generate_calls = int(state["generate_calls"])
         self.step = int(state["step"])
-        self._weights_version = self.step
+        self._weights_version = int(state.get("policy_version", self.step))
+        tasks_by_id = {t.id: t for t in self.train_tasks}
+        for item in state.get("pipeline", []):
+            plan = StepPlan.from_dict(item["plan"], tasks_by_id, self.spec_by_name)
+            self._pipeline.append(_Pending(plan, int(item["version"])))
+        self._next_plan = self.step + len(self._pipeline)
+        self._snapshots = {int(v): w for v, w in saved.pinned.items()}
         return True
+
+    def _resume_pipeline(self) -> None:
+        """A resumed asynchronous run: the older versions its restored plans are bound to go
+        back on the servers (from the checkpoint's weights; the current one follows at the next
+        step), and the plans' collections start again, exactly as the killed run had them."""
+        if self._collector is None or not self._pipeline:
+            return
+        for version in sorted({p.version for p in self._pipeline if p.version != self._weights_version}):
+            weights = self._snapshots.get(version)
+            if weights is None and self.dist.is_main:
+                raise TrainError(f"the checkpoint lacks the weights of policy version {version} a planned step needs")
+            self._publish(version, weights)
+        self._sync_servers()
+        for pending in self._pipeline:
+            self._launch(pending)
 
     def save_adapter(self) -> Path:
         """OUT/adapter (lora.write_adapter); harnessrl.json also names the suite, harnesses and scheduler."""
@@ -370,64 +445,100 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One training step: a rollout batch and its optimizer steps (or a logged skip).
         Returns the metrics record of the step."""
-        from harnessrl.rollout import Job
-
         cfg, step = self.config, self.step
-        G = cfg.group_size
         t_start = time.perf_counter()
 
-        # 1. the scheduler chooses who collects the batch; tasks (seeded sample of the train
-        # split), each to one harness; G attempts each
-        plan = plan_step(self.scheduler, self.task_rng, self.train_tasks, self.spec_by_name, cfg.tasks_per_step, step)
-        t_sched = time.perf_counter() - t_start
-        # Several processes take this decision each from the same seeded state: it must agree.
-        self.dist.check_same(plan.fingerprint(), "the step's harnesses and tasks")
-        # This process's groups (all of them in one process): whole groups, a contiguous run.
-        # Attempt numbers are unique over the run (step * G + i): unique episode ids and store keys.
-        mine = self.dist.shard(len(plan.assignment))
-        jobs = [Job(task, spec, step * G + i) for task, spec in (plan.assignment[g] for g in mine) for i in range(G)]
-
-        # 2. the rollouts, sampled with this step's own seed by the weights as they are now
-        self.sampling = self.sampling.model_copy(update={"seed": sampling_seed(cfg.seed, step, "train")})
-        self.runner.sampling = self.sampling
-        t0 = time.perf_counter()
+        # 1. the current weights on the rollout servers; then the plans: this step's (synchronous),
+        # or, with --max-off-policy-steps N, the one of step + N, whose collection starts now
         t_sync = self._sync_servers()
-        trajectories = self.runner.run(jobs)
-        t_rollout = time.perf_counter() - t0
-        lag = self._policy_lag(trajectories)
+        t0 = time.perf_counter()
+        self._plan_ahead()
+        t_sched = time.perf_counter() - t0
+        pending = self._pipeline.popleft()
+        plan, seed = pending.plan, sampling_seed(cfg.seed, step, "train")
 
-        # 3. advantages per group (one task under one harness), where the group ran; then the
-        # statistics over every process's groups
-        units, groups = group_batch(plan, mine, trajectories, cfg.scale_advantages)
-        parts = self.dist.all_gather_object(LocalBatch.of(units, groups))  # on every process
-        if cfg.save_rollouts and self.dist.enabled:  # rank 0 stored its own episodes as they ended
-            others = self.dist.gather_object([] if self.dist.is_main else trajectories)
-            if self.store is not None:
-                for traj in (t for part in others[1:] for t in part):
-                    self.store.add(traj)
-        stats = batch_stats(plan, parts)
+        # 2. the rollouts: round 0 (collected ahead, or now), then dynamic sampling's refills,
+        # always now, under the current weights (their decision needs every process's groups)
+        rounds = [self._finish_round(plan, 0, *self._round_zero(pending))]
+        merged = plan  # every round's groups, in order (advantages and statistics index them)
+        while cfg.dynamic_sampling and len(rounds) < cfg.max_sampling_rounds:
+            need = cfg.tasks_per_step - self._signal_groups(rounds)
+            if need <= 0:
+                break
+            refill = refill_plan(plan, self.task_rng, self.train_tasks, self.spec_by_name, need)
+            self.dist.check_same(refill.fingerprint(), "the step's refill groups")
+            offset = len(merged.assignment)
+            merged = dataclasses.replace(merged, assignment=merged.assignment + refill.assignment)
+            collected = self._collect(refill, len(rounds), self.runner, seed)
+            rounds.append(self._finish_round(merged, offset, *collected))
+        if self.servers is not None and pending.pinned:
+            self.servers.unpin(pending.version)  # every process has gathered its batch: done with it
+        units = [u for r in rounds for u in r.units]
+        stats = batch_stats(merged, [p for r in rounds for p in r.parts])
+        lags = self._lag_histogram([t for r in rounds for t in r.trajectories])
+        if lags and max(lags) > cfg.max_off_policy_steps:  # the pipeline's depth makes this impossible
+            raise RuntimeError(
+                f"step {step + 1}: a unit would be trained {max(lags)} policy versions after the one that sampled "
+                f"it, more than --max-off-policy-steps {cfg.max_off_policy_steps} (a bug of the trainer's pipeline)"
+            )
 
-        # 4. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each, with no
-        # generation step in between (the runner is done; paused() makes sure)
+        # 3. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each, with no
+        # generation step of the in-process engine in between (paused() makes sure)
         update = UpdateResult()  # none taken
+        version = self._weights_version  # the weights the batch is trained from
+        previous_update, self._last_update = self._last_update, None
         if stats.signal:
+            t0 = time.perf_counter()
             with self.policy.paused():
                 self.policy.clear_cache()
                 update = self._update(units, step)
-            self._weights_version = self.step + 1  # the weights now are those after this step
+            self._last_update = (t0, time.perf_counter())
+            self._weights_version += 1  # one new policy version per step that updates
 
-        # 5. the scheduler learns from this update
+        # 4. the scheduler learns from this update: every group of every round, flat ones included
         t0 = time.perf_counter()
-        transfer = observe(self.scheduler, plan, stats, update.sketch)
+        transfer = observe(self.scheduler, merged, stats, update.sketch)
         t_sched += time.perf_counter() - t0
 
         self.step += 1
         skipped = None if stats.signal else ("all advantages are zero" if stats.units else "no training units")
+        extras: dict[str, Any] = {}
+        times: dict[str, float] = {}
+        if cfg.dynamic_sampling:
+            extras |= {
+                "sampling_rounds": len(rounds),
+                "groups_sampled": len(merged.assignment),
+                "groups_dropped_flat": stats.flat_groups,
+                "groups_trained": stats.signal_groups,
+                "sampling_budget_exhausted": stats.signal_groups < cfg.tasks_per_step,
+            }
+        if self.servers is not None:
+            first = rounds[0]
+            overlap = 0.0
+            if previous_update is not None:
+                overlap = max(0.0, min(first.ended, previous_update[1]) - max(first.started, previous_update[0]))
+            n_calls = sum(lags.values())
+            idle = self.servers.idle_seconds()
+            extras |= {
+                "policy_lag_max": max(lags, default=0),
+                "policy_lag_mean": sum(k * n for k, n in lags.items()) / n_calls if n_calls else None,
+                "policy_lag_hist": {str(k): lags[k] for k in sorted(lags)},
+                "policy_version": version,
+                "sampling_version": pending.version,
+                "rollouts_overlapped": overlap > 0,
+                "servers_idle": [b - a for a, b in zip(self._idle_mark, idle)],
+                "rollout_requests": list(self.servers.sent),
+                "time_adapter_sync": t_sync,
+            }
+            self._idle_mark = idle
+            times = {"rollout_wait": sum(r.waited for r in rounds), "rollout_update_overlap": overlap}
+        if extras:
+            extras["tasks"] = [[task.id, spec.name] for task, spec in merged.assignment]
         return {
             "step": self.step,
             "harness": plan.selection.harness or "mixed",
             "shares": {h: c / cfg.tasks_per_step for h, c in plan.counts.items() if c},
-            "sampling_seed": self.sampling.seed,
+            "sampling_seed": seed,
             "episodes": stats.episodes,
             "infra_errors": stats.infra_errors,
             "reward_mean": mean(stats.rewards),
@@ -454,20 +565,116 @@ class Trainer:
             "optimizer_steps": update.optimizer_steps,
             "skipped": skipped,
             "lr": cfg.lr,
-            **(
-                {"policy_lag_max": lag, "rollout_requests": list(self.servers.sent), "time_adapter_sync": t_sync}
-                if self.servers is not None
-                else {}
-            ),
+            **extras,
             "time": {
-                "rollout": t_rollout,
+                "rollout": sum(r.ended - r.started for r in rounds),
                 "backward": update.time_backward,
                 "sketch": update.time_sketch,
                 "optimizer": update.time_optimizer,
                 "scheduler": t_sched,
+                **times,
                 "total": time.perf_counter() - t_start,
             },
         }
+
+    # -- the pipeline of plans and collections ----------------------------------------------------------
+    def _plan_ahead(self) -> None:
+        """Plan every step up to step + max_off_policy_steps that has no plan yet: the scheduler
+        decides with what it has observed now (steps before this one), the task RNG draws, and
+        each plan is bound to the current policy version. With N > 0 the collection of each new
+        plan is handed to the collector (it runs the plans in order, while this thread trains);
+        a plan past --steps is made (a longer resumed run must see the same decisions) but not
+        collected: the checkpoint keeps it."""
+        cfg = self.config
+        while self._next_plan <= self.step + cfg.max_off_policy_steps:
+            plan = plan_step(
+                self.scheduler, self.task_rng, self.train_tasks, self.spec_by_name, cfg.tasks_per_step, self._next_plan
+            )
+            # Several processes take this decision each from the same seeded state: it must agree.
+            self.dist.check_same(plan.fingerprint(), "the step's harnesses and tasks")
+            self._pipeline.append(self._launch(_Pending(plan, self._weights_version)))
+            self._next_plan += 1
+
+    def _launch(self, pending: _Pending) -> _Pending:
+        """Asynchronous runs: pin the plan's version on the servers and, if the step is one this
+        run trains, hand its collection to the collector thread."""
+        from harnessrl.rollout import Runner
+
+        if self._collector is None:
+            return pending
+        if not pending.pinned:
+            self.servers.pin(pending.version)
+            pending.pinned = True
+        if pending.future is None and pending.plan.step < self.config.steps:
+            seed = sampling_seed(self.config.seed, pending.plan.step, "train")
+            runner = Runner(
+                self.servers.at_version(pending.version),
+                self.sampling.model_copy(update={"seed": seed}),
+                max_in_flight=self.config.max_in_flight,
+                max_retries=self.config.retries,
+                progress=False,
+                executor=self.executor,
+            )
+            pending.future = self._collector.submit(self._collect, pending.plan, 0, runner, seed)
+        return pending
+
+    def _round_zero(self, pending: _Pending) -> tuple[list, float, float, float]:
+        """The step's first round: collected now (synchronous), or waited for (asynchronous)."""
+        if self._collector is None:
+            return self._collect(
+                pending.plan, 0, self.runner, sampling_seed(self.config.seed, pending.plan.step, "train")
+            )
+        self._launch(pending)  # a plan restored from a checkpoint of a shorter run
+        t0 = time.perf_counter()
+        trajectories, started, ended, _ = pending.future.result()
+        return trajectories, started, ended, time.perf_counter() - t0
+
+    def _collect(self, plan: StepPlan, round_: int, runner, seed: int) -> tuple[list, float, float, float]:
+        """This process's groups of `plan` (round `round_` of its step), G attempts each, sampled
+        with the step's seed; returns (trajectories, started, ended, seconds waited)."""
+        from harnessrl.rollout import Job
+
+        G = self.config.group_size
+        base = attempt_base(plan.step, round_, G, self._rounds)
+        mine = self.dist.shard(len(plan.assignment))
+        jobs = [Job(task, spec, base + i) for task, spec in (plan.assignment[g] for g in mine) for i in range(G)]
+        if runner is self.runner:  # the main thread's runner: its sampling is the step's
+            self.sampling = self.sampling.model_copy(update={"seed": seed})
+            runner.sampling = self.sampling
+        started = time.perf_counter()
+        trajectories = runner.run(jobs)
+        ended = time.perf_counter()
+        return trajectories, started, ended, ended - started
+
+    def _finish_round(
+        self, merged: StepPlan, offset: int, trajectories: list, started: float, ended: float, waited: float
+    ) -> _Round:
+        """Advantages of this process's groups of a round (indices offset.. of `merged`), every
+        process's statistics of them, and the episodes into rank 0's store."""
+        cfg = self.config
+        n = len(merged.assignment) - offset
+        mine = self.dist.shard(n)
+        groups = range(offset + mine.start, offset + mine.stop)
+        units, outcomes = group_batch(merged, groups, trajectories, cfg.scale_advantages, cfg.dynamic_sampling)
+        parts = self.dist.all_gather_object(LocalBatch.of(units, outcomes))  # on every process
+        if cfg.save_rollouts and (self.dist.enabled or self._collector is not None):
+            # rank 0 stored its own episodes as they ended, unless they were collected ahead
+            own = [] if self._collector is None else trajectories
+            others = self.dist.gather_object([] if self.dist.is_main else trajectories) if self.dist.enabled else [[]]
+            if self.store is not None:
+                for traj in [*own, *(t for part in others[1:] for t in part)]:
+                    self.store.add(traj)
+        return _Round(trajectories, units, parts, started, ended, waited)
+
+    @staticmethod
+    def _signal_groups(rounds: list[_Round]) -> int:
+        """Groups so far, of every process, whose advantages are not all 0."""
+        return sum(
+            o.advantages is not None and any(a != 0 for a in o.advantages)
+            for r in rounds
+            for part in r.parts
+            for o in part.groups.values()
+        )
 
     def _sync_servers(self) -> float:
         """With --rollout-server: the adapter as it is now, published to every server under a name
@@ -476,51 +683,79 @@ class Trainer:
         Before the run's first rollout the servers are also probed: their log-probs must be the
         trainer's own at the run's temperature (`RolloutServers.probe`, recorded in config.json
         as rollout_probe). Returns the seconds spent."""
-        if self.servers is None:
+        if self.servers is None or self.servers.version == self._weights_version:
             return 0.0
+        return self._publish(self._weights_version)
+
+    def _publish(self, version: int, weights: dict[str, Any] | None = None) -> float:
+        """Policy `version` on the servers: the current weights, or `weights` (an older version a
+        restored plan is bound to) put into the model while it is written and probed."""
         from harnessrl.train.rollout_server import RolloutServerError, teacher_forced
 
-        version = self._weights_version
-        if self.servers.version == version:
-            return 0.0
         first = self.servers.version is None
         t0 = time.perf_counter()
         # One process writes and loads (all hold the same weights); the others wait for it.
         error = None
         if self.dist.is_main:
             try:
-                self.servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
-                if first:
-                    # a harness that sends its tools natively needs the server's tool calling
-                    native = any(getattr(getattr(s, "protocol", None), "native_tools", False) for s in self.specs)
-                    with self.policy.paused():
-                        report = self.servers.probe(
-                            teacher_forced(self.peft_model), self.config.temperature, native_tools=native
+                with self._weights_of(weights):
+                    self.servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
+                    if self._collector is not None:  # a checkpoint may have to hold it (a plan bound to it)
+                        self._snapshots[version] = weights if weights is not None else self._lora_state()
+                    if first:
+                        # a harness that sends its tools natively needs the server's tool calling
+                        native = any(getattr(getattr(s, "protocol", None), "native_tools", False) for s in self.specs)
+                        with self.policy.paused():
+                            report = self.servers.probe(
+                                teacher_forced(self.peft_model), self.config.temperature, native_tools=native
+                            )
+                        self.folder.record(rollout_probe=report.as_dict())
+                        self._say(
+                            f"rollout servers probed: log-probs within {report.max_abs_diff:.2g} of the trainer's"
                         )
-                    self.folder.record(rollout_probe=report.as_dict())
-                    self._say(f"rollout servers probed: log-probs within {report.max_abs_diff:.2g} of the trainer's")
             except RolloutServerError as e:
                 error = str(e)
         error = self.dist.agree(error)
         if error is not None:
             raise TrainError(error)
         self.servers.version = version
+        bound = {p.version for p in self._pipeline} | {self._weights_version}
+        self._snapshots = {v: w for v, w in self._snapshots.items() if v in bound}
         return time.perf_counter() - t0
 
-    def _policy_lag(self, trajectories: list) -> int | None:
-        """How many optimizer steps the oldest model call of the batch was sampled behind the
-        weights it is trained on (0: on-policy; rollouts here are synchronous, so it stays 0 unless
-        a server served a stale adapter). None without --rollout-server."""
+    def _lora_state(self) -> dict[str, Any]:
+        """A CPU copy of the adapter's weights as they are now."""
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.peft_model).items()}
+
+    @contextlib.contextmanager
+    def _weights_of(self, weights: dict[str, Any] | None):
+        """The model holds `weights` inside the block (None: as it is), then exactly its own again."""
+        if weights is None:
+            yield
+            return
+        own = self._lora_state()
+        lora.load_adapter_weights(self.peft_model, weights, "a restored policy version", TrainError)
+        try:
+            yield
+        finally:
+            lora.load_adapter_weights(self.peft_model, own, "the current policy version", TrainError)
+
+    def _lag_histogram(self, trajectories: list) -> Counter[int]:
+        """Model calls of the step, of every process, by how many policy versions the weights they
+        are trained from are past the version that sampled them (0: on-policy). Empty without
+        --rollout-server (the in-process engine samples with the weights as they are)."""
         if self.servers is None:
-            return None
+            return Counter()
         now = self._weights_version
-        versions = [
-            s.model_call.policy_version
+        local = Counter(
+            now - s.model_call.policy_version
             for t in trajectories
             for s in t.steps
             if s.model_call is not None and s.model_call.policy_version is not None
-        ]
-        return max((now - v for v in versions), default=0)
+        )
+        return sum(self.dist.all_gather_object(local), Counter()) if self.dist.enabled else local
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any] | None:
@@ -588,6 +823,16 @@ class Trainer:
         if main:
             self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
+        try:
+            return self._loop(metrics_path, eval_path)
+        finally:
+            if self._collector is not None:  # a stopped run: the collection under way ends, no other starts
+                self._collector.shutdown(wait=True, cancel_futures=True)
+
+    def _loop(self, metrics_path: Path, eval_path: Path) -> dict[str, Any]:
+        cfg = self.config
+        main = self.dist.is_main
+        self._resume_pipeline()
 
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
@@ -621,8 +866,13 @@ class Trainer:
         if main and not (self.out / "checkpoint").exists():
             self.save_checkpoint()
         adapter = self.save_adapter() if main else self.out / "adapter"
-        if self.servers is not None and main:
-            self.servers.release()  # the old versions still loaded and their folders; the last stays
+        if self.servers is not None:
+            for pending in self._pipeline:  # plans past --steps: the checkpoint holds their weights
+                if pending.pinned:
+                    self.servers.unpin(pending.version)
+                    pending.pinned = False
+            if main:
+                self.servers.release()  # the old versions still loaded and their folders; the last stays
         self.policy.close()  # the engine thread (a later use of the policy starts a new one)
         if self.tb is not None:
             self.tb.close()
