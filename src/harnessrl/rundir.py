@@ -11,7 +11,7 @@ every job, with the same words:
 - `--resume` with a different configuration is refused, naming every key that differs, except
   the keys the job says may change (e.g. train's `steps`) and the facts of the machine
   (`MACHINE_KEYS`: the version that wrote the folder, how the shell tool was isolated, where
-  the episodes ran: a run may continue with another executor);
+  the episodes ran: a run may continue with another executor, what rollout servers answered);
 - a run that locked its folder when it finished (evolve: its held-out result must not be re-run
   or extended) refuses any further start.
 
@@ -37,8 +37,9 @@ CONFIG = "config.json"
 LOCK = "LOCKED"
 DB = "run.db"
 # Recorded in every config, never compared on resume: they describe the machine (and where the
-# episodes ran: `executor`, see executors.py), not what the run computes.
-MACHINE_KEYS = ("harnessrl_version", "shell_isolation", "executor")
+# episodes ran: `executor`, see executors.py; what the rollout servers answered the trainer's
+# start-up probe: `rollout_probe`, probed again by a resumed run), not what the run computes.
+MACHINE_KEYS = ("harnessrl_version", "shell_isolation", "executor", "rollout_probe")
 
 
 class RunFolderError(ValueError):

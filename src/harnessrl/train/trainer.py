@@ -409,6 +409,9 @@ class Trainer:
         step), and the plans' collections start again, exactly as the killed run had them."""
         if self._collector is None or not self._pipeline:
             return
+        for pending in self._pipeline:  # pinned first: publishing the current version releases the others
+            self.servers.pin(pending.version)
+            pending.pinned = True
         for version in sorted({p.version for p in self._pipeline if p.version != self._weights_version}):
             weights = self._snapshots.get(version)
             if weights is None and self.dist.is_main:
