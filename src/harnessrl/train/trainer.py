@@ -9,6 +9,8 @@ One training step, read top to bottom in `Trainer.train_step`:
                                            sampled with this step's own seed (run seed, step)
     group advantages from grade.score      per (task, harness) group; infrastructure errors left out;
                                            a group with < 2 valid episodes gives no units
+    (--dynamic-sampling) refill rounds     more groups, same selection, fresh tasks, until
+                                           tasks_per_step groups have signal or the rounds run out
     units_from_trajectories                one training unit per model call
     old log-probs recomputed               no-grad teacher-forced pass on the current weights
     ppo_epochs passes over the units, each split into mini_batches; per mini-batch:
@@ -35,9 +37,9 @@ mini-step has ratio 1 and the clip is inert there; from the second mini-step on
 (ppo_epochs > 1 or mini_batches > 1) the weights have moved and the clip acts. With one pass and
 one mini-batch the step is a single on-policy update.
 
-Rollouts and updates share one model: the runner returns only when every episode has ended, and
-the update runs inside `policy.paused()`, so no generation step can overlap a training forward
-or backward. The update first drops the engine's prefix cache (stale after the optimizer step,
+Rollouts and updates share one model (in process): the runner returns only when every episode has
+ended, and the update runs inside `policy.paused()`, so no generation step can overlap a training
+forward or backward. The update first drops the engine's prefix cache (stale after the optimizer step,
 and its memory is better spent on the backward pass); the engine would also notice the changed
 weights by itself.
 
@@ -51,6 +53,34 @@ what tells HarnessBandit that this harness is not learnable right now.
 
 A mixed step (scheduler "mixed") has one batch and one sketch: it is observed once per harness
 present, each with that harness's own advantages.
+
+Asynchronous collection (--max-off-policy-steps N > 0, only with --rollout-server; docs/training.md
+"Asynchronous collection"). The loop keeps a pipeline of plans: at the start of step k (after the
+current weights are published) the plan of step k + N is made — the scheduler selects with the
+observations of steps 0 .. k-1 only (step k's batch has not been trained yet, let alone
+observed), the task RNG draws its tasks — and it is bound to the current policy version V(k+N)
+= the weights after step k-1's update. A collector thread runs the plans' first rounds one after
+the other on the servers under their bound version (`RolloutServers.at_version`, pinned there
+until every process has gathered the batch), so step k+1's episodes are sampled while step k
+trains. A unit of step j is trained from the weights after the updates of steps < j: its lag is
+the number of updates among steps j-N .. j-1, at most N by construction, so no episode ever has
+to be re-sampled for staleness (the trainer still checks every call before the update). Because
+every decision and every sampling version is a function of the step alone, not of timing, a run
+is reproducible and resumes exactly: the checkpoint holds the plans already made for the next
+steps and the weights of the older versions they are bound to (pinned_adapters.pt); a resumed
+run republishes those versions and collects the same episodes. A plan past --steps is made too
+(a longer resumed run must see the same decisions) but not collected. With N = 0 nothing runs
+ahead: the plan of step k is made at step k and collected in this thread, as always. The in-process
+engine samples with the very weights being trained, so it refuses N > 0 (not implemented).
+
+Dynamic sampling (--dynamic-sampling, --max-sampling-rounds R): a group whose rewards are all
+equal has no gradient. After the first round, while fewer than tasks_per_step groups of every
+process carry signal (non-zero advantages) and fewer than R rounds ran, a refill round draws
+that many fresh tasks from the task RNG under the same selection (no new scheduler decision),
+with attempt numbers of its own (`attempt_base`), in this thread under the current weights. Only
+the groups with signal are trained; the scheduler observes every group of every round, the flat
+ones' zeros included (they are what learnability measures). The decision is taken from the
+all-gathered statistics, so every process refills alike.
 
 Several processes (torchrun / accelerate launch; `harnessrl.train.distributed`, docs/training.md
 "Several processes"): every process selects the same harness and tasks from the same seeded
@@ -72,7 +102,8 @@ Files in the run folder OUT:
                        with `--model hf:OUT/adapter`
     rollouts/run.db    every training episode (a RunStore: triage and reports work on it); a resumed
                        run first deletes the episodes of the steps after its checkpoint, so every
-                       stored step holds exactly the episodes its update was computed from
+                       stored step holds exactly the episodes its update was computed from (episodes
+                       collected ahead are stored when their step takes them)
 """
 
 from __future__ import annotations
