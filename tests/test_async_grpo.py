@@ -173,6 +173,25 @@ def test_a_killed_asynchronous_run_resumes_to_the_same_decisions(server, tmp_pat
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+@needs_gloo
+def test_two_processes_collect_ahead_as_one(server, tmp_path):
+    """Each process runs its share of every plan ahead on the servers; rank 0 publishes; the
+    versions stay pinned until both have gathered the step: the run of one process, step for step."""
+    config = dataclasses.replace(ASYNC, steps=3, tasks_per_step=3, rollout_servers=[server])
+    run(tmp_path / "one", config)
+    results = launch(2, tmp_path / "two", config)
+    for rank, (code, output) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n{output[-4000:]}"
+    keys = ("harness", "tasks", "reward_mean", "policy_lag_hist", "sampling_version", "policy_version")
+    a, b = lines(tmp_path / "one" / "metrics.jsonl"), lines(tmp_path / "two" / "metrics.jsonl")
+    assert [{k: r[k] for k in keys} for r in a] == [{k: r[k] for k in keys} for r in b]
+    for x, y in zip(a, b):  # the gradient summed over two processes: equal up to float rounding
+        assert (x["loss"] is None) == (y["loss"] is None)
+        assert x["loss"] is None or x["loss"] == pytest.approx(y["loss"], rel=1e-4, abs=1e-6)
+    assert any(r["policy_lag_max"] == 1 for r in b)
+    assert stored_episodes(tmp_path / "one") == stored_episodes(tmp_path / "two")
+
+
 def test_asynchronous_collection_needs_a_rollout_server(tmp_path):
     with pytest.raises(TrainError, match="--max-off-policy-steps 1 needs --rollout-server"):
         Trainer(ASYNC, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False)
