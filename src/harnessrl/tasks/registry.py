@@ -27,10 +27,10 @@ def list_suites() -> list[str]:
 
 
 def get_suite(name: str, judge: "Judge | None" = None) -> Suite:
-    """A suite by name, or a task folder as `clawgym:PATH`, `pinchbench:PATH`, `harbor:PATH`
-    (read afresh at every call); a ValueError that lists the known names for an unknown one.
-    `judge` (prompt -> reply text) grades the LLM-judge parts of formats that have them
-    (PinchBench); every other suite ignores it."""
+    """A suite by name, or a task folder as `clawgym:PATH`, `pinchbench:PATH`, `harbor:PATH`,
+    `claweval:PATH` (read afresh at every call); a ValueError that lists the known names for an
+    unknown one. `judge` (prompt -> reply text) grades the LLM-judge parts of formats that have
+    them (PinchBench, Claw-Eval); every other suite ignores it."""
     from harnessrl.tasks.importers import IMPORTERS, load_imported_suite
 
     if name.partition(":")[0] in IMPORTERS:

@@ -1,8 +1,9 @@
 """Suites loaded from task folders in other benchmarks' formats: `clawgym:PATH`,
-`pinchbench:PATH`, `harbor:PATH`. See docs/importers.md for the layouts and how each is graded."""
+`pinchbench:PATH`, `harbor:PATH`, `claweval:PATH`. See docs/importers.md for the layouts and how each is graded."""
 
 from __future__ import annotations
 
+from harnessrl.tasks.importers.claweval import ClawEvalSuite
 from harnessrl.tasks.importers.clawgym import ClawGymSuite
 from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoadError
 from harnessrl.tasks.importers.harbor import HarborSuite
@@ -12,24 +13,27 @@ IMPORTERS: dict[str, type[ImportedSuite]] = {
     "clawgym": ClawGymSuite,
     "pinchbench": PinchBenchSuite,
     "harbor": HarborSuite,
+    "claweval": ClawEvalSuite,
 }
+JUDGED_FORMATS = (PinchBenchSuite, ClawEvalSuite)  # the formats with LLM-judge parts
 
 
 def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:
     """The suite for `KIND:PATH`; ValueError for an unknown kind, a missing folder or no tasks.
-    `judge` goes to the formats with LLM-judge parts (PinchBench); the others ignore it."""
+    `judge` goes to the formats with LLM-judge parts (PinchBench, Claw-Eval); the others ignore it."""
     kind, _, path = name.partition(":")
     if kind not in IMPORTERS:
         raise ValueError(f"unknown task folder format '{kind}' (known: {', '.join(f'{k}:PATH' for k in IMPORTERS)})")
     if not path:
         raise ValueError(f"'{name}': give the folder after the colon, e.g. {kind}:path/to/tasks")
-    if judge is not None and IMPORTERS[kind] is PinchBenchSuite:
-        return PinchBenchSuite(path, judge=judge)
+    if judge is not None and IMPORTERS[kind] in JUDGED_FORMATS:
+        return IMPORTERS[kind](path, judge=judge)
     return IMPORTERS[kind](path)
 
 
 __all__ = [
     "IMPORTERS",
+    "ClawEvalSuite",
     "ClawGymSuite",
     "GraderError",
     "HarborSuite",

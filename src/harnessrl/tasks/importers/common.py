@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from harnessrl.tasks.base import SPLITS, SUBMIT_TOOL, Environment, Suite, Task, Tool
 from harnessrl.tasks.workspace import WORKSPACE_TOOLS
@@ -318,13 +318,23 @@ def run_grader(
     cwd: str,
     env: dict[str, str],
     limits: "ExecLimits",
+    read_only: "Sequence[Path]" = (),
 ) -> "ExecResult":
-    """Run a task's grader in the sandbox; GraderError when it did not run to completion."""
+    """Run a task's grader in the sandbox; GraderError when it did not run to completion.
+    `read_only`: host folders the grader reads that may lie under /tmp (a checkout of the
+    benchmark's framework, a virtual environment), which the sandbox would otherwise hide."""
     from harnessrl.tasks.sandbox_exec import run_sandboxed
 
     try:
         result = run_sandboxed(
-            argv, workdir=workdir, mounts=mounts, env=env, limits=limits, network=False, cwd_in_sandbox=cwd
+            argv,
+            workdir=workdir,
+            mounts=mounts,
+            env=env,
+            limits=limits,
+            network=False,
+            cwd_in_sandbox=cwd,
+            read_only=read_only,
         )
     except ValueError as e:  # a mount the sandbox cannot make here
         raise GraderError(f"the sandbox cannot run the grader: {e}") from None
