@@ -40,8 +40,10 @@ whose judge call fails, raises GraderError (an infrastructure error, never a zer
 
 Not supported (each a clear load error for that task): multi-turn tasks with a simulated user
 (`user_agent.enabled`: it needs a second LLM in the loop), prompt attachments (images and other
-media: episodes here are text-only), a tool without an endpoint or one whose URL names no
-declared service port. The agent's tools are harnessrl's (read_file, shell, ...) rather than
+media: episodes here are text-only), a tool without an endpoint (other than Claw-Eval's
+own sandbox tools Bash, Read, Write, ..., whose place harnessrl's shell and file tools take) or
+one whose URL names no declared service port, a declared file that is missing (the video
+fixtures are not in the GitHub repository). The agent's tools are harnessrl's (read_file, shell, ...) rather than
 Claw-Eval's sandbox tools (Read, Bash, ...), and `dispatches` holds the calls of the task's own
 service tools only.
 """
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import glob
 import json
 import mimetypes
@@ -99,6 +102,9 @@ HTTP_TIMEOUT_S = 30.0  # Claw-Eval's dispatcher timeout
 MIN_READY_S = 20.0  # a service's start on a loaded machine takes longer than the task's 10 s
 SERVICE_MEMORY_MB = 4096  # RLIMIT_AS: FastAPI + pydantic map far more than they use
 GRADER_MEMORY_MB = 4096
+# Claw-Eval's own sandbox tools, which some tasks list without an endpoint: harnessrl's shell
+# and file tools take their place.
+SANDBOX_TOOL_NAMES = frozenset({"Bash", "Read", "Write", "Edit", "Glob", "Grep"})
 _LOCAL_URL = re.compile(r"(?:localhost|127\.0\.0\.1):(\d+)")
 
 
@@ -190,6 +196,8 @@ def parse_task_file(folder: Path, reserved_tools: set[str]) -> TaskFile:
     for tool in tools:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise TaskLoadError(f"{name}: each tool needs a 'name'")
+    tools = [t for t in tools if not (t["name"] in SANDBOX_TOOL_NAMES and t["name"] not in endpoints)]
+    for tool in tools:
         tname = tool["name"]
         if tname in reserved_tools:
             raise TaskLoadError(f"{name}: tool '{tname}' has the name of one of harnessrl's own tools")
@@ -204,7 +212,9 @@ def parse_task_file(folder: Path, reserved_tools: set[str]) -> TaskFile:
     if not isinstance(environment, dict):
         raise TaskLoadError(f"{name}: 'environment' must be a mapping")
     sandbox_files = _str_list(raw, "sandbox_files", name) or _str_list(environment, "fixtures", name)
-    for rel in sandbox_files + _str_list(raw, "sandbox_grader_files", name) + _str_list(raw, "local_grader_files", name):
+    for rel in (
+        sandbox_files + _str_list(raw, "sandbox_grader_files", name) + _str_list(raw, "local_grader_files", name)
+    ):
         relative_inside(rel, f"{name}: file")
         if not (folder / rel).is_file():
             raise TaskLoadError(f"{name}: file not found: {folder / rel}")
@@ -258,6 +268,12 @@ def grader_uses_judge(grader: Path, tasks_dir: Path, seen: frozenset[Path] = fro
 # Services
 
 
+def read_only_paths(root: Path) -> list[Path]:
+    """What a sandboxed grader or service must see even where the sandbox puts a fresh /tmp: the
+    checkout, this Python's environment and its package folders."""
+    return list(dict.fromkeys([root, Path(sys.prefix), *map(Path, _package_folders())]))
+
+
 def free_port() -> int:
     """A loopback port nothing listens on now (the service binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -273,7 +289,9 @@ def shift_url(url: str, ports: dict[int, int]) -> str:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # mock traffic stays local
 
 
-def http_json(method: str, url: str, body: Any = None, timeout: float = HTTP_TIMEOUT_S, headers=None) -> tuple[int, Any]:
+def http_json(
+    method: str, url: str, body: Any = None, timeout: float = HTTP_TIMEOUT_S, headers=None
+) -> tuple[int, Any]:
     """(status, decoded JSON body or the text when it is not JSON); OSError when unreachable."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method, headers={**(headers or {})})
@@ -318,11 +336,12 @@ def start_service(svc: dict[str, Any], root: Path, ports: dict[int, int], lifeti
     from harnessrl.tasks.sandbox_exec import ExecLimits, run_sandboxed
 
     port = ports[svc["port"]]
+    python, python_env = grader_python()
     argv = shlex.split(svc["command"])
     if argv and argv[0] in ("python", "python3"):  # as Claw-Eval does: the evaluating interpreter
-        argv[0] = sys.executable
+        argv[0] = python
     env = {str(k): shift_url(str(v), ports) for k, v in (svc.get("env") or {}).items()}
-    env.update(PORT=str(port), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(python_env, PORT=str(port), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     scratch = Path(tempfile.mkdtemp(prefix="harnessrl-claweval-svc-"))
     os.chmod(scratch, 0o755)
     limits = ExecLimits(wall_s=lifetime_s, cpu_s=int(lifetime_s), memory_mb=SERVICE_MEMORY_MB, processes=64)
@@ -340,7 +359,7 @@ def start_service(svc: dict[str, Any], root: Path, ports: dict[int, int], lifeti
                     network=True,
                     cwd_in_sandbox=str(root),
                     stop=stop,
-                    read_only=[root, Path(sys.prefix)],
+                    read_only=read_only_paths(root),
                 )
             )
         except Exception as e:  # noqa: BLE001 - reported by the readiness wait below
@@ -429,7 +448,53 @@ def service_tool(spec: dict[str, Any], endpoint: dict[str, str]) -> Tool:
 
 
 # ----------------------------------------------------------------------------------------------
-# In the sandbox: the load check and the grading driver (run on this interpreter)
+# In the sandbox: the load check and the grading driver
+
+
+def _package_folders() -> list[str]:
+    """This process's import folders beyond the standard library (site-packages, editable installs)."""
+    stdlib = Path(sys.base_prefix).resolve() / "lib"
+    out = []
+    for entry in sys.path:
+        if entry and os.path.isdir(entry):
+            real = Path(entry).resolve()
+            if real != stdlib and not (stdlib in real.parents and "site-packages" not in real.parts):
+                out.append(str(real))
+    return list(dict.fromkeys(out))
+
+
+@functools.cache
+def grader_python() -> tuple[str, dict[str, str]]:
+    """(interpreter, extra environment) for Claw-Eval graders and services, which import the
+    framework's packages (pydantic, PyYAML, FastAPI...): this process's interpreter when the
+    sandbox user can run it, else the same Python version on the sandbox's PATH with this
+    process's package folders on PYTHONPATH (harnessrl installed where only root may enter,
+    e.g. under /root). Probed once with a real sandboxed import; RuntimeError when neither works."""
+    from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, run_sandboxed
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [(sys.executable, {})]
+    same = shutil.which(version, path=SANDBOX_PATH)
+    if same is not None:
+        candidates.append((same, {"PYTHONPATH": os.pathsep.join(_package_folders())}))
+    tried = []
+    for python, env in candidates:
+        with scratch_folder("harnessrl-claweval-probe-") as folder:
+            result = run_sandboxed(
+                [python, "-c", "import pydantic, yaml"],
+                workdir=folder,
+                env=env,
+                limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=GRADER_MEMORY_MB),
+                read_only=[Path(sys.prefix), *map(Path, _package_folders())],
+            )
+        if result.returncode == 0:
+            return python, env
+        tried.append(f"{python}: {(result.stderr.strip() or result.reason)[-200:]}")
+    raise RuntimeError(
+        "no Python the sandbox can run imports pydantic and yaml (Claw-Eval graders need them); tried "
+        + "; ".join(tried)
+    )
+
 
 _COMMON = r"""
 import importlib.util, inspect, json, sys
@@ -487,7 +552,7 @@ def ask(messages):
             texts = []
             for p in content:
                 if p.get("type") != "text":
-                    raise JudgeFailed("the grader sent the judge a " + str(p.get("type")) + " part; the judge is text-only")
+                    raise JudgeFailed("the judge is text-only; the grader sent it a " + str(p.get("type")) + " part")
                 texts.append(p.get("text", ""))
             content = "\n".join(texts)
         role = m.get("role", "user") if isinstance(m, dict) else getattr(m, "role", "user")
@@ -618,7 +683,12 @@ class ClawEvalSuite(ImportedSuite):
             write_json(scratch / "tasks.json", [[f.task_id, str(f.folder)] for f in files])
             try:
                 result = run_grader(
-                    [sys.executable, f"{GRADER_DIR}/check.py", f"{GRADER_DIR}/tasks.json", f"{GRADER_DIR}/out.json"],
+                    [
+                        grader_python()[0],
+                        f"{GRADER_DIR}/check.py",
+                        f"{GRADER_DIR}/tasks.json",
+                        f"{GRADER_DIR}/out.json",
+                    ],
                     workdir=scratch,
                     mounts={GRADER_DIR: scratch},
                     cwd=GRADER_DIR,
@@ -634,15 +704,16 @@ class ClawEvalSuite(ImportedSuite):
             return json.loads((scratch / "out.json").read_text(encoding="utf-8"))
 
     def _python_env(self) -> dict[str, str]:
+        extra = grader_python()[1].get("PYTHONPATH")
         return {
-            "PYTHONPATH": f"{self.root / 'src'}:{self.root}",
+            "PYTHONPATH": os.pathsep.join([str(self.root / "src"), str(self.root)] + ([extra] if extra else [])),
             "PYTHONDONTWRITEBYTECODE": "1",
             "HOME": "/tmp",
             "LC_ALL": "C.UTF-8",
         }
 
     def _read_only(self) -> list[Path]:
-        return [self.root, Path(sys.prefix)]
+        return read_only_paths(self.root)
 
     def _entry(self, tf: TaskFile, family: str, judged: bool) -> TaskEntry:
         tools = [service_tool(spec, tf.endpoints[spec["name"]]) for spec in tf.tools]
@@ -705,7 +776,7 @@ class ClawEvalSuite(ImportedSuite):
             bridge = JudgeBridge(scratch / "judge.sock", self.judge) if self.judge is not None else None
             try:
                 result = run_grader(
-                    [sys.executable, f"{GRADER_DIR}/driver.py", GRADER_DIR, str(tf.folder), tf.task_id],
+                    [grader_python()[0], f"{GRADER_DIR}/driver.py", GRADER_DIR, str(tf.folder), tf.task_id],
                     workdir=scratch,
                     mounts={GRADER_DIR: scratch, WORKSPACE: env.workspace.root},
                     cwd=GRADER_DIR,
@@ -771,7 +842,11 @@ class ClawEvalSuite(ImportedSuite):
             except ValueError as e:  # the workspace cannot be shown at /workspace here
                 raise GraderError(f"the sandbox cannot run the snapshot command {cmd!r}: {e}") from None
             if r.timed_out:
-                snapshot[f"cmd:{cmd}"] = {"exit_code": -1, "stdout": "", "stderr": f"Timed out after {limits.wall_s:g}s"}
+                snapshot[f"cmd:{cmd}"] = {
+                    "exit_code": -1,
+                    "stdout": "",
+                    "stderr": f"Timed out after {limits.wall_s:g}s",
+                }
             else:
                 snapshot[f"cmd:{cmd}"] = {"exit_code": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
         for pattern in tf.snapshot_files:
@@ -814,7 +889,11 @@ def _read_for_snapshot(path: str, ws: Workspace) -> dict[str, Any]:
     try:
         return {"content": raw.decode("utf-8"), "mime_type": mime or "text/plain", "encoding": "utf-8"}
     except UnicodeDecodeError:
-        return {"content": base64.b64encode(raw).decode(), "mime_type": mime or "application/octet-stream", "encoding": "base64"}
+        return {
+            "content": base64.b64encode(raw).decode(),
+            "mime_type": mime or "application/octet-stream",
+            "encoding": "base64",
+        }
 
 
 def claw_messages(env: Environment, prompt: str) -> list[dict[str, Any]]:
@@ -822,15 +901,15 @@ def claw_messages(env: Environment, prompt: str) -> list[dict[str, Any]]:
     every executed call an assistant `tool_use` and a user `tool_result`, and the submitted
     answer as the final assistant text. Only executed calls are recorded by the environment, so
     the model's prose between calls is not part of it."""
-    errors = {
-        d["call_index"]: d["response_status"] >= 400 for d in getattr(env, "dispatches", []) if "call_index" in d
-    }
+    errors = {d["call_index"]: d["response_status"] >= 400 for d in getattr(env, "dispatches", []) if "call_index" in d}
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
     for i, (name, args, output) in enumerate(env.calls):
         if name == "submit":
             continue
         call_id = f"call_{i:04d}"
-        messages.append({"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": dict(args)}]})
+        messages.append(
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": dict(args)}]}
+        )
         block = {"type": "tool_result", "tool_use_id": call_id, "content": [{"type": "text", "text": output}]}
         messages.append({"role": "user", "content": [{**block, "is_error": errors.get(i, False)}]})
     if env.answer:
