@@ -63,6 +63,12 @@ METRIC_KEYS = {
     "grad_norm",
     "rollout_logprob_diff_max",
     "rollout_logprob_diff_mean",
+    "rollout_log_ratio_mean",
+    "rollout_kl_mean",
+    "rollout_kl_max",
+    "rollout_mismatch_frac",
+    "tis_weight_mean",
+    "tis_capped_frac",
     "optimizer_step",
     "optimizer_steps",
     "sampling_seed",
@@ -188,6 +194,9 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
         assert r["optimizer_steps"] == 1 and r["clip_fraction_by_epoch"] == [0.0] and r["clip_fraction"] == 0.0
         # the engine's recorded log-probs agree with the trainer's teacher-forced recomputation
         assert 0 <= r["rollout_logprob_diff_mean"] <= r["rollout_logprob_diff_max"] < 1e-4
+        # the engine samples with the very weights the trainer differentiates: no mismatch
+        assert 0 <= r["rollout_kl_mean"] <= r["rollout_kl_max"] < 1e-6 and r["rollout_mismatch_frac"] == 0
+        assert r["tis_weight_mean"] is None and r["tis_capped_frac"] is None  # --rollout-correction none
     for r in records:
         if not r["optimizer_step"]:
             assert r["optimizer_steps"] == 0 and r["clip_fraction_by_epoch"] is None
