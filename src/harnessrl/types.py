@@ -129,6 +129,17 @@ class Step(_Record):
     interventions: list[Intervention] = Field(default_factory=list)
 
 
+class RefusedRequest(_Record):
+    """A request of an external agent program that the recording endpoint refused (an unknown
+    route, a malformed body, a request past a limit): what the agent asked and what it was told."""
+
+    method: str
+    route: str  # the path under the episode's address, e.g. "/v1/chat/completions"
+    status: int  # the HTTP status it was answered with
+    message: str
+    after_calls: int = 0  # model calls the episode had admitted before it
+
+
 class Termination(str, Enum):
     submitted = "submitted"
     max_steps = "max_steps"
@@ -173,6 +184,9 @@ class Trajectory(_Record):
     # the episode's own time: setup, latency of the model calls that served it, its own tool steps
     # (what rules.timeout_s limits); 0.0 in records written before it was kept
     own_s: float = 0.0
+    # external harnesses: the agent's requests the recording endpoint refused, in order (the
+    # first MAX_REFUSED_RECORDED of them); empty for every other harness and in older records
+    refused_requests: list[RefusedRequest] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
 
     @property

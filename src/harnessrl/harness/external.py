@@ -17,16 +17,19 @@ A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For 
    the completion (unknown tools and arguments that do not match the agent's own schemas are
    recorded as blocked calls), and, once the agent sends them back in a later request, the
    results of those calls;
+   Requests the endpoint refuses (an unknown route, a malformed body, a request past a limit) are
+   kept in the trajectory's `refused_requests` (route, method, status, message);
 5. when the program ends, the answer file (if any) is the answer, the task's grader grades the
    final environment, and the program's exit status, stdout and stderr (capped) go into the
    trajectory's meta under "agent".
 
 Outcomes (termination): `submitted` (the answer file exists when the program ends on its own),
 `exited` (it ended without one, whatever its exit status, or it made no model call: then nothing
-it left is credited), `timeout` (past `limits.wall_s`), `max_steps` / `max_tokens` (a request past
-`limits.max_model_calls` / `limits.max_total_tokens`: refused, and the program is stopped), and
-`error` for our side only (the model backend failed, the sandbox could not start the program,
-the grader crashed): retried like any infrastructure error.
+it left is credited, and the detail names the first request the endpoint refused, if any, e.g.
+"the agent's POST /v1/foo got 404 (route not served: ...)"), `timeout` (past `limits.wall_s`),
+`max_steps` / `max_tokens` (a request past `limits.max_model_calls` / `limits.max_total_tokens`:
+refused, and the program is stopped), and `error` for our side only (the model backend failed,
+the sandbox could not start the program, the grader crashed): retried like any infrastructure error.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from harnessrl.types import (
     Grade,
     Message,
     ModelCall,
+    RefusedRequest,
     Step,
     Termination,
     ToolCall,
@@ -84,6 +88,8 @@ MAX_ANSWER_BYTES = 100_000  # what is read of the answer file
 STDERR_TAIL_CHARS = 300  # of stderr, in the termination detail of a program that failed
 _CALL_ID = re.compile(r"^call_(\d+)_(\d+)$")  # the ids of the tool calls this endpoint hands out
 _STOP_POLL_S = 0.2  # how often a running program looks whether the run was interrupted
+MAX_REFUSED_RECORDED = 100  # refused requests kept per episode (a program may loop on one)
+REFUSAL_DETAIL_CHARS = 200  # of the first refusal's message, in the termination detail
 
 
 class Job(Interface):
@@ -144,6 +150,8 @@ class ExternalEpisode:
         self.termination: Termination | None = None  # set by a limit or a backend failure
         self.detail = ""
         self.infra_error: str | None = None
+        self.refusals: list[RefusedRequest] = []  # the first MAX_REFUSED_RECORDED
+        self.refused_total = 0
 
     # -- the conversation as text -------------------------------------------------------------------
     def _calls_text(self, content: str, calls: list[ToolCall]) -> str:
@@ -278,6 +286,16 @@ class ExternalEpisode:
         with self._lock:
             self.infra_error = f"model backend failed: {message}"
             self._end(Termination.error, "model backend failed")
+
+    def refused(self, method: str, route: str, status: int, message: str) -> None:
+        """The endpoint refused one of the agent's requests: kept in the trajectory, and the
+        first one is named in the termination detail of an episode it explains."""
+        with self._lock:
+            self.refused_total += 1
+            if len(self.refusals) < MAX_REFUSED_RECORDED:
+                self.refusals.append(
+                    RefusedRequest(method=method, route=route, status=status, message=message, after_calls=self.calls)
+                )
 
     def _end(self, termination: Termination, detail: str) -> None:
         """(under the lock) The episode ends here: the program is stopped."""
@@ -559,6 +577,9 @@ class _Record:
 
     def finish(self, env: Environment, episode: ExternalEpisode, result: ExecResult, control: Path) -> Trajectory:
         steps = episode.steps()
+        meta = {"required_observations": self.job.task.required_observations, "agent": _agent_meta(result)}
+        if episode.refused_total > len(episode.refusals):
+            meta["refused_requests_total"] = episode.refused_total
         answer = _read_answer(control / ANSWER_FILE)
         termination, detail, credited = _outcome(episode, result, answer, bool(steps))
         infra_error = episode.infra_error
@@ -591,7 +612,8 @@ class _Record:
             infra_error=infra_error,
             prompt_tokens=episode.prompt_tokens,
             completion_tokens=episode.completion_tokens,
-            meta={"required_observations": self.job.task.required_observations, "agent": _agent_meta(result)},
+            refused_requests=list(episode.refusals),
+            meta=meta,
         )
 
 
@@ -615,11 +637,27 @@ def _outcome(
         return episode.termination, episode.detail, True
     if result.timed_out:
         return Termination.timeout, f"the agent ran past limits.wall_s ({result.reason})", True
+    first = _first_refusal(episode)
     if not called:
+        if first:
+            return Termination.exited, f"{first}; it made no model call, nothing it left is credited ({how})", False
         return Termination.exited, f"the agent made no model call; nothing it left is credited ({how})", False
     if answer is not None:
         return Termination.submitted, "" if how == "exit code 0" else how, True
-    return Termination.exited, f"ended without an answer file ({how})", True
+    return (
+        Termination.exited,
+        f"ended without an answer file ({how}){f'; first refused: {first}' if first else ''}",
+        True,
+    )
+
+
+def _first_refusal(episode: ExternalEpisode) -> str:
+    """ "the agent's POST /v1/foo got 404 (route not served: ...)" for its first refused request."""
+    if not episode.refusals:
+        return ""
+    r = episode.refusals[0]
+    message = r.message if len(r.message) <= REFUSAL_DETAIL_CHARS else r.message[:REFUSAL_DETAIL_CHARS] + "..."
+    return f"the agent's {r.method} {r.route} got {r.status} ({message})"
 
 
 def _how_it_ended(result: ExecResult) -> str:

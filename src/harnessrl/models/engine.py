@@ -50,12 +50,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -65,6 +66,8 @@ from transformers import DynamicCache
 from harnessrl.models import packed
 from harnessrl.models.attention import decode_plan, make_plan, uses_compiled_kernel, uses_fused_kernel
 from harnessrl.models.prefix_cache import PrefixCache, PrefixNode
+
+log = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -103,6 +106,9 @@ class EngineRequest:
     top_p: float = 1.0
     seed: int = 0
     stop_ids: Sequence[int] | None = None
+    # called from the engine's thread with (token id, logprob) as each token is sampled (a
+    # server streams them); it must be quick and must not block: it runs inside the decode step
+    on_token: Callable[[int, float], None] | None = None
 
 
 @dataclass
@@ -249,6 +255,7 @@ class _Request:
         "length",
         "lock",
         "max_new",
+        "on_token",
         "out_ids",
         "out_logprobs",
         "prompt",
@@ -267,6 +274,7 @@ class _Request:
         self.stops = stops
         self.generator = torch.Generator().manual_seed(req.seed) if req.temperature > 0 else None
         self.future = future
+        self.on_token = req.on_token
         self.out_ids: list[int] = []
         self.out_logprobs: list[float] = []
         self.row = -1
@@ -502,10 +510,14 @@ class Engine:
         top_p: float = 1.0,
         seed: int = 0,
         stop_ids: Sequence[int] | None = None,
+        on_token: Callable[[int, float], None] | None = None,
     ) -> Future:
         """Queue one request; its Future resolves to a Completion. Never raises for a bad
-        request: the Future carries the ValueError (or EngineClosed) instead."""
-        return self.submit_request(EngineRequest(prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids))
+        request: the Future carries the ValueError (or EngineClosed) instead. `on_token`: see
+        EngineRequest."""
+        return self.submit_request(
+            EngineRequest(prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids, on_token)
+        )
 
     def submit_request(self, request: EngineRequest) -> Future:
         future: Future = Future()
@@ -981,6 +993,12 @@ class Engine:
         req.out_ids.append(token)
         req.out_logprobs.append(logprob)
         self._stats.completion_tokens += 1
+        if req.on_token is not None:  # one attribute test per token for requests nobody streams
+            try:
+                req.on_token(token, logprob)
+            except Exception:  # noqa: BLE001 - a listener's failure must not end the batch's step
+                log.exception("a token listener failed; the request goes on without it")
+                req.on_token = None
         if token in req.stops:
             self._finish(req, FINISH_STOP)
         elif len(req.out_ids) >= req.max_new or (

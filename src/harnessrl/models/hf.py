@@ -41,7 +41,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import asdict
 from pathlib import Path
@@ -140,6 +140,8 @@ class HFPolicy(Policy):
     mode and restore its mode afterwards; generation_config is never read (SamplingParams are the
     whole story), so the model may be shared with a trainer.
     """
+
+    streams_tokens = True  # `submit` takes on_token: a server can stream tokens as they are sampled
 
     def __init__(
         self,
@@ -369,7 +371,13 @@ class HFPolicy(Policy):
             return index
 
     def _submit_ids(
-        self, prompt: Sequence[int], max_new_tokens: int, sampling: SamplingParams, seed: int, stop_ids: Sequence[int]
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        seed: int,
+        stop_ids: Sequence[int],
+        on_token: Callable[[int, float], None] | None = None,
     ) -> Future[Completion]:
         try:
             engine = self._slot.running()
@@ -384,6 +392,7 @@ class HFPolicy(Policy):
             top_p=sampling.top_p,
             seed=seed,
             stop_ids=list(stop_ids),
+            on_token=on_token,
         )
 
     def _failure(self, exc: BaseException) -> PolicyError:
@@ -391,12 +400,21 @@ class HFPolicy(Policy):
             return exc
         return PolicyError(f"{self.name}: generation failed: {type(exc).__name__}: {exc}")
 
-    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+    def submit(
+        self,
+        request: GenerationRequest,
+        sampling: SamplingParams | None = None,
+        *,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> Future[ModelCall]:
         """Queue one request on the engine; never blocks on generation, safe from any thread.
 
         The future holds the ModelCall, or a PolicyError that belongs to this request alone
         (a prompt that cannot be rendered, a prompt longer than the model's context, a model
         error while it ran). Cancelling the future takes the request out of the engine.
+        `on_token(id, logprob)` is called from the engine's thread for every sampled token, the
+        end-of-turn token and tokens past a stop string included (the ModelCall is the truth):
+        what `harnessrl serve` streams.
         """
         sampling = sampling or self.default_sampling
         call_index = self._next_call()
@@ -407,7 +425,7 @@ class HFPolicy(Policy):
             out.set_exception(PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}"))
             return out
         seed = call_seed(sampling.seed, call_index) if request.seed is None else request.seed
-        inner = self._submit_ids(prompt, request.max_new_tokens, sampling, seed, self.stop_ids)
+        inner = self._submit_ids(prompt, request.max_new_tokens, sampling, seed, self.stop_ids, on_token)
         engine = self._slot.engine
 
         def resolve(done: Future[Completion]) -> None:

@@ -1,4 +1,5 @@
-"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions over the local engine.
+"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API over the
+local engine (a Responses request is served as the chat completion it means: serve/responses.py).
 
 Every completion route is async and awaits the policy's `submit` future, so the requests in
 flight together join the engine's running batch (continuous batching), and a request the
@@ -9,28 +10,23 @@ policy fails gets its own 500 while the others complete. Slow work that is not g
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harnessrl.models.base import PolicyError
 from harnessrl.serve.models import ServedModels
-from harnessrl.serve.protocol import (
-    ChatCompletionRequest,
-    ServeError,
-    completion_body,
-    error_body,
-    stream_chunks,
-    to_generation,
-)
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body, to_generation
+from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
+from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
+from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +61,7 @@ def create_app(models: ServedModels) -> FastAPI:
     """The app answering for `models` (the caller closes them after the server stops)."""
     app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = models
+    conversations = app.state.conversations = ConversationStore()  # previous_response_id
 
     @app.exception_handler(ServeError)
     async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
@@ -102,8 +99,8 @@ def create_app(models: ServedModels) -> FastAPI:
     async def unload_lora_adapter(body: UnloadLoraRequest) -> PlainTextResponse:
         return PlainTextResponse(await asyncio.to_thread(models.unload_adapter, body.lora_name))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def admit(body: ChatCompletionRequest) -> Exchange:
+        """The served model's answer to `body`, ready to start (ServeError: refused)."""
         # off the event loop: an adapter evicted from the LRU is merged again from its folder first
         entry = await asyncio.to_thread(models.acquire, body.model)
         try:
@@ -128,29 +125,52 @@ def create_app(models: ServedModels) -> FastAPI:
                 # no limit asked: up to the model's context (the engine stops there)
                 limit = context - len(prompt) if context is not None else NO_CONTEXT_MAX_TOKENS
                 request = request.model_copy(update={"max_new_tokens": limit})
-            try:
-                call = await asyncio.wrap_future(policy.submit(request, sampling))
-            except PolicyError as exc:
-                return JSONResponse(error_body(500, str(exc)), status_code=500)
-            if body.logprobs and models.logprobs_mode == "raw_logprobs" and call.completion_ids:
-                # vLLM's default: log softmax of the raw logits, before temperature
-                raw = await asyncio.to_thread(entry.raw_logprobs, call.prompt_ids, call.completion_ids)
-                call = call.model_copy(update={"logprobs": raw})
-        finally:
+        except BaseException:
             models.release(entry)
-        request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        name = entry.name
-        if body.stream:
-            chunks = stream_chunks(body, call, policy.tokenizer, model=name, request_id=request_id, created=created)
+            raise
+        # vLLM's default raw logprobs are recomputed once the reply is done: such a stream waits for it
+        raw = bool(body.logprobs) and models.logprobs_mode == "raw_logprobs"
 
-            async def events():
-                for chunk in chunks:
-                    yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                yield "data: [DONE]\n\n"
+        def submit(on_token):
+            if on_token is None:
+                return policy.submit(request, sampling)
+            return policy.submit(request, sampling, on_token=on_token)
 
-            return StreamingResponse(events(), media_type="text/event-stream")
-        return JSONResponse(
-            completion_body(body, call, policy.tokenizer, model=name, request_id=request_id, created=created)
+        def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
+            if raw and call.completion_ids:
+                # vLLM's default: log softmax of the raw logits, before temperature
+                call = call.model_copy(update={"logprobs": entry.raw_logprobs(call.prompt_ids, call.completion_ids)})
+            return call, None
+
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                models.release(entry)
+
+        return Exchange(
+            submit=submit,
+            finish=finish,
+            failed=lambda message: message,
+            release=release,
+            tokenizer=policy.tokenizer,
+            model=entry.name,
+            stop=list(request.stop),
+            live=not raw and bool(getattr(policy, "streams_tokens", False)),
+            prompt_ids=prompt,
         )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Any:
+        exchange = await admit(body)
+        return await chat_reply(exchange, body, request_id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()))
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest) -> Any:
+        chat, conversation = to_chat(body, conversations.history(body.previous_response_id))
+        exchange = await admit(chat)
+        turn = ResponseTurn(body, conversation, conversations, new_id("resp"), time.time())
+        return await responses_reply(exchange, turn)
 
     return app

@@ -1,38 +1,49 @@
-"""The recording endpoint: OpenAI's chat completions for external agent programs, one route
-prefix per episode, every request answered by the run's policy and recorded as a step.
+"""The recording endpoint: OpenAI's chat completions and Responses API for external agent
+programs, one route prefix per episode, every request answered by the run's policy and recorded
+as a step.
 
     http://127.0.0.1:PORT/episodes/<token>/v1/chat/completions
+    http://127.0.0.1:PORT/episodes/<token>/v1/responses
     http://127.0.0.1:PORT/episodes/<token>/v1/models
 
 The token is drawn per episode (`secrets`), so an agent reaches its own episode only; a token
 that names no running episode is a 404. What a request becomes, which limits apply and what is
 recorded is the episode's business (harness/external.py, `RecordedEpisode`): this module only
-routes, awaits the policy and writes the wire format (serve/protocol.py).
+routes, awaits the policy and writes the wire format (serve/protocol.py, serve/responses.py,
+serve/replies.py). A Responses request is admitted as the chat completion it means, so it is
+limited and recorded exactly as one; the conversations behind `previous_response_id` are kept
+per episode and dropped with it. Every request the endpoint refuses under a running episode's
+address (an unknown route, a malformed body, a request past a limit) is told to the episode
+(`refused`), which keeps it in the trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import re
 import threading
 import time
 import uuid
-from concurrent.futures import CancelledError
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harnessrl.models.base import Policy, PolicyError, SamplingParams
+from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.serve.app import _validation_message
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, completion_body, error_body, stream_chunks
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body
+from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
+from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.serve.server import BackgroundServer
 from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
+
+_EPISODE_PATH = re.compile(r"^/episodes/(?P<token>[^/]+)(?P<route>/.*)?$")
+ROUTES_SERVED = "GET /v1/models, POST /v1/chat/completions and POST /v1/responses"
 
 
 class RecordedEpisode(Protocol):
@@ -52,6 +63,9 @@ class RecordedEpisode(Protocol):
     def backend_failed(self, message: str, latency: float) -> None:
         """The policy could not answer the turn."""
 
+    def refused(self, method: str, route: str, status: int, message: str) -> None:
+        """The endpoint refused one of the agent's requests (answered `status` with `message`)."""
+
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     # 429 is a limit of the episode, not a busy server: tell OpenAI clients not to retry it
@@ -65,6 +79,7 @@ class RecordingEndpoint:
 
     def __init__(self, host: str = "127.0.0.1"):
         self._episodes: dict[str, RecordedEpisode] = {}
+        self._stores: dict[str, ConversationStore] = {}  # per episode: previous_response_id
         self._lock = threading.Lock()
         self._server = BackgroundServer(self._app(), host=host, name="recording")
         self.root: str | None = None
@@ -90,6 +105,53 @@ class RecordingEndpoint:
     def unregister(self, episode: RecordedEpisode) -> None:
         with self._lock:
             self._episodes.pop(episode.token, None)
+            self._stores.pop(episode.token, None)
+
+    def _conversations(self, token: str) -> ConversationStore:
+        with self._lock:
+            return self._stores.setdefault(token, ConversationStore())
+
+    def _refused(self, request: Request, status: int, message: str) -> None:
+        """Tell the episode whose address the refused request used (none for a wrong token)."""
+        found = _EPISODE_PATH.match(request.url.path)
+        if found is None:
+            return
+        with self._lock:
+            episode = self._episodes.get(found.group("token"))
+        if episode is not None:
+            episode.refused(request.method, found.group("route") or "/", status, message)
+
+    def _exchange(self, episode: RecordedEpisode, turn: Any, model: str | None) -> Exchange:
+        """How the episode's admitted turn is generated and recorded."""
+        policy = episode.policy
+        started = [time.monotonic()]
+
+        def submit(on_token):
+            started[0] = time.monotonic()
+            # submit may render the prompt in the calling thread: the caller keeps it off the event loop
+            if on_token is None:
+                return policy.submit(turn.request, episode.sampling)
+            return policy.submit(turn.request, episode.sampling, on_token=on_token)
+
+        def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
+            return call, episode.record(turn, call, time.monotonic() - started[0])
+
+        def failed(message: str) -> str:
+            episode.backend_failed(message, time.monotonic() - started[0])
+            return f"the model backend failed: {message}"
+
+        return Exchange(
+            submit=submit,
+            finish=finish,
+            failed=failed,
+            release=lambda: None,
+            tokenizer=getattr(policy, "tokenizer", None),
+            model=model or episode.model_name,
+            stop=list(turn.request.stop),
+            # a reply to a request that offered tools may be a tool call: parsed before it is shown
+            live=bool(getattr(policy, "streams_tokens", False)) and not turn.tools,
+            buffered=bool(turn.tools),
+        )
 
     def _episode(self, token: str) -> RecordedEpisode:
         with self._lock:
@@ -103,16 +165,25 @@ class RecordingEndpoint:
         app = FastAPI(title="harnessrl recording endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
         @app.exception_handler(ServeError)
-        async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
+        async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
+            self._refused(request, exc.status, exc.message)
             return _error(exc.status, exc.message, exc.param)
 
         @app.exception_handler(RequestValidationError)
-        async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-            return _error(400, _validation_message(exc))
+        async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+            message = _validation_message(exc)
+            self._refused(request, 400, message)
+            return _error(400, message)
 
         @app.exception_handler(StarletteHTTPException)
-        async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-            return _error(exc.status_code, str(exc.detail))
+        async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            message = str(exc.detail)
+            if exc.status_code == 404 and message == "Not Found":
+                message = f"route not served: this endpoint serves {ROUTES_SERVED}"
+            elif exc.status_code == 405:
+                message = f"method not allowed: this endpoint serves {ROUTES_SERVED}"
+            self._refused(request, exc.status_code, message)
+            return _error(exc.status_code, message)
 
         @app.exception_handler(Exception)
         async def unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -129,34 +200,16 @@ class RecordingEndpoint:
         async def chat_completions(token: str, body: ChatCompletionRequest) -> Any:
             episode = self._episode(token)
             turn = await asyncio.to_thread(episode.admit, body)  # ServeError: refused (limits, bad input)
-            t0 = time.monotonic()
-            try:
-                # submit may render the prompt in the calling thread: keep it off the event loop
-                future = await asyncio.to_thread(episode.policy.submit, turn.request, episode.sampling)
-                call = await asyncio.wrap_future(future)
-            except (PolicyError, CancelledError) as exc:
-                message = str(exc) or type(exc).__name__
-                episode.backend_failed(message, time.monotonic() - t0)
-                return _error(500, f"the model backend failed: {message}")
-            message = await asyncio.to_thread(episode.record, turn, call, time.monotonic() - t0)
-            request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            name = body.model or episode.model_name
-            tokenizer = getattr(episode.policy, "tokenizer", None)
-            if body.stream:
-                chunks = stream_chunks(
-                    body, call, tokenizer, model=name, request_id=request_id, created=created, message=message
-                )
+            exchange = self._exchange(episode, turn, body.model)
+            return await chat_reply(exchange, body, request_id=f"chatcmpl-{uuid.uuid4().hex}", created=int(time.time()))
 
-                async def events():
-                    for chunk in chunks:
-                        yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                    yield "data: [DONE]\n\n"
-
-                return StreamingResponse(events(), media_type="text/event-stream")
-            return JSONResponse(
-                completion_body(
-                    body, call, tokenizer, model=name, request_id=request_id, created=created, message=message
-                )
-            )
+        @app.post("/episodes/{token}/v1/responses")
+        async def responses(token: str, body: ResponsesRequest) -> Any:
+            episode = self._episode(token)
+            store = self._conversations(token)
+            chat, conversation = to_chat(body, store.history(body.previous_response_id))
+            turn = await asyncio.to_thread(episode.admit, chat)  # ServeError: refused (limits, bad input)
+            exchange = self._exchange(episode, turn, body.model)
+            return await responses_reply(exchange, ResponseTurn(body, conversation, store, new_id("resp"), time.time()))
 
         return app

@@ -1,0 +1,441 @@
+"""OpenAI's Responses API (POST /v1/responses) as a front of the chat completions path.
+
+A Responses request is turned into the ChatCompletionRequest it means (`to_chat`): `instructions`
+become the system message, the stored conversation of `previous_response_id` comes next, then
+the `input` items: messages (role + text content), `function_call` items (an assistant message's
+`tool_calls`) and `function_call_output` items (`tool` messages). Function tools take the chat
+shape. Everything after that (rendering, limits, recording, tool-call parsing) is the chat
+path's, so a Responses call is served, recorded and refused exactly as a chat completion is.
+
+What cannot be served exactly is refused with a 400 naming it: built-in tools (web_search,
+file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning` settings and
+reasoning input items: the local models do not reason), `background` mode, server-side
+`conversation`s, prompt templates (`prompt`), structured output (`text.format` other than
+text), `truncation: "auto"`, non-text input (images, files, audio), `item_reference` items.
+
+The reply (`response_body`) holds a `message` item with one `output_text` part and/or one
+`function_call` item per tool call; `status` is "incomplete" (incomplete_details.reason
+"max_output_tokens") when the completion hit its limit, as OpenAI answers. `stream_events`
+writes the server-sent event sequence the official client's `responses.stream` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, logprobs_content
+from harnessrl.types import ModelCall
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# `include` values with nothing to include here (no reasoning, no tools that run on the server):
+# accepted because agents send them by default (Codex asks for encrypted reasoning)
+VACUOUS_INCLUDES = {"reasoning.encrypted_content", "message.input_image.image_url"}
+STORED_RESPONSES = 4096  # conversations kept for previous_response_id on `harnessrl serve` (LRU)
+TEXT_PARTS = {"input_text", "output_text", "text"}
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses. Fields this server cannot honour are declared so that a request
+    setting them is refused (`check`), never silently served differently."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[Any]
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    store: bool | None = True
+    parallel_tool_calls: bool | None = None
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    include: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+    # refused unless absent / neutral
+    top_logprobs: int | None = Field(None, ge=0)
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    max_tool_calls: int | None = None
+
+
+def check(body: ResponsesRequest) -> None:
+    """400 for what this server does not do (see the module docstring)."""
+    if body.background:
+        raise ServeError(400, "background: background mode is not supported by this server", param="background")
+    if body.conversation is not None:
+        raise ServeError(
+            400,
+            "conversation: server-side conversations are not supported; use previous_response_id",
+            param="conversation",
+        )
+    if body.prompt is not None:
+        raise ServeError(400, "prompt: prompt templates are not supported by this server", param="prompt")
+    reasoning = {k: v for k, v in (body.reasoning or {}).items() if v is not None}
+    if reasoning:
+        raise ServeError(
+            400,
+            f"reasoning: {', '.join(sorted(reasoning))} is not supported: this model does not reason "
+            "(send no reasoning settings)",
+            param="reasoning",
+        )
+    fmt = ((body.text or {}).get("format") or {}).get("type", "text")
+    if fmt != "text":
+        raise ServeError(400, f"text.format: only plain text output is supported, got {fmt!r}", param="text")
+    if body.truncation not in (None, "disabled"):
+        raise ServeError(
+            400,
+            f"truncation: only 'disabled' is supported (a prompt past the context is a 400), got {body.truncation!r}",
+            param="truncation",
+        )
+    if body.top_logprobs:
+        raise ServeError(
+            400,
+            "top_logprobs is not supported: include message.output_text.logprobs gives the sampled token's",
+            param="top_logprobs",
+        )
+    if body.max_tool_calls is not None:
+        raise ServeError(400, "max_tool_calls is not supported by this server", param="max_tool_calls")
+    for value in body.include or []:
+        if value != LOGPROBS_INCLUDE and value not in VACUOUS_INCLUDES:
+            raise ServeError(400, f"include: {value!r} is not supported by this server", param="include")
+
+
+# ------------------------------------------------------------------------------- the request
+
+
+def _text(content: Any, where: str) -> str:
+    """The text of a message item's content: a string, or text parts (joined with newlines, as
+    the chat path joins them)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ServeError(400, f"{where}.content must be a string or a list of content parts", param="input")
+    texts = []
+    for k, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise ServeError(
+                400,
+                f"{where}.content[{k}]: only text parts are supported (input_text, output_text), got a "
+                f"{kind or 'untyped'!r} part",
+                param="input",
+            )
+    return "\n".join(texts)
+
+
+def _arguments(raw: Any, where: str) -> str:
+    if raw is None or raw == "":
+        return "{}"
+    if isinstance(raw, dict):
+        return json.dumps(raw, ensure_ascii=False)
+    if not isinstance(raw, str):
+        raise ServeError(400, f"{where}.arguments must be a JSON string", param="input")
+    return raw
+
+
+def input_messages(items: str | list[Any]) -> list[dict]:
+    """The `input` as chat messages (dicts of ChatCompletionRequest.messages)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ServeError(400, f"{where} must be an object", param="input")
+        kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise ServeError(
+                    400, f"{where}.role must be user, system, developer or assistant, got {role!r}", param="input"
+                )
+            out.append({"role": role, "content": _text(item.get("content"), where)})
+        elif kind == "function_call":
+            name, call_id = item.get("name"), item.get("call_id")
+            if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
+                raise ServeError(400, f"{where}: a function_call item needs name and call_id", param="input")
+            entry = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": _arguments(item.get("arguments"), where)},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                # calls that follow an assistant message (or each other) are that turn's calls
+                last.setdefault("tool_calls", []).append(entry)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [entry]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str) or not call_id:
+                raise ServeError(400, f"{where}: a function_call_output item needs call_id", param="input")
+            text = output if isinstance(output, str) else _text(output, where)
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "reasoning":
+            raise ServeError(
+                400, f"{where}: reasoning items are not supported: this model does not reason", param="input"
+            )
+        elif kind == "item_reference":
+            raise ServeError(
+                400,
+                f"{where}: item references are not supported; send the item or use previous_response_id",
+                param="input",
+            )
+        else:
+            raise ServeError(
+                400,
+                f"{where}: {kind or 'untyped'!r} items are not supported (only message, function_call and "
+                "function_call_output: built-in tools are not served)",
+                param="input",
+            )
+    return out
+
+
+def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
+    """(tools, tool_choice) in the chat shape; 400 for built-in tools."""
+    tools = []
+    for k, tool in enumerate(body.tools or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise ServeError(
+                400,
+                f"tools[{k}]: {kind or 'untyped'!r} tools are not supported by this server: only function tools "
+                "(built-in tools such as web_search, file_search, code_interpreter or mcp are not served)",
+                param="tools",
+            )
+        fn = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
+        tools.append({"type": "function", "function": fn})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise ServeError(
+                400, "tool_choice: only none, auto, required or a function {'type', 'name'}", param="tool_choice"
+            )
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice not in (None, "none", "auto", "required"):
+        raise ServeError(400, f"tool_choice: {choice!r} is not one of none, auto, required", param="tool_choice")
+    return (tools or None), choice
+
+
+def to_chat(body: ResponsesRequest, history: list[dict]) -> tuple[ChatCompletionRequest, list[dict]]:
+    """(the chat request this Responses request means, its conversation without instructions:
+    `history` + the new input), after `check`."""
+    check(body)
+    conversation = [*history, *input_messages(body.input)]
+    messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
+    if not messages:
+        raise ServeError(400, "input must hold at least one item", param="input")
+    tools, choice = chat_tools(body)
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": body.model,
+            "messages": messages,
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "max_completion_tokens": body.max_output_tokens,
+            "tools": tools,
+            "tool_choice": choice,
+            "logprobs": LOGPROBS_INCLUDE in (body.include or []),
+            "stream": bool(body.stream),
+        }
+    )
+    return chat, conversation
+
+
+class ConversationStore:
+    """The conversation after each stored response, by response id (for previous_response_id);
+    at most `size` kept, the least recently used dropped first. Thread-safe."""
+
+    def __init__(self, size: int = STORED_RESPONSES):
+        self.size = size
+        self._items: OrderedDict[str, list[dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def history(self, response_id: str | None) -> list[dict]:
+        if response_id is None:
+            return []
+        with self._lock:
+            found = self._items.get(response_id)
+            if found is not None:
+                self._items.move_to_end(response_id)
+        if found is None:
+            raise ServeError(400, f"Previous response with id '{response_id}' not found.", param="previous_response_id")
+        return list(found)
+
+    def keep(self, response_id: str, conversation: list[dict]) -> None:
+        with self._lock:
+            self._items[response_id] = conversation
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+
+# ------------------------------------------------------------------------------ the response
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage(call: ModelCall) -> dict:
+    prompt, completion = call.prompt_tokens, call.completion_tokens
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def assistant_turn(call: ModelCall, message: dict | None) -> tuple[str | None, list[dict]]:
+    """(the reply's text, its chat tool_calls) from the chat path's assistant message."""
+    if message is None:
+        return call.text, []
+    return message.get("content"), list(message.get("tool_calls") or [])
+
+
+def output_items(text: str | None, tool_calls: list[dict], *, message_id: str, logprobs: list | None) -> list[dict]:
+    """`output`: a message item (when there is text, or nothing else) and one function_call item
+    per tool call (its call_id is the chat tool call id the agent sends back)."""
+    items = []
+    if text or not tool_calls:
+        part = {"type": "output_text", "text": text or "", "annotations": [], "logprobs": logprobs or []}
+        items.append(
+            {"id": message_id, "type": "message", "role": "assistant", "status": "completed", "content": [part]}
+        )
+    for entry in tool_calls:
+        items.append(
+            {
+                "id": "fc_" + entry["id"],
+                "type": "function_call",
+                "call_id": entry["id"],
+                "name": entry["function"]["name"],
+                "arguments": entry["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def response_body(
+    body: ResponsesRequest,
+    *,
+    response_id: str,
+    model: str,
+    created: float,
+    status: str = "completed",
+    output: list[dict] | None = None,
+    call: ModelCall | None = None,
+) -> dict:
+    """A `response` object; `call` None: one still in progress (no usage yet)."""
+    incomplete = status == "incomplete"
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {},
+        "model": model,
+        "output": output or [],
+        "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": None,
+        "store": body.store is not False,
+        "temperature": body.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+        "tools": list(body.tools or []),
+        "top_p": body.top_p,
+        "truncation": "disabled",
+        "usage": usage(call) if call is not None else None,
+        "completed_at": time.time() if call is not None and not incomplete else None,
+    }
+
+
+def final_status(call: ModelCall) -> str:
+    return "incomplete" if call.finish_reason == "length" else "completed"
+
+
+def text_logprobs(body: ResponsesRequest, tokenizer, call: ModelCall) -> list | None:
+    if LOGPROBS_INCLUDE not in (body.include or []):
+        return None
+    return logprobs_content(tokenizer, call, False)
+
+
+def conversation_after(conversation: list[dict], text: str | None, tool_calls: list[dict]) -> list[dict]:
+    """The conversation a follow-up with previous_response_id continues: this reply appended."""
+    turn: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        turn["tool_calls"] = tool_calls
+    return [*conversation, turn]
+
+
+class EventWriter:
+    """Server-sent events of one streamed response, numbered in order (`sequence_number`)."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, kind: str, **fields: Any) -> str:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def function_call_events(write: EventWriter, items: list[dict], first_index: int) -> list[str]:
+    """The events of finished function_call items: added, the arguments as a delta, done."""
+    out = []
+    for k, item in enumerate(items):
+        index = first_index + k
+        out.append(
+            write(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "arguments": "", "status": "in_progress"},
+            )
+        )
+        out.append(
+            write(
+                "response.function_call_arguments.delta",
+                item_id=item["id"],
+                output_index=index,
+                delta=item["arguments"],
+            )
+        )
+        out.append(
+            write(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
+        )
+        out.append(write("response.output_item.done", output_index=index, item=item))
+    return out
