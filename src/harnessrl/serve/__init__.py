@@ -2,6 +2,9 @@
 
     models.py    ServedModels: the base policy and the LoRA adapters loaded at run time
     protocol.py  the chat completions wire format (requests in, responses out, errors)
+    responses.py the Responses API as a front of the chat path (requests, items, events)
+    streaming.py tokens as the engine samples them -> text deltas
+    replies.py   one admitted request answered as JSON or as an event stream (both servers)
     app.py       create_app(models): the FastAPI app (routes)
     server.py    serving(...): a server in a background thread yielding its URL; run_server
 
