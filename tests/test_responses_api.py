@@ -330,3 +330,7 @@ def test_an_agent_calling_an_unserved_route_gets_a_termination_naming_it(tokeniz
         store.add(traj)
         [back] = list(store.trajectories())
     assert back.refused_requests == traj.refused_requests
+    from harnessrl.report.episodes import episode_detail
+
+    [line] = episode_detail(back, None, "run")["refused_requests"]  # what the report's viewer shows
+    assert line.startswith("POST /v1/foo -> 404 after 0 model calls: route not served")

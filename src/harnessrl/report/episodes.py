@@ -162,6 +162,11 @@ def episode_detail(
             "details": _json_text(g.details),
         },
         "infra_error": truncate(t.infra_error),
+        # an external agent's requests the recording endpoint refused (route, status, why)
+        "refused_requests": [
+            f"{r.method} {r.route} -> {r.status} after {r.after_calls} model calls: {truncate(r.message)}"
+            for r in t.refused_requests
+        ],
         "retries": t.retries,
         "prompt_tokens": t.prompt_tokens,
         "completion_tokens": t.completion_tokens,

@@ -267,6 +267,7 @@
       g ? renderGrade(g) : null,
       ep.submitted ? el("div", { cls: "block" }, el("div", { cls: "label", text: "submitted answer" }), pre(ep.answer === null ? "(none)" : ep.answer)) : null,
       ep.infra_error ? el("div", { cls: "block error" }, el("div", { cls: "label", text: "infrastructure error" }), pre(ep.infra_error)) : null,
+      ep.refused_requests && ep.refused_requests.length ? el("div", { cls: "block error" }, el("div", { cls: "label", text: "refused requests" }), pre(ep.refused_requests.join("\n"))) : null,
       ep.meta ? el("details", null, el("summary", { text: "episode meta" }), pre(ep.meta)) : null,
       el("p", { cls: "sub", text: ep.id }));
 
