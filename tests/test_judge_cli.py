@@ -170,3 +170,18 @@ def test_judge_model_on_a_suite_without_judged_parts_is_refused(tmp_path):
     assert r.exit_code == 2, r.output
     assert "no selected task of suite 'toolcalc' has a part graded by an LLM judge" in r.output
     assert not (out / "run.db").exists()
+
+
+CLAWEVAL = Path(__file__).parent / "fixtures" / "claweval"
+
+
+@needs_bwrap
+def test_judge_model_is_taken_by_a_claweval_suite_whose_grader_uses_the_judge(tmp_path, judge_server):
+    """--judge-model is not refused for Claw-Eval: its judged task joins the suite and its grader
+    asks the judge model (the scripted verdict is no number the grader reads: recorded, not a zero)."""
+    out = tmp_path / "claweval"
+    args = ["eval", "--suite", f"claweval:{CLAWEVAL}", "--harness", "json-tools", "--model", "tiny-random"]
+    r = cli.invoke(app, [*args, "--judge-model", judge_server.spec(), "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "J01_sea_poem" in {t.rsplit("/", 1)[-1] for t in grades(out)}
+    assert judge_server.requests  # the judged task's grader reached the judge model

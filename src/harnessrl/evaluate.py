@@ -151,12 +151,12 @@ def run_eval(
         if not task_list:
             raise EvalError("no tasks selected")
         if judge is not None:
-            from harnessrl.tasks.importers.pinchbench import is_judged
+            from harnessrl.tasks.importers import has_judged_part
 
-            if not any(is_judged(t) for t in task_list):
+            if not any(has_judged_part(t) for t in task_list):
                 raise EvalError(
                     f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
-                    "(only PinchBench llm_judge and hybrid tasks do)"
+                    "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
                 )
         check_spec(config.model, config.api_key_env, oracle=True)
         local = not (config.model.startswith("openai:") or config.model.strip() == ORACLE)

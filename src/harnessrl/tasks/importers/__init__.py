@@ -18,6 +18,14 @@ IMPORTERS: dict[str, type[ImportedSuite]] = {
 JUDGED_FORMATS = (PinchBenchSuite, ClawEvalSuite)  # the formats with LLM-judge parts
 
 
+def has_judged_part(task) -> bool:
+    """Whether a task has a part graded by an LLM judge: a PinchBench llm_judge or hybrid task, or
+    a Claw-Eval task whose grader uses the judge."""
+    from harnessrl.tasks.importers.pinchbench import is_judged
+
+    return is_judged(task) or (task.suite == ClawEvalSuite.kind and bool(task.data.get("judged")))
+
+
 def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:
     """The suite for `KIND:PATH`; ValueError for an unknown kind, a missing folder or no tasks.
     `judge` goes to the formats with LLM-judge parts (PinchBench, Claw-Eval); the others ignore it."""
@@ -40,5 +48,6 @@ __all__ = [
     "ImportedSuite",
     "PinchBenchSuite",
     "TaskLoadError",
+    "has_judged_part",
     "load_imported_suite",
 ]
