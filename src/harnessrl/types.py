@@ -86,6 +86,24 @@ class ModelCall(_Record):
     # The policy version that sampled it, where the weights move during a run (GRPO with
     # --rollout-server: the optimizer steps behind the adapter the server held); None elsewhere.
     policy_version: int | None = None
+    # Where the call's time went, in seconds (docs/engine.md, "Timings"). None where the backend
+    # cannot know (the openai: backend knows the latency only) and in records written before them.
+    # They are measurements, not content: equality (`==`) leaves them out, so the same tokens
+    # sampled twice are the same call however long each took.
+    latency_s: float | None = None  # the policy got the request -> it returned the completion
+    queue_s: float | None = None  # submitted to the engine -> first scheduled (taken off its queue)
+    prefill_s: float | None = None  # scheduled -> its prompt prefilled and first token sampled
+    decode_s: float | None = None  # the wall time of every batched decode step it took part in
+    ttft_s: float | None = None  # the policy got the request -> its first completion token
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelCall):
+            return NotImplemented
+        mine = {k: v for k, v in self.__dict__.items() if k not in CALL_TIMINGS}
+        theirs = {k: v for k, v in other.__dict__.items() if k not in CALL_TIMINGS}
+        return mine == theirs
+
+    __hash__ = None  # (as every pydantic model: mutable, so unhashable)
 
     @property
     def completion_tokens(self) -> int:
@@ -94,6 +112,9 @@ class ModelCall(_Record):
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids) if self.prompt_ids else (self.n_prompt_tokens or 0)
+
+
+CALL_TIMINGS = ("latency_s", "queue_s", "prefill_s", "decode_s", "ttft_s")
 
 
 class Intervention(_Record):

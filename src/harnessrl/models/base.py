@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 
@@ -122,22 +123,31 @@ class _SerialServer:
 
     def __init__(self, policy: Policy):
         self.policy = policy
-        self.queue: queue.SimpleQueue[tuple[GenerationRequest, SamplingParams, Future]] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[GenerationRequest, SamplingParams, Future, float]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name=f"policy-{policy.name}", daemon=True)
         self.thread.start()
 
     def put(self, request: GenerationRequest, sampling: SamplingParams, future: Future) -> None:
-        self.queue.put((request, sampling, future))
+        self.queue.put((request, sampling, future, time.perf_counter()))
 
     def _loop(self) -> None:
         while True:
-            request, sampling, future = self.queue.get()
+            request, sampling, future, put_at = self.queue.get()
             if not future.set_running_or_notify_cancel():  # cancelled while it waited
                 continue
+            started_at = time.perf_counter()
             try:
-                future.set_result(_checked(self.policy.complete([request], sampling), 1)[0])
+                call = _checked(self.policy.complete([request], sampling), 1)[0]
             except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
                 future.set_exception(exc)
+                continue
+            # the wait behind earlier requests is this server's queue; a backend that timed the
+            # call itself keeps its own numbers
+            if call.queue_s is None:
+                call.queue_s = started_at - put_at
+            if call.latency_s is None:
+                call.latency_s = time.perf_counter() - put_at
+            future.set_result(call)
 
 
 def _checked(calls: list[ModelCall], n: int) -> list[ModelCall]:

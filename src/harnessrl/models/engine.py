@@ -42,6 +42,12 @@ is not put back into the cache. Anything else that changes what the model comput
 touching parameters in place (a peft adapter switched off, `.data` assignments) needs
 `clear_cache()`.
 
+Timings. Every Completion says where its wall time went (docs/engine.md, "Timings"): queue_s
+(submitted -> taken off the waiting queue), prefill_s (-> its first token sampled, its row in the
+batch), decode_s (the batched decode steps it took part in: each step's whole wall time counts
+for every row in it, so a row's decode_s is the sum of the steps from its joining to its last
+token) and ttft_s. They cost a few perf_counter() calls per request and one per decode step.
+
 Only causal LMs whose every layer is full attention, with the `sdpa` or `eager` attention
 implementation (the default of transformers' Llama, Qwen2, Mistral without sliding window, ...).
 """
@@ -120,6 +126,17 @@ class Completion:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose keys/values came from the prefix cache
+    # Where its time went, in seconds of wall clock (docs/engine.md, "Timings"):
+    queue_s: float = 0.0  # submitted -> taken off the waiting queue to be prefilled
+    # taken off the queue -> its first token sampled and its row in the batch: the prefix-cache
+    # copy and its prompt's forward (each prompt is prefilled alone, never batched with others),
+    # and on the prefill thread also the wait for the decode step it joins at
+    prefill_s: float = 0.0
+    # the sum of the wall time (forward and sampling) of every batched decode step it took part
+    # in: a step of n rows counts whole for each of them, so the rows' decode_s add up to n times
+    # the step. 0 for a completion of one token (the prefill samples the first)
+    decode_s: float = 0.0
+    ttft_s: float = 0.0  # submitted -> its first token sampled (= queue_s + prefill_s)
 
 
 @dataclass
@@ -248,6 +265,8 @@ class _Request:
     __slots__ = (
         "cached",
         "cancel",
+        "decode_mark",
+        "first_at",
         "future",
         "generation",
         "generator",
@@ -260,7 +279,9 @@ class _Request:
         "out_logprobs",
         "prompt",
         "row",
+        "scheduled_at",
         "stops",
+        "submitted_at",
         "temperature",
         "top_p",
     )
@@ -283,6 +304,10 @@ class _Request:
         self.lock: PrefixNode | None = None
         self.generation = 0
         self.cancel = False
+        # perf_counter stamps: three per request, and the engine's decode clock when it joined
+        self.submitted_at = time.perf_counter()
+        self.scheduled_at = self.first_at = self.submitted_at
+        self.decode_mark = 0.0
 
 
 def _check_request(req: EngineRequest, vocab: int, max_context: int | None) -> tuple[tuple[int, ...], frozenset]:
@@ -498,6 +523,12 @@ class Engine:
         self._step_lock = threading.RLock()  # one step at a time (re-entrant: clear_cache inside paused)
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Seconds of batched decode steps run so far, and the start of the one running now (None
+        # outside one). Every running row takes part in every decode step, so a row's decode_s
+        # is this clock when it finishes minus the clock when it joined: two stamps per request
+        # and one per step, never a loop over the rows to add a step's time to each.
+        self._decode_clock = 0.0
+        self._decode_t0: float | None = None
 
     # ----------------------------------------------------------------------------- public
 
@@ -750,6 +781,7 @@ class Engine:
                     self._by_future.pop(req.future, None)
                     self._stats.cancelled += 1
                     continue
+            req.scheduled_at = time.perf_counter()
             if self._may_overlap and self._rows and self._inflight is None:
                 self._launch(req)
             else:
@@ -935,7 +967,10 @@ class Engine:
                 self.prefix_cache.lock(node)
             self._unlock(req)
             req.lock = node if node is not self.prefix_cache.root else None
-        self._accept(req, *_sample(logits, req))
+        token, logprob = _sample(logits, req)
+        req.first_at = time.perf_counter()
+        req.decode_mark = self._decode_clock  # it takes part in every decode step from here on
+        self._accept(req, token, logprob)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
@@ -974,8 +1009,13 @@ class Engine:
         batch = list(rows)
         for req in batch:  # every row now holds its fed token (before any row moves)
             req.length += 1
-        for req, row_logits in zip(batch, logits):
-            self._accept(req, *_sample(row_logits, req))
+        self._decode_t0 = t0  # (a row finishing while the step samples counts the step until then)
+        try:
+            for req, row_logits in zip(batch, logits):
+                self._accept(req, *_sample(row_logits, req))
+        finally:
+            self._decode_t0 = None
+            self._decode_clock += time.perf_counter() - t0
 
     def _shared_prefix(self) -> int:
         """How many leading cache slots hold the same tokens, computed by the same weights, in
@@ -1011,9 +1051,21 @@ class Engine:
         self._stats.finished += 1
         with self._lock:
             self._by_future.pop(req.future, None)
-        self._finished.append(
-            (req.future, Completion(list(req.out_ids), list(req.out_logprobs), reason, len(req.prompt), req.cached))
+        clock = self._decode_clock
+        if self._decode_t0 is not None:  # finished inside a decode step: that step counts too
+            clock += time.perf_counter() - self._decode_t0
+        completion = Completion(
+            list(req.out_ids),
+            list(req.out_logprobs),
+            reason,
+            len(req.prompt),
+            req.cached,
+            queue_s=req.scheduled_at - req.submitted_at,
+            prefill_s=req.first_at - req.scheduled_at,
+            decode_s=clock - req.decode_mark,
+            ttft_s=req.first_at - req.submitted_at,
         )
+        self._finished.append((req.future, completion))
 
     def _release(self, req: _Request, *, insert: bool) -> None:
         """Take the request's row out of the batch (the last row moves into it); before that,

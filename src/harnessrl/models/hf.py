@@ -41,6 +41,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import asdict
@@ -416,6 +417,7 @@ class HFPolicy(Policy):
         end-of-turn token and tokens past a stop string included (the ModelCall is the truth):
         what `harnessrl serve` streams.
         """
+        got_at = time.perf_counter()  # latency_s and ttft_s count the prompt's rendering too
         sampling = sampling or self.default_sampling
         call_index = self._next_call()
         out: Future[ModelCall] = Future()
@@ -425,6 +427,7 @@ class HFPolicy(Policy):
             out.set_exception(PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}"))
             return out
         seed = call_seed(sampling.seed, call_index) if request.seed is None else request.seed
+        submitted_at = time.perf_counter()
         inner = self._submit_ids(prompt, request.max_new_tokens, sampling, seed, self.stop_ids, on_token)
         engine = self._slot.engine
 
@@ -436,6 +439,7 @@ class HFPolicy(Policy):
                 call = chat.finish_call(
                     self.tokenizer, request, prompt, completion.ids, completion.logprobs, completion.finish_reason
                 )
+                _timed(call, completion, got_at, submitted_at)
             except CancelledError:
                 out.cancel()
                 return
@@ -453,6 +457,7 @@ class HFPolicy(Policy):
         return out
 
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
+        got_at = time.perf_counter()
         if not requests:
             return []
         sampling = sampling or self.default_sampling
@@ -461,10 +466,14 @@ class HFPolicy(Policy):
         except Exception as exc:  # noqa: BLE001
             raise PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}") from exc
         limits, seeds = [r.max_new_tokens for r in requests], [r.seed for r in requests]
-        outputs = self.generate_ids(prompts, limits, sampling, seeds=seeds)
+        submitted_at = time.perf_counter()
+        outputs = self._completions(prompts, limits, sampling, None, seeds)
         calls = []
-        for request, prompt, (ids, logprobs, finish) in zip(requests, prompts, outputs):
-            calls.append(chat.finish_call(self.tokenizer, request, prompt, ids, logprobs, finish))
+        for request, prompt, (completion, done_at) in zip(requests, prompts, outputs):
+            call = chat.finish_call(
+                self.tokenizer, request, prompt, completion.ids, completion.logprobs, completion.finish_reason
+            )
+            calls.append(_timed(call, completion, got_at, submitted_at, done_at))
         return calls
 
     def generate_ids(
@@ -483,6 +492,19 @@ class HFPolicy(Policy):
         the call counter, see the module docstring). All prompts go to the engine at once; a
         backend failure of any of them raises PolicyError (after all have finished).
         """
+        outputs = self._completions(prompt_ids_batch, max_new_tokens, sampling, stop_ids, seeds)
+        return [(done.ids, done.logprobs, done.finish_reason) for done, _ in outputs]
+
+    def _completions(
+        self,
+        prompt_ids_batch: list[list[int]],
+        max_new_tokens: int | Sequence[int],
+        sampling: SamplingParams | None,
+        stop_ids: Sequence[int] | None,
+        seeds: Sequence[int | None] | None,
+    ) -> list[tuple[Completion, float]]:
+        """`generate_ids`' work: the engine's Completion of each prompt, and the perf_counter
+        time its future resolved (each request's own end, not the batch's)."""
         if not prompt_ids_batch:
             return []
         sampling = sampling or self.default_sampling
@@ -503,17 +525,34 @@ class HFPolicy(Policy):
             )
             for row, (prompt, limit, s) in enumerate(zip(prompt_ids_batch, limits, row_seeds))
         ]
+        done_at: dict[int, float] = {}
+        for i, future in enumerate(futures):
+            future.add_done_callback(lambda _, i=i: done_at.__setitem__(i, time.perf_counter()))
         results, failure = [], None
-        for future in futures:
+        for i, future in enumerate(futures):
             try:
                 done = future.result()
             except BaseException as exc:  # noqa: BLE001 - raised below, once every request ended
                 failure = failure or exc
                 continue
-            results.append((done.ids, done.logprobs, done.finish_reason))
+            results.append((done, done_at.get(i, time.perf_counter())))
         if failure is not None:
             raise self._failure(failure) from failure
         return results
+
+
+def _timed(
+    call: ModelCall, completion: Completion, got_at: float, submitted_at: float, done_at: float | None = None
+) -> ModelCall:
+    """`call` with its timings: the engine's queue, prefill and decode seconds; ttft and latency
+    from when the policy got the request (the prompt's rendering included) to its first token
+    and to now (or `done_at`)."""
+    call.latency_s = (time.perf_counter() if done_at is None else done_at) - got_at
+    call.queue_s = completion.queue_s
+    call.prefill_s = completion.prefill_s
+    call.decode_s = completion.decode_s
+    call.ttft_s = (submitted_at - got_at) + completion.ttft_s
+    return call
 
 
 def _settle(future: Future, *, result=None, exception: BaseException | None = None) -> None:

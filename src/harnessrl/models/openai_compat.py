@@ -66,6 +66,7 @@ import os
 import random
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -415,7 +416,7 @@ class OpenAIPolicy(Policy):
         else:
             seed = request.seed if self.full_seeds else request.seed & SEED_MASK
         future: Future[ModelCall] = Future()
-        pool.submit(self._serve, request, sampling, seed, future)
+        pool.submit(self._serve, request, sampling, seed, future, time.perf_counter())
         return future
 
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
@@ -433,15 +434,22 @@ class OpenAIPolicy(Policy):
             raise failed
         return [f.result() for f in futures]
 
-    def _serve(self, request: GenerationRequest, sampling: SamplingParams, seed: int, future: Future) -> None:
+    def _serve(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, future: Future, submitted_at: float
+    ) -> None:
         """Runs on a pool thread: answers `future` unless it was cancelled meanwhile. The future
-        stays pending until then, so the caller can cancel it at any point."""
+        stays pending until then, so the caller can cancel it at any point.
+
+        The call's latency_s runs from `submit` (the wait for a free pool thread and every retry
+        included) to the parsed reply. A server's own queue, prefill and decode are not in a chat
+        completion's reply, and it is not streamed, so those (and ttft_s) stay None."""
         if future.cancelled():
             return
         withdrawn = threading.Event()
         future.add_done_callback(lambda _: withdrawn.set())  # a cancel wakes a retry's wait
         try:
             call: ModelCall | None = self._complete_one(request, sampling, seed, withdrawn)
+            call.latency_s = time.perf_counter() - submitted_at
             error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
             call, error = None, exc

@@ -9,6 +9,7 @@ Logprobs are all 0.0: a scripted policy is deterministic, every token has probab
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -68,9 +69,11 @@ class ScriptedPolicy(Policy):
         """Answers at once, in the caller's thread, into a completed future. One request at a
         time (scripts may keep state; the tokenizer is not shared between threads)."""
         future: Future[ModelCall] = Future()
+        got_at = time.perf_counter()
         try:
             with self._lock:
                 call = self._complete_one(request)
+            call.latency_s = time.perf_counter() - got_at  # (the wait for the lock included)
         except Exception as exc:  # noqa: BLE001 - the future carries it, as any backend's would
             future.set_exception(exc)
         else:

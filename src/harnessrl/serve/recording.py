@@ -134,7 +134,12 @@ class RecordingEndpoint:
             return policy.submit(turn.request, episode.sampling, on_token=on_token)
 
         def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
-            return call, episode.record(turn, call, time.monotonic() - started[0])
+            latency = time.monotonic() - started[0]
+            # the policy's own timings (queue, prefill, decode, ttft, latency) are recorded as
+            # they came; a policy that times nothing gets the latency this endpoint saw
+            if call.latency_s is None:
+                call = call.model_copy(update={"latency_s": latency})
+            return call, episode.record(turn, call, latency)
 
         def failed(message: str) -> str:
             episode.backend_failed(message, time.monotonic() - started[0])
