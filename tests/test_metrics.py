@@ -163,6 +163,7 @@ def test_summarize_hand_values():
         "n_episodes",
         "n_infra_errors",
         "k_notes",
+        "model_time_s",
     }
     assert s["n_tasks"] == 3
     assert s["attempts"] == 3
@@ -265,6 +266,7 @@ SUMMARY_KEYS = [
     "n_episodes",
     "n_infra_errors",
     "k_notes",
+    "model_time_s",
 ]
 
 
@@ -297,6 +299,9 @@ def test_harness_summary_without_valid_episodes_has_the_same_keys():
         n_episodes=0,
         n_infra_errors=1,
         k_notes=dict.fromkeys(["1", "2"], "no valid episodes (1 infrastructure errors)"),
+        model_time_s=dict.fromkeys(
+            ["queue", "prefill", "decode", "latency"], {"sum": None, "mean_per_episode": None, "n_episodes": 0}
+        ),
     )
 
 

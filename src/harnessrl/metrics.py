@@ -144,10 +144,49 @@ class HarnessSummary:
     n_episodes: int = 0
     n_infra_errors: int = 0
     k_notes: dict[str, str] = field(default_factory=dict)  # why a k is refused (its rates are None)
+    # where the model calls' time went (`model_time`): part -> {sum, mean_per_episode, n_episodes}
+    model_time_s: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict with the fields as keys, in field order (what summary.json holds)."""
         return asdict(self)
+
+
+TIME_PARTS = ("queue", "prefill", "decode", "latency")
+
+
+def episode_model_time(t: Trajectory) -> dict[str, float | None]:
+    """Seconds one episode's model calls spent in each part (ModelCall.queue_s, prefill_s,
+    decode_s, latency_s, summed over its calls); None for a part no call of it measured (the
+    openai: backend measures latency only; records written before timings measure nothing)."""
+    out: dict[str, float | None] = {}
+    for part in TIME_PARTS:
+        values = [v for s in t.steps if (v := getattr(s.model_call, f"{part}_s")) is not None]
+        out[part] = fsum(values) if values else None
+    return out
+
+
+def model_time(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
+    """Per part (queue, prefill, decode, latency), over the valid episodes that measured it:
+
+        sum              = sum_episodes sum_calls <part>_s
+        mean_per_episode = sum / n_episodes
+        n_episodes       = episodes with at least one call that measured the part
+
+    sum and mean_per_episode are None when no episode measured it. Infra errors are left out,
+    as from every other number of the summary.
+    """
+    per_episode = [episode_model_time(t) for t in trajectories if not t.is_infra_error]
+    out: dict[str, dict[str, Any]] = {}
+    for part in TIME_PARTS:
+        values = [e[part] for e in per_episode if e[part] is not None]
+        total = fsum(values) if values else None
+        out[part] = {
+            "sum": total,
+            "mean_per_episode": None if total is None else total / len(values),
+            "n_episodes": len(values),
+        }
+    return out
 
 
 def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSummary:
@@ -158,6 +197,7 @@ def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSum
             pass_at_k[k]   = (1/T) * sum_tasks pass_at_k(n_t, c_t, k)
             pass_hat_k[k]  = (1/T) * sum_tasks pass_hat_k(n_t, c_t, k)
             delivery_rate  = (# valid episodes delivered) / (# valid episodes)
+            model_time_s   = seconds of model calls per part, summed and per episode (`model_time`)
             mean_subscores[name] = mean of grade.subscores[name] over valid graded episodes, for the
                              sub-score names every such episode has (e.g. planning's commonsense
                              and personalised scores)
@@ -192,6 +232,7 @@ def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSum
             pass_hat_k=dict.fromkeys(keys),
             n_infra_errors=n_infra,
             k_notes=dict.fromkeys(keys, reason),
+            model_time_s=model_time(trajectories),
         )
 
     scores = list(task_scores(trajectories).values())
@@ -228,6 +269,7 @@ def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSum
         n_episodes=n_episodes,
         n_infra_errors=n_infra,
         k_notes=notes,
+        model_time_s=model_time(trajectories),
     )
 
 

@@ -529,6 +529,7 @@ class Engine:
         # and one per step, never a loop over the rows to add a step's time to each.
         self._decode_clock = 0.0
         self._decode_t0: float | None = None
+        self._step_finished: list[tuple[Completion, float]] = []  # (completion, its decode mark)
 
     # ----------------------------------------------------------------------------- public
 
@@ -1009,13 +1010,16 @@ class Engine:
         batch = list(rows)
         for req in batch:  # every row now holds its fed token (before any row moves)
             req.length += 1
-        self._decode_t0 = t0  # (a row finishing while the step samples counts the step until then)
+        self._decode_t0 = t0  # rows finishing while the step samples count the whole step
         try:
             for req, row_logits in zip(batch, logits):
                 self._accept(req, *_sample(row_logits, req))
         finally:
             self._decode_t0 = None
             self._decode_clock += time.perf_counter() - t0
+            for completion, mark in self._step_finished:
+                completion.decode_s = self._decode_clock - mark
+            self._step_finished.clear()
 
     def _shared_prefix(self) -> int:
         """How many leading cache slots hold the same tokens, computed by the same weights, in
@@ -1051,9 +1055,6 @@ class Engine:
         self._stats.finished += 1
         with self._lock:
             self._by_future.pop(req.future, None)
-        clock = self._decode_clock
-        if self._decode_t0 is not None:  # finished inside a decode step: that step counts too
-            clock += time.perf_counter() - self._decode_t0
         completion = Completion(
             list(req.out_ids),
             list(req.out_logprobs),
@@ -1062,9 +1063,11 @@ class Engine:
             req.cached,
             queue_s=req.scheduled_at - req.submitted_at,
             prefill_s=req.first_at - req.scheduled_at,
-            decode_s=clock - req.decode_mark,
+            decode_s=self._decode_clock - req.decode_mark,
             ttft_s=req.first_at - req.submitted_at,
         )
+        if self._decode_t0 is not None:  # inside a decode step: its decode_s once the step ends
+            self._step_finished.append((completion, req.decode_mark))
         self._finished.append((req.future, completion))
 
     def _release(self, req: _Request, *, insert: bool) -> None:

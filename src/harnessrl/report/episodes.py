@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harnessrl.types import Message, Trajectory
+from harnessrl.types import CALL_TIMINGS, Message, ModelCall, Trajectory
 
 PAGE_SIZE = 500
 MAX_FIELD_CHARS = 20_000
@@ -89,6 +89,51 @@ def _common_prefix(a: list[Message], b: list[Message]) -> int:
     return n
 
 
+def call_timings(call: ModelCall) -> dict[str, float] | None:
+    """The call's measured timings (latency, queue, prefill, decode, ttft: seconds), rounded;
+    None when its backend measured none."""
+    out = {k[:-2]: round(v, 4) for k in CALL_TIMINGS if (v := getattr(call, k)) is not None}
+    return out or None
+
+
+def time_breakdown(t: Trajectory) -> dict | None:
+    """Where the episode's time went, as parts that add up to its wall clock (seconds):
+
+        queue, prefill, decode   the model calls' own parts, summed over its calls
+        model, other             latency - queue - prefill - decode: rendering the prompt, the
+                                 engine's steps spent on other requests' prefills, the transport
+        tools, setup, grading    own_s - latency: everything the episode did itself
+        waiting                  duration_s - own_s: the wall clock it was not running (waiting
+                                 for a worker or another episode's turn)
+
+    A part its records cannot tell is left out (a backend that measures only latency has one
+    "model" part). None when no call measured its latency (records written before timings)."""
+    calls = [s.model_call for s in t.steps]
+    latencies = [c.latency_s for c in calls if c.latency_s is not None]
+    if not latencies:
+        return None
+    latency = sum(latencies)
+    parts: list[dict] = []
+    inside = 0.0
+    for name in ("queue", "prefill", "decode"):
+        values = [v for c in calls if (v := getattr(c, f"{name}_s")) is not None]
+        if values:
+            parts.append({"part": name, "s": sum(values)})
+            inside += sum(values)
+    # (the engine's parts of one call never exceed its latency; clamped for rounding)
+    parts.append({"part": "model, other" if inside else "model", "s": max(0.0, latency - inside)})
+    if t.own_s > 0:
+        parts.append({"part": "tools, setup, grading", "s": max(0.0, t.own_s - latency)})
+        if t.duration_s > t.own_s:
+            parts.append({"part": "waiting", "s": t.duration_s - t.own_s})
+    return {
+        "parts": [{"part": p["part"], "s": round(p["s"], 4)} for p in parts],
+        "latency_s": round(latency, 4),
+        "n_calls_timed": len(latencies),
+        "n_calls": len(calls),
+    }
+
+
 def episode_detail(
     t: Trajectory, verdict: dict | None, run: str, completion_tokens: dict[int, int] | None = None
 ) -> dict:
@@ -115,6 +160,7 @@ def episode_detail(
                 or len(s.model_call.completion_ids)
                 or completion_tokens.get(s.index),
                 "n_prompt_tokens": s.model_call.n_prompt_tokens or len(s.model_call.prompt_ids) or None,
+                "timings": call_timings(s.model_call),
                 "prompt_prefix": prefix,
                 "n_messages": len(msgs),
                 "messages": [{"role": m.role, "name": m.name, "content": truncate(m.content)} for m in msgs[prefix:]],
@@ -171,6 +217,8 @@ def episode_detail(
         "prompt_tokens": t.prompt_tokens,
         "completion_tokens": t.completion_tokens,
         "duration_s": round(t.duration_s, 3),
+        "own_s": round(t.own_s, 3),
+        "time": time_breakdown(t),
         "meta": _json_text(t.meta),
         "verdict": verdict,
         "steps": steps,

@@ -264,6 +264,7 @@
         ep.retries ? kv("retries", String(ep.retries)) : null),
       ep.verdict ? verdictBox(ep.verdict, "verdict-top", true) : null,
       el("div", { cls: "block" }, el("div", { cls: "label", text: "instruction" }), pre(ep.instruction)),
+      ep.time ? renderTime(ep.time) : null,
       g ? renderGrade(g) : null,
       ep.submitted ? el("div", { cls: "block" }, el("div", { cls: "label", text: "submitted answer" }), pre(ep.answer === null ? "(none)" : ep.answer)) : null,
       ep.infra_error ? el("div", { cls: "block error" }, el("div", { cls: "label", text: "infrastructure error" }), pre(ep.infra_error)) : null,
@@ -280,6 +281,29 @@
     });
     if (!ep.steps.length) steps.appendChild(el("li", { cls: "hint", text: "no model call was made" }));
     return el("div", { cls: "episode" }, head, el("h4", { text: "Steps" }), steps);
+  }
+
+  // where the episode's time went: one bar of parts adding up to its wall clock (episodes.py
+  // time_breakdown says what each part is), then the same numbers as a table
+  var TIME_COLORS = { queue: "#b0b7c3", prefill: "#4c78a8", decode: "#72b7b2", "model, other": "#9d755d", model: "#9d755d", "tools, setup, grading": "#f58518", waiting: "#e0e0e0" };
+  function renderTime(t) {
+    var total = t.parts.reduce(function (a, p) { return a + p.s; }, 0) || 1;
+    var bar = el("div", { cls: "time-bar" }, t.parts.map(function (p) {
+      return el("span", { cls: "time-part", title: p.part + ": " + fmt(p.s, 3) + " s", style: "width:" + (100 * p.s / total).toFixed(2) + "%;background:" + (TIME_COLORS[p.part] || "#999") });
+    }));
+    var rows = t.parts.map(function (p) {
+      return el("tr", null, el("th", null, el("span", { cls: "swatch", style: "background:" + (TIME_COLORS[p.part] || "#999") }), " " + p.part),
+        el("td", { cls: "num", text: fmt(p.s, 3) + " s" }), el("td", { cls: "num", text: fmt(100 * p.s / total, 0) + "%" }));
+    });
+    return el("div", { cls: "block time" }, el("div", { cls: "label", text: "where the time went" }), bar,
+      el("table", { cls: "subscores time-table" }, el("tbody", null, rows)),
+      t.n_calls_timed < t.n_calls ? el("div", { cls: "sub", text: t.n_calls_timed + " of " + t.n_calls + " model calls were timed" }) : null);
+  }
+  function stepTime(tm) {
+    if (!tm || tm.latency === undefined) return null;
+    var inner = ["queue", "prefill", "decode", "ttft"].filter(function (k) { return tm[k] !== undefined; })
+      .map(function (k) { return k + " " + fmt(tm[k], 3); });
+    return el("span", { cls: "sub", text: "model " + fmt(tm.latency, 3) + " s" + (inner.length ? " (" + inner.join(", ") + ")" : "") });
   }
 
   function renderGrade(g) {
@@ -300,7 +324,8 @@
       el("span", { cls: "badge action " + s.action, text: s.action }),
       s.finish_reason !== "stop" ? el("span", { cls: "badge warn", text: "finish: " + s.finish_reason }) : null,
       s.n_completion_tokens || s.n_prompt_tokens ? el("span", { cls: "sub", text:
-        (s.n_prompt_tokens ? s.n_prompt_tokens + " prompt tokens, " : "") + (s.n_completion_tokens || 0) + " completion tokens" }) : null));
+        (s.n_prompt_tokens ? s.n_prompt_tokens + " prompt tokens, " : "") + (s.n_completion_tokens || 0) + " completion tokens" }) : null,
+      stepTime(s.timings)));
     if (isVerdict) li.appendChild(verdictBox(verdict, "verdict-banner", false));
 
     var fresh = messages.length - s.prompt_prefix;
