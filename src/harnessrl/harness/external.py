@@ -53,27 +53,18 @@ from harnessrl.harness.loops import _short_tb, check_tool_call, episode_id
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
-from harnessrl.serve.protocol import (
-    ChatCompletionRequest,
-    ServeError,
-    ToolTurns,
-    _content_text,
-    to_generation,
-    tool_call_entries,
-    tool_schemas,
-)
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, _content_text, to_generation, tool_schemas
 from harnessrl.serve.recording import RecordingEndpoint
+from harnessrl.serve.tools import PromptTools, reply_message
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, ExecResult, isolation_available, run_sandboxed
 from harnessrl.types import (
     ActionKind,
     Grade,
-    Message,
     ModelCall,
     RefusedRequest,
     Step,
     Termination,
-    ToolCall,
     ToolResult,
     ToolSchema,
     Trajectory,
@@ -140,7 +131,7 @@ class ExternalEpisode:
 
         self.native = spec.native_tools and isinstance(policy, OpenAIPolicy)
         self.protocol: Protocol = get_protocol("json" if self.native else spec.tool_protocol, lenient=True)
-        self.tool_turns = ToolTurns(calls_text=self._calls_text, result_text=self._result_text)
+        self.prompt_tools = PromptTools(self.protocol, native=self.native)  # shared with `harnessrl serve`
         self.kill = threading.Event()  # set: the program is stopped (a limit, a backend failure)
         self._lock = threading.Lock()
         self._recorded: dict[int, _Recorded] = {}
@@ -153,40 +144,15 @@ class ExternalEpisode:
         self.refusals: list[RefusedRequest] = []  # the first MAX_REFUSED_RECORDED
         self.refused_total = 0
 
-    # -- the conversation as text -------------------------------------------------------------------
-    def _calls_text(self, content: str, calls: list[ToolCall]) -> str:
-        rendered = [self.protocol.render_call(c) for c in calls]
-        return "\n".join([content.strip(), *rendered] if content.strip() else rendered)
-
-    def _result_text(self, content: str, name: str | None) -> str:
-        if self.native:  # the openai backend sends it back as a native tool message
-            return content
-        return self.protocol.render_result(ToolResult(name=name or "tool", output=content))
-
-    def _with_tools(self, request: GenerationRequest, tools: list[ToolSchema]) -> GenerationRequest:
-        """The request with the agent's tools shown to the model: natively, or as the protocol's
-        tool block at the end of the system message (one is added when the agent sent none)."""
-        if not tools:
-            return request
-        if self.native:
-            return request.model_copy(update={"tools": tools, "native_tools": True})
-        block = self.protocol.render_tools(tools)
-        messages = list(request.messages)
-        if messages[0].role == "system":
-            messages[0] = Message(role="system", content=f"{messages[0].content.rstrip()}\n\n{block}")
-        else:
-            messages.insert(0, Message(role="system", content=block))
-        stop = list(dict.fromkeys([*request.stop, *self.protocol.stop_strings()]))
-        return request.model_copy(update={"messages": messages, "stop": stop})
-
     # -- requests (called by the endpoint) ------------------------------------------------------------
     def admit(self, body: ChatCompletionRequest) -> Turn:
         """Check one request against the limits and turn it into the policy's request. ServeError:
         400 for a request that cannot be served, 429 / 400 for a limit (the episode then ends with
         that termination and the program is stopped)."""
         tools = tool_schemas(body)
-        request, _ = to_generation(body, self.limits.max_new_tokens, self.tool_turns)  # the run's sampling applies
-        request = self._with_tools(request, tools)
+        # the run's sampling applies, not the request's
+        request, _ = to_generation(body, self.limits.max_new_tokens, self.prompt_tools.turns)
+        request = self.prompt_tools.with_tools(request, tools)
         self._check_prompt(request)
         self._note_results(body)
         with self._lock:
@@ -259,17 +225,12 @@ class ExternalEpisode:
         if not call.text.strip():
             step.action = ActionKind.empty
         elif turn.tools:
-            parsed = self.protocol.parse(call.text, turn.tools)
+            parsed = self.prompt_tools.parse(call.text, turn.tools)
             if parsed.error:
                 step.action, step.parse_error = ActionKind.malformed, parsed.error
             elif parsed.calls:
                 step.action, step.tool_calls = ActionKind.tool_calls, parsed.calls
-                ids = [f"call_{turn.index}_{k}" for k in range(len(parsed.calls))]
-                message = {
-                    "role": "assistant",
-                    "content": parsed.thought or None,
-                    "tool_calls": tool_call_entries(parsed.calls, ids),
-                }
+                message = reply_message(parsed, [f"call_{turn.index}_{k}" for k in range(len(parsed.calls))]) or message
                 for k, tc in enumerate(parsed.calls):
                     refusal = check_tool_call(tc, turn.tools, listed_as="the agent offers")[2]
                     if refusal is not None:

@@ -1,0 +1,129 @@
+"""Native tool calls for a model that reads its tools in the prompt: one tool-call format (a
+protocol of harness/protocols) shows a request's `tools` to the model and turns its reply back
+into OpenAI `tool_calls`.
+
+Both servers use it: the recording endpoint of external harnesses (harness/external.py, in the
+spec's `tool_protocol`) and `harnessrl serve` with `--enable-auto-tool-choice --tool-call-parser P`
+(app.py), so a request with tools is rendered and parsed the same way on both:
+
+- the tools: the format's tool block at the end of the system message (a system message holding
+  only the block is added when there is none), and the format's stop strings;
+- the history: an assistant message's `tool_calls` written in the format's call syntax after its
+  text, a `tool` message as the format's result text (the tool's name found through
+  `tool_call_id`);
+- the reply: parsed with the format; the calls it found become the assistant message's
+  `tool_calls` (arguments as a JSON string), the prose around them its `content`. A reply the
+  format cannot parse, or one without a call, stays plain text.
+
+The protocol's tool block is used rather than the chat template's `tools=` argument because the
+format must be the one the parser reads: a template's own tool syntax (SmolLM2's has none) need
+not match the chosen parser.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harnessrl.harness.protocols import ParseResult, Protocol, get_protocol, protocol_names
+from harnessrl.models.base import GenerationRequest
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, ToolTurns, tool_call_entries, tool_schemas
+from harnessrl.types import Message, ToolCall, ToolResult, ToolSchema
+
+# what vLLM 0.33 answers a request with tools when it runs without auto tool choice
+# (entrypoints/openai/chat_completion/serving.py); kept word for word so clients matching it still do
+VLLM_AUTO_TOOLS_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+def check_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> str | None:
+    """The tool-call format a server parses replies with (None: no native tools), from vLLM's two
+    options; ValueError when only one is given or the format is not registered. Only one alone is
+    refused because each does nothing without the other here (vLLM serves `required` and named
+    tool choices with a parser alone, through constrained decoding this engine does not have)."""
+    if not enable_auto_tool_choice and tool_call_parser is None:
+        return None
+    if not enable_auto_tool_choice:
+        raise ValueError("--tool-call-parser needs --enable-auto-tool-choice (this server has no other use for it)")
+    choices = protocol_names()
+    if tool_call_parser is None:
+        raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser, one of: {', '.join(choices)}")
+    if tool_call_parser not in choices:
+        raise ValueError(f"--tool-call-parser must be one of {', '.join(choices)}, got {tool_call_parser!r}")
+    return tool_call_parser
+
+
+class PromptTools:
+    """One tool-call format's way with a request's tools (see the module docstring).
+
+    `native`: the backend takes tools natively (an `openai:` model on the recording endpoint):
+    the tools are passed on as they are and tool results stay their own text; replies still come
+    back as text in the format (the openai backend writes native calls back as json-protocol text).
+    """
+
+    def __init__(self, protocol: Protocol, *, native: bool = False):
+        self.protocol = protocol
+        self.native = native
+        self.turns = ToolTurns(calls_text=self.calls_text, result_text=self.result_text)
+
+    @classmethod
+    def named(cls, name: str) -> PromptTools:
+        return cls(get_protocol(name, lenient=True))
+
+    def calls_text(self, content: str, calls: list[ToolCall]) -> str:
+        rendered = [self.protocol.render_call(c) for c in calls]
+        return "\n".join([content.strip(), *rendered] if content.strip() else rendered)
+
+    def result_text(self, content: str, name: str | None) -> str:
+        if self.native:  # the openai backend sends it back as a native tool message
+            return content
+        return self.protocol.render_result(ToolResult(name=name or "tool", output=content))
+
+    def with_tools(self, request: GenerationRequest, tools: list[ToolSchema]) -> GenerationRequest:
+        """The request with `tools` shown to the model: natively, or as the format's tool block at
+        the end of the system message (one is added when the request has none)."""
+        if not tools:
+            return request
+        if self.native:
+            return request.model_copy(update={"tools": tools, "native_tools": True})
+        block = self.protocol.render_tools(tools)
+        messages = list(request.messages)
+        if messages[0].role == "system":
+            messages[0] = Message(role="system", content=f"{messages[0].content.rstrip()}\n\n{block}")
+        else:
+            messages.insert(0, Message(role="system", content=block))
+        stop = list(dict.fromkeys([*request.stop, *self.protocol.stop_strings()]))
+        return request.model_copy(update={"messages": messages, "stop": stop})
+
+    def parse(self, text: str, tools: list[ToolSchema]) -> ParseResult:
+        return self.protocol.parse(text, tools)
+
+
+def reply_message(parsed: ParseResult, ids: list[str]) -> dict | None:
+    """The assistant message of a reply in which the format found calls (`ids`: one per call),
+    None for a reply that stays plain text (no call, or one that could not be parsed)."""
+    if parsed.error or not parsed.calls:
+        return None
+    return {"role": "assistant", "content": parsed.thought or None, "tool_calls": tool_call_entries(parsed.calls, ids)}
+
+
+def offered_tools(body: ChatCompletionRequest) -> list[ToolSchema]:
+    """The tools `harnessrl serve` shows the model for `body`, by its `tool_choice`: every tool for
+    "auto" (the default), none for "none". "required" and a named function are refused (400):
+    nothing here can make the model call a tool, and serving them as "auto" would answer
+    something else than what was asked."""
+    tools = tool_schemas(body)
+    choice: Any = body.tool_choice
+    if choice in (None, "auto"):
+        return tools
+    if choice == "none":
+        return []
+    if choice == "required" or isinstance(choice, dict):
+        what = "'required'" if choice == "required" else "a named function"
+        raise ServeError(
+            400,
+            f"tool_choice {what} cannot be enforced by this server (its engine has no constrained decoding, which "
+            "vLLM uses for it): send tool_choice 'auto' (the model chooses) or 'none'",
+            param="tool_choice",
+        )
+    raise ServeError(
+        400, f"tool_choice: {choice!r} is not one of none, auto, required or a function", param="tool_choice"
+    )
