@@ -646,12 +646,7 @@ class RolloutServers(Policy):
         return outer
 
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
-        futures = [self.submit(r, sampling) for r in requests]
-        wait(futures)
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:
-            raise failed
-        return [f.result() for f in futures]
+        return _all_results([self.submit(r, sampling) for r in requests])
 
     def describe(self) -> dict:
         return {
@@ -661,6 +656,15 @@ class RolloutServers(Policy):
             "adapter": self.adapter_name,
             "run_id": self.run_id,
         }
+
+
+def _all_results(futures: list[Future[ModelCall]]) -> list[ModelCall]:
+    """Every future's ModelCall, in order, once all are done; the first failure is raised."""
+    wait(futures)
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        raise failed
+    return [f.result() for f in futures]
 
 
 class _AtVersion(Policy):
@@ -676,12 +680,7 @@ class _AtVersion(Policy):
         return self.servers.submit(request, sampling, version=self.version)
 
     def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
-        futures = [self.submit(r, sampling) for r in requests]
-        wait(futures)
-        failed = next((f.exception() for f in futures if f.exception() is not None), None)
-        if failed is not None:
-            raise failed
-        return [f.result() for f in futures]
+        return _all_results([self.submit(r, sampling) for r in requests])
 
     def describe(self) -> dict:
         return {**self.servers.describe(), "adapter": adapter_name(self.servers.run_id, self.version)}
