@@ -710,3 +710,14 @@ def test_as_harness_own_keeps_each_episode_in_the_harness_it_ran_in(tmp_path, to
     systems = [line["messages"][0]["content"] for line in lines]
     assert any(json_tools in s for s in systems) and any(code_act in s for s in systems)
     assert json.loads((out / "adapter" / "harnessrl.json").read_text())["harness"] == "own"
+    assert summary["data"]["dropped"] == {}  # the keys of one harness's stats, summed over the harnesses
+
+    # the command line's summary of such a run (it read the one-harness keys and died on them)
+    both = tmp_path / "both"
+    r = CliRunner().invoke(
+        _cli(),
+        ["train", "sft", "--model", "tiny-random", "--from", str(source), "--as-harness", "own", "--out", str(both)]
+        + ["--export-only", "--export-jsonl", str(tmp_path / "cli.jsonl"), "--export-hf", str(tmp_path / "hf")],
+    )
+    assert r.exit_code == 0, r.output
+    assert f"{summary['data']['examples']} examples from" in r.output and "exported:" in r.output

@@ -32,7 +32,7 @@ import copy
 import hashlib
 import json
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -536,6 +536,8 @@ def build_examples_own(
     stats: dict[str, Any] = {
         **selection.stats,
         "replayed": sum(x.stats["replayed"] for x in sets.values()),
+        # the same keys as one harness's stats (readers such as the CLI's summary use them)
+        "dropped": dict(sum((Counter(x.stats["dropped"]) for x in sets.values()), Counter())),
         "examples": sum(x.stats["examples"] for x in sets.values()),
         "by_harness": {name: x.stats for name, x in sets.items()},
     }
@@ -558,8 +560,6 @@ def build_examples(
     arguments swapped across tasks (`shuffled_answers`); every other reply is the same.
     Raises SFTError when no episode can be replayed, or the placebo would change nothing.
     """
-    from collections import Counter
-
     from harnessrl.tasks import get_suite
 
     if placebo not in PLACEBOS:
