@@ -37,3 +37,11 @@ def test_the_makefile_installs_the_cpu_wheel_before_the_package():
 def test_no_dependency_is_pinned_exactly():
     pinned = [str(r) for r in _requirements().values() if re.search(r"===?", str(r.specifier))]
     assert pinned == []
+
+
+def test_the_package_ships_its_type_marker():
+    """pyproject.toml lists py.typed in the package data: the file must exist (PEP 561), else type
+    checkers of the users' code ignore harnessrl's annotations."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert "py.typed" in project["tool"]["setuptools"]["package-data"]["harnessrl"]
+    assert (ROOT / "src" / "harnessrl" / "py.typed").is_file()
