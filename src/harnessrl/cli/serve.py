@@ -75,12 +75,28 @@ def serve_cmd(
             "raw_logprobs (vLLM's default): of the untempered logits"
         ),
     ] = "processed_logprobs",
+    enable_auto_tool_choice: Annotated[
+        bool,
+        typer.Option(
+            "--enable-auto-tool-choice",
+            help="serve native tool calls (requests with `tools`): shown in the prompt and parsed back into "
+            "tool_calls with --tool-call-parser (vLLM's flag; without it such requests get vLLM's 400)",
+        ),
+    ] = False,
+    tool_call_parser: Annotated[
+        Optional[str],
+        typer.Option(
+            help="the tool-call format of --enable-auto-tool-choice: a registered protocol (hermes for Qwen2.5/Qwen3, "
+            "json, xml, react, code, or a plugin's; docs/serve.md#native-tool-calls)"
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option(help="the server's log level: critical, error, warning, info, debug, trace")
     ] = "info",
 ) -> None:
     """Serve a local model over OpenAI's chat completions API (/v1/chat/completions, /v1/models,
-    runtime LoRA adapters); Ctrl-C stops."""
+    runtime LoRA adapters; native tool calls with --enable-auto-tool-choice --tool-call-parser);
+    Ctrl-C stops."""
     from harnessrl.models import ModelUnavailable
 
     for option, check, value in (("--device", device_spec, device), ("--dtype", inference_dtype_spec, dtype)):
@@ -99,6 +115,12 @@ def serve_cmd(
         fail(f"--generation-config must be {' or '.join(GENERATION_CONFIGS)}, got {generation_config!r}")
     if logprobs_mode not in LOGPROBS_MODES:
         fail(f"--logprobs-mode must be {' or '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+    from harnessrl.serve.tools import check_tool_parser
+
+    try:  # the registered formats, plugins included, are the choices
+        tool_call_parser = check_tool_parser(enable_auto_tool_choice, tool_call_parser)
+    except ValueError as e:
+        fail(str(e))
     if log_level not in LOG_LEVELS:
         fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     if max_loras < len(lora_modules or []):
@@ -122,6 +144,7 @@ def serve_cmd(
             max_lora_rank=max_lora_rank,
             generation_config=generation_config,
             logprobs_mode=logprobs_mode,
+            tool_call_parser=tool_call_parser,
         )
     except (ValueError, ModelUnavailable, OSError) as e:
         fail(f"cannot serve {model!r}: {e}")

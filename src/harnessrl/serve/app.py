@@ -1,5 +1,8 @@
 """The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API over the
 local engine (a Responses request is served as the chat completion it means: serve/responses.py).
+With a tool-call parser (ServedModels.tool_call_parser, vLLM's --enable-auto-tool-choice
+--tool-call-parser P) a request's `tools` are shown in the prompt and its reply parsed into
+`tool_calls` the way the recording endpoint does it (serve/tools.py).
 
 Every completion route is async and awaits the policy's `submit` future, so the requests in
 flight together join the engine's running batch (continuous batching), and a request the
@@ -26,6 +29,7 @@ from harnessrl.serve.models import ServedModels
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body, to_generation
 from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
+from harnessrl.serve.tools import offered_tools, reply_message
 from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
@@ -105,7 +109,12 @@ def create_app(models: ServedModels) -> FastAPI:
         entry = await asyncio.to_thread(models.acquire, body.model)
         try:
             policy = entry.policy
-            request, sampling = to_generation(body, max_new_tokens=1, defaults=models.sampling_defaults())
+            fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
+            turns = fmt.turns if fmt is not None else None
+            request, sampling = to_generation(body, 1, turns, defaults=models.sampling_defaults())
+            tools = offered_tools(body) if fmt is not None else []
+            if tools and fmt is not None:
+                request = fmt.with_tools(request, tools)
             try:
                 prompt = await asyncio.to_thread(policy.prompt_ids, request)
             except Exception as exc:  # noqa: BLE001 - the template could not render these messages
@@ -140,7 +149,11 @@ def create_app(models: ServedModels) -> FastAPI:
             if raw and call.completion_ids:
                 # vLLM's default: log softmax of the raw logits, before temperature
                 call = call.model_copy(update={"logprobs": entry.raw_logprobs(call.prompt_ids, call.completion_ids)})
-            return call, None
+            if not tools or fmt is None:
+                return call, None
+            parsed = fmt.parse(call.text, tools)
+            # ids in vLLM's form; unique, so an agent may keep them across requests
+            return call, reply_message(parsed, [f"chatcmpl-tool-{uuid.uuid4().hex}" for _ in parsed.calls])
 
         released = threading.Event()
 
@@ -157,7 +170,9 @@ def create_app(models: ServedModels) -> FastAPI:
             tokenizer=policy.tokenizer,
             model=entry.name,
             stop=list(request.stop),
-            live=not raw and bool(getattr(policy, "streams_tokens", False)),
+            # a reply to a request with tools may be a tool call: parsed before any of it is shown
+            live=not raw and bool(getattr(policy, "streams_tokens", False)) and not tools,
+            buffered=bool(tools),
             prompt_ids=prompt,
         )
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from harnessrl.models.hf import HFPolicy
 from harnessrl.serve.protocol import ServeError
+from harnessrl.serve.tools import PromptTools, check_tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,10 @@ class ServedModels:
     default to OpenAI's neutral values) or "auto" (fields a request does not send default to
     the base model's generation_config, as vLLM's default does; see `sampling_defaults`).
     `logprobs_mode`: "processed_logprobs" (log softmax(z / T), what is sampled from) or
-    "raw_logprobs" (log softmax(z), vLLM's default).
+    "raw_logprobs" (log softmax(z), vLLM's default). `tool_call_parser`: a registered tool-call
+    format (hermes, json, ...): requests with `tools` are served through it (serve/tools.py), as
+    vLLM's --enable-auto-tool-choice --tool-call-parser; None (the default) refuses them as vLLM
+    does without those flags.
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class ServedModels:
         max_lora_rank: int = 16,
         generation_config: str = "vllm",
         logprobs_mode: str = "processed_logprobs",
+        tool_call_parser: str | None = None,
     ):
         if not isinstance(base, HFPolicy):
             raise TypeError(f"{LOCAL_ONLY}; got a {type(base).__name__}")
@@ -138,6 +143,9 @@ class ServedModels:
         self.max_lora_rank = max_lora_rank
         self.generation_config = generation_config
         self.logprobs_mode = logprobs_mode
+        # native tool calls (vLLM's --enable-auto-tool-choice --tool-call-parser P): None refuses them
+        self.tool_call_parser = check_tool_parser(tool_call_parser is not None, tool_call_parser)
+        self.prompt_tools = PromptTools.named(tool_call_parser) if tool_call_parser is not None else None
         self.owns_base = owns_base
         self._clock = 0
         self._adapters: dict[str, ServedModel] = {}
@@ -156,7 +164,8 @@ class ServedModels:
     ) -> ServedModels:
         """Load a local model spec (tiny-random, smollm2-135m, hf:PATH). ValueError for any other
         form (an openai: server, the oracle) or a path that does not exist. `options`: the
-        vLLM-like keywords of the constructor (max_lora_rank, generation_config, logprobs_mode)."""
+        vLLM-like keywords of the constructor (max_lora_rank, generation_config, logprobs_mode,
+        tool_call_parser)."""
         from harnessrl.models import MODEL_NAMES, check_spec, load_policy
 
         spec = spec.strip()

@@ -1,11 +1,12 @@
 """The OpenAI chat completions wire format: request bodies in, response bodies out.
 
 Requests are validated here and turned into our GenerationRequest + SamplingParams; a request
-asking for something the local engine cannot do exactly (n > 1, native tools, penalties,
-top_logprobs, ...) is refused with a 400 naming the parameter, never silently served differently.
-The recording endpoint of external harnesses (serve/recording.py) does take native tools: it
-passes `ToolTurns`, which writes the tool turns of the conversation as text in a tool-call
-protocol, and answers with `tool_calls` it parsed from the completion.
+asking for something the local engine cannot do exactly (n > 1, penalties, top_logprobs, ...)
+is refused with a 400 naming the parameter, never silently served differently. Native tools are
+taken when the caller passes `ToolTurns` (the recording endpoint of external harnesses, and
+`harnessrl serve` with --enable-auto-tool-choice: serve/tools.py), which writes the tool turns of
+the conversation as text in a tool-call format; without it they are refused as vLLM refuses
+them without its auto tool choice.
 Fields neither OpenAI nor vLLM defines are ignored, as vLLM 0.33 does (its request models allow
 extra fields and only log them: entrypoints/serve/engine/protocol.py, OpenAIBaseModel); vLLM's
 own sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
@@ -29,6 +30,13 @@ from harnessrl.models.base import GenerationRequest, SamplingParams
 from harnessrl.types import Message, ModelCall, ToolCall, ToolSchema
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when a request names none
+# a request with tools to a server without native tool calls: vLLM 0.33's words (its chat serving
+# answers them to `tools` without auto tool choice), then what this server needs
+NO_NATIVE_TOOLS = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set: native tool calls are '
+    "not supported by this server without them (harnessrl serve --enable-auto-tool-choice --tool-call-parser hermes, "
+    "or describe the tools in the prompt)"
+)
 SEED_RANGE = 2**64
 
 
@@ -175,11 +183,7 @@ def to_messages(messages: list[ChatMessageIn], tool_turns: ToolTurns | None = No
             raise ServeError(400, f"messages[{i}].role {m.role!r} is not one of {', '.join(_ROLES)}", param="messages")
         content = _content_text(m, i)
         if m.tool_calls and tool_turns is None:
-            raise ServeError(
-                400,
-                f"messages[{i}] holds tool_calls: native tool calls are not supported by this server",
-                param="messages",
-            )
+            raise ServeError(400, f"messages[{i}] holds tool_calls: {NO_NATIVE_TOOLS}", param="messages")
         if m.tool_calls and role == "assistant":
             calls = []
             for k, entry in enumerate(m.tool_calls):
@@ -217,13 +221,9 @@ def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> 
     if body.n not in (None, 1):
         raise ServeError(400, f"n must be 1 (one choice per request), got {body.n}", param="n")
     if body.tools and not tools:
-        raise ServeError(
-            400,
-            "tools: native tool calls are not supported by this server; describe the tools in the prompt",
-            param="tools",
-        )
+        raise ServeError(400, f"tools: {NO_NATIVE_TOOLS}", param="tools")
     if body.tool_choice not in (None, "none") and not tools:
-        raise ServeError(400, "tool_choice: native tool calls are not supported by this server", param="tool_choice")
+        raise ServeError(400, f"tool_choice: {NO_NATIVE_TOOLS}", param="tool_choice")
     if body.top_logprobs:
         raise ServeError(
             400,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 from harnessrl.models.hf import HFPolicy
 from harnessrl.serve.models import ServedModels
+from harnessrl.serve.tools import check_tool_parser
 
 STARTUP_TIMEOUT_S = 60.0
 GRACEFUL_SHUTDOWN_S = 5
@@ -129,6 +130,8 @@ def serving(
     max_lora_rank: int = 16,
     generation_config: str = "vllm",
     logprobs_mode: str = "processed_logprobs",
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
 ) -> Iterator[str]:
     """Serve `model` over OpenAI's chat completions API from a background thread; yields the
     base URL, e.g. ``http://127.0.0.1:41234/v1`` (for `openai.OpenAI(base_url=...)` or the
@@ -141,8 +144,10 @@ def serving(
     ServedModels. `port=0` takes a free port. `lora_modules`: {name: adapter folder} loaded
     before the server starts; more can be loaded through POST /v1/load_lora_adapter. Adapters
     are closed on exit. `max_lora_rank`, `generation_config` ("vllm" or "auto") and
-    `logprobs_mode` ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names
-    (ServedModels; ignored when `model` is a ServedModels, which has its own).
+    `logprobs_mode` ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names,
+    and so are `enable_auto_tool_choice` with `tool_call_parser` (both or neither: native tool
+    calls through that tool-call format, serve/tools.py) (ServedModels; ignored when `model` is a
+    ServedModels, which has its own).
 
     The server stops when the block ends: it stops accepting connections, gives requests in
     flight up to a few seconds, and the thread is joined.
@@ -153,7 +158,12 @@ def serving(
     """
     from harnessrl.serve.app import create_app
 
-    options = {"max_lora_rank": max_lora_rank, "generation_config": generation_config, "logprobs_mode": logprobs_mode}
+    options = {
+        "max_lora_rank": max_lora_rank,
+        "generation_config": generation_config,
+        "logprobs_mode": logprobs_mode,
+        "tool_call_parser": check_tool_parser(enable_auto_tool_choice, tool_call_parser),
+    }
     models, owned = _served_models(
         model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype, options=options
     )

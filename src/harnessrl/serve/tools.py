@@ -29,10 +29,6 @@ from harnessrl.models.base import GenerationRequest
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, ToolTurns, tool_call_entries, tool_schemas
 from harnessrl.types import Message, ToolCall, ToolResult, ToolSchema
 
-# what vLLM 0.33 answers a request with tools when it runs without auto tool choice
-# (entrypoints/openai/chat_completion/serving.py); kept word for word so clients matching it still do
-VLLM_AUTO_TOOLS_REFUSAL = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
-
 
 def check_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> str | None:
     """The tool-call format a server parses replies with (None: no native tools), from vLLM's two
