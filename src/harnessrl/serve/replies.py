@@ -8,8 +8,9 @@ recording endpoint records it and parses tool calls), and how to report a backen
 
 Streams carry the tokens as the engine samples them (serve/streaming.py) when the policy hands
 them out one by one and nothing needs the whole reply first. Two cases wait for the whole reply
-and then send it token by token: a request that offered tools on the recording endpoint (the
-text may turn out to be a tool call, which must not reach the agent as text), and logprobs
+and then send it token by token: a request that offered tools (on the recording endpoint, or on
+`harnessrl serve` with a tool-call parser: the text may turn out to be a tool call, which must
+not reach the client as text), and logprobs
 under `logprobs_mode="raw_logprobs"` (recomputed by a forward pass once the reply is done).
 """
 
