@@ -24,16 +24,6 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def check_model_spec(spec: str, api_key_env: str | None, option: str, key_option: str) -> None:
-    """Fail (exit 2) on a model spec that cannot name a model, before anything slow is loaded."""
-    from harnessrl.models import check_spec
-
-    try:
-        check_spec(spec, api_key_env, option=option, key_option=key_option)
-    except ValueError as e:
-        fail(str(e))
-
-
 def executor_for(run: Any) -> Any:
     """The executor that a command's run options ask for (`--executor`, `--ray-address`), to use
     in a `with` block; exits 2 with the reason when it cannot be had (Ray not installed)."""

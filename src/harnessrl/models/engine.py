@@ -167,9 +167,6 @@ class EngineStats:
     kv_bytes_per_token: int = 0
     mean_batch: float = field(default=0.0)  # decode_rows / decode_steps
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 # ------------------------------------------------------------------------------ batch cache
 

@@ -209,10 +209,6 @@ def quantize_int8(
     }
 
 
-def is_quantized(model: nn.Module) -> bool:
-    return any(isinstance(module, Int8Linear) for module in model.modules())
-
-
 def _device(model: nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
