@@ -303,11 +303,13 @@ def test_observe_checks_its_input():
         sched.observe("a", [], None)
     with pytest.raises(ValueError, match="checkpoint"):
         make_scheduler("harness-bandit", ["a", "c"]).load_state_dict(sched.state_dict())
-    for name in ("dump-ucb", "sec"):
+    for name in ("harness-bandit", "dump-ucb", "sec"):
         with pytest.raises(ValueError, match="no advantages"):
             make_scheduler(name, ["a", "b"]).observe("a", [], None)
         with pytest.raises(ValueError, match="non-finite"):
             make_scheduler(name, ["a", "b"]).observe("a", [1.0, math.nan], None)
+        with pytest.raises(ValueError, match="non-finite"):
+            make_scheduler(name, ["a", "b"]).observe("a", [math.inf, 0.0], None)
     lilo = make_scheduler("lilo", ["a", "b"])
     with pytest.raises(ValueError, match="needs the episodes' scores"):
         lilo.observe("a", [1.0, -1.0], None)

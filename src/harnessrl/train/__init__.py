@@ -6,7 +6,8 @@ One idea per file:
                  teacher-forced token log-probs and the clipped GRPO/DAPO loss
   sketch.py      GradientSketch: a seeded linear projection of gradients to a few hundred numbers
   schedulers.py  which harness collects the next batch: mixed, uniform, round-robin, single:NAME,
-                 harness-bandit (and its learnability-only / transfer-only ablations)
+                 ratio:H=W,..., harness-bandit (and its learnability-only / transfer-only
+                 ablations), and the field's bandits dump-ucb, sec and lilo
 
   step.py        one step's pieces: the plan (harness, tasks), group advantages and units, the
                  step's statistics, the scheduler's observation (typed records)

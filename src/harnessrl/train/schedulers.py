@@ -229,10 +229,8 @@ class HarnessBanditScheduler(Scheduler):
         self.t_window: deque[float] = deque(maxlen=self.window)
 
     def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
-        adv = torch.as_tensor(advantages, dtype=torch.float64).reshape(-1)
-        if adv.numel() == 0:
-            raise ValueError(f"observe({harness!r}) got no advantages")
-        learnability = float(adv.abs().mean())
+        # as the other bandits: no advantages, or a non-finite one (a NaN would poison the window)
+        learnability = float(torch.tensor(_abs_advantages(harness, advantages), dtype=torch.float64).mean())
         self.l_window.append(learnability)
         fused_l = _minmax(learnability, self.l_window)
 
