@@ -5,8 +5,11 @@
     responses.py the Responses API as a front of the chat path (requests, items, events)
     streaming.py tokens as the engine samples them -> text deltas
     replies.py   one admitted request answered as JSON or as an event stream (both servers)
+    tools.py     native tools: rendered into the prompt through a tool-call format, replies parsed
+                 back into tool calls (serve's --tool-call-parser and the recording endpoint)
     app.py       create_app(models): the FastAPI app (routes)
     server.py    serving(...): a server in a background thread yielding its URL; run_server
+    recording.py the recording endpoint external agent programs call (docs/external-harness.md)
 
 Routes, what they return and what is refused: docs/serve.md.
 """
