@@ -78,6 +78,9 @@ ANSWER_FILE = "answer.txt"
 MAX_ANSWER_BYTES = 100_000  # what is read of the answer file
 STDERR_TAIL_CHARS = 300  # of stderr, in the termination detail of a program that failed
 _CALL_ID = re.compile(r"^call_(\d+)_(\d+)$")  # the ids of the tool calls this endpoint hands out
+# the same id with its non-alphanumerics dropped, as some agents rewrite every tool call id they
+# replay (OpenClaw's "strict" mode: call_0_1 comes back as call01)
+_STRIPPED_CALL_ID = re.compile(r"^call(\d{2,})$")
 _STOP_POLL_S = 0.2  # how often a running program looks whether the run was interrupted
 MAX_REFUSED_RECORDED = 100  # refused requests kept per episode (a program may loop on one)
 REFUSAL_DETAIL_CHARS = 200  # of the first refusal's message, in the termination detail
@@ -204,16 +207,40 @@ class ExternalEpisode:
     def _note_results(self, body: ChatCompletionRequest) -> None:
         """The results of earlier tool calls, as the agent sends them back in `tool` messages."""
         for i, m in enumerate(body.messages):
-            found = _CALL_ID.match(m.tool_call_id or "") if m.role == "tool" else None
+            if m.role != "tool":
+                continue
+            found = self._call_position(m.tool_call_id or "")
             if found is None:
                 continue
-            index, position = int(found.group(1)), int(found.group(2))
+            index, position = found
             with self._lock:
                 rec = self._recorded.get(index)
                 if rec is None or position >= len(rec.step.tool_calls) or position in rec.results:
                     continue
                 name = rec.step.tool_calls[position].name
                 rec.results[position] = ToolResult(name=name, output=_content_text(m, i))
+
+    def _call_position(self, call_id: str) -> tuple[int, int] | None:
+        """(call index, position of the tool call in it) named by a tool message's id: ours as
+        handed out, or with its underscores dropped when that names one recorded call only (the
+        digits split at one place between a recorded call and a tool call it made; a split with a
+        leading zero is not how we write numbers)."""
+        found = _CALL_ID.match(call_id)
+        if found is not None:
+            return int(found.group(1)), int(found.group(2))
+        found = _STRIPPED_CALL_ID.match(call_id)
+        if found is None:
+            return None
+        digits = found.group(1)
+        with self._lock:
+            made = {index: len(rec.step.tool_calls) for index, rec in self._recorded.items()}
+        candidates = [
+            (int(digits[:j]), int(digits[j:]))
+            for j in range(1, len(digits))
+            if str(int(digits[:j])) == digits[:j] and str(int(digits[j:])) == digits[j:]
+        ]
+        candidates = [(index, position) for index, position in candidates if position < made.get(index, 0)]
+        return candidates[0] if len(candidates) == 1 else None
 
     def record(self, turn: Turn, call: ModelCall, latency: float) -> dict:
         """Record the reply as a step; returns the response's assistant message (with `tool_calls`
