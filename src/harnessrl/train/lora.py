@@ -8,6 +8,8 @@ and save the same way.
     write_checkpoint      OUT/checkpoint: adapter/, optimizer.pt, extra tensors, state.json
     checkpoint_folder     the checkpoint a resume reads (or the previous one, after a crash)
     load_adapter_weights  a checkpoint's adapter weights back into the peft model
+    adapter_state         a CPU copy of the adapter's weights as they are
+    holding_weights       the model holds other adapter weights inside a block, then its own again
     write_adapter         OUT/adapter: a peft adapter folder + harnessrl.json naming the base model
 
 The checks take the exception class of their caller (TrainError, SFTError), so each command
@@ -16,6 +18,7 @@ reports a bad model or checkpoint as its own error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -219,6 +222,27 @@ def load_adapter_weights(peft_model, weights: dict[str, torch.Tensor], folder: P
     result = set_peft_model_state_dict(peft_model, weights)
     if getattr(result, "unexpected_keys", None):
         raise error(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+
+
+def adapter_state(peft_model) -> dict[str, torch.Tensor]:
+    """A CPU copy of the adapter's weights as they are now."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(peft_model).items()}
+
+
+@contextlib.contextmanager
+def holding_weights(peft_model, weights: dict[str, torch.Tensor] | None, error: type[Exception]):
+    """The model holds `weights` inside the block (None: as it is), then exactly its own again."""
+    if weights is None:
+        yield
+        return
+    own = adapter_state(peft_model)
+    load_adapter_weights(peft_model, weights, "a restored policy version", error)
+    try:
+        yield
+    finally:
+        load_adapter_weights(peft_model, own, "the current policy version", error)
 
 
 def write_adapter(out: Path, peft_model, model: str, trained_by: str, **facts: Any) -> Path:

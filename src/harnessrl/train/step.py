@@ -7,7 +7,8 @@
     batch_stats        the step's statistics over every process's groups
     observe            the scheduler learns from the update (advantages, rewards, sketch)
 
-`Trainer.train_step` composes them with the rollouts and `harnessrl.train.update.update_policy`.
+`harnessrl.train.pipeline.RolloutPipeline` composes the plans and the groups with the rollouts;
+`Trainer.train_step` joins them to `harnessrl.train.update.update_policy` and `observe`.
 Nothing here loads a model or runs an episode.
 """
 

@@ -21,9 +21,13 @@ One training step, read top to bottom in `Trainer.train_step`:
 
 Where each piece lives: the plan, the groups' advantages, the step's statistics and the
 scheduler's observation in `harnessrl.train.step` (typed: StepPlan, GroupOutcome, BatchStats);
-the optimizer steps in `harnessrl.train.update` (UpdateContext in, UpdateResult out, gradient
+the plans made ahead, their collection, the rounds of a step and the policy versions on the
+rollout servers in `harnessrl.train.pipeline` (`RolloutPipeline`, given the scheduler, the task
+RNG, the servers, the runner and a callable that publishes weights; `StepRollouts` out); the
+optimizer steps in `harnessrl.train.update` (UpdateContext in, UpdateResult out, gradient
 accumulation described there); the checkpoint in `harnessrl.train.checkpoint`; the progress bar in
-`harnessrl.train.progress`. This module holds the run: options, set-up, the loop, evaluation.
+`harnessrl.train.progress`. This module holds the run: options, set-up, the loop, evaluation and
+the step's record.
 
 The old log-probs of the ratio are recomputed by the trainer before the batch's first update: a
 no-grad teacher-forced pass over the units with the weights that sampled them (verl computes
@@ -54,33 +58,10 @@ what tells HarnessBandit that this harness is not learnable right now.
 A mixed step (scheduler "mixed") has one batch and one sketch: it is observed once per harness
 present, each with that harness's own advantages.
 
-Asynchronous collection (--max-off-policy-steps N > 0, only with --rollout-server; docs/training.md
-"Asynchronous collection"). The loop keeps a pipeline of plans: at the start of step k (after the
-current weights are published) the plan of step k + N is made — the scheduler selects with the
-observations of steps 0 .. k-1 only (step k's batch has not been trained yet, let alone
-observed), the task RNG draws its tasks — and it is bound to the current policy version V(k+N)
-= the weights after step k-1's update. A collector thread runs the plans' first rounds one after
-the other on the servers under their bound version (`RolloutServers.at_version`, pinned there
-until every process has gathered the batch), so step k+1's episodes are sampled while step k
-trains. A unit of step j is trained from the weights after the updates of steps < j: its lag is
-the number of updates among steps j-N .. j-1, at most N by construction, so no episode ever has
-to be re-sampled for staleness (the trainer still checks every call before the update). Because
-every decision and every sampling version is a function of the step alone, not of timing, a run
-is reproducible and resumes exactly: the checkpoint holds the plans already made for the next
-steps and the weights of the older versions they are bound to (pinned_adapters.pt); a resumed
-run republishes those versions and collects the same episodes. A plan past --steps is made too
-(a longer resumed run must see the same decisions) but not collected. With N = 0 nothing runs
-ahead: the plan of step k is made at step k and collected in this thread, as always. The in-process
-engine samples with the very weights being trained, so it refuses N > 0 (not implemented).
-
-Dynamic sampling (--dynamic-sampling, --max-sampling-rounds R): a group whose rewards are all
-equal has no gradient. After the first round, while fewer than tasks_per_step groups of every
-process carry signal (non-zero advantages) and fewer than R rounds ran, a refill round draws
-that many fresh tasks from the task RNG under the same selection (no new scheduler decision),
-with attempt numbers of its own (`attempt_base`), in this thread under the current weights. Only
-the groups with signal are trained; the scheduler observes every group of every round, the flat
-ones' zeros included (they are what learnability measures). The decision is taken from the
-all-gathered statistics, so every process refills alike.
+Asynchronous collection (--max-off-policy-steps N > 0, only with --rollout-server: the plan of
+step k + N is made at step k and collected while step k trains) and dynamic sampling
+(--dynamic-sampling: refill rounds until the batch has enough groups with signal) are described
+in `harnessrl.train.pipeline` and docs/training.md.
 
 Several processes (torchrun / accelerate launch; `harnessrl.train.distributed`, docs/training.md
 "Several processes"): every process selects the same harness and tasks from the same seeded
@@ -94,7 +75,7 @@ for the metrics and the scheduler. One process (no launcher) runs exactly as des
 Files in the run folder OUT:
     config.json        every option (a resume with different options is refused, except
                        --steps and --checkpoint-every)
-    metrics.jsonl      one line per step (see `train_step`)
+    metrics.jsonl      one line per step (see `Trainer._record`)
     eval.jsonl         periodic evaluation on dev tasks, one line per evaluation
     checkpoint/        adapter/, optimizer.pt, rng.pt, state.json (step, scheduler, RNG states);
                        written into a temporary folder and renamed into place
@@ -108,14 +89,10 @@ Files in the run folder OUT:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import random
 import time
-from collections import Counter, deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,21 +103,11 @@ from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError
 from harnessrl.train.grpo import TrainingUnit
+from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
 from harnessrl.train.progress import GRPOProgress, mean
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch
-from harnessrl.train.step import (
-    LocalBatch,
-    StepPlan,
-    allocate_tasks,
-    attempt_base,
-    batch_stats,
-    group_batch,
-    observe,
-    plan_step,
-    refill_plan,
-    sampling_seed,
-)
+from harnessrl.train.step import allocate_tasks, attempt_base, observe, sampling_seed
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
 
 __all__ = [
@@ -164,29 +131,6 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers"
 
 class TrainError(ValueError):
     """Bad options or a refused run folder: reported before any training (the CLI exits 2)."""
-
-
-@dataclass
-class _Pending:
-    """A planned step: its plan, the policy version its first round is sampled by, and (with
-    --max-off-policy-steps) that round's collection, handed to the collector thread."""
-
-    plan: StepPlan
-    version: int
-    future: Future | None = None
-    pinned: bool = False
-
-
-@dataclass
-class _Round:
-    """One round of a step's rollouts, as this process ran it and every process's statistics."""
-
-    trajectories: list
-    units: list[TrainingUnit]
-    parts: list[LocalBatch]
-    started: float
-    ended: float
-    waited: float  # seconds the training thread waited for it
 
 
 # ------------------------------------------------------------------------------------- the trainer
@@ -290,13 +234,6 @@ class Trainer:
         self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
-        # The pipeline (docs/training.md, "Asynchronous collection"): the plans made and not yet
-        # trained, in step order; the next step to plan; rounds per step (attempt numbers).
-        self._pipeline: deque[_Pending] = deque()
-        self._next_plan = 0
-        self._rounds = config.max_sampling_rounds if config.dynamic_sampling else 1
-        self._collector: ThreadPoolExecutor | None = None  # runs plans ahead (--max-off-policy-steps)
-        self._snapshots: dict[int, dict[str, Any]] = {}  # rank 0: weights of versions plans are bound to
         self._last_update: tuple[float, float] | None = None  # the previous step's update (start, end)
         self._idle_mark: list[float] = []
 
@@ -322,8 +259,7 @@ class Trainer:
         self.tokenizer = policy.tokenizer
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
-        self.sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
-        self._weights_version = 0  # the policy version of the weights as they are: steps that updated so far
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "train"))
         self.servers = None
         if cfg.rollout_servers:
             from harnessrl.train.rollout_server import RolloutServerError, RolloutServers, new_run_id
@@ -336,11 +272,9 @@ class Trainer:
             except (ValueError, RolloutServerError) as e:
                 raise TrainError(str(e)) from None
             self._idle_mark = self.servers.idle_seconds()
-            if cfg.max_off_policy_steps > 0:  # one thread: the plans are collected one after the other
-                self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="collector")
         self.runner = Runner(
             self.servers if self.servers is not None else policy,
-            self.sampling,
+            sampling,
             max_in_flight=cfg.max_in_flight,
             max_retries=cfg.retries,
             progress=False,
@@ -355,6 +289,21 @@ class Trainer:
         # the same engine (one batch, one prefix cache, one thread) with its own counter
         self.eval_policy = policy.with_sampling(self.eval_sampling, name=f"{cfg.model}+lora")
         self.train_tasks = self.suite.tasks("train")
+        # the plans, their collection (ahead, with --max-off-policy-steps) and the policy versions
+        self.pipeline = RolloutPipeline(
+            cfg,
+            scheduler=self.scheduler,
+            task_rng=self.task_rng,
+            train_tasks=self.train_tasks,
+            spec_by_name=self.spec_by_name,
+            servers=self.servers,
+            runner=self.runner,
+            dist=self.dist,
+            executor=self.executor,
+            publish=self._publish,
+            weights=lambda: lora.adapter_state(self.peft_model),
+            error=TrainError,
+        )
 
     def _open_logs(self) -> None:
         """The rollout store and TensorBoard (only when the tensorboard package is installed)."""
@@ -381,9 +330,8 @@ class Trainer:
                 },
             )
             # Episodes of steps after the checkpoint are from a killed attempt: they are re-run.
-            self.store.delete_attempts_from(attempt_base(self.step, 0, cfg.group_size, self._rounds))
-            if self._collector is None:  # else the training thread stores each round as it takes it
-                self.runner.on_episode = self.store.add
+            self.store.delete_attempts_from(attempt_base(self.step, 0, cfg.group_size, self.pipeline.rounds))
+            self.pipeline.save_into(self.store)
         if importlib.util.find_spec("tensorboard") is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -397,19 +345,13 @@ class Trainer:
         """OUT/checkpoint, written in a temporary folder then renamed into place (state.json last)."""
         state = {
             "step": self.step,
-            "policy_version": self._weights_version,
+            "policy_version": self.pipeline.version,
             "scheduler": self.scheduler.state_dict(),
             "task_rng": _rng_state(self.task_rng),
             "generate_calls": self.policy.generate_calls,
         }
-        pinned = {}
-        if self.config.max_off_policy_steps > 0:
-            # the plans already made for the next steps (their decisions are taken) and the weights
-            # of every older version they are bound to: a resumed run samples them as this one would
-            state["pipeline"] = [{"plan": p.plan.to_dict(), "version": p.version} for p in self._pipeline]
-            pinned = {
-                str(p.version): self._snapshots[p.version] for p in self._pipeline if p.version != self._weights_version
-            }
+        plans, pinned = self.pipeline.checkpoint()  # with --max-off-policy-steps: the plans made ahead
+        state |= plans
         return checkpoint.save(self.out, self.peft_model, self.optimizer, state, pinned=pinned)
 
     def load_checkpoint(self) -> bool:
@@ -425,32 +367,9 @@ class Trainer:
         _set_rng_state(self.task_rng, state["task_rng"])
         self.policy.generate_calls = int(state["generate_calls"])
         self.step = int(state["step"])
-        self._weights_version = int(state.get("policy_version", self.step))
-        tasks_by_id = {t.id: t for t in self.train_tasks}
-        for item in state.get("pipeline", []):
-            plan = StepPlan.from_dict(item["plan"], tasks_by_id, self.spec_by_name)
-            self._pipeline.append(_Pending(plan, int(item["version"])))
-        self._next_plan = self.step + len(self._pipeline)
-        self._snapshots = {int(v): w for v, w in saved.pinned.items()}
+        self.pipeline.version = int(state.get("policy_version", self.step))
+        self.pipeline.restore(state, saved.pinned, self.step)
         return True
-
-    def _resume_pipeline(self) -> None:
-        """A resumed asynchronous run: the older versions its restored plans are bound to go
-        back on the servers (from the checkpoint's weights; the current one follows at the next
-        step), and the plans' collections start again, exactly as the killed run had them."""
-        if self._collector is None or not self._pipeline:
-            return
-        for pending in self._pipeline:  # pinned first: publishing the current version releases the others
-            self.servers.pin(pending.version)
-            pending.pinned = True
-        for version in sorted({p.version for p in self._pipeline if p.version != self._weights_version}):
-            weights = self._snapshots.get(version)
-            if weights is None and self.dist.is_main:
-                raise TrainError(f"the checkpoint lacks the weights of policy version {version} a planned step needs")
-            self._publish(version, weights)
-        self._sync_servers()
-        for pending in self._pipeline:
-            self._launch(pending)
 
     def save_adapter(self) -> Path:
         """OUT/adapter (lora.write_adapter); harnessrl.json also names the suite, harnesses and scheduler."""
@@ -478,70 +397,75 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One training step: a rollout batch and its optimizer steps (or a logged skip).
-        Returns the metrics record of the step."""
-        cfg, step = self.config, self.step
+        Returns the metrics record of the step (`_record`)."""
+        step = self.step
         t_start = time.perf_counter()
 
         # 1. the current weights on the rollout servers; then the plans: this step's (synchronous),
         # or, with --max-off-policy-steps N, the one of step + N, whose collection starts now
-        t_sync = self._sync_servers()
+        t_sync = self.pipeline.sync()
         t0 = time.perf_counter()
-        self._plan_ahead()
+        pending = self.pipeline.plan(step)
         t_sched = time.perf_counter() - t0
-        pending = self._pipeline.popleft()
-        plan, seed = pending.plan, sampling_seed(cfg.seed, step, "train")
 
         # 2. the rollouts: round 0 (collected ahead, or now), then dynamic sampling's refills,
         # always now, under the current weights (their decision needs every process's groups)
-        rounds = [self._finish_round(plan, 0, *self._round_zero(pending))]
-        merged = plan  # every round's groups, in order (advantages and statistics index them)
-        while cfg.dynamic_sampling and len(rounds) < cfg.max_sampling_rounds:
-            need = cfg.tasks_per_step - self._signal_groups(rounds)
-            if need <= 0:
-                break
-            refill = refill_plan(plan, self.task_rng, self.train_tasks, self.spec_by_name, need)
-            self.dist.check_same(refill.fingerprint(), "the step's refill groups")
-            offset = len(merged.assignment)
-            merged = dataclasses.replace(merged, assignment=merged.assignment + refill.assignment)
-            collected = self._collect(refill, len(rounds), self.runner, seed)
-            rounds.append(self._finish_round(merged, offset, *collected))
-        if self.servers is not None and pending.pinned:
-            self.servers.unpin(pending.version)  # every process has gathered its batch: done with it
-        units = [u for r in rounds for u in r.units]
-        stats = batch_stats(merged, [p for r in rounds for p in r.parts])
-        lags = self._lag_histogram([t for r in rounds for t in r.trajectories])
-        if lags and max(lags) > cfg.max_off_policy_steps:  # the pipeline's depth makes this impossible
-            raise RuntimeError(
-                f"step {step + 1}: a unit would be trained {max(lags)} policy versions after the one that sampled "
-                f"it, more than --max-off-policy-steps {cfg.max_off_policy_steps} (a bug of the trainer's pipeline)"
-            )
+        batch = self.pipeline.collect(pending)
 
         # 3. the optimizer steps: ppo_epochs passes of mini_batches mini-steps each, with no
         # generation step of the in-process engine in between (paused() makes sure)
         update = UpdateResult()  # none taken
-        version = self._weights_version  # the weights the batch is trained from
+        version = self.pipeline.version  # the weights the batch is trained from
         previous_update, self._last_update = self._last_update, None
-        if stats.signal:
+        if batch.stats.signal:
             t0 = time.perf_counter()
             with self.policy.paused():
                 self.policy.clear_cache()
-                update = self._update(units, step)
+                update = self._update(batch.units, step)
             self._last_update = (t0, time.perf_counter())
-            self._weights_version += 1  # one new policy version per step that updates
+            self.pipeline.version += 1  # one new policy version per step that updates
 
         # 4. the scheduler learns from this update: every group of every round, flat ones included
         t0 = time.perf_counter()
-        transfer = observe(self.scheduler, merged, stats, update.sketch)
+        transfer = observe(self.scheduler, batch.merged, batch.stats, update.sketch)
         t_sched += time.perf_counter() - t0
 
         self.step += 1
+        return self._record(
+            batch,
+            update,
+            transfer,
+            version=version,
+            previous=previous_update,
+            t_sync=t_sync,
+            t_sched=t_sched,
+            t_start=t_start,
+        )
+
+    def _record(
+        self,
+        batch: StepRollouts,
+        update: UpdateResult,
+        transfer: dict[str, float],
+        *,
+        version: int,
+        previous: tuple[float, float] | None,
+        t_sync: float,
+        t_sched: float,
+        t_start: float,
+    ) -> dict[str, Any]:
+        """The metrics record of the step just taken (one line of metrics.jsonl). `version`: the
+        policy version the batch was trained from; `previous`: when the previous step's update
+        ran (start, end), if it took one; the seconds of the adapter sync and of the scheduler;
+        when the step started."""
+        cfg, plan, stats, rounds, lags = self.config, batch.pending.plan, batch.stats, batch.rounds, batch.lags
         skipped = None if stats.signal else ("all advantages are zero" if stats.units else "no training units")
         extras: dict[str, Any] = {}
-        times: dict[str, float] = {}
+        waits: dict[str, float] = {}
         if cfg.dynamic_sampling:
             extras |= {
                 "sampling_rounds": len(rounds),
-                "groups_sampled": len(merged.assignment),
+                "groups_sampled": len(batch.merged.assignment),
                 "groups_dropped_flat": stats.flat_groups,
                 "groups_trained": stats.signal_groups,
                 "sampling_budget_exhausted": stats.signal_groups < cfg.tasks_per_step,
@@ -549,8 +473,8 @@ class Trainer:
         if self.servers is not None:
             first = rounds[0]
             overlap = 0.0
-            if previous_update is not None:
-                overlap = max(0.0, min(first.ended, previous_update[1]) - max(first.started, previous_update[0]))
+            if previous is not None:
+                overlap = max(0.0, min(first.ended, previous[1]) - max(first.started, previous[0]))
             n_calls = sum(lags.values())
             idle = self.servers.idle_seconds()
             extras |= {
@@ -558,21 +482,21 @@ class Trainer:
                 "policy_lag_mean": sum(k * n for k, n in lags.items()) / n_calls if n_calls else None,
                 "policy_lag_hist": {str(k): lags[k] for k in sorted(lags)},
                 "policy_version": version,
-                "sampling_version": pending.version,
+                "sampling_version": batch.pending.version,
                 "rollouts_overlapped": overlap > 0,
                 "servers_idle": [b - a for a, b in zip(self._idle_mark, idle)],
                 "rollout_requests": list(self.servers.sent),
                 "time_adapter_sync": t_sync,
             }
             self._idle_mark = idle
-            times = {"rollout_wait": sum(r.waited for r in rounds), "rollout_update_overlap": overlap}
+            waits = {"rollout_wait": sum(r.waited for r in rounds), "rollout_update_overlap": overlap}
         if extras:
-            extras["tasks"] = [[task.id, spec.name] for task, spec in merged.assignment]
+            extras["tasks"] = [[task.id, spec.name] for task, spec in batch.merged.assignment]
         return {
             "step": self.step,
             "harness": plan.selection.harness or "mixed",
             "shares": {h: c / cfg.tasks_per_step for h, c in plan.counts.items() if c},
-            "sampling_seed": seed,
+            "sampling_seed": batch.seed,
             "episodes": stats.episodes,
             "infra_errors": stats.infra_errors,
             "reward_mean": mean(stats.rewards),
@@ -612,136 +536,24 @@ class Trainer:
                 "sketch": update.time_sketch,
                 "optimizer": update.time_optimizer,
                 "scheduler": t_sched,
-                **times,
+                **waits,
                 "total": time.perf_counter() - t_start,
             },
         }
 
-    # -- the pipeline of plans and collections ----------------------------------------------------------
-    def _plan_ahead(self) -> None:
-        """Plan every step up to step + max_off_policy_steps that has no plan yet: the scheduler
-        decides with what it has observed now (steps before this one), the task RNG draws, and
-        each plan is bound to the current policy version. With N > 0 the collection of each new
-        plan is handed to the collector (it runs the plans in order, while this thread trains);
-        a plan past --steps is made (a longer resumed run must see the same decisions) but not
-        collected: the checkpoint keeps it."""
-        cfg = self.config
-        while self._next_plan <= self.step + cfg.max_off_policy_steps:
-            plan = plan_step(
-                self.scheduler, self.task_rng, self.train_tasks, self.spec_by_name, cfg.tasks_per_step, self._next_plan
-            )
-            # Several processes take this decision each from the same seeded state: it must agree.
-            self.dist.check_same(plan.fingerprint(), "the step's harnesses and tasks")
-            self._pipeline.append(self._launch(_Pending(plan, self._weights_version)))
-            self._next_plan += 1
-
-    def _launch(self, pending: _Pending) -> _Pending:
-        """Asynchronous runs: pin the plan's version on the servers and, if the step is one this
-        run trains, hand its collection to the collector thread."""
-        from harnessrl.rollout import Runner
-
-        if self._collector is None:
-            return pending
-        if not pending.pinned:
-            self.servers.pin(pending.version)
-            pending.pinned = True
-        if pending.future is None and pending.plan.step < self.config.steps:
-            seed = sampling_seed(self.config.seed, pending.plan.step, "train")
-            runner = Runner(
-                self.servers.at_version(pending.version),
-                self.sampling.model_copy(update={"seed": seed}),
-                max_in_flight=self.config.max_in_flight,
-                max_retries=self.config.retries,
-                progress=False,
-                executor=self.executor,
-            )
-            pending.future = self._collector.submit(self._collect, pending.plan, 0, runner, seed)
-        return pending
-
-    def _round_zero(self, pending: _Pending) -> tuple[list, float, float, float]:
-        """The step's first round: collected now (synchronous), or waited for (asynchronous)."""
-        if self._collector is None:
-            return self._collect(
-                pending.plan, 0, self.runner, sampling_seed(self.config.seed, pending.plan.step, "train")
-            )
-        self._launch(pending)  # a plan restored from a checkpoint of a shorter run
-        t0 = time.perf_counter()
-        trajectories, started, ended, _ = pending.future.result()
-        return trajectories, started, ended, time.perf_counter() - t0
-
-    def _collect(self, plan: StepPlan, round_: int, runner, seed: int) -> tuple[list, float, float, float]:
-        """This process's groups of `plan` (round `round_` of its step), G attempts each, sampled
-        with the step's seed; returns (trajectories, started, ended, seconds waited)."""
-        from harnessrl.rollout import Job
-
-        G = self.config.group_size
-        base = attempt_base(plan.step, round_, G, self._rounds)
-        mine = self.dist.shard(len(plan.assignment))
-        jobs = [Job(task, spec, base + i) for task, spec in (plan.assignment[g] for g in mine) for i in range(G)]
-        if runner is self.runner:  # the main thread's runner: its sampling is the step's
-            self.sampling = self.sampling.model_copy(update={"seed": seed})
-            runner.sampling = self.sampling
-        started = time.perf_counter()
-        trajectories = runner.run(jobs)
-        ended = time.perf_counter()
-        return trajectories, started, ended, ended - started
-
-    def _finish_round(
-        self, merged: StepPlan, offset: int, trajectories: list, started: float, ended: float, waited: float
-    ) -> _Round:
-        """Advantages of this process's groups of a round (indices offset.. of `merged`), every
-        process's statistics of them, and the episodes into rank 0's store."""
-        cfg = self.config
-        n = len(merged.assignment) - offset
-        mine = self.dist.shard(n)
-        groups = range(offset + mine.start, offset + mine.stop)
-        units, outcomes = group_batch(merged, groups, trajectories, cfg.scale_advantages, cfg.dynamic_sampling)
-        parts = self.dist.all_gather_object(LocalBatch.of(units, outcomes))  # on every process
-        if cfg.save_rollouts and (self.dist.enabled or self._collector is not None):
-            # rank 0 stored its own episodes as they ended, unless they were collected ahead
-            own = [] if self._collector is None else trajectories
-            others = self.dist.gather_object([] if self.dist.is_main else trajectories) if self.dist.enabled else [[]]
-            if self.store is not None:
-                for traj in [*own, *(t for part in others[1:] for t in part)]:
-                    self.store.add(traj)
-        return _Round(trajectories, units, parts, started, ended, waited)
-
-    @staticmethod
-    def _signal_groups(rounds: list[_Round]) -> int:
-        """Groups so far, of every process, whose advantages are not all 0."""
-        return sum(
-            o.advantages is not None and any(a != 0 for a in o.advantages)
-            for r in rounds
-            for part in r.parts
-            for o in part.groups.values()
-        )
-
-    def _sync_servers(self) -> float:
-        """With --rollout-server: the adapter as it is now, published to every server under a name
-        and from a folder never used before (vLLM keys its prefix cache by both: an in-place
-        reload would keep serving keys and values of older weights), unless they hold it already.
-        Before the run's first rollout the servers are also probed: their log-probs must be the
-        trainer's own at the run's temperature (`RolloutServers.probe`, recorded in config.json
-        as rollout_probe). Returns the seconds spent."""
-        if self.servers is None or self.servers.version == self._weights_version:
-            return 0.0
-        return self._publish(self._weights_version)
-
-    def _publish(self, version: int, weights: dict[str, Any] | None = None) -> float:
-        """Policy `version` on the servers: the current weights, or `weights` (an older version a
-        restored plan is bound to) put into the model while it is written and probed."""
+    def _publish(self, version: int, weights: Weights | None) -> None:
+        """The pipeline's way to put policy `version` on the rollout servers: the current
+        weights, or `weights` (an older version a restored plan is bound to) put into the model
+        while it is written. The first publication also probes the servers. One process writes
+        and loads (all hold the same weights); a failure anywhere stops every process."""
         from harnessrl.train.rollout_server import RolloutServerError, teacher_forced
 
         first = self.servers.version is None
-        t0 = time.perf_counter()
-        # One process writes and loads (all hold the same weights); the others wait for it.
         error = None
         if self.dist.is_main:
             try:
-                with self._weights_of(weights):
+                with lora.holding_weights(self.peft_model, weights, TrainError):
                     self.servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
-                    if self._collector is not None:  # a checkpoint may have to hold it (a plan bound to it)
-                        self._snapshots[version] = weights if weights is not None else self._lora_state()
                     if first:
                         # a harness that sends its tools natively needs the server's tool calling
                         native = any(getattr(getattr(s, "protocol", None), "native_tools", False) for s in self.specs)
@@ -758,44 +570,6 @@ class Trainer:
         error = self.dist.agree(error)
         if error is not None:
             raise TrainError(error)
-        self.servers.version = version
-        bound = {p.version for p in self._pipeline} | {self._weights_version}
-        self._snapshots = {v: w for v, w in self._snapshots.items() if v in bound}
-        return time.perf_counter() - t0
-
-    def _lora_state(self) -> dict[str, Any]:
-        """A CPU copy of the adapter's weights as they are now."""
-        from peft import get_peft_model_state_dict
-
-        return {k: v.detach().to("cpu", copy=True) for k, v in get_peft_model_state_dict(self.peft_model).items()}
-
-    @contextlib.contextmanager
-    def _weights_of(self, weights: dict[str, Any] | None):
-        """The model holds `weights` inside the block (None: as it is), then exactly its own again."""
-        if weights is None:
-            yield
-            return
-        own = self._lora_state()
-        lora.load_adapter_weights(self.peft_model, weights, "a restored policy version", TrainError)
-        try:
-            yield
-        finally:
-            lora.load_adapter_weights(self.peft_model, own, "the current policy version", TrainError)
-
-    def _lag_histogram(self, trajectories: list) -> Counter[int]:
-        """Model calls of the step, of every process, by how many policy versions the weights they
-        are trained from are past the version that sampled them (0: on-policy). Empty without
-        --rollout-server (the in-process engine samples with the weights as they are)."""
-        if self.servers is None:
-            return Counter()
-        now = self._weights_version
-        local = Counter(
-            now - s.model_call.policy_version
-            for t in trajectories
-            for s in t.steps
-            if s.model_call is not None and s.model_call.policy_version is not None
-        )
-        return sum(self.dist.all_gather_object(local), Counter()) if self.dist.enabled else local
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any] | None:
@@ -866,13 +640,12 @@ class Trainer:
         try:
             return self._loop(metrics_path, eval_path)
         finally:
-            if self._collector is not None:  # a stopped run: the collection under way ends, no other starts
-                self._collector.shutdown(wait=True, cancel_futures=True)
+            self.pipeline.close()  # a stopped run: the collection under way ends, no other starts
 
     def _loop(self, metrics_path: Path, eval_path: Path) -> dict[str, Any]:
         cfg = self.config
         main = self.dist.is_main
-        self._resume_pipeline()
+        self.pipeline.resume()  # a resumed asynchronous run: its plans' collections start again
 
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
@@ -906,13 +679,7 @@ class Trainer:
         if main and not (self.out / "checkpoint").exists():
             self.save_checkpoint()
         adapter = self.save_adapter() if main else self.out / "adapter"
-        if self.servers is not None:
-            for pending in self._pipeline:  # plans past --steps: the checkpoint holds their weights
-                if pending.pinned:
-                    self.servers.unpin(pending.version)
-                    pending.pinned = False
-            if main:
-                self.servers.release()  # the old versions still loaded and their folders; the last stays
+        self.pipeline.release()  # plans past --steps unpinned; the old versions off the servers
         self.policy.close()  # the engine thread (a later use of the policy starts a new one)
         if self.tb is not None:
             self.tb.close()
