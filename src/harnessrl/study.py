@@ -15,6 +15,7 @@ the weights trained on them run under the seed harness again).
     cells       TEST tasks x --attempts in 5 cells: {seed, evolved} x {base, distilled} and
                 seed x placebo
     study.json  the cells, paired differences by task, failure-class effects, the recommendation
+                (computed in harnessrl.study_analysis, which this module re-exports)
 
 Every stage is a run folder of its own under OUT (OUT/seed-eval, OUT/evolve, OUT/collect, OUT/sft,
 OUT/placebo, OUT/cells/<cell>); the evaluation stages are ordinary evaluation run folders
@@ -29,7 +30,6 @@ adapter has been trained (the way out when nothing passed on the train tasks), a
 from __future__ import annotations
 
 import gc
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,34 +37,11 @@ from pydantic import Field, model_validator
 
 from harnessrl.config import Device, FloatDtype, Options, cli
 from harnessrl.rundir import RunFolder, RunFolderError, holds_run, write_json
+from harnessrl.study_analysis import CELLS, COMPARISONS, cell_analysis, class_effects, compare_cells, recommend, verdict
 
 STUDY_JSON = "study.json"
 STAGES_JSON = "stages.json"
 
-# cell -> (harness side, weights)
-CELLS: dict[str, tuple[str, str]] = {
-    "seed-base": ("seed", "base"),
-    "evolved-base": ("evolved", "base"),
-    "seed-distilled": ("seed", "distilled"),
-    "evolved-distilled": ("evolved", "distilled"),
-    "seed-placebo": ("seed", "placebo"),
-}
-# name -> (cell a, cell b): every difference is b - a, paired by task
-COMPARISONS: dict[str, tuple[str, str]] = {
-    "distilled_vs_base_under_seed": ("seed-base", "seed-distilled"),
-    "evolved_vs_seed_under_base": ("seed-base", "evolved-base"),
-    "placebo_vs_base_under_seed": ("seed-base", "seed-placebo"),
-    "evolved_distilled_vs_seed_base": ("seed-base", "evolved-distilled"),
-    "distilled_vs_placebo_under_seed": ("seed-placebo", "seed-distilled"),
-}
-# how the text of the recommendation names them
-LABELS: dict[str, str] = {
-    "distilled_vs_base_under_seed": "distilled vs base weights, under the seed harness",
-    "evolved_vs_seed_under_base": "evolved vs seed harness, with the base weights",
-    "placebo_vs_base_under_seed": "placebo vs base weights, under the seed harness",
-    "evolved_distilled_vs_seed_base": "evolved harness + distilled weights vs seed harness + base weights",
-    "distilled_vs_placebo_under_seed": "distilled vs placebo weights, under the seed harness",
-}
 # The options only the evolution stage uses.
 EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
 # Keys of the study's configuration that may grow on --resume while no adapter has been trained.
@@ -136,285 +113,23 @@ class StudyConfig(Options):
         return self
 
 
-# ------------------------------------------------------------------------------------ the numbers
-
-
-def verdict(diff: dict[str, Any] | None) -> str:
-    """What a paired difference allows to claim: "lower" or "higher" when its 95% interval
-    excludes 0, "no claim" when the interval includes 0, "no data" without one."""
-    ci = (diff or {}).get("ci95")
-    if not ci or ci[0] is None or ci[1] is None:
-        return "no data"
-    if ci[1] < 0:
-        return "lower"
-    if ci[0] > 0:
-        return "higher"
-    return "no claim"
-
-
-def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
-    """One cell's record (summary metrics and triage) and, kept apart for the paired comparisons,
-    its per-task score and per-task share of valid episodes ending in each failure class."""
-    from harnessrl.metrics import summarize_harness, task_scores
-    from harnessrl.triage import CONTENT, PROCESS, first_failure_signal, triage
-
-    summary = summarize_harness(trajectories, attempts)
-    tri = next(iter(triage(trajectories).values()), None) or {}
-    n_valid = tri.get("n_valid", 0)
-    counts = tri.get("counts", {})
-    process = sum(counts.get(c, 0) for c in PROCESS)
-    content = sum(counts.get(c, 0) for c in CONTENT)
-    record = {
-        "n_tasks": summary["n_tasks"],
-        "n_episodes": summary["n_episodes"],
-        "n_infra_errors": summary["n_infra_errors"],
-        "attempts": attempts,
-        "mean_score": summary["mean_score"],
-        "mean_score_ci95": summary["mean_score_ci95"],
-        "pass_at_k": summary["pass_at_k"],
-        "pass_hat_k": summary["pass_hat_k"],
-        "k_notes": summary["k_notes"],
-        "delivery_rate": summary["delivery_rate"],
-        "triage": {
-            "n_valid": n_valid,
-            "n_failed": tri.get("n_failed", 0),
-            "counts": {c: counts.get(c, 0) for c in PROCESS + CONTENT},
-            "process_share": tri.get("process_share"),
-            "content_share": tri.get("content_share"),
-            "process_rate": process / n_valid if n_valid else None,
-            "content_rate": content / n_valid if n_valid else None,
-        },
-    }
-    # per task: the share of its valid episodes whose first failure signal is each class (or kind)
-    valid: dict[str, int] = defaultdict(int)
-    hits: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for t in trajectories:
-        if t.is_infra_error:
-            continue
-        valid[t.task_id] += 1
-        v = first_failure_signal(t)
-        if v is not None and v.kind != "infra":
-            for key in {v.cls, v.kind}:  # the content class shares its name with its kind: count it once
-                hits[t.task_id][key] += 1
-    rates = {
-        key: {task: hits[task][key] / n for task, n in valid.items()}
-        for key in (*PROCESS, *CONTENT, "process", "content")
-    }
-    return {"record": record, "scores": task_scores(trajectories), "rates": rates}
-
-
-def class_effects(analyses: dict[str, dict[str, Any]], seed: int = 0) -> dict[str, Any]:
-    """Per failure class seen in any cell: the paired difference (by task) of its rate (share of
-    valid episodes) between seed-base and evolved-base (`harness`), seed-distilled (`weights`)
-    and seed-placebo (`placebo`). Negative = the class is rarer."""
-    from harnessrl.metrics import paired_difference
-    from harnessrl.triage import CONTENT, PROCESS
-
-    base = analyses["seed-base"]["rates"]
-    effects = {}
-    for cls in (*PROCESS, *CONTENT):
-        if not any(any(a["rates"][cls].values()) for a in analyses.values()):
-            continue
-        entry: dict[str, Any] = {"kind": "process" if cls in PROCESS else "content"}
-        for name, cell in (("harness", "evolved-base"), ("weights", "seed-distilled"), ("placebo", "seed-placebo")):
-            diff = paired_difference(base[cls], analyses[cell]["rates"][cls], seed=seed)
-            entry[name] = {**diff, "verdict": verdict(diff)}
-        effects[cls] = entry
-    return effects
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def _fmt_diff(diff: dict[str, Any]) -> str:
-    ci = diff.get("ci95") or [None, None]
-    if diff.get("mean_difference") is None:
-        return "no shared task"
-    return f"{diff['mean_difference']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-
-
-def recommend(
-    differences: dict[str, dict[str, Any]],
-    effects: dict[str, Any],
-    evolved_is_seed: bool = False,
-    content: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The recommendation, computed from the paired differences and the failure-class effects.
-
-    fix_in_harness       process classes the evolved harness makes rarer (interval below 0)
-    train_into_weights   content classes the distilled weights make rarer, where the placebo
-                         adapter does not (a placebo that helps as much means the gain is not
-                         from what the episodes showed)
-    distils              classes the evolved harness removes AND the distilled weights reduce
-                         under the seed harness: the weights learned what the harness enforced
-    runtime_only         classes the evolved harness removes that the distilled weights do not
-                         reduce (interval includes 0 or above): keep them in the harness; and the
-                         score gain itself, when the harness raises the score and the weights do not
-    no_claim             every effect and difference whose interval includes 0
-    text                 the same, as sentences (with the content-failure rate before and after,
-                         `content` as study.json's content_failures, when given)
-    """
-    fix, train, distils, runtime, no_claim, text = [], [], [], [], [], []
-
-    def item(cls: str, *keys: str) -> dict[str, Any]:
-        e = effects[cls]
-        return {"class": cls, "kind": e["kind"], **{k: {x: e[k][x] for x in ("mean_difference", "ci95")} for k in keys}}
-
-    for cls, e in effects.items():
-        h, w, p = e["harness"]["verdict"], e["weights"]["verdict"], e["placebo"]["verdict"]
-        if e["kind"] == "process" and h == "lower":
-            fix.append(item(cls, "harness"))
-            (distils if w == "lower" else runtime).append(item(cls, "harness", "weights"))
-        if e["kind"] == "content" and w == "lower":
-            if p == "lower":
-                no_claim.append(
-                    {
-                        "what": f"{cls} rate, distilled vs base under seed",
-                        "ci95": e["weights"]["ci95"],
-                        "why": "the placebo adapter reduces it too: not attributable to the distilled content",
-                    }
-                )
-            else:
-                train.append(item(cls, "weights", "placebo"))
-        for key, label in (("harness", "evolved vs seed under base"), ("weights", "distilled vs base under seed")):
-            if e[key]["verdict"] == "no claim":
-                no_claim.append(
-                    {"what": f"{cls} rate, {label}", "ci95": e[key]["ci95"], "why": "the 95% interval includes 0"}
-                )
-    for name, diff in differences.items():
-        if diff["verdict"] == "no claim":
-            no_claim.append(
-                {"what": f"score, {LABELS[name]}", "ci95": diff["ci95"], "why": "the 95% interval includes 0"}
-            )
-
-    harness_gain = differences["evolved_vs_seed_under_base"]
-    weights_gain = differences["distilled_vs_base_under_seed"]
-    placebo_gain = differences["placebo_vs_base_under_seed"]
-    score = {
-        "harness": harness_gain["verdict"],
-        "weights": weights_gain["verdict"],
-        "placebo": placebo_gain["verdict"],
-        "combined": differences["evolved_distilled_vs_seed_base"]["verdict"],
-        "runtime_only": harness_gain["verdict"] == "higher" and weights_gain["verdict"] != "higher",
-    }
-
-    if evolved_is_seed:
-        text.append(
-            "The evolved harness is the seed harness (no edit accepted, or the same spec given): every harness "
-            "effect is noise."
-        )
-    if fix:
-        text.append(
-            "Fix in the harness: "
-            + "; ".join(f"{x['class']} ({_fmt_diff(x['harness'])})" for x in fix)
-            + " (process failures the evolved harness makes rarer)."
-        )
-    else:
-        text.append("Fix in the harness: no process failure class is significantly rarer under the evolved harness.")
-    if train:
-        text.append(
-            "Train into the weights: "
-            + "; ".join(f"{x['class']} ({_fmt_diff(x['weights'])}; placebo {_fmt_diff(x['placebo'])})" for x in train)
-            + " (content failures the distilled weights make rarer under the seed harness, the placebo does not)."
-        )
-    else:
-        text.append(
-            "Train into the weights: no content failure class is significantly rarer with the distilled weights."
-        )
-    if distils:
-        text.append(
-            "Distils: " + ", ".join(x["class"] for x in distils) + " (removed by the harness and by the weights)."
-        )
-    if runtime:
-        text.append(
-            "Runtime-only (keep in the harness, it does not distil): "
-            + "; ".join(
-                f"{x['class']} (distilled weights under the seed harness: {_fmt_diff(x['weights'])})" for x in runtime
-            )
-            + ". Where that interval includes 0 there is no claim either way: the weights did not measurably learn it."
-        )
-    also = [
-        cls
-        for cls, e in effects.items()
-        if e["kind"] == "process" and e["weights"]["verdict"] == "lower" and e["harness"]["verdict"] != "lower"
-    ]
-    if also:
-        text.append(
-            "The distilled weights also make these process failures rarer under the seed harness, which the evolved "
-            "harness did not: " + "; ".join(f"{cls} ({_fmt_diff(effects[cls]['weights'])})" for cls in also) + "."
-        )
-    if content is not None:
-        before, after, diff = content["before"], content["after"], content["rate_difference"]
-        claim = {"lower": "fewer", "higher": "more"}.get(diff["verdict"], "the interval includes 0, no claim")
-        text.append(
-            f"Content failures, as a share of episodes: {_pct(before['content_rate'])} with the base weights, "
-            f"{_pct(after['content_rate'])} with the distilled weights (seed harness); paired by task "
-            f"{_fmt_diff(diff)}: {claim}."
-        )
-    if score["runtime_only"]:
-        text.append(
-            f"The evolved harness's score gain ({_fmt_diff(harness_gain)}) is runtime-only: the distilled weights "
-            f"under the seed harness show {_fmt_diff(weights_gain)}."
-        )
-    for name, diff in differences.items():
-        if diff["verdict"] in ("higher", "lower"):
-            text.append(f"Score, {LABELS[name]}: {_fmt_diff(diff)} ({diff['verdict']}).")
-        elif diff["verdict"] == "no claim":
-            text.append(f"Score, {LABELS[name]}: {_fmt_diff(diff)}: the interval includes 0, no claim.")
-    if placebo_gain["verdict"] == "higher":
-        text.append(
-            "The placebo adapter raises the score too: part of any distilled gain is not from the answers shown."
-        )
-    return {
-        "fix_in_harness": fix,
-        "train_into_weights": train,
-        "distils": distils,
-        "runtime_only": runtime,
-        "score": score,
-        "no_claim": no_claim,
-        "text": text,
-    }
-
-
 def study_result(
     config: StudyConfig,
     analyses: dict[str, dict[str, Any]],
     cells_meta: dict[str, dict[str, Any]],
     context: dict[str, Any],
 ) -> dict[str, Any]:
-    """study.json: the cells, the paired differences, the content-failure share before and after,
-    the failure-class effects and the recommendation."""
-    from harnessrl.metrics import paired_difference
-
-    differences = {}
-    for name, (a, b) in COMPARISONS.items():
-        diff = paired_difference(analyses[a]["scores"], analyses[b]["scores"], seed=config.seed)
-        differences[name] = {"a": a, "b": b, **diff, "verdict": verdict(diff)}
-    before, after = analyses["seed-base"], analyses["seed-distilled"]
-    content_diff = paired_difference(before["rates"]["content"], after["rates"]["content"], seed=config.seed)
-    content = {
-        "before": {"cell": "seed-base", **_shares(before["record"])},
-        "after": {"cell": "seed-distilled", **_shares(after["record"])},
-        "rate_difference": {**content_diff, "verdict": verdict(content_diff)},
-    }
-    effects = class_effects(analyses, seed=config.seed)
+    """study.json: the study's configuration and context, the cells, and their analysis
+    (`compare_cells`: the paired differences, the content-failure share before and after, the
+    failure-class effects and the recommendation)."""
     return {
         "suite": config.suite,
         "model": config.model,
         "config": config.model_dump(),
         **context,
         "cells": {name: {**cells_meta[name], **analyses[name]["record"]} for name in CELLS},
-        "paired_differences": differences,
-        "content_failures": content,
-        "class_effects": effects,
-        "recommendation": recommend(differences, effects, context.get("evolved_is_seed", False), content),
+        **compare_cells(analyses, seed=config.seed, evolved_is_seed=context.get("evolved_is_seed", False)),
     }
-
-
-def _shares(record: dict[str, Any]) -> dict[str, Any]:
-    t = record["triage"]
-    return {"content_rate": t["content_rate"], "content_share": t["content_share"]}
 
 
 # ------------------------------------------------------------------------------------ the job
@@ -833,6 +548,7 @@ __all__ = [
     "Study",
     "StudyConfig",
     "StudyError",
+    "cell_analysis",
     "class_effects",
     "recommend",
     "run_study",

@@ -117,7 +117,7 @@ def _verdict_cell(diff: dict[str, Any]) -> str:
 
 
 def _differences_table(study: dict[str, Any]) -> str:
-    from harnessrl.study import LABELS
+    from harnessrl.study_analysis import LABELS
 
     rows = []
     for name, d in (study.get("paired_differences") or {}).items():
