@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 DEMO_MODEL ?= smollm2-135m
 DEMO_OUT ?= runs/demo
 
-.PHONY: install demo check test clean
+.PHONY: install demo check test benchmarks-doc clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ check: install
 
 test: check
 	$(PY) -m pytest
+
+# docs/BENCHMARKS.md from the runs recorded in bench/results/*.jsonl and the prose of bench/doc/*.md
+benchmarks-doc: install
+	$(PY) bench/write_doc.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

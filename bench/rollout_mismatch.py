@@ -16,10 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import add_record_argument, record_run  # noqa: E402
 
 
 def main() -> None:
@@ -32,6 +37,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--seed", type=int, default=0)
+    add_record_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("HARNESSRL_THREADS", "1")))
 
@@ -97,6 +103,35 @@ def main() -> None:
     for dtype, r in rows.items():
         print(f"{dtype:10}" + "".join(f"{r[k]:>20.3g}" if r[k] is not None else f"{'-':>20}" for k in keys))
     print("ROLLOUT_MISMATCH_JSON " + json.dumps({"settings": vars(args), "samplers": rows}))
+    if args.record:
+        record_run("rollout_mismatch", doc_rows(rows, args), results={"settings": vars(args), "samplers": rows})
+
+
+def doc_rows(rows: dict, args: argparse.Namespace) -> list[dict]:
+    """One row per sampler, as docs/BENCHMARKS.md shows them."""
+
+    def g(x: float | None, digits: int = 2) -> str:
+        return "-" if x is None else f"{x:.{digits}g}"
+
+    out = []
+    for dtype, r in rows.items():
+        label = dtype + (" (the trainer's own engine)" if dtype == "float32" else "")
+        if args.model != "smollm2-135m":
+            label += f", {args.model}"
+        out.append(
+            {
+                "sampler": label,
+                "tokens": r["tokens"],
+                "k3 KL mean": g(r["kl_mean"]),
+                "k3 KL max": g(r["kl_max"]),
+                "|log r| mean": g(r["abs_log_ratio_mean"]),
+                "|log r| max": g(r["abs_log_ratio_max"]),
+                "share |log r| > log 2": "0" if not r["mismatch_frac"] else f"{100 * r['mismatch_frac']:.2g} %",
+                "TIS weight mean (cap 2)": g(r["tis_weight_mean"], 4),
+                "share capped": "0" if not r["tis_capped_frac"] else f"{100 * r['tis_capped_frac']:.2g} %",
+            }
+        )
+    return out
 
 
 if __name__ == "__main__":

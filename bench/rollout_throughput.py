@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import add_record_argument, record_run  # noqa: E402
 
 MODES = ("lockstep", "async-1", "async-N")
 
@@ -80,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json-out", default=None)
+    add_record_argument(p)
     return p.parse_args(argv)
 
 
@@ -313,7 +315,65 @@ def main(argv: list[str] | None = None) -> dict:
     print("ROLLOUT_THROUGHPUT_JSON " + json.dumps(summary, default=float))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(summary, indent=1, default=float) + "\n", encoding="utf-8")
+    if args.record:
+        table, rows = doc_rows(summary)
+        record_run("rollout_throughput", rows, table=table, results=summary)
     return summary
+
+
+def doc_rows(summary: dict) -> tuple[str, list[dict]]:
+    """The run as rows of docs/BENCHMARKS.md's tables: `main` (float32), `llama_cpp` (with the
+    anchor) or `dtypes` (several weight formats), one row per workload (and format)."""
+    a, med = summary["args"], summary["median"]
+    workload = f"{a['suite']} x {a['harness']}, {a['max_steps']} steps"
+    if a["model"] != "smollm2-135m":
+        workload += f", {a['model']}"
+    if a["repeats"] > 1:
+        workload += f", median of {a['repeats']}"
+    dtypes = engine_dtypes(a["engine_dtype"])
+
+    def tok(label: str) -> float | None:
+        return round(med[label]["tok_s"], 1) if isinstance(med.get(label), dict) else None
+
+    def ratio(key: str) -> str | None:
+        return f"{med[key]:.2f}x" if med.get(key) is not None else None
+
+    def same(suffix: str) -> str | None:
+        share = med.get("identical_share" + suffix)
+        return None if share is None else f"{round(share * a['episodes'])}/{a['episodes']}"
+
+    rss = f"{summary['peak_rss_mb']:.0f} MB"
+    if len(dtypes) > 1:
+        rows = []
+        for d in dtypes:
+            s = f"/{d}"
+            rows.append(
+                {
+                    "workload, async weights": f"{workload}, {d}",
+                    "lockstep tok/s (float32)": tok("lockstep"),
+                    "async-1 tok/s": tok("async-1" + s),
+                    "async-N tok/s": tok("async-N" + s),
+                    "async-N / lockstep": ratio("ratio_vs_lockstep" + s),
+                    "async-N / async-1": ratio("ratio_vs_async_1" + s),
+                    "identical (1 vs 16)": same(s),
+                }
+            )
+        return "dtypes", rows
+    row = {
+        "workload": workload + ("" if dtypes == ["float32"] else f", {dtypes[0]} weights"),
+        "lockstep tok/s": tok("lockstep"),
+        "async-1 tok/s": tok("async-1"),
+        "async-N tok/s": tok("async-N"),
+    }
+    if "llama.cpp" in med:
+        row["llama.cpp tok/s"] = tok("llama.cpp")
+    row |= {
+        "async-N / lockstep": ratio("ratio_vs_lockstep"),
+        "async-N / async-1": ratio("ratio_vs_async_1"),
+        "identical (1 vs 16)": same(""),
+        "peak RSS": rss,
+    }
+    return ("llama_cpp" if "llama.cpp" in med else "main"), [row]
 
 
 def _threads() -> int:
