@@ -1,4 +1,5 @@
-"""`harnessrl train ...`: the training commands. Their options are the fields of TrainConfig and SFTConfig."""
+"""`harnessrl train ...`: the training commands. Their options are the fields of TrainConfig, SFTConfig
+and DistillConfig."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from pydantic import Field
 
 from harnessrl.cli.common import config_command, err, executor_for, fail, out
 from harnessrl.config import ExecutorOptions, cli, run_options
-from harnessrl.train.config import SFTConfig, TrainConfig
+from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
 
 train_app = typer.Typer(
     no_args_is_help=True,
-    help="Train the model's weights: across harnesses (GRPO with LoRA), or on stored episodes (supervised LoRA).",
+    help="Train the model's weights: across harnesses (GRPO with LoRA), on stored episodes (supervised LoRA), "
+    "or toward the model under another harness (on-policy distillation).",
 )
 
 TrainRun = run_options("runs/train", "continue the run in --out from its checkpoint", base=ExecutorOptions)
+DistillRunOptions = run_options("runs/distill", "continue the run in --out from its checkpoint", base=ExecutorOptions)
 SFTRunOptions = run_options(
     "runs/sft",
     "continue the run in --out from its checkpoint",
@@ -42,6 +45,13 @@ SFTRunOptions = run_options(
         ),
     ),
 )
+
+
+def _interrupted(folder: Path, say: bool = True) -> typer.Exit:
+    """Ctrl-C during training: how to continue (said by rank 0 alone), and the exit code 130."""
+    if say:
+        err.print(f"interrupted: continue from the last checkpoint with --resume --out {folder}", highlight=False)
+    return typer.Exit(130)
 
 
 @train_app.command("grpo")
@@ -70,9 +80,7 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
     except TrainingDiverged as e:
         stop(str(e), 1)
     except KeyboardInterrupt:
-        if main:
-            err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
-        raise typer.Exit(130)
+        raise _interrupted(run.out, say=main) from None
     if not main:
         return
     out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
@@ -107,8 +115,7 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
     except TrainingDiverged as e:
         fail(str(e), 1)
     except KeyboardInterrupt:
-        err.print(f"interrupted: continue from the last checkpoint with --resume --out {run.out}", highlight=False)
-        raise typer.Exit(130)
+        raise _interrupted(run.out) from None
     data = summary["data"]
     sampled = data.get("sampling")
     if sampled:
@@ -135,3 +142,32 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+@train_app.command("distill")
+@config_command(DistillConfig, DistillRunOptions)
+def distill_cmd(config: DistillConfig, run: Any) -> None:
+    """On-policy distillation: the student (LoRA) samples episodes in --student-harness; each sampled
+    token is trained toward the same base model reading that episode through --teacher-harness
+    (per-token reverse KL)."""
+    from harnessrl.executors import ExecutorError
+    from harnessrl.train.distill import DistillError, DistillRun, TrainingDiverged
+
+    try:
+        with executor_for(run) as executor:
+            job = DistillRun(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
+            executor.start()  # connect before the model loads
+            summary = job.run()
+    except (DistillError, ExecutorError) as e:
+        fail(str(e), 2)
+    except TrainingDiverged as e:
+        fail(str(e), 1)
+    except KeyboardInterrupt:
+        raise _interrupted(run.out) from None
+    out.print(f"distilled {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
+    out.print(
+        f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {config.suite} "
+        f"--harness {config.student_harness}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -1,5 +1,6 @@
-"""TrainConfig (`harnessrl train grpo`) and SFTConfig (`harnessrl train sft`): every option,
-declared once (the command line is generated from these fields). Light to import: no torch."""
+"""TrainConfig (`harnessrl train grpo`), SFTConfig (`harnessrl train sft`) and DistillConfig
+(`harnessrl train distill`): every option, declared once (the command line is generated from
+these fields). Light to import: no torch."""
 
 from __future__ import annotations
 
@@ -232,6 +233,55 @@ class SFTConfig:
 
     _lists = field_validator("lora_targets", mode="before")(comma_list)
     _placebo = field_validator("placebo")(_one_of("none", "shuffle-answers"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
+class DistillConfig:
+    """Every option of an on-policy distillation run (recorded in OUT/config.json), declared once:
+    the command line is generated from these fields. See docs/training.md, "On-policy distillation"."""
+
+    # both required (None: the run refuses to start, naming the option)
+    teacher_harness: Optional[str] = Field(
+        None, description="the harness whose behaviour is distilled (name or spec path; e.g. an evolved spec); required"
+    )
+    student_harness: Optional[str] = Field(
+        None, description="the harness the student samples its episodes in (name or spec path); required"
+    )
+    model: TrainModel = "smollm2-135m"
+    device: Device = "auto"
+    dtype: TrainDtype = "auto"
+    suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
+    steps: int = Field(
+        20, ge=1, description="training steps (one batch of student episodes and one optimizer step each)"
+    )
+    tasks_per_step: int = Field(4, ge=1, description="train tasks sampled per step")
+    attempts: int = Field(2, ge=1, description="student episodes per task and step")
+    temperature: float = Field(
+        0.7, gt=0, description="temperature of the student's sampling and of both distributions the KL compares"
+    )
+    lr: LearningRate = 1e-4
+    weight_decay: WeightDecay = 0.0
+    max_grad_norm: MaxGradNorm = 1.0
+    lora_r: LoraRank = 16
+    lora_alpha: LoraAlpha = 32.0
+    lora_targets: LoraTargets = Field(default_factory=_default_lora_targets)
+    micro_batch: MicroBatch = 2048
+    gradient_checkpointing: GradientCheckpointing = False
+    checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
+    max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
+    rollout_servers: list[str] = Field(
+        default_factory=list,
+        description="not supported by distillation (refused): the student samples with the in-process engine",
+        json_schema_extra=cli("--rollout-server", repeat=True),
+    )
+    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+    seed: int = Field(0, description="seed of tasks, LoRA init and sampling")
+    save_rollouts: bool = Field(True, description="keep every student episode in OUT/rollouts/run.db")
+
+    _lists = field_validator("lora_targets", "rollout_servers", mode="before")(comma_list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
