@@ -24,7 +24,7 @@ from harnessrl.serve import serving
 from harnessrl.store import RunStore
 from harnessrl.train import trainer as trainer_module
 from harnessrl.train.schedulers import make_scheduler
-from harnessrl.train.step import StepPlan, attempt_base, plan_step, refill_plan
+from harnessrl.train.step import StepPlan, StepRecord, StepTimes, attempt_base, plan_step, refill_plan
 from harnessrl.train.trainer import Trainer, TrainError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,6 +107,8 @@ def test_the_next_steps_rollouts_overlap_the_update_within_the_bound(server, slo
         assert r["time"]["rollout_update_overlap"] > 0
         assert r["time"]["rollout_wait"] < r["time"]["rollout"] + 1e-6
     for r in records:
+        assert list(r) == StepRecord.keys(rollout_servers=True)
+        assert list(r["time"]) == StepTimes.keys(rollout_servers=True)
         assert len(r["servers_idle"]) == 1 and r["servers_idle"][0] >= 0
         assert r["policy_lag_mean"] is not None and 0 <= r["policy_lag_mean"] <= r["policy_lag_max"]
     # only the last version published (the last step's rollouts came from it) is left on disk:
@@ -228,6 +230,7 @@ def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tmp_path
     assert any(r["groups_dropped_flat"] > 0 for r in records), "pick a seed with flat groups"
     assert any(r["sampling_rounds"] > 1 for r in records)
     for r in records:
+        assert list(r) == StepRecord.keys(dynamic_sampling=True) and list(r["time"]) == StepTimes.keys()
         assert r["groups"] + r["groups_too_small"] == r["groups_sampled"] == len(r["tasks"])
         assert r["groups_trained"] + r["groups_dropped_flat"] == r["groups"]
         assert r["groups_trained"] <= n

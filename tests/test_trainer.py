@@ -24,6 +24,7 @@ from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train import update as update_module
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, split_mini_batches, token_logprobs
+from harnessrl.train.step import StepRecord, StepTimes
 from harnessrl.train.trainer import (
     TrainConfig,
     Trainer,
@@ -36,46 +37,6 @@ from harnessrl.train.trainer import (
 from harnessrl.train.update import accumulate_gradient
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-METRIC_KEYS = {
-    "step",
-    "harness",
-    "shares",
-    "episodes",
-    "infra_errors",
-    "reward_mean",
-    "reward_by_harness",
-    "adv_abs_mean",
-    "groups",
-    "groups_too_small",
-    "zero_std_frac",
-    "probabilities",
-    "transfer",
-    "units",
-    "units_trained",
-    "completion_tokens",
-    "padded_tokens",
-    "loss",
-    "clip_fraction",
-    "clip_fraction_by_epoch",
-    "ratio_mean",
-    "kl",
-    "grad_norm",
-    "rollout_logprob_diff_max",
-    "rollout_logprob_diff_mean",
-    "rollout_log_ratio_mean",
-    "rollout_kl_mean",
-    "rollout_kl_max",
-    "rollout_mismatch_frac",
-    "tis_weight_mean",
-    "tis_capped_frac",
-    "optimizer_step",
-    "optimizer_steps",
-    "sampling_seed",
-    "skipped",
-    "lr",
-    "time",
-}
 
 
 class TextScore(Suite):
@@ -180,12 +141,14 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
     records = lines(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
-        assert set(r) == METRIC_KEYS
+        assert list(r) == StepRecord.keys()  # every key of the record, in order; no optional group
         assert r["harness"] in ("json-tools", "react") and r["episodes"] == 4
         assert set(r["probabilities"]) == {"json-tools", "react"} and math.isclose(
             sum(r["probabilities"].values()), 1.0
         )
-        assert set(r["time"]) == {"rollout", "backward", "sketch", "optimizer", "scheduler", "total"}
+        assert (
+            list(r["time"]) == StepTimes.keys() == ["rollout", "backward", "sketch", "optimizer", "scheduler", "total"]
+        )
     updated = [r for r in records if r["optimizer_step"]]
     assert updated, "no step had a nonzero advantage: pick another seed for this test"
     for r in updated:
@@ -230,6 +193,16 @@ def test_run_writes_metrics_eval_checkpoint_and_a_loadable_adapter(full_run, tok
         base = tiny_random_model()(input_ids=ids).logits
     assert torch.allclose(trained, reloaded, atol=1e-5) and torch.allclose(trained, merged, atol=1e-4)
     assert not torch.allclose(trained, base, atol=1e-6)
+
+
+def test_docs_name_every_key_of_the_step_record():
+    """docs/training.md explains metrics.jsonl: every key a step's line may hold is named there."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([a-z_0-9]+)`", text))
+    keys = StepRecord.keys(dynamic_sampling=True, rollout_servers=True) + StepTimes.keys(rollout_servers=True)
+    assert not set(keys) - named, sorted(set(keys) - named)
 
 
 def test_all_zero_advantages_skip_the_optimizer_step(tmp_path, tokenizer):

@@ -6,6 +6,7 @@
     group_batch        per (task, harness) group: advantages from grade.score, training units
     batch_stats        the step's statistics over every process's groups
     observe            the scheduler learns from the update (advantages, rewards, sketch)
+    StepRecord         the step's record: one line of metrics.jsonl (`StepRecord.as_dict`)
 
 `harnessrl.train.pipeline.RolloutPipeline` composes the plans and the groups with the rollouts;
 `Trainer.train_step` joins them to `harnessrl.train.update.update_policy` and `observe`.
@@ -18,7 +19,7 @@ import hashlib
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -251,3 +252,142 @@ def observe(scheduler, plan: StepPlan, stats: BatchStats, sketch: torch.Tensor |
         if stats.advantages_by_harness.get(h):  # a harness whose groups were all too small reports nothing
             scheduler.observe(h, stats.advantages_by_harness[h], sketch, rewards=stats.rewards_by_harness[h])
     return transfer
+
+
+# ------------------------------------------------------------------------------------ the record
+
+# Field metadata of StepRecord and StepTimes: OMIT_NONE, the key is absent (not null) when the
+# value is None; FLATTEN, a group's keys stand at the top level of the line (absent when None).
+OMIT_NONE, FLATTEN = "omit_none", "flatten"
+
+
+@dataclass(frozen=True)
+class DynamicSamplingRecord:
+    """With --dynamic-sampling: the step's refill rounds (absent from the line otherwise)."""
+
+    sampling_rounds: int  # rounds collected (1 = no refill)
+    groups_sampled: int  # (task, harness) groups over every round
+    groups_dropped_flat: int  # groups whose advantages are all 0
+    groups_trained: int  # groups with signal
+    sampling_budget_exhausted: bool  # fewer than --tasks-per-step groups with signal after the last round
+
+
+@dataclass(frozen=True)
+class RolloutServerRecord:
+    """With --rollout-server: the policy versions and the servers (absent from the line otherwise)."""
+
+    policy_lag_max: int  # the most versions a model call of the step lags behind `policy_version` (0 without calls)
+    policy_lag_mean: float | None  # the mean lag over the step's model calls; None without calls
+    policy_lag_hist: dict[str, int]  # model calls by lag (the lag as a string key, ascending)
+    policy_version: int  # the weights the step trains from (how many steps had updated before)
+    sampling_version: int  # the version the step's plan is bound to
+    rollouts_overlapped: bool  # whether the first round ran during the previous step's update
+    servers_idle: list[float]  # per server, seconds since the previous record with no request in flight
+    rollout_requests: list[int]  # requests sent to each server so far
+    time_adapter_sync: float  # seconds saving and reloading the adapter before the step's rollouts
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimes:
+    """Seconds of one step (`time`)."""
+
+    rollout: float  # every round's rollouts, start to end, summed
+    backward: float  # the old log-prob recomputation and every forward + backward; 0 on a skipped step
+    sketch: float  # the gradient sketch; 0 on a skipped step
+    optimizer: float  # clip and AdamW steps; 0 on a skipped step
+    scheduler: float  # the scheduler's selection and observation
+    # with --rollout-server only (absent otherwise): the training thread's wait for the step's
+    # rollouts, and how long they ran during the previous update
+    rollout_wait: float | None = field(default=None, metadata={OMIT_NONE: True})
+    rollout_update_overlap: float | None = field(default=None, metadata={OMIT_NONE: True})
+    total: float  # the whole step
+
+    def as_dict(self) -> dict[str, float]:
+        return _as_dict(self)
+
+    @classmethod
+    def keys(cls, *, rollout_servers: bool = False) -> list[str]:
+        """The keys of `time`, in order (the waits come with --rollout-server)."""
+        return [f.name for f in fields(cls) if rollout_servers or not f.metadata.get(OMIT_NONE)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One GRPO step as recorded: `as_dict()` is its line of metrics.jsonl, keys in field order.
+
+    Means over an empty list are None; the update's values (loss .. tis_capped_frac) are None on
+    a step that took no optimizer step. docs/training.md ("The run folder") explains each key."""
+
+    step: int  # optimizer steps taken so far, this one included (1 for the first step)
+    harness: str  # the selected harness, or "mixed" when the selection spreads the tasks
+    shares: dict[str, float]  # harness -> share of the step's tasks (harnesses with none left out)
+    sampling_seed: int  # SamplingParams.seed of the step's rollouts (`sampling_seed`)
+    episodes: int  # over every round
+    infra_errors: int  # episodes without a grade (infrastructure errors)
+    reward_mean: float | None  # mean score of the graded episodes
+    reward_by_harness: dict[str, float | None]
+    adv_abs_mean: float | None  # mean |advantage| over the groups with advantages
+    groups: int  # groups with advantages (every round)
+    groups_too_small: int  # groups with fewer than two graded episodes
+    zero_std_frac: float | None  # share of `groups` whose advantages are all 0; None without groups
+    probabilities: dict[str, float]  # the scheduler's, at selection
+    transfer: dict[str, float]  # cosine of the step's sketch with every other harness's sketch average
+    units: int  # training units (one per model call)
+    units_trained: int  # units forwarded on the first pass
+    completion_tokens: int
+    padded_tokens: int  # over every pass
+    loss: float | None  # mean over the optimizer steps
+    clip_fraction: float | None  # over the trained tokens of every pass
+    clip_fraction_by_epoch: list[float | None] | None  # one value per pass
+    ratio_mean: float | None
+    kl: float | None
+    grad_norm: float | None  # mean of the optimizer steps' norms, before clipping
+    rollout_logprob_diff_max: float | None  # |rollout log-prob - recomputed|, over the trained tokens
+    rollout_logprob_diff_mean: float | None
+    rollout_log_ratio_mean: float | None  # the sampler against the trainer (`RolloutMismatch`)
+    rollout_kl_mean: float | None
+    rollout_kl_max: float | None
+    rollout_mismatch_frac: float | None
+    tis_weight_mean: float | None  # --rollout-correction tis only
+    tis_capped_frac: float | None  # --rollout-correction tis only
+    optimizer_step: bool  # whether the step updated the weights
+    optimizer_steps: int  # AdamW steps taken
+    skipped: str | None  # why no update was taken; None when one was
+    lr: float
+    dynamic_sampling: DynamicSamplingRecord | None = field(default=None, metadata={FLATTEN: True})
+    rollout_servers: RolloutServerRecord | None = field(default=None, metadata={FLATTEN: True})
+    # with either group: every round's (task id, harness name)
+    tasks: list[list[str]] | None = field(default=None, metadata={OMIT_NONE: True})
+    time: StepTimes
+
+    def as_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+    @classmethod
+    def keys(cls, *, dynamic_sampling: bool = False, rollout_servers: bool = False) -> list[str]:
+        """The keys of a line, in order, with the groups named (`tasks` comes with either)."""
+        groups = {"dynamic_sampling": DynamicSamplingRecord, "rollout_servers": RolloutServerRecord}
+        wanted = {"dynamic_sampling": dynamic_sampling, "rollout_servers": rollout_servers}
+        out: list[str] = []
+        for f in fields(cls):
+            if f.name in groups:
+                out += [g.name for g in fields(groups[f.name])] if wanted[f.name] else []
+            elif f.name != "tasks" or dynamic_sampling or rollout_servers:
+                out.append(f.name)
+        return out
+
+
+def _as_dict(record: Any) -> dict[str, Any]:
+    """A record's fields in order, with OMIT_NONE and FLATTEN applied and nested records as dicts."""
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and (f.metadata.get(OMIT_NONE) or f.metadata.get(FLATTEN)):
+            continue
+        if f.metadata.get(FLATTEN):
+            out.update(asdict(value))
+        elif hasattr(value, "as_dict"):
+            out[f.name] = value.as_dict()
+        else:
+            out[f.name] = value
+    return out

@@ -75,7 +75,7 @@ for the metrics and the scheduler. One process (no launcher) runs exactly as des
 Files in the run folder OUT:
     config.json        every option (a resume with different options is refused, except
                        --steps and --checkpoint-every)
-    metrics.jsonl      one line per step (see `Trainer._record`)
+    metrics.jsonl      one line per step (`harnessrl.train.step.StepRecord`)
     eval.jsonl         periodic evaluation on dev tasks, one line per evaluation
     checkpoint/        adapter/, optimizer.pt, rng.pt, state.json (step, scheduler, RNG states);
                        written into a temporary folder and renamed into place
@@ -107,7 +107,16 @@ from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
 from harnessrl.train.progress import GRPOProgress, mean
 from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
 from harnessrl.train.sketch import GradientSketch
-from harnessrl.train.step import allocate_tasks, attempt_base, observe, sampling_seed
+from harnessrl.train.step import (
+    DynamicSamplingRecord,
+    RolloutServerRecord,
+    StepRecord,
+    StepTimes,
+    allocate_tasks,
+    attempt_base,
+    observe,
+    sampling_seed,
+)
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
 
 __all__ = [
@@ -397,7 +406,7 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         """One training step: a rollout batch and its optimizer steps (or a logged skip).
-        Returns the metrics record of the step (`_record`)."""
+        Returns the step's line of metrics.jsonl (`StepRecord.as_dict()`, made by `_record`)."""
         step = self.step
         t_start = time.perf_counter()
 
@@ -440,7 +449,7 @@ class Trainer:
             t_sync=t_sync,
             t_sched=t_sched,
             t_start=t_start,
-        )
+        ).as_dict()
 
     def _record(
         self,
@@ -453,93 +462,96 @@ class Trainer:
         t_sync: float,
         t_sched: float,
         t_start: float,
-    ) -> dict[str, Any]:
-        """The metrics record of the step just taken (one line of metrics.jsonl). `version`: the
-        policy version the batch was trained from; `previous`: when the previous step's update
+    ) -> StepRecord:
+        """The record of the step just taken (`StepRecord`: one line of metrics.jsonl). `version`:
+        the policy version the batch was trained from; `previous`: when the previous step's update
         ran (start, end), if it took one; the seconds of the adapter sync and of the scheduler;
         when the step started."""
         cfg, plan, stats, rounds, lags = self.config, batch.pending.plan, batch.stats, batch.rounds, batch.lags
-        skipped = None if stats.signal else ("all advantages are zero" if stats.units else "no training units")
-        extras: dict[str, Any] = {}
-        waits: dict[str, float] = {}
+        dynamic = servers = None
+        overlap = wait = None
         if cfg.dynamic_sampling:
-            extras |= {
-                "sampling_rounds": len(rounds),
-                "groups_sampled": len(batch.merged.assignment),
-                "groups_dropped_flat": stats.flat_groups,
-                "groups_trained": stats.signal_groups,
-                "sampling_budget_exhausted": stats.signal_groups < cfg.tasks_per_step,
-            }
+            dynamic = DynamicSamplingRecord(
+                sampling_rounds=len(rounds),
+                groups_sampled=len(batch.merged.assignment),
+                groups_dropped_flat=stats.flat_groups,
+                groups_trained=stats.signal_groups,
+                sampling_budget_exhausted=stats.signal_groups < cfg.tasks_per_step,
+            )
         if self.servers is not None:
             first = rounds[0]
             overlap = 0.0
             if previous is not None:
                 overlap = max(0.0, min(first.ended, previous[1]) - max(first.started, previous[0]))
+            wait = sum(r.waited for r in rounds)
             n_calls = sum(lags.values())
             idle = self.servers.idle_seconds()
-            extras |= {
-                "policy_lag_max": max(lags, default=0),
-                "policy_lag_mean": sum(k * n for k, n in lags.items()) / n_calls if n_calls else None,
-                "policy_lag_hist": {str(k): lags[k] for k in sorted(lags)},
-                "policy_version": version,
-                "sampling_version": batch.pending.version,
-                "rollouts_overlapped": overlap > 0,
-                "servers_idle": [b - a for a, b in zip(self._idle_mark, idle)],
-                "rollout_requests": list(self.servers.sent),
-                "time_adapter_sync": t_sync,
-            }
+            servers = RolloutServerRecord(
+                policy_lag_max=max(lags, default=0),
+                policy_lag_mean=sum(k * n for k, n in lags.items()) / n_calls if n_calls else None,
+                policy_lag_hist={str(k): lags[k] for k in sorted(lags)},
+                policy_version=version,
+                sampling_version=batch.pending.version,
+                rollouts_overlapped=overlap > 0,
+                servers_idle=[b - a for a, b in zip(self._idle_mark, idle)],
+                rollout_requests=list(self.servers.sent),
+                time_adapter_sync=t_sync,
+            )
             self._idle_mark = idle
-            waits = {"rollout_wait": sum(r.waited for r in rounds), "rollout_update_overlap": overlap}
-        if extras:
-            extras["tasks"] = [[task.id, spec.name] for task, spec in batch.merged.assignment]
-        return {
-            "step": self.step,
-            "harness": plan.selection.harness or "mixed",
-            "shares": {h: c / cfg.tasks_per_step for h, c in plan.counts.items() if c},
-            "sampling_seed": batch.seed,
-            "episodes": stats.episodes,
-            "infra_errors": stats.infra_errors,
-            "reward_mean": mean(stats.rewards),
-            "reward_by_harness": {h: mean(v) for h, v in stats.rewards_by_harness.items()},
-            "adv_abs_mean": mean([abs(a) for a in stats.advantages]),
-            "groups": stats.groups,
-            "groups_too_small": stats.groups_too_small,
-            "zero_std_frac": stats.flat_groups / stats.groups if stats.groups else None,
-            "probabilities": plan.probabilities,
-            "transfer": transfer,
-            "units": stats.units,
-            "units_trained": update.units_trained,
-            "completion_tokens": stats.completion_tokens,
-            "padded_tokens": update.padded_tokens,
-            "loss": update.loss,
-            "clip_fraction": update.clip_fraction,
-            "clip_fraction_by_epoch": update.clip_fraction_by_epoch,
-            "ratio_mean": update.ratio_mean,
-            "kl": update.kl,
-            "grad_norm": update.grad_norm,
-            "rollout_logprob_diff_max": update.rollout_logprob_diff_max,
-            "rollout_logprob_diff_mean": update.rollout_logprob_diff_mean,
-            "rollout_log_ratio_mean": update.rollout_log_ratio_mean,
-            "rollout_kl_mean": update.rollout_kl_mean,
-            "rollout_kl_max": update.rollout_kl_max,
-            "rollout_mismatch_frac": update.rollout_mismatch_frac,
-            "tis_weight_mean": update.tis_weight_mean,
-            "tis_capped_frac": update.tis_capped_frac,
-            "optimizer_step": stats.signal,
-            "optimizer_steps": update.optimizer_steps,
-            "skipped": skipped,
-            "lr": cfg.lr,
-            **extras,
-            "time": {
-                "rollout": sum(r.ended - r.started for r in rounds),
-                "backward": update.time_backward,
-                "sketch": update.time_sketch,
-                "optimizer": update.time_optimizer,
-                "scheduler": t_sched,
-                **waits,
-                "total": time.perf_counter() - t_start,
-            },
-        }
+        tasks = None
+        if dynamic is not None or servers is not None:
+            tasks = [[task.id, spec.name] for task, spec in batch.merged.assignment]
+        return StepRecord(
+            step=self.step,
+            harness=plan.selection.harness or "mixed",
+            shares={h: c / cfg.tasks_per_step for h, c in plan.counts.items() if c},
+            sampling_seed=batch.seed,
+            episodes=stats.episodes,
+            infra_errors=stats.infra_errors,
+            reward_mean=mean(stats.rewards),
+            reward_by_harness={h: mean(v) for h, v in stats.rewards_by_harness.items()},
+            adv_abs_mean=mean([abs(a) for a in stats.advantages]),
+            groups=stats.groups,
+            groups_too_small=stats.groups_too_small,
+            zero_std_frac=stats.flat_groups / stats.groups if stats.groups else None,
+            probabilities=plan.probabilities,
+            transfer=transfer,
+            units=stats.units,
+            units_trained=update.units_trained,
+            completion_tokens=stats.completion_tokens,
+            padded_tokens=update.padded_tokens,
+            loss=update.loss,
+            clip_fraction=update.clip_fraction,
+            clip_fraction_by_epoch=update.clip_fraction_by_epoch,
+            ratio_mean=update.ratio_mean,
+            kl=update.kl,
+            grad_norm=update.grad_norm,
+            rollout_logprob_diff_max=update.rollout_logprob_diff_max,
+            rollout_logprob_diff_mean=update.rollout_logprob_diff_mean,
+            rollout_log_ratio_mean=update.rollout_log_ratio_mean,
+            rollout_kl_mean=update.rollout_kl_mean,
+            rollout_kl_max=update.rollout_kl_max,
+            rollout_mismatch_frac=update.rollout_mismatch_frac,
+            tis_weight_mean=update.tis_weight_mean,
+            tis_capped_frac=update.tis_capped_frac,
+            optimizer_step=stats.signal,
+            optimizer_steps=update.optimizer_steps,
+            skipped=None if stats.signal else ("all advantages are zero" if stats.units else "no training units"),
+            lr=cfg.lr,
+            dynamic_sampling=dynamic,
+            rollout_servers=servers,
+            tasks=tasks,
+            time=StepTimes(
+                rollout=sum(r.ended - r.started for r in rounds),
+                backward=update.time_backward,
+                sketch=update.time_sketch,
+                optimizer=update.time_optimizer,
+                scheduler=t_sched,
+                rollout_wait=wait,
+                rollout_update_overlap=overlap,
+                total=time.perf_counter() - t_start,
+            ),
+        )
 
     def _publish(self, version: int, weights: Weights | None) -> None:
         """The pipeline's way to put policy `version` on the rollout servers: the current
