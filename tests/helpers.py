@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
-from harnessrl.models.oracle import oracle_policy  # noqa: F401 - the tests' import path
+from harnessrl.harness.oracle import oracle_script
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.types import Message
+
+
+def oracle_policy(tasks, spec, tokenizer) -> ScriptedPolicy:
+    """One policy playing the oracle (harness/oracle.py) of several tasks through `spec`: it finds
+    a conversation's task by its instruction, so tasks worded alike must not run side by side.
+    An episode's first request (no reply after the instruction yet) starts its task's solution
+    over, so the attempts of a task each replay all of it."""
+    by_instruction = {t.instruction: t for t in tasks}
+    scripts: dict[str, Callable[[list[Message]], str]] = {}
+
+    def script(messages: list[Message]) -> str:
+        at = next((i for i, m in enumerate(messages) if m.role == "user" and m.content in by_instruction), None)
+        if at is None:
+            raise ValueError("oracle: the conversation names none of the oracle's tasks")
+        task = by_instruction[messages[at].content]
+        if task.instruction not in scripts or not any(m.role == "assistant" for m in messages[at + 1 :]):
+            scripts[task.instruction] = oracle_script(task, spec)  # a new episode
+        return scripts[task.instruction](messages)
+
+    return ScriptedPolicy(script, tokenizer=tokenizer, name=f"oracle-{spec.name}")
 
 
 def replies_policy(replies: list[str], tokenizer) -> ScriptedPolicy:

@@ -337,11 +337,11 @@ def test_an_interrupted_run_stops_the_program_and_records_nothing(tokenizer):
     policy = replies_policy(["x"], tokenizer)
     runner = Runner(policy, SamplingParams(), progress=False)
     stop = threading.Event()
-    external = ExternalEpisodes(policy, runner._count)
+    external = ExternalEpisodes(runner._count)
     threading.Timer(1.0, stop.set).start()
     try:
         job = Job(create_file_task(), agent("hang", wall_s=30), 0)
-        assert external.play(job, SamplingParams(), stop) is None
+        assert external.play(job, policy, SamplingParams(), stop) is None
     finally:
         external.close()
 
@@ -467,6 +467,8 @@ def test_an_openai_model_gets_the_agents_tools_natively(tiny_policy):
     assert result == {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": "A"}
     step = episode.steps()[0]
     assert step.tool_calls[0].name == "read_file" and step.tool_results[0].output == "A"
+    # recorded as the server sent them: the prose as the text, the call as data
+    assert step.model_call.text == "Looking." and step.model_call.tool_calls[0].arguments == {"path": "a.txt"}
 
 
 # ------------------------------------------------------------------------------------ training

@@ -28,7 +28,7 @@ from harnessrl.models.base import request_seed
 from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy
-from harnessrl.types import Message, ModelCall
+from harnessrl.types import Message, ModelCall, Step, ToolCall, Trajectory
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -613,3 +613,31 @@ def test_smollm2_answers_sensibly():
     )[0]
     assert "Paris" in call.text
     assert call.finish_reason == "stop" and call.completion_ids[-1] == 2
+
+
+def test_records_without_native_tool_calls_read_as_before_and_native_ones_round_trip():
+    """The native tool-call fields are left out of a record while unset, so a run without them
+    stores exactly what it stored before they existed; set, they survive the store's JSON."""
+    plain = Message(role="user", content="x")
+    assert plain.model_dump() == {"role": "user", "content": "x", "name": None}
+    call = ModelCall(prompt_ids=[1], completion_ids=[2], logprobs=[0.0], text="t", messages=[plain])
+    assert not {"tool_calls", "tool_call_error"} & set(call.model_dump(mode="json"))
+    assert ToolCall(name="a").model_dump() == {"name": "a", "arguments": {}, "raw": ""}
+
+    add = ToolCall(name="add", arguments={"a": 1}, id="call_7")
+    history = [
+        Message(role="assistant", content="", tool_calls=[add]),
+        Message(role="tool", content="2", name="add", tool_call_id="call_7"),
+    ]
+    native = ModelCall(
+        prompt_ids=[], completion_ids=[], logprobs=[], text="Adding.", tool_calls=[add], messages=history
+    )
+    traj = Trajectory(
+        episode_id="e", task_id="t", suite="s", family="f", split="dev", harness="h", attempt=0, instruction="i",
+        steps=[Step(index=0, model_call=native, action="tool_calls", tool_calls=[add])],
+    )  # fmt: skip
+    again = Trajectory.model_validate_json(traj.model_dump_json())
+    assert again == traj and again.steps[0].model_call.messages[1].tool_call_id == "call_7"
+    assert again.steps[0].model_call.tool_calls == [add] and again.steps[0].tool_calls[0].id == "call_7"
+    broken = ModelCall(prompt_ids=[], completion_ids=[], logprobs=[], text="", tool_call_error="not an object")
+    assert ModelCall.model_validate(broken.model_dump()).tool_call_error == "not an object"

@@ -10,14 +10,21 @@ import time
 import pytest
 from openai_server import OpenAITestServer, ServerOptions, closed_port
 
-from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.protocols import get_protocol, read_reply
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models import GenerationRequest, PolicyError, SamplingParams, load_policy
-from harnessrl.models.openai_compat import OpenAIPolicy, parse_completion, parse_spec, to_openai_messages
+from harnessrl.models.openai_compat import (
+    ANSWERED_ABOVE,
+    UNANSWERED,
+    OpenAIPolicy,
+    parse_completion,
+    parse_spec,
+    to_openai_messages,
+)
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks import get_suite
-from harnessrl.types import Message, Termination, ToolCall, ToolSchema
+from harnessrl.types import ActionKind, Message, Termination, ToolCall, ToolSchema
 
 GREEDY = SamplingParams(temperature=0.0)
 ADD = ToolSchema(
@@ -363,7 +370,7 @@ def test_runner_records_backend_failures_as_infra_errors(make_server):
 # ---------------------------------------------------------------------------------- native tools
 
 
-def test_native_tool_calls_become_json_protocol_text(make_server):
+def test_native_tool_calls_come_back_as_data(make_server):
     server = make_server(tool_call=("add", {"a": 2, "b": 3}), tool_call_content="Adding.")
     request = ask(tools=[ADD], native_tools=True)
     (call,) = policy_for(server).complete([request])
@@ -374,38 +381,41 @@ def test_native_tool_calls_become_json_protocol_text(make_server):
             "function": {"name": "add", "description": "Add two numbers.", "parameters": ADD.parameters},
         }
     ]
-    assert call.text == 'Adding.\n{"tool": "add", "arguments": {"a": 2, "b": 3}}'
-    assert call.finish_reason == "stop"
-    parsed = get_protocol("json").parse(call.text, [ADD])
+    # the prose is the text, the calls are data: no tool-call text is written for the harness to parse
+    assert call.text == "Adding."
+    assert call.tool_calls == [ToolCall(name="add", arguments={"a": 2, "b": 3}, id="call_0")]
+    assert call.tool_call_error is None and call.finish_reason == "stop"
+    parsed = read_reply(get_protocol("json"), call, [ADD])
     assert parsed.error is None and parsed.thought == "Adding."
     assert [(c.name, c.arguments) for c in parsed.calls] == [("add", {"a": 2, "b": 3})]
 
     # tools are only sent when the request asks for native tools
-    policy_for(server).complete([ask(tools=[ADD])])
+    (plain,) = policy_for(server).complete([ask(tools=[ADD])])
     assert "tools" not in server.requests[-1].body
+    assert plain.tool_calls == [ToolCall(name="add", arguments={"a": 2, "b": 3}, id="call_0")]  # (the server's)
 
 
 def test_native_tool_call_with_bad_arguments_is_a_malformed_call(make_server):
     server = make_server(tool_call=("add", "{not json"))
     (call,) = policy_for(server).complete([ask(tools=[ADD], native_tools=True)])
-    parsed = get_protocol("json", lenient=False).parse(call.text, [ADD])
-    assert not parsed.calls and parsed.error  # the harness sees a malformed call, not a crash
+    assert call.tool_calls is None and "add" in call.tool_call_error and "{not json" in call.tool_call_error
+    parsed = read_reply(get_protocol("json", lenient=False), call, [ADD])
+    assert not parsed.calls and parsed.error == call.tool_call_error  # the harness sees a malformed call, not a crash
 
 
 def test_native_tools_history():
-    proto = get_protocol("json")
-    call = proto.render_call(ToolCall(name="add", arguments={"a": 2, "b": 3}))
+    add = ToolCall(name="add", arguments={"a": 2, "b": 3})
     messages = [
         Message(role="system", content="sys"),
         Message(role="user", content="demo"),
-        Message(role="assistant", content='{"tool": "submit", "arguments": {}}'),  # no result follows
+        Message(role="assistant", content='{"tool": "submit", "arguments": {}}'),  # text: sent as text
         Message(role="user", content="add 2 and 3"),
-        Message(role="assistant", content="Adding.\n" + call),
+        Message(role="assistant", content="Adding.", tool_calls=[add]),
         Message(role="tool", name="add", content="Result of add: 5"),
         Message(role="assistant", content="no call here"),
         Message(role="tool", content="orphan"),
     ]
-    sent = to_openai_messages(messages, native_tools=True)
+    sent = to_openai_messages(messages)
     assert sent[2] == {"role": "assistant", "content": '{"tool": "submit", "arguments": {}}'}
     assert sent[4] == {
         "role": "assistant",
@@ -417,15 +427,28 @@ def test_native_tools_history():
     assert sent[5] == {"role": "tool", "tool_call_id": "call_4_0", "content": "Result of add: 5"}
     assert sent[6] == {"role": "assistant", "content": "no call here"}
     assert sent[7] == {"role": "user", "content": "Tool result:\norphan"}
-    # two calls in one turn: every id gets an answer
+    # two calls in one turn and one result for both (a harness's observation): every id gets an answer
     two = [
         Message(role="user", content="u"),
-        Message(role="assistant", content=call + "\n" + call),
+        Message(role="assistant", content="", tool_calls=[add, add.model_copy(update={"id": "own"})]),
         Message(role="tool", content="r"),
     ]
-    sent = to_openai_messages(two, native_tools=True)
+    sent = to_openai_messages(two)
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
-    assert [m["tool_call_id"] for m in sent[2:]] == ["call_1_0", "call_1_1"]
+    assert sent[1]["content"] is None  # no prose: OpenAI's null content
+    assert [(m["tool_call_id"], m["content"]) for m in sent[2:]] == [("call_1_0", "r"), ("own", ANSWERED_ABOVE)]
+    # results that name their calls (an agent's), and a call left without one before the next message
+    named = [
+        Message(role="assistant", content="", tool_calls=[add.model_copy(update={"id": "a"}), add]),
+        Message(role="tool", content="ra", tool_call_id="a"),
+        Message(role="user", content="next"),
+    ]
+    sent = to_openai_messages(named)
+    assert [(m["role"], m.get("tool_call_id"), m["content"]) for m in sent[1:]] == [
+        ("tool", "a", "ra"),
+        ("tool", "call_0_1", UNANSWERED),
+        ("user", None, "next"),
+    ]
 
 
 def test_native_tools_history_goes_through_the_server(make_server):
@@ -434,12 +457,32 @@ def test_native_tools_history_goes_through_the_server(make_server):
     (first,) = policy.complete([ask(tools=[ADD], native_tools=True)])
     history = [
         Message(role="user", content="What is 2 plus 3?"),
-        Message(role="assistant", content=first.text),
+        Message(role="assistant", content=first.text, tool_calls=first.tool_calls),
         Message(role="tool", name="add", content="Result of add: 5"),
     ]
     policy.complete([GenerationRequest(messages=history, max_new_tokens=4, tools=[ADD], native_tools=True)])
     sent = server.requests[-1].body["messages"]
-    assert sent[1]["tool_calls"][0]["function"]["name"] == "add" and sent[2]["role"] == "tool"
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "add" and sent[1]["tool_calls"][0]["id"] == "call_0"
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_0", "content": "Result of add: 5"}
+
+
+def test_a_json_harness_with_native_tools_acts_on_the_servers_calls(make_server):
+    """The loop takes the server's calls as they came (no text round trip), runs them, and sends
+    them back as native tool calls with the result on their id."""
+    server = make_server(tool_call=("add", {"a": 2, "b": 3}))
+    data = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8).to_dict()
+    data["protocol"]["native_tools"] = True
+    spec = HarnessSpec.model_validate(data)
+    task = get_suite("toolcalc").tasks("dev", 1)[0]
+    (traj,) = Runner(policy_for(server), GREEDY, progress=False).run(make_jobs([task], [spec], 1))
+    first = traj.steps[0]
+    assert first.action == ActionKind.tool_calls and first.model_call.tool_calls
+    assert [(c.name, c.arguments) for c in first.tool_calls] == [("add", {"a": 2, "b": 3})]
+    assert first.tool_results[0].name == "add" and first.tool_results[0].blocked is None
+    second = server.requests[1].body["messages"]
+    assistant = next(m for m in second if m.get("tool_calls"))
+    answer = second[second.index(assistant) + 1]
+    assert answer["role"] == "tool" and answer["tool_call_id"] == assistant["tool_calls"][0]["id"] == "call_0"
 
 
 # ---------------------------------------------------------------------------------- concurrency

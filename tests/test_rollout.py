@@ -3,6 +3,7 @@ and the tiny random model."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -10,6 +11,7 @@ from collections import Counter
 import pytest
 from helpers import oracle_policy, replies_policy
 
+from harnessrl.harness.oracle import Oracle
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.metrics import summarize_harness
@@ -57,6 +59,24 @@ def test_oracle_passes_every_family_through_every_harness(harness, suite, tokeni
             assert mc.prompt_ids and mc.messages[0].role == "system"
     m = summarize_harness(trajs, 1)
     assert m["mean_score"] == 1.0 and m["delivery_rate"] == 1.0
+
+
+def test_the_oracle_plays_each_episode_from_the_task_it_is_handed(tokenizer):
+    """`--model oracle` (harness/oracle.py): the runner hands every episode its task, so tasks
+    worded alike, several attempts and a plan-first harness all run side by side and pass."""
+    tasks = get_suite("toolcalc").tasks("dev", 3)
+    # another task's solution and grader under the first task's very words
+    twin = dataclasses.replace(tasks[1], id=tasks[1].id + "-twin", instruction=tasks[0].instruction)
+    assert twin.solution != tasks[0].solution
+    specs = [
+        with_rules(load_harness(n), max_new_tokens=1024, max_total_tokens=None) for n in ("json-tools", "plan-execute")
+    ]
+    runner = Runner(Oracle(tokenizer), SamplingParams(), max_in_flight=8, progress=False)
+    trajs = runner.run(make_jobs([*tasks, twin], specs, 2))
+    assert len(trajs) == 16 and runner.stats.infra_errors == 0
+    for t in trajs:
+        assert t.termination == Termination.submitted and t.grade.passed, (t.task_id, t.harness, t.termination)
+    assert Oracle(tokenizer).describe() == {"name": "oracle", "backend": "scripted"}
 
 
 @pytest.mark.parametrize("suite", ["workspace", "toolcalc"])

@@ -19,6 +19,8 @@ from harnessrl.store import RunStore
 
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
+    from harnessrl.models.base import Policy
+    from harnessrl.rollout import EpisodePolicies
 
 SUMMARY = "summary.json"
 
@@ -85,7 +87,7 @@ def evaluation_record(
 def run_into_store(
     store: RunStore,
     todo: list,
-    policy,
+    policy: Policy | EpisodePolicies,
     sampling,
     max_in_flight: int,
     retries: int,
@@ -216,65 +218,43 @@ def run_eval(
         if run.resume:
             log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
 
-        if config.model.strip() == ORACLE:
-            _run_oracle(specs, todo, store, config.retries, run.progress, executor)
-            return write_summary(store, folder.config, run.out)
-
-        # -- the model (slow) -----------------------------------------------------------------------
-        try:
-            policy = (
-                load_policy(config.model, sampling, dtype=dtype, device=str(device))
-                if local
-                else load_policy(config.model, sampling, api_key_env=config.api_key_env)
-            )
-        except (ValueError, RuntimeError, OSError) as e:
-            raise EvalError(f"cannot load model '{config.model}': {e}") from None
-        if judge is not None:
+        # -- the models (slow) ----------------------------------------------------------------------
+        if config.model.strip() != ORACLE:
+            try:
+                policy = (
+                    load_policy(config.model, sampling, dtype=dtype, device=str(device))
+                    if local
+                    else load_policy(config.model, sampling, api_key_env=config.api_key_env)
+                )
+            except (ValueError, RuntimeError, OSError) as e:
+                raise EvalError(f"cannot load model '{config.model}': {e}") from None
+        if judge is not None:  # (the oracle's episodes are graded by the judge too)
             try:
                 judge.load()
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
+        if config.model.strip() == ORACLE:
+            _run_oracle(specs, todo, store, config.retries, run.progress, executor, config.max_in_flight)
+            return write_summary(store, folder.config, run.out)
         run_into_store(
             store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
         )
         return write_summary(store, folder.config, run.out)
 
 
-def _run_oracle(specs, todo, store: RunStore, retries: int, progress: bool, executor: Executor | None = None) -> None:
-    """`--model oracle`: every harness's jobs with that harness's oracle, one episode at a time
-    (the oracle tracks an episode's progress by its task)."""
+def _run_oracle(
+    specs,
+    todo,
+    store: RunStore,
+    retries: int,
+    progress: bool,
+    executor: Executor | None = None,
+    max_in_flight: int = 16,
+) -> None:
+    """`--model oracle`: the jobs with the oracle (harness/oracle.py), each episode replaying its
+    own task's solution through its harness, `max_in_flight` at once. (`specs`, the run's
+    harnesses, is not needed: each job names its own.)"""
+    from harnessrl.harness.oracle import Oracle
     from harnessrl.models.base import SamplingParams
-    from harnessrl.models.embedded import load_tokenizer
-    from harnessrl.models.oracle import oracle_policy
-    from harnessrl.rollout import Runner
 
-    tokenizer = load_tokenizer()
-    store.set_meta("model", {"name": ORACLE, "backend": "scripted"})
-    for spec in specs:
-        for jobs in _rounds_of_distinct_instructions([j for j in todo if j.harness.name == spec.name]):
-            policy = oracle_policy(list({j.task.id: j.task for j in jobs}.values()), spec, tokenizer)
-            runner = Runner(
-                policy,
-                SamplingParams(),
-                max_in_flight=1,
-                max_retries=retries,
-                on_episode=store.add,
-                progress=progress,
-                executor=executor,
-            )
-            runner.run(jobs)
-
-
-def _rounds_of_distinct_instructions(jobs: list) -> list[list]:
-    """The jobs in rounds within which no two tasks share an instruction: the oracle finds a
-    conversation's task by its instruction, and generated tasks can word two different tasks
-    alike (the same question about another price list)."""
-    rounds: list[tuple[dict[str, str], list]] = []
-    for job in jobs:
-        for owners, members in rounds:
-            if owners.setdefault(job.task.instruction, job.task.id) == job.task.id:
-                members.append(job)
-                break
-        else:
-            rounds.append(({job.task.instruction: job.task.id}, [job]))
-    return [members for _, members in rounds]
+    run_into_store(store, todo, Oracle(), SamplingParams(), max_in_flight, retries, progress, executor=executor)

@@ -42,14 +42,14 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harnessrl.executors import EpisodeHandle, EpisodeLost, Executor, LocalExecutor
 from harnessrl.harness.loops import InfraError, episode_id
-from harnessrl.harness.spec import HarnessSpec
+from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
 from harnessrl.models.base import Policy, PolicyError, SamplingParams
 from harnessrl.tasks.base import Task
 from harnessrl.types import ModelCall, Termination, Trajectory
@@ -68,6 +68,19 @@ class Job:
     @property
     def key(self) -> tuple[str, str, int]:
         return (self.task.id, self.harness.name, self.attempt)
+
+
+class EpisodePolicies(Protocol):
+    """Where every episode gets a policy of its own, made for its task when it starts (the oracle:
+    harness/oracle.py), rather than one model serving them all."""
+
+    name: str
+
+    def for_episode(self, task: Task, spec: AnyHarnessSpec) -> Policy:
+        """The policy of one episode (of one try of it: a retried episode gets a fresh one)."""
+        ...
+
+    def describe(self) -> dict: ...
 
 
 def make_jobs(tasks: list[Task], harnesses: list[HarnessSpec], attempts: int) -> list[Job]:
@@ -109,9 +122,11 @@ class _Stopped(Exception):
 
 
 class Runner:
+    """Runs jobs with `policy`: one model for every episode, or EpisodePolicies (a policy per episode)."""
+
     def __init__(
         self,
-        policy: Policy,
+        policy: Policy | EpisodePolicies,
         sampling: SamplingParams | None = None,
         max_in_flight: int = 16,
         max_retries: int = 2,
@@ -234,18 +249,19 @@ class Runner:
     def _play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
         if stop.is_set():
             return None
+        policy = self.policy if isinstance(self.policy, Policy) else self.policy.for_episode(job.task, job.harness)
         if job.harness.kind == "external":  # an agent program of its own: harness/external.py
             from harnessrl.harness.external import ExternalEpisodes
 
             with self._external_lock:
-                external = self._external = self._external or ExternalEpisodes(self.policy, self._count)
-            return external.play(job, sampling, stop)
+                external = self._external = self._external or ExternalEpisodes(self._count)
+            return external.play(job, policy, sampling, stop)
         try:
             handle = self.executor.open(job.task, job.harness, job.attempt, job.retries, sampling.seed)
         except InfraError as e:  # the environment could not be set up, or its worker was lost
             return _infra_trajectory(job, str(e))
         try:
-            if not self._advance(handle, sampling, stop):
+            if not self._advance(handle, policy, sampling, stop):
                 handle.close()
                 return None
             return handle.finish()  # grading, where the episode lives
@@ -255,7 +271,7 @@ class Runner:
             handle.close()
             raise
 
-    def _advance(self, handle: EpisodeHandle, sampling: SamplingParams, stop: threading.Event) -> bool:
+    def _advance(self, handle: EpisodeHandle, policy: Policy, sampling: SamplingParams, stop: threading.Event) -> bool:
         """Turns until the episode ends; False if the run was interrupted first."""
         request = handle.start()
         while request is not None:
@@ -263,7 +279,7 @@ class Runner:
                 return False
             t0 = time.monotonic()
             try:
-                call = _wait(self.policy.submit(request, sampling), stop)
+                call = _wait(policy.submit(request, sampling), stop)
             except _Stopped:
                 return False
             except (PolicyError, CancelledError) as e:  # this request failed: this episode alone does

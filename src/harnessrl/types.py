@@ -7,21 +7,46 @@ Everything here is a pydantic model so a trajectory serialises to JSON and back 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Message(_Record):
-    """One chat message as the model sees it."""
+class _OmitsUnsetNative(_Record):
+    """A record whose native tool-call fields are left out of its serialised form while they are
+    None, so that what is recorded without native tool calls reads exactly as it did before them."""
+
+    _omit_when_none: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _serialise(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key in self._omit_when_none:
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+
+class Message(_OmitsUnsetNative):
+    """One chat message as the model sees it.
+
+    Native tool calls (a backend with function calling, docs/protocols.md "Native tool calls"):
+    an assistant message may carry the calls it made as data (`tool_calls`, `content` then holds
+    the prose around them), and a tool message the id of the call it answers (`tool_call_id`).
+    A backend without function calling never sees either: the harness writes calls and results
+    as text in its protocol."""
+
+    _omit_when_none: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_id")
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     name: str | None = None  # tool name for role == "tool"
+    tool_calls: list[ToolCall] | None = None  # role == "assistant": the native calls it made
+    tool_call_id: str | None = None  # role == "tool": the id of the native call it answers
 
 
 class ToolSchema(_Record):
@@ -32,12 +57,16 @@ class ToolSchema(_Record):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-class ToolCall(_Record):
-    """One action parsed from a model completion."""
+class ToolCall(_OmitsUnsetNative):
+    """One action of a model reply: parsed from its text by a protocol, or returned as data by a
+    backend with native function calling."""
+
+    _omit_when_none: ClassVar[tuple[str, ...]] = ("id",)
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
-    raw: str = ""  # the exact text span the protocol parsed this call from
+    raw: str = ""  # the exact text span the protocol parsed this call from ("" for a native call)
+    id: str | None = None  # a native call's id, as the backend named it
 
 
 class BlockReason(str, Enum):
@@ -68,15 +97,25 @@ class InnerCall(_Record):
 
 
 ToolResult.model_rebuild()
+Message.model_rebuild()
 
 
-class ModelCall(_Record):
+class ModelCall(_OmitsUnsetNative):
     """One generation: token in, token out. Never re-tokenize the text the model produced."""
+
+    _omit_when_none: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_error")
 
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]  # log-probability of each sampled completion token
-    text: str  # decoded completion, special tokens stripped
+    text: str  # decoded completion, special tokens stripped (with native tool calls: the prose around them)
+    # Native function calling (a backend that returns tool calls as data: an OpenAI-compatible
+    # server's `message.tool_calls`): the calls, in order. None where the backend returned text
+    # only (every local model): the harness parses calls out of `text` with its protocol.
+    tool_calls: list[ToolCall] | None = None
+    # The backend returned tool calls that are not calls (arguments that are not a JSON object):
+    # what was wrong, in words for the model. The harness records the reply as malformed.
+    tool_call_error: str | None = None
     finish_reason: Literal["stop", "length", "error"] = "stop"
     messages: list[Message] = Field(default_factory=list)  # the rendered conversation (prompt)
     # Token counts reported by a backend that returns no token ids (an OpenAI-compatible server

@@ -129,10 +129,9 @@ class ExternalEpisode:
         self.model_name = getattr(policy, "name", "model")
         self._count = count
         self.token = secrets.token_urlsafe(24)
-        # an openai: model takes the agent's tools natively (its replies come back as json-protocol text)
-        from harnessrl.models.openai_compat import OpenAIPolicy
-
-        self.native = spec.native_tools and isinstance(policy, OpenAIPolicy)
+        # a backend with function calling (an openai: model) takes the agent's tools natively, and
+        # its tool calls come back as data
+        self.native = spec.native_tools and policy.native_tool_calls
         self.protocol: Protocol = get_protocol("json" if self.native else spec.tool_protocol, lenient=True)
         self.prompt_tools = PromptTools(self.protocol, native=self.native)  # shared with `harnessrl serve`
         self.kill = threading.Event()  # set: the program is stopped (a limit, a backend failure)
@@ -154,7 +153,7 @@ class ExternalEpisode:
         that termination and the program is stopped)."""
         tools = tool_schemas(body)
         # the run's sampling applies, not the request's
-        request, _ = to_generation(body, self.limits.max_new_tokens, self.prompt_tools.turns)
+        request, _ = to_generation(body, self.limits.max_new_tokens, tools=True)
         request = self.prompt_tools.with_tools(request, tools)
         self._check_prompt(request)
         self._note_results(body)
@@ -244,15 +243,15 @@ class ExternalEpisode:
 
     def record(self, turn: Turn, call: ModelCall, latency: float) -> dict:
         """Record the reply as a step; returns the response's assistant message (with `tool_calls`
-        when the protocol found calls in a request that offered tools)."""
+        when the reply made calls, as data or in the protocol's text, in a request that offered tools)."""
         self._count(latency, call)
         step = Step(index=turn.index, model_call=call, action=ActionKind.text)
         message: dict = {"role": "assistant", "content": call.text}
         blocked: dict[int, ToolResult] = {}
-        if not call.text.strip():
+        if not call.text.strip() and not call.tool_calls and call.tool_call_error is None:
             step.action = ActionKind.empty
         elif turn.tools:
-            parsed = self.prompt_tools.parse(call.text, turn.tools)
+            parsed = self.prompt_tools.parse(call, turn.tools)
             if parsed.error:
                 step.action, step.parse_error = ActionKind.malformed, parsed.error
             elif parsed.calls:
@@ -401,8 +400,7 @@ class ExternalEpisodes:
     """Plays the external episodes of one `Runner.run`: the recording endpoint is started by the
     first one and stopped by `close()` (at the end of the run)."""
 
-    def __init__(self, policy: Policy, count: Callable[[float, ModelCall | None], None]):
-        self.policy = policy
+    def __init__(self, count: Callable[[float, ModelCall | None], None]):
         self.count = count
         self._endpoint: RecordingEndpoint | None = None
         self._lock = threading.Lock()
@@ -425,15 +423,16 @@ class ExternalEpisodes:
                 self._endpoint.stop()
                 self._endpoint = None
 
-    def play(self, job: Job, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
-        """One episode, in the calling (worker) thread; None when the run was interrupted."""
+    def play(self, job: Job, policy: Policy, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
+        """One episode answered by `policy`, in the calling (worker) thread; None when the run
+        was interrupted."""
         started, t0 = time.time(), time.monotonic()
         record = _Record(job, started, t0)
         try:
             env = job.task.make_env()
         except Exception as e:
             return record.infra(f"environment setup failed: {_short_tb(e)}")
-        episode = ExternalEpisode(job, self.policy, sampling, self.count)
+        episode = ExternalEpisode(job, policy, sampling, self.count)
         control = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
         control.chmod(0o711)  # the sandbox user must reach a workspace made inside it
         try:

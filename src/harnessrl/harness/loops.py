@@ -8,6 +8,11 @@ world). Loops:
 - `plan-execute`: the first model call writes a plan (no tools); the plan stays in the
   conversation for the rest of the episode and the loop then acts like `react`. The plan call
   is recorded as a step of kind `plan` and does not count against `max_steps`.
+
+A reply's tool calls are the backend's own where it returned them as data (native function
+calling, `protocol.native_tools` with a backend that has it), else what the protocol parses out
+of its text (`read_reply`); native calls stay data in the conversation's history.
+Demonstrations are written in the protocol's text either way.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from harnessrl.harness import rules as R
-from harnessrl.harness.protocols import Protocol, get_protocol
+from harnessrl.harness.protocols import Protocol, get_protocol, read_reply
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models.base import GenerationRequest
 from harnessrl.tasks.base import Environment, Task, Tool, ToolBlocked, ToolFailed, ToolOutput, validate_arguments
@@ -263,7 +268,7 @@ class Episode:
             self._check_budgets()
             return
 
-        parsed = self.protocol.parse(call.text, self.schemas)
+        parsed = read_reply(self.protocol, call, self.schemas)  # native calls as they came, else parsed
         step = Step(index=index, model_call=call, action=ActionKind.tool_calls)
         notes: list[str] = []
         if parsed.empty:
@@ -347,7 +352,8 @@ class Episode:
         observation = "\n".join(p for p in parts if p) or "(no observation)"
         self.exchanges.append(
             [
-                Message(role="assistant", content=call.text),
+                # a reply's native calls stay data in the history (the backend that made them sends them back)
+                Message(role="assistant", content=call.text, tool_calls=call.tool_calls or None),
                 Message(role="tool" if step.tool_results else "user", content=observation, name=None),
             ]
         )

@@ -46,7 +46,7 @@ class GenerationRequest(BaseModel):
     max_new_tokens: int = Field(256, ge=1)
     stop: list[str] = Field(default_factory=list)  # cut the completion after the first of these
     tools: list[ToolSchema] | None = None  # for backends with native function calling
-    # send `tools` as the server's native function calling (openai backend; json protocol only)
+    # send `tools` as the backend's native function calling (where it has it: Policy.native_tool_calls)
     native_tools: bool = False
     # this request's own sampling seed (the runner sets it with `request_seed`); None: the
     # backend derives one from SamplingParams.seed and its own call counter
@@ -82,6 +82,10 @@ class Policy(ABC):
     # how many `submit`ted requests a concurrent backend serves at once (the rest wait in its
     # queue); the default `submit` serves one at a time
     max_concurrency: int = 16
+    # the backend has native function calling: a request's tools go to it as data
+    # (`GenerationRequest.native_tools`) and its tool calls come back as data (`ModelCall.tool_calls`);
+    # False: it reads and writes text only, and the harness renders and parses calls in its protocol
+    native_tool_calls: bool = False
 
     def submit(self, request: GenerationRequest, sampling: SamplingParams) -> Future[ModelCall]:
         """Start one request; the future holds its ModelCall, or the PolicyError it got (a failure

@@ -45,16 +45,19 @@ belongs to its request: ``submit`` gives each request its own future, and every 
 completes as usual; ``complete`` (all or nothing) raises the first request's error once every
 request has its outcome.
 
-**Native tools** (``GenerationRequest.native_tools``, from a harness's
-``protocol.native_tools``, json protocol only): the request's tools are sent as OpenAI
-``tools``, and the ``tool_calls`` the server returns become json-protocol text, one
-``{"tool": NAME, "arguments": {...}}`` per line after any content, which the harness then parses
-like any other reply. Arguments that are not a JSON object are kept as they came, so the harness
-sees a malformed call (a model failure), not a crash. In the history, an assistant turn whose
-text holds calls and that is followed by a tool result is sent back as an assistant message
-with ``tool_calls`` and the result as a ``tool`` message (the whole result on the first call's
-id); every other turn is plain text. Without native tools, a ``tool`` message is sent as a
-``user`` message starting ``Tool result (NAME):``, as the local backends do for SmolLM2.
+**Native tools** (``GenerationRequest.native_tools``: a harness's ``protocol.native_tools``,
+or an agent's tools on the recording endpoint): the request's tools are sent as OpenAI
+``tools``, and the ``tool_calls`` the server returns are the ModelCall's ``tool_calls``, as data
+(``text`` is the message's content, the prose around them); no tool-call text is written or
+read here. Calls whose arguments are not a JSON object give no calls and a ``tool_call_error``
+saying so: the harness records a malformed reply (a model failure), not a crash.
+In the history, an assistant Message with ``tool_calls`` is sent with them (each call's own id,
+else ``call_<message>_<k>``), and a ``tool`` message answers a call: the one its
+``tool_call_id`` names, else the first unanswered call of the message before it, the others
+then answered "(see the previous tool result)" (a harness sends one observation for all of a
+reply's calls). A call left unanswered when the next message comes is answered "(no result was
+sent for this call)", as chat completions require. A ``tool`` message that answers no call is
+sent as a ``user`` message starting ``Tool result (NAME):``, as the local backends do for SmolLM2.
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import openai
 
@@ -139,85 +143,84 @@ def tool_definitions(tools: list[ToolSchema]) -> list[dict]:
     ]
 
 
-def _history_calls(text: str) -> tuple[list[ToolCall], str]:
-    """Calls written in json-protocol text (what a native reply was turned into), and the prose."""
-    from harnessrl.harness.protocols import get_protocol
-
-    parsed = get_protocol("json").parse(text)
-    if parsed.error or not parsed.calls:
-        return [], text
-    return parsed.calls, parsed.thought
+UNANSWERED = "(no result was sent for this call)"
+ANSWERED_ABOVE = "(see the previous tool result)"
 
 
-def to_openai_messages(messages: list[Message], native_tools: bool = False) -> list[dict]:
+def to_openai_messages(messages: list[Message]) -> list[dict]:
     """harnessrl messages -> OpenAI chat messages (see the module docstring for tool turns)."""
     out: list[dict] = []
-    pending: list[str] = []  # tool_call ids of the previous assistant message, awaiting a result
+    pending: list[str] = []  # ids of the previous assistant message's calls still unanswered
+
+    def answer_the_rest(content: str) -> None:
+        out.extend({"role": "tool", "tool_call_id": call_id, "content": content} for call_id in pending)
+        pending.clear()
+
     for i, m in enumerate(messages):
-        if m.role == "tool" and pending:
-            out.append({"role": "tool", "tool_call_id": pending[0], "content": m.content})
-            for extra in pending[1:]:  # every call needs an answer; the harness sends one for all
-                out.append({"role": "tool", "tool_call_id": extra, "content": "(see the previous tool result)"})
-            pending = []
-            continue
-        pending = []
         if m.role == "tool":
-            out.append({"role": "user", "content": tool_message_as_user(m)})
+            if m.tool_call_id is not None:  # it answers one call, by its id
+                out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+                if m.tool_call_id in pending:
+                    pending.remove(m.tool_call_id)
+            elif pending:  # one result for all of the previous message's calls: on the first id
+                out.append({"role": "tool", "tool_call_id": pending.pop(0), "content": m.content})
+                answer_the_rest(ANSWERED_ABOVE)
+            else:
+                out.append({"role": "user", "content": tool_message_as_user(m)})
             continue
-        followed_by_tool = i + 1 < len(messages) and messages[i + 1].role == "tool"
-        if m.role == "assistant" and native_tools and followed_by_tool:
-            calls, thought = _history_calls(m.content)
-            if calls:
-                pending = [f"call_{i}_{k}" for k in range(len(calls))]
-                out.append(
-                    {
-                        "role": "assistant",
-                        "content": thought or None,
-                        "tool_calls": [
-                            {
-                                "id": call_id,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-                            }
-                            for call_id, c in zip(pending, calls)
-                        ],
-                    }
-                )
-                continue
+        answer_the_rest(UNANSWERED)  # every call needs an answer before the next message
+        if m.role == "assistant" and m.tool_calls:
+            ids = [c.id or f"call_{i}_{k}" for k, c in enumerate(m.tool_calls)]
+            pending.extend(ids)
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": m.content or None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                        }
+                        for call_id, c in zip(ids, m.tool_calls)
+                    ],
+                }
+            )
+            continue
         out.append({"role": m.role, "content": m.content})
+    answer_the_rest(UNANSWERED)
     return out
 
 
-def tool_calls_as_text(tool_calls: list[Any]) -> list[str]:
-    """OpenAI ``message.tool_calls`` -> json-protocol call lines. Raises _Malformed on a
-    response that is not shaped like tool calls (a server fault, retried)."""
-    from harnessrl.harness.protocols import get_protocol
-
-    proto = get_protocol("json")
-    lines = []
-    for tc in tool_calls:
+def read_tool_calls(entries: list[Any]) -> tuple[list[ToolCall] | None, str | None]:
+    """OpenAI ``message.tool_calls`` -> (the calls, None), or (None, what was wrong) when some
+    call's arguments are not a JSON object (the model's failure: the harness records a malformed
+    reply). (None, None) for no calls. Raises _Malformed on entries that are not shaped like tool
+    calls at all (a server fault, retried)."""
+    calls: list[ToolCall] = []
+    problems: list[str] = []
+    for tc in entries:
         fn = tc.get("function") if isinstance(tc, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _Malformed(f"a tool call without a function name: {str(tc)[:120]}")
         raw = fn.get("arguments")
+        args: Any = raw
         if raw is None or (isinstance(raw, str) and not raw.strip()):
-            args: Any = {}
+            args = {}
         elif isinstance(raw, str):
             try:
                 args = json.loads(raw)
             except ValueError:
-                args = raw
-        else:
-            args = raw
-        if isinstance(args, dict):
-            try:
-                lines.append(proto.render_call(ToolCall(name=fn["name"], arguments=args)))
-                continue
-            except ValueError:
                 pass
-        # the model's arguments are not an object: keep them, the harness reports a malformed call
-        lines.append(json.dumps({"tool": fn["name"], "arguments": args}, ensure_ascii=False))
-    return lines
+        if not isinstance(args, dict):
+            shown = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
+            problems.append(f"the arguments of the {fn['name']} call are not a JSON object: {shown[:200]}")
+            continue
+        call_id = tc.get("id")
+        calls.append(ToolCall(name=fn["name"], arguments=args, id=call_id if isinstance(call_id, str) else None))
+    if problems:
+        return None, "; ".join(problems)
+    return calls or None, None
 
 
 # ----------------------------------------------------------------------------------- responses
@@ -254,8 +257,27 @@ def usage_counts(data: Any) -> tuple[int | None, int | None]:
     return count("prompt_tokens"), count("completion_tokens")
 
 
+@dataclass
+class Completion:
+    """What one chat completion body says (`read_completion`)."""
+
+    text: str  # the message's content ("" when it has none)
+    finish_reason: Literal["stop", "length"]
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    tool_calls: list[ToolCall] | None = None  # the message's tool calls, as data
+    tool_call_error: str | None = None  # tool calls whose arguments are not a JSON object
+
+
 def parse_completion(data: Any) -> tuple[str, str, list[int], list[int], list[float]]:
-    """A chat completion body -> (text, finish_reason, prompt_ids, completion_ids, logprobs)."""
+    """A chat completion body -> (content, finish_reason, prompt_ids, completion_ids, logprobs)."""
+    c = read_completion(data)
+    return c.text, c.finish_reason, c.prompt_ids, c.completion_ids, c.logprobs
+
+
+def read_completion(data: Any) -> Completion:
+    """A chat completion body -> its Completion; _Malformed for a body that is not one."""
     if not isinstance(data, dict):
         raise _Malformed(f"the body is a JSON {type(data).__name__}, not an object")
     choices = data.get("choices")
@@ -266,30 +288,27 @@ def parse_completion(data: Any) -> tuple[str, str, list[int], list[int], list[fl
     message = choice.get("message") if isinstance(choice, dict) else None
     if not isinstance(message, dict):
         raise _Malformed("the first choice has no message")
-    finish = "length" if choice.get("finish_reason") == "length" else "stop"
+    finish: Literal["stop", "length"] = "length" if choice.get("finish_reason") == "length" else "stop"
     content = message.get("content")
-    tool_calls = message.get("tool_calls") or []
-    if not isinstance(tool_calls, list):
+    entries = message.get("tool_calls") or []
+    if not isinstance(entries, list):
         raise _Malformed("message.tool_calls is not a list")
-    if content is None and not tool_calls:
+    if content is None and not entries:
         if finish != "length":  # a reasoning model that spent every token thinking has no content
             raise _Malformed("the message has neither content nor tool calls")
         content = ""
     if not isinstance(content, (str, type(None))):
         raise _Malformed(f"message.content is a {type(content).__name__}, not a string")
-    parts = [content] if content else []
-    if tool_calls:
-        parts.extend(tool_calls_as_text(tool_calls))
-    text = "\n".join(parts)
+    tool_calls, tool_call_error = read_tool_calls(entries)
 
     logprobs: list[float] = []
     token_strings: list[Any] = []
     lp = choice.get("logprobs")
-    entries = lp.get("content") if isinstance(lp, dict) else None
-    if isinstance(entries, list):
+    lp_entries = lp.get("content") if isinstance(lp, dict) else None
+    if isinstance(lp_entries, list):
         try:
-            logprobs = [float(e["logprob"]) for e in entries]
-            token_strings = [e.get("token") for e in entries]
+            logprobs = [float(e["logprob"]) for e in lp_entries]
+            token_strings = [e.get("token") for e in lp_entries]
         except (TypeError, KeyError, ValueError):
             log.debug("unreadable logprobs in the response; recording none")
             logprobs, token_strings = [], []
@@ -304,7 +323,7 @@ def parse_completion(data: Any) -> tuple[str, str, list[int], list[int], list[fl
         )
         logprobs = []
     prompt_ids = _number_list(data.get("prompt_token_ids")) or []
-    return text, finish, prompt_ids, completion_ids, logprobs
+    return Completion(content or "", finish, prompt_ids, completion_ids, logprobs, tool_calls, tool_call_error)
 
 
 # ------------------------------------------------------------------------------------ policy
@@ -316,6 +335,8 @@ class OpenAIPolicy(Policy):
     ``api_key``: used as given; else ``$api_key_env`` (must be set), else ``$OPENAI_API_KEY``,
     else "EMPTY". ``sleep`` replaces time.sleep between retries (tests).
     """
+
+    native_tool_calls = True
 
     def __init__(
         self,
@@ -469,17 +490,19 @@ class OpenAIPolicy(Policy):
                 raise PolicyError(f"{self.name}: request withdrawn")
             try:
                 data = self._request_once(request, sampling, seed)
-                text, finish, prompt_ids, completion_ids, logprobs = parse_completion(data)
+                c = read_completion(data)
                 n_prompt, n_completion = usage_counts(data)
                 return ModelCall(
-                    prompt_ids=prompt_ids,
-                    completion_ids=completion_ids,
-                    logprobs=logprobs,
-                    text=text,
-                    finish_reason=finish,
+                    prompt_ids=c.prompt_ids,
+                    completion_ids=c.completion_ids,
+                    logprobs=c.logprobs,
+                    text=c.text,
+                    finish_reason=c.finish_reason,
                     messages=list(request.messages),
-                    n_prompt_tokens=None if prompt_ids else n_prompt,
-                    n_completion_tokens=None if completion_ids else n_completion,
+                    tool_calls=c.tool_calls,
+                    tool_call_error=c.tool_call_error,
+                    n_prompt_tokens=None if c.prompt_ids else n_prompt,
+                    n_completion_tokens=None if c.completion_ids else n_completion,
                 )
             except _Retryable as exc:
                 if attempt >= self.max_retries:
@@ -508,7 +531,7 @@ class OpenAIPolicy(Policy):
         native = bool(request.native_tools and request.tools)
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "messages": to_openai_messages(request.messages, native_tools=native),
+            "messages": to_openai_messages(request.messages),
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": seed,
@@ -549,7 +572,7 @@ class OpenAIPolicy(Policy):
                 log.warning("%s rejected logprobs=True (%s); asking without logprobs from now on", self.name, exc)
             self.logprobs = False
         try:
-            parse_completion(data)  # validated here so a malformed body is retried like a 5xx
+            read_completion(data)  # validated here so a malformed body is retried like a 5xx
             return data
         except _Malformed as exc:
             raise _Retryable(f"malformed response: {exc}") from None

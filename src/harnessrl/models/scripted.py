@@ -29,9 +29,11 @@ class ScriptedPolicy(Policy):
     order, independently of the others, and the same request always gets the same reply.
     (A harness that drops old assistant turns from the prompt will see earlier replies again.)
     Running past the end of the list raises PolicyError.
+    `lock`: one request at a time is answered under it (scripts may keep state; a tokenizer is not
+    shared between threads): policies that share a tokenizer share a lock.
     """
 
-    def __init__(self, script: Script, tokenizer=None, name: str = "scripted"):
+    def __init__(self, script: Script, tokenizer=None, name: str = "scripted", lock: threading.Lock | None = None):
         if tokenizer is None:
             from harnessrl.models.embedded import load_tokenizer
 
@@ -41,7 +43,7 @@ class ScriptedPolicy(Policy):
         self.script = script if callable(script) else list(script)
         self.tokenizer = tokenizer
         self.name = name
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()  # shared by policies that share one tokenizer
         self.tool_role = chat.default_tool_role(tokenizer)
         self.end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
         if self.end_of_turn is None or self.end_of_turn == tokenizer.unk_token_id:

@@ -110,10 +110,9 @@ def create_app(models: ServedModels) -> FastAPI:
         try:
             policy = entry.policy
             fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
-            turns = fmt.turns if fmt is not None else None
-            request, sampling = to_generation(body, 1, turns, defaults=models.sampling_defaults())
+            request, sampling = to_generation(body, 1, fmt is not None, defaults=models.sampling_defaults())
             tools = offered_tools(body) if fmt is not None else []
-            if tools and fmt is not None:
+            if fmt is not None:
                 request = fmt.with_tools(request, tools)
             try:
                 prompt = await asyncio.to_thread(policy.prompt_ids, request)
@@ -151,7 +150,7 @@ def create_app(models: ServedModels) -> FastAPI:
                 call = call.model_copy(update={"logprobs": entry.raw_logprobs(call.prompt_ids, call.completion_ids)})
             if not tools or fmt is None:
                 return call, None
-            parsed = fmt.parse(call.text, tools)
+            parsed = fmt.parse(call, tools)
             # ids in vLLM's form; unique, so an agent may keep them across requests
             return call, reply_message(parsed, [f"chatcmpl-tool-{uuid.uuid4().hex}" for _ in parsed.calls])
 

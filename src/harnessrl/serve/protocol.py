@@ -3,10 +3,10 @@
 Requests are validated here and turned into our GenerationRequest + SamplingParams; a request
 asking for something the local engine cannot do exactly (n > 1, penalties, top_logprobs, ...)
 is refused with a 400 naming the parameter, never silently served differently. Native tools are
-taken when the caller passes `ToolTurns` (the recording endpoint of external harnesses, and
-`harnessrl serve` with --enable-auto-tool-choice: serve/tools.py), which writes the tool turns of
-the conversation as text in a tool-call format; without it they are refused as vLLM refuses
-them without its auto tool choice.
+taken when the caller says it takes them (`tools=True`: the recording endpoint of external
+harnesses, and `harnessrl serve` with --enable-auto-tool-choice; serve/tools.py then shows them to
+the model); the conversation's tool turns are then kept as data on the Messages. Without, they
+are refused as vLLM refuses them without its auto tool choice.
 Fields neither OpenAI nor vLLM defines are ignored, as vLLM 0.33 does (its request models allow
 extra fields and only log them: entrypoints/serve/engine/protocol.py, OpenAIBaseModel); vLLM's
 own sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
@@ -20,8 +20,6 @@ and vLLM clients read, including vLLM's extras: `prompt_token_ids` on the respon
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -139,21 +137,8 @@ def _content_text(message: ChatMessageIn, index: int) -> str:
     return "\n".join(texts)  # as vLLM joins text parts for a string chat template
 
 
-@dataclass(frozen=True)
-class ToolTurns:
-    """How native tool turns become text for a model that reads its tools in the prompt.
-
-    `calls_text(content, calls)`: an assistant message's text with its `tool_calls` written in;
-    `result_text(content, name)`: a `tool` message's text (`name`: the tool that answered, found
-    through `tool_call_id`, None when unknown).
-    """
-
-    calls_text: Callable[[str, list[ToolCall]], str]
-    result_text: Callable[[str, str | None], str]
-
-
-def _history_call(call: Any, where: str) -> tuple[str | None, ToolCall]:
-    """(its id, the call) of one entry of an assistant message's `tool_calls`."""
+def _history_call(call: Any, where: str) -> ToolCall:
+    """One entry of an assistant message's `tool_calls`, as a ToolCall with its id."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise ServeError(400, f"{where}: a tool call needs function.name", param="messages")
@@ -167,12 +152,14 @@ def _history_call(call: Any, where: str) -> tuple[str | None, ToolCall]:
     if not isinstance(args, dict):
         raise ServeError(400, f"{where}: function.arguments must be a JSON object", param="messages")
     call_id = call.get("id")
-    return (call_id if isinstance(call_id, str) else None), ToolCall(name=fn["name"], arguments=args)
+    return ToolCall(name=fn["name"], arguments=args, id=call_id if isinstance(call_id, str) else None)
 
 
-def to_messages(messages: list[ChatMessageIn], tool_turns: ToolTurns | None = None) -> list[Message]:
-    """OpenAI chat messages -> our Messages ("developer" is a system message). Messages holding
-    `tool_calls` are refused unless `tool_turns` says how to write them as text."""
+def to_messages(messages: list[ChatMessageIn], tools: bool = False) -> list[Message]:
+    """OpenAI chat messages -> our Messages ("developer" is a system message). With `tools`, the
+    tool turns are kept as data: an assistant message's `tool_calls` as its Message's tool_calls
+    (with their ids), a `tool` message's `tool_call_id` as its own, and its name found through
+    that id when it names none. Without, messages holding `tool_calls` are refused."""
     if not messages:
         raise ServeError(400, "messages must hold at least one message", param="messages")
     out = []
@@ -182,21 +169,18 @@ def to_messages(messages: list[ChatMessageIn], tool_turns: ToolTurns | None = No
         if role is None:
             raise ServeError(400, f"messages[{i}].role {m.role!r} is not one of {', '.join(_ROLES)}", param="messages")
         content = _content_text(m, i)
-        if m.tool_calls and tool_turns is None:
+        if m.tool_calls and not tools:
             raise ServeError(400, f"messages[{i}] holds tool_calls: {NO_NATIVE_TOOLS}", param="messages")
+        calls = None
         if m.tool_calls and role == "assistant":
-            calls = []
-            for k, entry in enumerate(m.tool_calls):
-                call_id, call = _history_call(entry, f"messages[{i}].tool_calls[{k}]")
-                if call_id is not None:
-                    names[call_id] = call.name
-                calls.append(call)
-            content = tool_turns.calls_text(content, calls)
+            calls = [_history_call(entry, f"messages[{i}].tool_calls[{k}]") for k, entry in enumerate(m.tool_calls)]
+            names.update((c.id, c.name) for c in calls if c.id is not None)
         name = m.name if role == "tool" else None
-        if role == "tool" and tool_turns is not None:
-            name = name or names.get(m.tool_call_id or "")
-            content = tool_turns.result_text(content, name)
-        out.append(Message(role=role, content=content, name=name))
+        call_id = None
+        if role == "tool" and tools:
+            call_id = m.tool_call_id
+            name = name or names.get(call_id or "")
+        out.append(Message(role=role, content=content, name=name, tool_calls=calls, tool_call_id=call_id))
     return out
 
 
@@ -280,22 +264,22 @@ def _refuse_unappliable_defaults(body: ChatCompletionRequest, defaults: dict[str
 def to_generation(
     body: ChatCompletionRequest,
     max_new_tokens: int,
-    tool_turns: ToolTurns | None = None,
+    tools: bool = False,
     defaults: dict[str, float] | None = None,
 ) -> tuple[GenerationRequest, SamplingParams]:
     """The request as our GenerationRequest + SamplingParams (ServeError 400 when it cannot be
     served exactly). `max_new_tokens` applies when the body sets neither max token field.
-    With `tool_turns`, `tools` and `tool_choice` are accepted and the conversation's tool turns
-    written as text (the caller shows the tools to the model: `tool_schemas`). `defaults`: the
-    values of fields the body does not send (vLLM's --generation-config auto; ServedModels's
-    `sampling_defaults`), else OpenAI's."""
+    With `tools`, `tools` and `tool_choice` are accepted and the conversation's tool turns kept
+    as data on its Messages (the caller shows the tools to the model and writes those turns as
+    the model reads them: serve/tools.py). `defaults`: the values of fields the body does not
+    send (vLLM's --generation-config auto; ServedModels's `sampling_defaults`), else OpenAI's."""
     defaults = defaults or {}
-    _refuse_unless_neutral(body, tools=tool_turns is not None)
+    _refuse_unless_neutral(body, tools=tools)
     _refuse_unappliable_defaults(body, defaults)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = None if body.seed is None else body.seed % SEED_RANGE  # negative seeds wrap, as 64-bit integers do
     request = GenerationRequest(
-        messages=to_messages(body.messages, tool_turns),
+        messages=to_messages(body.messages, tools),
         max_new_tokens=body.max_completion_tokens or body.max_tokens or max_new_tokens,
         stop=[s for s in stop if s],
         seed=seed,

@@ -10,7 +10,7 @@ spec's `tool_protocol`) and `harnessrl serve` with `--enable-auto-tool-choice --
   only the block is added when there is none), and the format's stop strings;
 - the history: an assistant message's `tool_calls` written in the format's call syntax after its
   text, a `tool` message as the format's result text (the tool's name found through
-  `tool_call_id`);
+  `tool_call_id`), whether or not the request offers tools;
 - the reply: parsed with the format; the calls it found become the assistant message's
   `tool_calls` (arguments as a JSON string), the prose around them its `content`. A reply the
   format cannot parse, or one without a call, stays plain text.
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.harness.protocols import ParseResult, Protocol, get_protocol, protocol_names
+from harnessrl.harness.protocols import ParseResult, Protocol, get_protocol, protocol_names, read_reply
 from harnessrl.models.base import GenerationRequest
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, ToolTurns, tool_call_entries, tool_schemas
-from harnessrl.types import Message, ToolCall, ToolResult, ToolSchema
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, tool_call_entries, tool_schemas
+from harnessrl.types import Message, ModelCall, ToolCall, ToolResult, ToolSchema
 
 
 def check_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> str | None:
@@ -51,14 +51,14 @@ class PromptTools:
     """One tool-call format's way with a request's tools (see the module docstring).
 
     `native`: the backend takes tools natively (an `openai:` model on the recording endpoint):
-    the tools are passed on as they are and tool results stay their own text; replies still come
-    back as text in the format (the openai backend writes native calls back as json-protocol text).
+    the tools are passed on as they are, and the tool turns of the history stay data (the
+    backend sends them as its server's own tool calls and tool messages); its replies' calls come
+    back as data too (`ModelCall.tool_calls`).
     """
 
     def __init__(self, protocol: Protocol, *, native: bool = False):
         self.protocol = protocol
         self.native = native
-        self.turns = ToolTurns(calls_text=self.calls_text, result_text=self.result_text)
 
     @classmethod
     def named(cls, name: str) -> PromptTools:
@@ -68,20 +68,25 @@ class PromptTools:
         rendered = [self.protocol.render_call(c) for c in calls]
         return "\n".join([content.strip(), *rendered] if content.strip() else rendered)
 
-    def result_text(self, content: str, name: str | None) -> str:
-        if self.native:  # the openai backend sends it back as a native tool message
-            return content
-        return self.protocol.render_result(ToolResult(name=name or "tool", output=content))
+    def as_text(self, message: Message) -> Message:
+        """A message of the history as the model reads it: its tool turn in the format's text."""
+        if message.role == "assistant" and message.tool_calls:
+            return Message(role="assistant", content=self.calls_text(message.content, message.tool_calls))
+        if message.role == "tool":
+            result = ToolResult(name=message.name or "tool", output=message.content)
+            return Message(role="tool", content=self.protocol.render_result(result), name=message.name)
+        return message
 
     def with_tools(self, request: GenerationRequest, tools: list[ToolSchema]) -> GenerationRequest:
-        """The request with `tools` shown to the model: natively, or as the format's tool block at
-        the end of the system message (one is added when the request has none)."""
-        if not tools:
-            return request
+        """The request as the model gets it, `tools` shown: natively, or with the history's tool
+        turns written as the format's text and the format's tool block at the end of the system
+        message (one is added when the request has none)."""
         if self.native:
-            return request.model_copy(update={"tools": tools, "native_tools": True})
+            return request.model_copy(update={"tools": tools, "native_tools": True}) if tools else request
+        messages = [self.as_text(m) for m in request.messages]
+        if not tools:
+            return request.model_copy(update={"messages": messages})
         block = self.protocol.render_tools(tools)
-        messages = list(request.messages)
         if messages[0].role == "system":
             messages[0] = Message(role="system", content=f"{messages[0].content.rstrip()}\n\n{block}")
         else:
@@ -89,8 +94,9 @@ class PromptTools:
         stop = list(dict.fromkeys([*request.stop, *self.protocol.stop_strings()]))
         return request.model_copy(update={"messages": messages, "stop": stop})
 
-    def parse(self, text: str, tools: list[ToolSchema]) -> ParseResult:
-        return self.protocol.parse(text, tools)
+    def parse(self, call: ModelCall, tools: list[ToolSchema]) -> ParseResult:
+        """The calls of a reply: the backend's own when it returned them as data, else parsed."""
+        return read_reply(self.protocol, call, tools)
 
 
 def reply_message(parsed: ParseResult, ids: list[str]) -> dict | None:

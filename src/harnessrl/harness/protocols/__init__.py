@@ -21,6 +21,8 @@ What a parse means (the harness decides what to do with it):
 - `calls` non-empty, `error` None: the calls, in order;
 - `error` set: the reply tried to call a tool and that attempt could not be parsed (malformed);
 - neither: prose without any attempt at a call.
+`read_reply` reads a model reply the same way: the backend's own tool calls when it returned
+them as data (native function calling), else the protocol's parse of its text.
 
 `lenient=True` accepts near-misses a small model produces (alias keys, Python-ish dicts, bare
 tool names in backticks, unfenced code, ...); `lenient=False` accepts only the documented shape.
@@ -39,6 +41,7 @@ from harnessrl.harness.protocols.base import (
     MAX_SCAN_CHARS,
     ParseResult,
     Protocol,
+    read_reply,
 )
 from harnessrl.harness.protocols.code_format import CodeProtocol
 from harnessrl.harness.protocols.hermes_format import HermesProtocol
@@ -81,4 +84,5 @@ __all__ = [
     "protocol_class",
     "protocol_names",
     "protocol_plugins",
+    "read_reply",
 ]

@@ -16,11 +16,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from harnessrl.types import ToolCall, ToolResult, ToolSchema
+from harnessrl.types import ModelCall, ToolCall, ToolResult, ToolSchema
 
 MAX_SCAN_CHARS = 100_000  # text beyond this is ignored (calls that far out are never real)
 MAX_NESTING = 64  # deeper JSON / literal nesting is refused rather than recursed into
 MAX_CALLS_PER_REPLY = 32  # more calls than this in one completion is a malformed reply
+TOO_MANY_CALLS = f"too many tool calls in one reply (at most {MAX_CALLS_PER_REPLY})"
 
 
 @dataclass
@@ -92,8 +93,22 @@ class Protocol(ABC):
                 error = f"the tool call is not in the exact format; write {self.shape}"
                 result = ParseResult(error=error, thought=result.thought)
         if len(result.calls) > MAX_CALLS_PER_REPLY:
-            result.error = f"too many tool calls in one reply (at most {MAX_CALLS_PER_REPLY})"
+            result.error = TOO_MANY_CALLS
         return result
 
     @abstractmethod
     def _parse(self, text: str, tools: list[ToolSchema] | None) -> ParseResult: ...
+
+
+def read_reply(protocol: Protocol, call: ModelCall, tools: list[ToolSchema] | None = None) -> ParseResult:
+    """The calls of one model reply, read as a parse: the backend's own when it returned them as
+    data (native function calling: `call.tool_calls`, the text then being the prose around them),
+    else what `protocol` parses out of the reply's text."""
+    if call.tool_call_error is not None:
+        return ParseResult(error=call.tool_call_error, thought=call.text.strip())
+    if not call.tool_calls:
+        return protocol.parse(call.text, tools)
+    result = ParseResult(calls=list(call.tool_calls), thought=call.text.strip())
+    if len(result.calls) > MAX_CALLS_PER_REPLY:
+        result.error = TOO_MANY_CALLS
+    return result
