@@ -1,4 +1,4 @@
-"""No import cycle inside the harnessrl package.
+"""No import cycle inside the harnessrl package, and the layering rule between its layers.
 
 The graph is read from the source with `ast` (nothing is imported): one node per module, one edge
 per import of another harnessrl module. Every import counts, wherever it stands: at module level,
@@ -22,6 +22,13 @@ import harnessrl
 
 PACKAGE_DIR = Path(harnessrl.__file__).parent
 PACKAGE = PACKAGE_DIR.name
+
+# The layering rule: modules under these packages import nothing from the packages named (any
+# import, deferred or type-only included). Models are a door to a model: they know nothing of the
+# harnesses that prompt them or the tasks those harnesses run.
+FORBIDDEN_IMPORTS: dict[str, tuple[str, ...]] = {
+    f"{PACKAGE}.models": (f"{PACKAGE}.harness", f"{PACKAGE}.tasks"),
+}
 
 # Cycles tolerated for now: none. An entry would have to name a real cycle (the test fails on an
 # entry that no longer matches one), so this list can only shrink.
@@ -157,6 +164,28 @@ def test_no_cycle_among_imports_that_run_at_import_time():
     assert not found, "\n".join(f"{sorted(c)}: {describe(c, graph)}" for c in found)
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layering_violations(graph: dict[str, list[Edge]], rules: dict[str, tuple[str, ...]]) -> list[str]:
+    """'importer -> imported (path:line)' for every import a layering rule forbids."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        for layer, forbidden in rules.items():
+            if not _inside(module, layer):
+                continue
+            for e in edges:
+                if any(_inside(e.target, f) for f in forbidden):
+                    found.append(f"{module} -> {e.target} ({e.where})")
+    return found
+
+
+def test_models_import_nothing_of_harnesses_or_tasks():
+    found = layering_violations(import_graph(PACKAGE_DIR), FORBIDDEN_IMPORTS)
+    assert not found, "imports the layering rule forbids:\n" + "\n".join(f"  {v}" for v in found)
+
+
 # ------------------------------------------------------------------------------------------------
 # The graph reader itself, on a small package written for the test.
 
@@ -208,3 +237,30 @@ def test_reader_resolves_names_and_leaves_out_other_packages(tmp_path):
     assert [e.target for e in graph["harnessrl.y"]] == ["harnessrl.x", "harnessrl.x"]
     assert {e.target for e in graph["harnessrl.x"]} == {"harnessrl"}
     assert cycles(graph) == [frozenset({"harnessrl", "harnessrl.x"})]
+
+
+def test_layering_rule_sees_every_kind_of_forbidden_import(tmp_path):
+    pkg = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "types.py": "",
+            "harness/__init__.py": "",
+            "harness/protocols.py": "",
+            "tasks/__init__.py": "",
+            "tasks/base.py": "",
+            "models/__init__.py": "from harnessrl.types import *\n",
+            "models/plain.py": "from harnessrl.harness.protocols import x\n",
+            "models/deferred.py": "def f():\n    import harnessrl.tasks.base\n",
+            "models/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tasks import base\n",
+            "models/sub/__init__.py": "from harnessrl import harness\n",
+            "harness/loops.py": "from harnessrl.models import plain\n",  # the other direction is allowed
+        },
+    )
+    found = layering_violations(import_graph(pkg), FORBIDDEN_IMPORTS)
+    assert found == [
+        "harnessrl.models.deferred -> harnessrl.tasks.base (harnessrl/models/deferred.py:2)",
+        "harnessrl.models.plain -> harnessrl.harness.protocols (harnessrl/models/plain.py:1)",
+        "harnessrl.models.sub -> harnessrl.harness (harnessrl/models/sub/__init__.py:1)",
+        "harnessrl.models.typed -> harnessrl.tasks.base (harnessrl/models/typed.py:3)",
+    ]
