@@ -295,6 +295,22 @@ def test_make_scheduler_errors(call, message):
         call()
 
 
+def test_every_known_scheduler_is_described_and_built():
+    """The names `--scheduler` takes: each is described in the module docstring and the docs table
+    of docs/training.md, and builds (NAME and the ratio's weights filled in)."""
+    import re
+    from pathlib import Path
+
+    from harnessrl.train import schedulers
+
+    table = (Path(__file__).parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    for name in schedulers.KNOWN_SCHEDULERS:
+        assert re.search(rf"\n  {re.escape(name)}\s", schedulers.__doc__ or ""), name
+        assert f"| `{name}` |" in table, name
+        built = name.replace("NAME", "a").replace("H1=W1,H2=W2,...", "a=1,b=1")
+        assert make_scheduler(built, ["a", "b"]).name == built
+
+
 def test_observe_checks_its_input():
     sched = make_scheduler("harness-bandit", ["a", "b"])
     with pytest.raises(ValueError, match="unknown harness"):
@@ -356,7 +372,11 @@ def test_each_baseline_runs_in_the_trainer(name, tmp_path):
         assert set(picked) == {"json-tools", "react"}  # both tried first
         assert sched.count == {h: 8 * n for h, n in picked.items()} and sched.total == 16
     elif name == "sec":
-        assert sched.count == {h: picked.get(h, 0) for h in sched.harnesses}
+        # one observation per step, of the picked harness's mean |A|: Q follows the TD(0) rule
+        expected = {h: 0.0 for h in sched.harnesses}
+        for r in records:
+            expected[r["harness"]] += sched.alpha * (r["adv_abs_mean"] - expected[r["harness"]])
+        assert sched.q == pytest.approx(expected)
         assert any(q != 0 for q in sched.q.values()) == any(r["adv_abs_mean"] for r in records)
     else:  # lilo: the trainer passed each step's scores
         for h in sched.harnesses:

@@ -5,9 +5,8 @@ One idea per file:
   grpo.py        group advantages, training units (one per model call), padding,
                  teacher-forced token log-probs and the clipped GRPO/DAPO loss
   sketch.py      GradientSketch: a seeded linear projection of gradients to a few hundred numbers
-  schedulers.py  which harness collects the next batch: mixed, uniform, round-robin, single:NAME,
-                 ratio:H=W,..., harness-bandit (and its learnability-only / transfer-only
-                 ablations), and the field's bandits dump-ucb, sec and lilo
+  schedulers.py  which harness collects the next batch: HarnessBandit, its ablations and the
+                 baselines (`KNOWN_SCHEDULERS` names them all, the module docstring describes each)
 
   step.py        one step's pieces: the plan (harness, tasks), group advantages and units, the
                  step's statistics, the scheduler's observation (typed records)

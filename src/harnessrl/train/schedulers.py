@@ -17,7 +17,8 @@ Names for `make_scheduler(name, harnesses, seed, **options)`:
   harness-bandit     HarnessBanditScheduler: learnability + transferability (see the class)
   learnability-only  the same with learnability_weight = 1 (ablation)
   transfer-only      the same with learnability_weight = 0 (ablation)
-  ratio:H1=W1,...    every step a mixture with shares proportional to fixed weights
+  ratio:H1=W1,H2=W2,...
+                     every step a mixture with shares proportional to fixed weights
   dump-ucb           one harness, by a UCB on the windowed mean |advantage| (DUMP)
   sec                one harness, Boltzmann over a TD(0) estimate of the mean |advantage| (SEC)
   lilo               one harness, proportional to the success variance p(1 - p) (LILO)
@@ -260,19 +261,14 @@ class HarnessBanditScheduler(Scheduler):
 
     def probabilities(self) -> dict[str, float]:
         log_n = math.log(self.total + 1)
-        logits = [
-            (self.score[h] + self.bonus * math.sqrt(log_n / (1 + self.count[h]))) / self.temperature
+        logits = {
+            h: (self.score[h] + self.bonus * math.sqrt(log_n / (1 + self.count[h]))) / self.temperature
             for h in self.harnesses
-        ]
-        top = max(logits)  # subtract the max: exp never overflows
-        weights = [math.exp(z - top) for z in logits]
-        total = sum(weights)
-        K = len(self.harnesses)
-        return {h: (1 - K * self.floor) * wt / total + self.floor for h, wt in zip(self.harnesses, weights)}
+        }
+        return _floored(_softmax(logits), self.floor)
 
     def select(self, step: int) -> Selection:
-        probs = self.probabilities()
-        return Selection.one(self.rng.choices(self.harnesses, weights=[probs[h] for h in self.harnesses])[0])
+        return _draw(self.rng, self.probabilities())
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -430,13 +426,11 @@ class SecScheduler(Scheduler):
         self.alpha = _option("alpha", alpha, 0.0, 1.0, low_open=True)
         self.tau = _option("tau", tau, 0.0, math.inf, low_open=True)
         self.q = {h: 0.0 for h in self.harnesses}
-        self.count = {h: 0 for h in self.harnesses}
 
     def _observe(self, harness: str, advantages: Advantages, sketch: Tensor | None, rewards: Rewards | None) -> None:
         values = _abs_advantages(harness, advantages)
         reward = math.fsum(values) / len(values)
         self.q[harness] += self.alpha * (reward - self.q[harness])
-        self.count[harness] += 1
 
     def probabilities(self) -> dict[str, float]:
         return _softmax({h: q / self.tau for h, q in self.q.items()})
@@ -445,12 +439,11 @@ class SecScheduler(Scheduler):
         return _draw(self.rng, self.probabilities())
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "q": dict(self.q), "count": dict(self.count)}
+        return {**super().state_dict(), "q": dict(self.q)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        super().load_state_dict(state)  # (a "count" that older checkpoints hold is not read)
         self.q = self._per_harness(state["q"], float)
-        self.count = self._per_harness(state["count"], int)
 
 
 class LiloScheduler(_EpisodeWindows):
@@ -496,8 +489,7 @@ class LiloScheduler(_EpisodeWindows):
         values = self.learnability()
         total = math.fsum(values.values())
         K = len(self.harnesses)
-        q = {h: v / total if total > 0 else 1.0 / K for h, v in values.items()}
-        return {h: (1 - K * self.floor) * q[h] + self.floor for h in self.harnesses}
+        return _floored({h: values[h] / total if total > 0 else 1.0 / K for h in self.harnesses}, self.floor)
 
     def select(self, step: int) -> Selection:
         return _draw(self.rng, self.probabilities())
@@ -518,6 +510,11 @@ def _softmax(logits: dict[str, float]) -> dict[str, float]:
     weights = {h: math.exp(z - top) for h, z in logits.items()}
     total = math.fsum(weights.values())
     return {h: w / total for h, w in weights.items()}
+
+
+def _floored(q: dict[str, float], floor: float) -> dict[str, float]:
+    """(1 - K * floor) * q_h + floor for each of the K harnesses: every probability >= floor."""
+    return {h: (1 - len(q) * floor) * p + floor for h, p in q.items()}
 
 
 def _draw(rng: random.Random, probabilities: dict[str, float]) -> Selection:
