@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from harnessrl.triage import CLASSES, first_failure_signal, triage
+import dataclasses
+
+from harnessrl.triage import CLASSES, HarnessTriage, first_failure_signal, triage, triage_by_harness
 from harnessrl.types import (
     ActionKind,
     BlockReason,
@@ -249,3 +251,17 @@ def test_infra_and_aggregate():
     assert set(res["counts"]) == set(CLASSES)
     assert {e["class"] for e in res["episodes"]} == {"infra", "content", "budget_exhausted"}
     assert all({"episode_id", "class", "step", "evidence"} <= set(e) for e in res["episodes"])
+
+
+def test_the_typed_triage_is_what_triage_json_holds_and_a_harness_without_episodes_has_its_shape():
+    ok = traj([step(0, call("submit"))], submitted=True, termination=Termination.submitted, score=1.0, passed=True)
+    content = traj([step(0, call("submit"))], submitted=True, termination=Termination.submitted, score=0.0)
+    typed = triage_by_harness([ok, content])["h"]
+    assert isinstance(typed, HarnessTriage) and [v.cls for v in typed.episodes] == ["content"]
+    as_json = triage([ok, content])["h"]
+    assert as_json == typed.to_json() and list(as_json) == [f.name for f in dataclasses.fields(HarnessTriage)]
+    # the report and the evolution fall back to the empty triage: the same keys, every count 0
+    empty = HarnessTriage.empty().to_json()
+    assert list(empty) == list(as_json) and set(empty["counts"]) == set(CLASSES)
+    assert empty["n_episodes"] == empty["n_failed"] == sum(empty["counts"].values()) == 0
+    assert empty["process_share"] is None and empty["rates"]["content"] is None and empty["episodes"] == []

@@ -51,16 +51,16 @@ def verdict(diff: dict[str, Any] | None) -> str:
 
 def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
     """One cell's record (summary metrics and triage) and, kept apart for the paired comparisons,
-    its per-task score and per-task share of valid episodes ending in each failure class."""
+    its per-task score and per-task share of valid episodes ending in each failure class. A cell
+    is one harness's episodes."""
     from harnessrl.metrics import summarize_harness, task_scores
-    from harnessrl.triage import CONTENT, PROCESS, first_failure_signal, triage
+    from harnessrl.triage import CONTENT, PROCESS, HarnessTriage, triage_by_harness
 
     summary = summarize_harness(trajectories, attempts)
-    tri = next(iter(triage(trajectories).values()), None) or {}
-    n_valid = tri.get("n_valid", 0)
-    counts = tri.get("counts", {})
-    process = sum(counts.get(c, 0) for c in PROCESS)
-    content = sum(counts.get(c, 0) for c in CONTENT)
+    tri = next(iter(triage_by_harness(trajectories).values()), None) or HarnessTriage.empty()
+    n_valid, counts = tri.n_valid, tri.counts
+    process = sum(counts[c] for c in PROCESS)
+    content = sum(counts[c] for c in CONTENT)
     record = {
         "n_tasks": summary["n_tasks"],
         "n_episodes": summary["n_episodes"],
@@ -74,10 +74,10 @@ def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
         "delivery_rate": summary["delivery_rate"],
         "triage": {
             "n_valid": n_valid,
-            "n_failed": tri.get("n_failed", 0),
-            "counts": {c: counts.get(c, 0) for c in PROCESS + CONTENT},
-            "process_share": tri.get("process_share"),
-            "content_share": tri.get("content_share"),
+            "n_failed": tri.n_failed,
+            "counts": {c: counts[c] for c in PROCESS + CONTENT},
+            "process_share": tri.process_share,
+            "content_share": tri.content_share,
             "process_rate": process / n_valid if n_valid else None,
             "content_rate": content / n_valid if n_valid else None,
         },
@@ -86,13 +86,12 @@ def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
     valid: dict[str, int] = defaultdict(int)
     hits: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for t in trajectories:
-        if t.is_infra_error:
-            continue
-        valid[t.task_id] += 1
-        v = first_failure_signal(t)
-        if v is not None and v.kind != "infra":
+        if not t.is_infra_error:
+            valid[t.task_id] += 1
+    for v in tri.episodes:
+        if v.kind != "infra":
             for key in {v.cls, v.kind}:  # the content class shares its name with its kind: count it once
-                hits[t.task_id][key] += 1
+                hits[v.task_id][key] += 1
     rates = {
         key: {task: hits[task][key] / n for task, n in valid.items()}
         for key in (*PROCESS, *CONTENT, "process", "content")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterable
 
@@ -173,43 +173,73 @@ def first_failure_signal(traj: Trajectory) -> Verdict | None:
     return verdict("content", last, f"delivered; score {score:.2f} < {threshold:.2f}" + (f" ({subs})" if subs else ""))
 
 
-def triage(trajectories: Iterable[Trajectory]) -> dict:
-    """Per harness: counts and rates of each class, process vs content share, and the verdicts.
+@dataclass
+class HarnessTriage:
+    """One harness's triage: one entry of triage.json (`to_json`), and what the report and the
+    evolution's proposers read. Rates are over the failed episodes that are not infrastructure
+    errors; `n_valid` also counts passed episodes, so `counts[c] / n_valid` is the class's share
+    of all valid episodes."""
 
-    Rates are over the failed episodes that are not infrastructure errors; `n_valid` also counts
-    passed episodes, so `count / n_valid` is the class's share of all valid episodes.
-    """
-    per: dict[str, dict] = {}
-    for t in trajectories:
-        h = per.setdefault(
-            t.harness, {"n_episodes": 0, "n_valid": 0, "n_passed": 0, "counts": Counter(), "episodes": []}
-        )
-        h["n_episodes"] += 1
-        v = first_failure_signal(t)
-        if not t.is_infra_error:
-            h["n_valid"] += 1
-        if v is None:
-            h["n_passed"] += 1
-            continue
-        h["counts"][v.cls] += 1
-        h["episodes"].append(v.to_json())
-    out = {}
-    for name, h in sorted(per.items()):
-        counts = {c: h["counts"].get(c, 0) for c in CLASSES}
+    n_episodes: int  # every episode, infrastructure errors included
+    n_valid: int  # episodes that are not infrastructure errors
+    n_passed: int
+    n_failed: int  # valid episodes that did not pass (each has one process or content class)
+    counts: dict[str, int]  # class -> episodes, for every class of CLASSES (infra included)
+    rates: dict[str, float | None]  # process and content class -> share of n_failed; None without failures
+    process_share: float | None  # share of n_failed with a process class; None without failures
+    content_share: float | None
+    episodes: list[Verdict]  # the verdict of every episode that did not pass, infrastructure errors included
+
+    @classmethod
+    def of(cls, n_episodes: int, n_valid: int, verdicts: list[Verdict]) -> HarnessTriage:
+        """The triage of `n_episodes` episodes (`n_valid` of them valid) whose failures are `verdicts`."""
+        found = Counter(v.cls for v in verdicts)
+        counts = {c: found.get(c, 0) for c in CLASSES}
         n_failed = sum(counts[c] for c in PROCESS + CONTENT)
         process = sum(counts[c] for c in PROCESS)
-        out[name] = {
-            "n_episodes": h["n_episodes"],
-            "n_valid": h["n_valid"],
-            "n_passed": h["n_passed"],
-            "n_failed": n_failed,
-            "counts": counts,
-            "rates": {c: (counts[c] / n_failed if n_failed else None) for c in PROCESS + CONTENT},
-            "process_share": process / n_failed if n_failed else None,
-            "content_share": counts["content"] / n_failed if n_failed else None,
-            "episodes": h["episodes"],
+        return cls(
+            n_episodes=n_episodes,
+            n_valid=n_valid,
+            n_passed=n_episodes - len(verdicts),
+            n_failed=n_failed,
+            counts=counts,
+            rates={c: (counts[c] / n_failed if n_failed else None) for c in PROCESS + CONTENT},
+            process_share=process / n_failed if n_failed else None,
+            content_share=counts["content"] / n_failed if n_failed else None,
+            episodes=verdicts,
+        )
+
+    @classmethod
+    def empty(cls) -> HarnessTriage:
+        """The triage of a harness without episodes."""
+        return cls.of(0, 0, [])
+
+    def to_json(self) -> dict:
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "episodes": [v.to_json() for v in self.episodes],
         }
-    return out
+
+
+def triage_by_harness(trajectories: Iterable[Trajectory]) -> dict[str, HarnessTriage]:
+    """Per harness (sorted by name): its `HarnessTriage`."""
+    episodes: Counter[str] = Counter()
+    valid: Counter[str] = Counter()
+    verdicts: dict[str, list[Verdict]] = {}
+    for t in trajectories:
+        episodes[t.harness] += 1
+        valid[t.harness] += not t.is_infra_error
+        v = first_failure_signal(t)
+        failed = verdicts.setdefault(t.harness, [])
+        if v is not None:
+            failed.append(v)
+    return {h: HarnessTriage.of(episodes[h], valid[h], verdicts[h]) for h in sorted(verdicts)}
+
+
+def triage(trajectories: Iterable[Trajectory]) -> dict[str, dict]:
+    """Per harness: counts and rates of each class, process vs content share, and the verdicts,
+    as triage.json holds them (`HarnessTriage.to_json`)."""
+    return {h: tri.to_json() for h, tri in triage_by_harness(trajectories).items()}
 
 
 def write_triage(result: dict, folder: str | Path) -> Path:

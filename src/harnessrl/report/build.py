@@ -24,7 +24,7 @@ from harnessrl.report.episodes import PAGE_SIZE, EpisodeWriter
 from harnessrl.report.page import render_index
 from harnessrl.report.rundata import RunData
 from harnessrl.store import DB_NAME, RunStore, StoreError
-from harnessrl.triage import CLASSES, triage, write_triage
+from harnessrl.triage import CLASSES, HarnessTriage, triage_by_harness, write_triage
 
 MARKER = ".harnessrl-report"  # a folder with this file is a report we may overwrite
 STATIC_FILES = ("report.css", "viewer.js")
@@ -81,28 +81,15 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
         for h in harnesses:
             trajs = list(store.trajectories(harness=h, with_tokens=False))
             data.summaries[h] = harness_summary(trajs, attempts)
-            tri = triage(trajs).get(h)
-            data.triage[h] = tri or {
-                "n_episodes": 0, "n_valid": 0, "n_passed": 0, "n_failed": 0,
-                "counts": {c: 0 for c in CLASSES}, "rates": {}, "process_share": None, "content_share": None,
-                "episodes": [],
-            }  # fmt: skip
+            tri = triage_by_harness(trajs).get(h) or HarnessTriage.empty()
+            data.triage[h] = tri.to_json()
             data.task_scores[h] = task_scores(trajs)
-            verdicts = {v["episode_id"]: v for v in data.triage[h]["episodes"]}
+            verdicts = {v.episode_id: v for v in tri.episodes}
             lengths = store.completion_lengths(h)
             for t in trajs:
                 data.families.add(t.family)
                 v = verdicts.get(t.episode_id)
-                shown = (
-                    None
-                    if v is None
-                    else {
-                        "class": v["class"],
-                        "kind": plots.class_kind(v["class"]),
-                        "step": v["step"],
-                        "evidence": v["evidence"],
-                    }
-                )
+                shown = None if v is None else {"class": v.cls, "kind": v.kind, "step": v.step, "evidence": v.evidence}
                 writer.add(t, shown, run=label, subdir=label, completion_tokens=lengths.get(t.episode_id))
             del trajs
     finally:
