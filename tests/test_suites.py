@@ -3,6 +3,7 @@ disjoint and deterministic."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -423,3 +424,30 @@ def test_submit_tool_is_the_shared_one(suites):
     for name in SUITES:
         task = suites[name].tasks("dev", 1)[0]
         assert task.tool("submit") is SUBMIT_TOOL
+
+
+# -- instances stay the same across versions ----------------------------------------------------
+
+DIGESTS = os.path.join(os.path.dirname(__file__), "fixtures", "suite_digests.json")
+
+
+def _digest(tasks: list[Task]) -> str:
+    records = [
+        {"id": t.id, "family": t.family, "seed": t.seed, "instruction": t.instruction, "data": t.data}
+        | {"solution": t.solution, "fingerprint": t.fingerprint}
+        for t in tasks
+    ]
+    return hashlib.sha256(json.dumps(records, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["workspace", "toolcalc", "browse", "planning"])
+def test_instances_are_the_recorded_ones(name):
+    """A (suite, split, index) rebuilds the instance of earlier versions, so scores of runs made
+    with different versions compare. A change that means to alter the instances (a new word in a
+    pool, another family) updates tests/fixtures/suite_digests.json and says so."""
+    with open(DIGESTS, encoding="utf-8") as f:
+        recorded = json.load(f)[name]
+    suite = get_suite(name).__class__()
+    got = {"test": _digest(suite.tasks("test")), "dev": _digest(suite.tasks("dev"))}
+    got["train[:200]"] = _digest(suite.tasks("train", 200))
+    assert got == recorded

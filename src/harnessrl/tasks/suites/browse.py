@@ -33,193 +33,22 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlsplit
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.suites.pools import load_pools
 from harnessrl.tasks.suites.toolcalc import fmt_number, numeric_check, text_matches
 
 PAGE_SIZE = 4  # items per listing page: small pages keep observations short for a 135M model
 MAX_SEARCH_RESULTS = 8
 
-CATEGORIES: dict[str, list[str]] = {
-    "garden": [
-        "Planter",
-        "Hose",
-        "Trowel",
-        "Rake",
-        "Shears",
-        "Bench",
-        "Lantern",
-        "Birdhouse",
-        "Sprinkler",
-        "Wheelbarrow",
-        "Trellis",
-        "Watering Can",
-    ],
-    "kitchen": [
-        "Kettle",
-        "Skillet",
-        "Whisk",
-        "Teapot",
-        "Colander",
-        "Grater",
-        "Ladle",
-        "Mixer",
-        "Toaster",
-        "Cutting Board",
-        "Blender",
-        "Spatula",
-    ],
-    "office": [
-        "Stapler",
-        "Desk Lamp",
-        "Notebook",
-        "Binder",
-        "Monitor Stand",
-        "Pen Set",
-        "Paper Tray",
-        "Whiteboard",
-        "Desk Chair",
-        "Calculator",
-        "Label Maker",
-        "Bookend",
-    ],
-    "toys": [
-        "Kite",
-        "Puzzle",
-        "Yo-Yo",
-        "Robot",
-        "Train Set",
-        "Doll House",
-        "Spinning Top",
-        "Marble Run",
-        "Rocking Horse",
-        "Block Set",
-        "Jigsaw",
-        "Race Car",
-    ],
-    "outdoor": [
-        "Tent",
-        "Backpack",
-        "Sleeping Bag",
-        "Camp Stove",
-        "Compass",
-        "Water Bottle",
-        "Headlamp",
-        "Hammock",
-        "Cooler",
-        "Trekking Poles",
-        "Tarp",
-        "Camp Chair",
-    ],
-    "bath": [
-        "Towel",
-        "Bath Mat",
-        "Soap Dish",
-        "Shower Caddy",
-        "Mirror",
-        "Robe",
-        "Toothbrush Cup",
-        "Loofah",
-        "Bath Tray",
-        "Hamper",
-        "Sponge",
-        "Shelf",
-    ],
-}
-MATERIALS = [
-    "Cedar",
-    "Oak",
-    "Copper",
-    "Steel",
-    "Bamboo",
-    "Linen",
-    "Granite",
-    "Walnut",
-    "Ceramic",
-    "Brass",
-    "Canvas",
-    "Maple",
-    "Cobalt",
-    "Amber",
-    "Velvet",
-    "Slate",
-    "Ivory",
-    "Pine",
-    "Marble",
-    "Willow",
-    "Crimson",
-    "Silver",
-]
-BRANDS = ["Fenmark", "Oakhill", "Brightway", "Norvale", "Kestrel", "Lumora", "Tidewell", "Harrow", "Quillon", "Ardent"]
-FIRST_NAMES = [
-    "Kate",
-    "John",
-    "Maria",
-    "Omar",
-    "Lena",
-    "Paul",
-    "Aisha",
-    "Ben",
-    "Chloe",
-    "David",
-    "Eva",
-    "Felix",
-    "Grace",
-    "Hugo",
-    "Iris",
-    "Jonas",
-    "Mia",
-    "Noah",
-    "Rosa",
-    "Theo",
-]
-SURNAMES = [
-    "Miller",
-    "Doe",
-    "Garcia",
-    "Haddad",
-    "Novak",
-    "Reed",
-    "Khan",
-    "Stone",
-    "Park",
-    "Lind",
-    "Moreau",
-    "Weber",
-    "Quinn",
-    "Vidal",
-    "Ito",
-    "Berg",
-    "Costa",
-    "Nash",
-    "Olsen",
-    "Price",
-    "Tan",
-    "Young",
-]
+_POOLS = load_pools("browse")  # package data: suites/data/browse.json
+CATEGORIES: dict[str, list[str]] = _POOLS["categories"]  # category -> product kinds
+MATERIALS: list[str] = _POOLS["materials"]
+BRANDS: list[str] = _POOLS["brands"]
+FIRST_NAMES: list[str] = _POOLS["first_names"]
+SURNAMES: list[str] = _POOLS["surnames"]
 STATUSES = ["processing", "shipped", "delivered"]
-DAMAGES = ["cracked", "scratched", "dented", "torn", "bent", "leaking", "faded", "chipped"]
-TOPICS = [
-    "Gift ideas",
-    "Delivery times",
-    "Spring sale",
-    "Favourite buys",
-    "Storage tips",
-    "Product care",
-    "New arrivals",
-    "Weekend projects",
-    "Returns question",
-    "Best value picks",
-]
-POST_TEMPLATES = [
-    "I love my {product}.",
-    "Is the {product} worth it?",
-    "The {product} is good value.",
-    "Mine arrived on time.",
-    "Thanks for the tip!",
-    "When is the {product} back in stock?",
-    "I gave the {product} as a gift.",
-    "Same here.",
-    "The {product} looks nice in person.",
-]
+DAMAGES: list[str] = _POOLS["damages"]
+TOPICS: list[str] = _POOLS["topics"]
+POST_TEMPLATES: list[str] = _POOLS["post_templates"]
 
 
 def money(cents: int) -> str:

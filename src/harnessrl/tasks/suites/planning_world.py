@@ -20,53 +20,15 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-CITIES = [
-    "Lisbon",
-    "Oslo",
-    "Lima",
-    "Hanoi",
-    "Quito",
-    "Dakar",
-    "Tbilisi",
-    "Porto",
-    "Krakow",
-    "Osaka",
-    "Perth",
-    "Accra",
-    "Bergen",
-    "Valencia",
-    "Tallinn",
-    "Riga",
-    "Zagreb",
-    "Seville",
-    "Bilbao",
-    "Kyoto",
-    "Izmir",
-    "Geneva",
-    "Vienna",
-    "Ghent",
-]
-CUISINES = ["Italian", "Japanese", "Indian", "Mexican", "Thai", "French", "Greek", "Lebanese", "Korean", "Spanish"]
+from harnessrl.tasks.suites.pools import load_pools
+
+_POOLS = load_pools("planning")  # package data: suites/data/planning.json
+CITIES: list[str] = _POOLS["cities"]
+CUISINES: list[str] = _POOLS["cuisines"]
 WEEKDAYS = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
-ADJECTIVES = ["Blue", "Golden", "Quiet", "Royal", "Old", "Green", "Silver", "Little", "Grand", "Red", "North", "Sunny"]
-SIGHTS = [
-    "Museum of Glass",
-    "Old Fortress",
-    "Botanical Garden",
-    "City Aquarium",
-    "Art Gallery",
-    "Cathedral",
-    "Science Centre",
-    "Royal Palace",
-    "Maritime Museum",
-    "Sky Tower",
-    "Puppet Theatre",
-    "Old Market Hall",
-    "Photo Museum",
-    "Lighthouse",
-    "Zoo",
-    "Design Museum",
-]
+ADJECTIVES: list[str] = _POOLS["adjectives"]
+SIGHTS: list[str] = _POOLS["sights"]
+
 
 MEAL_MINUTES = 60  # every meal takes one hour
 VISIT_MINUTES = (60, 90, 120)  # what an attraction's visit can last

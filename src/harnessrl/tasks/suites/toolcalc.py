@@ -19,6 +19,7 @@ import re
 from typing import Any, Callable
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.suites.pools import load_pools
 
 # -- number formatting and lenient parsing ------------------------------------------------------
 
@@ -237,28 +238,8 @@ def add_then_multiply(rng: random.Random) -> dict[str, Any]:
     }
 
 
-ITEMS = [
-    ("apple", "apples"),
-    ("pencil", "pencils"),
-    ("notebook", "notebooks"),
-    ("box", "boxes"),
-    ("candle", "candles"),
-    ("mug", "mugs"),
-    ("ticket", "tickets"),
-    ("lemon", "lemons"),
-    ("battery", "batteries"),
-    ("towel", "towels"),
-    ("bottle", "bottles"),
-    ("stamp", "stamps"),
-    ("brush", "brushes"),
-    ("cookie", "cookies"),
-    ("sandwich", "sandwiches"),
-    ("plate", "plates"),
-    ("glove", "gloves"),
-    ("rope", "ropes"),
-    ("lamp", "lamps"),
-    ("cable", "cables"),
-]
+_POOLS = load_pools("toolcalc")  # package data: suites/data/toolcalc.json
+ITEMS: list[tuple[str, str]] = [(single, plural) for single, plural in _POOLS["items"]]
 
 
 def _price_table(rng: random.Random) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -310,32 +291,7 @@ def price_times_quantity(rng: random.Random) -> dict[str, Any]:
     }
 
 
-_SYLLABLES = [
-    "ka",
-    "lo",
-    "mi",
-    "ra",
-    "ten",
-    "vor",
-    "sha",
-    "el",
-    "dun",
-    "bri",
-    "zel",
-    "mar",
-    "to",
-    "ni",
-    "qua",
-    "ver",
-    "os",
-    "tal",
-    "ru",
-    "fen",
-    "gor",
-    "pa",
-    "sil",
-    "um",
-]
+_SYLLABLES: list[str] = _POOLS["syllables"]
 
 
 def _made_up_name(rng: random.Random, syllables: int, suffix: str = "") -> str:

@@ -21,191 +21,23 @@ import re
 from typing import Any, Callable
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, solution_call
+from harnessrl.tasks.suites.pools import load_pools
 from harnessrl.tasks.workspace import WORKSPACE_TOOLS
 
-# -- word pools ---------------------------------------------------------------------------------
+# -- word pools (package data: suites/data/workspace.json) ----------------------------------------
 
-NAMES = [
-    "Alice",
-    "Bruno",
-    "Carla",
-    "Dmitri",
-    "Elena",
-    "Farid",
-    "Grace",
-    "Hugo",
-    "Ines",
-    "Jonas",
-    "Kenji",
-    "Lena",
-    "Marco",
-    "Nadia",
-    "Omar",
-    "Priya",
-    "Quentin",
-    "Rosa",
-    "Samir",
-    "Tara",
-    "Umar",
-    "Vera",
-    "Wen",
-    "Ximena",
-    "Yusuf",
-    "Zoe",
-]
-CITIES = [
-    "Lisbon",
-    "Oslo",
-    "Nairobi",
-    "Lima",
-    "Hanoi",
-    "Quito",
-    "Dakar",
-    "Tbilisi",
-    "Porto",
-    "Krakow",
-    "Cusco",
-    "Osaka",
-    "Perth",
-    "Accra",
-    "Bergen",
-    "Valencia",
-    "Medellin",
-    "Tallinn",
-    "Riga",
-    "Zagreb",
-    "Seville",
-    "Bilbao",
-    "Kyoto",
-    "Izmir",
-]
-NOUNS = [
-    "acorn",
-    "anchor",
-    "apple",
-    "badger",
-    "banana",
-    "beacon",
-    "birch",
-    "candle",
-    "canyon",
-    "cedar",
-    "cloud",
-    "cobalt",
-    "comet",
-    "copper",
-    "daisy",
-    "delta",
-    "dune",
-    "ember",
-    "falcon",
-    "fern",
-    "flint",
-    "garnet",
-    "glacier",
-    "grove",
-    "harbor",
-    "hazel",
-    "heron",
-    "iris",
-    "island",
-    "ivory",
-    "jasper",
-    "juniper",
-    "kettle",
-    "lantern",
-    "lemon",
-    "lotus",
-    "mango",
-    "maple",
-    "meadow",
-    "nectar",
-    "nickel",
-    "oasis",
-    "olive",
-    "onyx",
-    "orchid",
-    "pebble",
-    "pepper",
-    "plum",
-    "quartz",
-    "quill",
-    "raven",
-    "ridge",
-    "river",
-    "saffron",
-    "sage",
-    "salmon",
-    "thistle",
-    "thorn",
-    "tulip",
-    "umber",
-    "valley",
-    "velvet",
-    "violet",
-    "walnut",
-    "willow",
-    "yarrow",
-    "zephyr",
-    "zinc",
-]
-GROCERIES = [
-    "apples",
-    "bread",
-    "butter",
-    "carrots",
-    "cheese",
-    "coffee",
-    "eggs",
-    "flour",
-    "garlic",
-    "honey",
-    "lemons",
-    "milk",
-    "oats",
-    "olives",
-    "onions",
-    "pasta",
-    "pears",
-    "rice",
-    "salt",
-    "spinach",
-    "sugar",
-    "tea",
-    "tomatoes",
-    "yogurt",
-]
-FOLDERS = [
-    "notes",
-    "docs",
-    "projects",
-    "archive",
-    "work",
-    "personal",
-    "drafts",
-    "inbox",
-    "shared",
-    "team",
-    "reports",
-    "misc",
-    "home",
-    "admin",
-]
-WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-TEAMS = ["red", "blue", "green", "amber", "violet", "teal", "silver", "coral"]
-REGIONS = ["North", "South", "East", "West", "Central"]
-CATEGORIES = ["travel", "food", "office", "software", "hardware", "training"]
-
-_SENTENCES = [
-    "Meet {name} in {city} on {day} at {hour}:00.",
-    "Order {n} boxes of {noun} paper for the {team} team.",
-    "Remember to water the {noun} plant every {day}.",
-    "The budget for the {noun} project is {n}00 euros.",
-    "Call {name} about the {noun} invoice before {day}.",
-    "{name} moved to {city} and works on the {noun} report.",
-    "Book a room for {n} people on {day} for the {team} team.",
-    "Send the {noun} slides to {name} by {day}.",
-]
+_POOLS = load_pools("workspace")
+NAMES: list[str] = _POOLS["names"]
+CITIES: list[str] = _POOLS["cities"]
+NOUNS: list[str] = _POOLS["nouns"]
+GROCERIES: list[str] = _POOLS["groceries"]
+FOLDERS: list[str] = _POOLS["folders"]
+WEEKDAYS: list[str] = _POOLS["weekdays"]
+TEAMS: list[str] = _POOLS["teams"]
+REGIONS: list[str] = _POOLS["regions"]
+CATEGORIES: list[str] = _POOLS["categories"]
+_SENTENCES: list[str] = _POOLS["sentences"]
+_LOG_MESSAGES: list[str] = _POOLS["log_messages"]
 
 
 def _sentence(rng: random.Random) -> str:
@@ -750,20 +582,6 @@ def merge_lists(rng: random.Random) -> dict[str, Any]:
         "data": {"a": a, "b": b, "out": out, "paths": [path_a, path_b]},
         "required_observations": ["read_file"],
     }
-
-
-_LOG_MESSAGES = [
-    "request took {n} ms",
-    "user {user} logged in",
-    "cache miss for key {noun}",
-    "retrying connection {n}",
-    "disk usage at {n} percent",
-    "job {noun} finished",
-    "timeout after {n} seconds",
-    "queue length is {n}",
-    "could not open {noun}.dat",
-    "payment {n} rejected",
-]
 
 
 def extract_lines(rng: random.Random) -> dict[str, Any]:
