@@ -14,9 +14,9 @@ from harnessrl.models.base import SamplingParams
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks.base import Environment, Task, ToolFailed, validate_arguments
+from harnessrl.tasks.grading import fmt_number
 from harnessrl.tasks.registry import get_suite
 from harnessrl.tasks.suites.browse import BrowseSuite
-from harnessrl.tasks.suites.toolcalc import fmt_number
 from harnessrl.types import Message, ToolCall
 
 FAMILIES = {"cheapest_pair", "top_poster", "out_of_stock_count", "post_author_order", "cancel_order"}

@@ -11,9 +11,10 @@ import random
 import pytest
 
 from harnessrl.tasks.base import SUBMIT_TOOL, Environment, Task, ToolFailed, generate_from_seed, validate_arguments
+from harnessrl.tasks.grading import fmt_number, numbers_in, numbers_match, parse_number, text_matches
 from harnessrl.tasks.registry import get_suite
 from harnessrl.tasks.suites import toolcalc
-from harnessrl.tasks.suites.toolcalc import ToolcalcSuite, numbers_match, parse_number
+from harnessrl.tasks.suites.toolcalc import ToolcalcSuite
 from harnessrl.tasks.suites.workspace import WorkspaceSuite
 
 SUITES = {"workspace": WorkspaceSuite, "toolcalc": ToolcalcSuite}
@@ -328,6 +329,100 @@ def test_toolcalc_tools():
     # arguments are validated against the schema before the tool runs
     _, err = validate_arguments(toolcalc.ADD.parameters, {"a": "1", "b": 2})
     assert err
+
+
+# -- the shared answer rule (harnessrl.tasks.grading) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, numbers",
+    [
+        ("3,7", [3.7]),  # a decimal comma
+        ("2,50 EUR", [2.5]),
+        ("1,234", [1234]),  # thousands
+        ("12,345,678.5", [12345678.5]),
+        ("1234,567", [1234.567]),  # a first group of four digits: not thousands
+        ("3.70", [3.7]),
+        (".5", [0.5]),
+        ("3,7,9", [3, 7, 9]),  # a list
+        ("3, 7", [3, 7]),
+        ("version 1.2.3", [1, 2, 3]),
+        ("It is 42.", [42]),
+        ("-3 and (-4)", [-3, -4]),
+        ("\u22122.5", [-2.5]),
+        ("2024-05-01", [2024, 5, 1]),  # a dash between digits is no sign
+        ("x-1", [1]),
+        ("50% of $1,250.5", [50, 1250.5]),
+        ("1e3", [1, 3]),
+        ("no number", []),
+        ("", []),
+    ],
+)
+def test_numbers_are_read_by_one_rule(text, numbers):
+    assert numbers_in(text) == numbers
+    assert parse_number(text) == (numbers[-1] if numbers else None)
+
+
+def test_minus_zero_is_zero_and_the_last_number_answers():
+    assert parse_number("-0") == 0 and numbers_match(parse_number("-0"), 0)
+    assert parse_number("17 plus 25 is 42") == 42
+    assert parse_number(None) is None
+
+
+@pytest.mark.parametrize(
+    "got, expected, ok",
+    [
+        (3.7, 3.7, True),
+        (12.01, 12, True),  # within 0.01
+        (12.02, 12, False),
+        (123.45, 123.456, True),  # an average rounded either way, or cut, to 2 decimals
+        (123.44, 123.456, False),
+        (-0.0, 0, True),
+        (1e12 + 500, 1e12, True),  # 1e-9 relative for very large values
+        (1e12 + 5000, 1e12, False),
+        (float("nan"), 0, False),
+        (float("inf"), float("inf"), False),
+        (None, 0, False),
+    ],
+)
+def test_numbers_match_within_a_hundredth(got, expected, ok):
+    assert numbers_match(got, expected) is ok
+
+
+def test_names_match_as_whole_words_and_exclude_the_other_candidates():
+    cities = ["Oslo", "Lisbon", "Porto Alegre"]
+    assert text_matches("She works in OSLO.", "Oslo", cities)
+    assert text_matches("porto-alegre", "Porto Alegre", cities)
+    assert not text_matches("Osloville", "Oslo", cities)  # a part of a word is not the word
+    assert not text_matches("Oslo or Lisbon", "Oslo", cities)
+    assert not text_matches("Porto", "Porto Alegre", cities)
+    assert not text_matches(None, "Oslo", cities)
+    assert not text_matches("anything", "", cities)
+
+
+def test_every_suite_grades_numbers_alike(suites):
+    """The same answer text gets the same verdict in workspace, toolcalc and browse."""
+    browse = get_suite("browse")
+    answer_tasks = [
+        next(t for t in suites["toolcalc"].tasks("dev") if t.family == "add"),
+        next(
+            t
+            for t in suites["workspace"].tasks("train")
+            if t.family == "answer_from_file" and "How many" in t.instruction
+        ),
+        next(t for t in browse.tasks("dev") if t.family == "out_of_stock_count"),
+    ]
+    for task in answer_tasks:
+        expected = float(submit_of(task)["arguments"]["answer"])
+        for shown, ok in (
+            (fmt_number(expected), True),
+            (f"{expected:.2f}", True),
+            (f"{fmt_number(expected)},0", True),  # a decimal comma
+            (f"1,{fmt_number(expected)}", False),  # 1.<n>, not a list ending in <n>
+            (f"{expected + 0.02:.2f}", False),
+        ):
+            grade, _ = run(task, task.solution[:-1] + [{"name": "submit", "arguments": {"answer": shown}}])
+            assert grade.passed is ok, (task.id, shown)
 
 
 # -- splits, determinism, ids -------------------------------------------------------------------

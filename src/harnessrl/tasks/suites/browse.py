@@ -33,8 +33,8 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlsplit
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.grading import fmt_number, numbers_in, numeric_check, text_matches
 from harnessrl.tasks.suites.pools import load_pools
-from harnessrl.tasks.suites.toolcalc import fmt_number, numeric_check, text_matches
 
 PAGE_SIZE = 4  # items per listing page: small pages keep observations short for a 135M model
 MAX_SEARCH_RESULTS = 8
@@ -627,10 +627,6 @@ def top_poster(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def _order_numbers(answer: str | None) -> set[int]:
-    return {int(n) for n in re.findall(r"\d+", answer or "")}
-
-
 def post_author_order(rng: random.Random) -> dict[str, Any]:
     """Search finds a complaint; its author's customer page has several orders; one has the product."""
     b = new_site(rng)
@@ -650,7 +646,7 @@ def post_author_order(rng: random.Random) -> dict[str, Any]:
     others = {o["id"] for o in site["orders"]} - {target}
 
     def check(env: Environment) -> dict[str, float]:
-        named = _order_numbers(env.answer)
+        named = set(numbers_in(env.answer))
         return {"answer": 1.0 if target in named and not named & others else 0.0}
 
     return {

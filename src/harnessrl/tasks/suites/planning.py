@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from harnessrl.tasks.base import Environment, Family, Suite, Task, Tool, ToolFailed, solution_call
+from harnessrl.tasks.grading import numbers_match
 from harnessrl.tasks.suites.planning_world import (
     DINNER_WINDOW,
     MAX_ROWS,
@@ -313,7 +314,7 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
             v["complete"].append(f"day {d.day}: no hotel for the night")
     if where != request.home:
         v["route"].append(f"the trip ends in {where}, not back home in {request.home}")
-    if abs(plan.total_cost - cost) > 0.01:
+    if not numbers_match(plan.total_cost, cost):
         v["cost"].append(f"total_cost {plan.total_cost:g} but the prices add up to {cost:g}")
     if cost > request.budget:
         v["budget"].append(f"the prices add up to {cost:g}, over the budget of {request.budget}")

@@ -6,66 +6,19 @@ convert a unit, and two-call chains (look up a price then multiply; add then mul
 
 There is no workspace: a table lives in `env.state["table"]`. Each family brings only the tools it
 needs (plus submit) and its instruction names them. The agent answers with
-`submit(answer="...")`; the grader reads the answer leniently ("42", "42.0", "The answer is 42":
-the last number in the answer counts; thousands separators are allowed) and compares it with a
-small tolerance. One sub-score, `answer`, is 1 or 0.
+`submit(answer="...")`; the grader reads it by the rule of `harnessrl.tasks.grading` ("42",
+"42.0", "The answer is 42": the last number in the answer counts, within 0.01; a capital by its
+words). One sub-score, `answer`, is 1 or 0.
 """
 
 from __future__ import annotations
 
-import math
 import random
-import re
 from typing import Any, Callable
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.grading import fmt_number, numeric_check, text_matches
 from harnessrl.tasks.suites.pools import load_pools
-
-# -- number formatting and lenient parsing ------------------------------------------------------
-
-
-def fmt_number(x: float) -> str:
-    """Short form of a number: 42 rather than 42.0, at most 4 decimals."""
-    x = round(float(x), 4)
-    if not math.isfinite(x):
-        return str(x)
-    if x == int(x):
-        return str(int(x))
-    return f"{x:.4f}".rstrip("0").rstrip(".")
-
-
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
-
-
-def parse_number(answer: str | None) -> float | None:
-    """The last number written in the answer, or None ("The answer is 1,250.5" -> 1250.5)."""
-    if not answer:
-        return None
-    found = _NUMBER.findall(answer)
-    if not found:
-        return None
-    return float(found[-1].replace(",", ""))
-
-
-def numbers_match(got: float | None, expected: float) -> bool:
-    """Equal up to 0.01 (tools round to 4 decimals; an answer rounded to 2 decimals still counts)."""
-    return got is not None and abs(got - expected) <= max(0.01, 1e-9 * abs(expected))
-
-
-def _words(text: str | None) -> list[str]:
-    return re.findall(r"[a-z0-9]+", (text or "").lower())
-
-
-def text_matches(answer: str | None, expected: str, others: list[str]) -> bool:
-    """The answer names `expected` (whole words, any case) and none of the `others`."""
-    words = _words(answer)
-
-    def mentions(value: str) -> bool:
-        target = _words(value)
-        return bool(target) and any(words[i : i + len(target)] == target for i in range(len(words) - len(target) + 1))
-
-    return mentions(expected) and not any(mentions(o) for o in others if o.lower() != expected.lower())
-
 
 # -- tools --------------------------------------------------------------------------------------
 
@@ -180,13 +133,6 @@ SUBMIT_HINT = "then submit the result with the submit tool."
 
 def _no_setup(env: Environment) -> None:
     return None
-
-
-def numeric_check(expected: float) -> Callable[[Environment], dict[str, float]]:
-    def check(env: Environment) -> dict[str, float]:
-        return {"answer": 1.0 if numbers_match(parse_number(env.answer), expected) else 0.0}
-
-    return check
 
 
 def _binary(op: str, word: str, tool: Tool, a: int, b: int, result: float) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import re
 from typing import Any, Callable
 
 from harnessrl.tasks.base import Environment, Family, Suite, Tool, solution_call
+from harnessrl.tasks.grading import number_answer_ok, text_matches
 from harnessrl.tasks.suites.pools import load_pools
 from harnessrl.tasks.workspace import WORKSPACE_TOOLS
 
@@ -112,38 +113,6 @@ def _run_checks(checks: dict[str, Callable[[], float | bool]]) -> dict[str, floa
     if not any(v > 0 for k, v in out.items() if k not in PRESERVATION_CHECKS):
         out.update({k: 0.0 for k in out if k in PRESERVATION_CHECKS})
     return out
-
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def _numbers(text: str | None) -> list[float]:
-    if not text:
-        return []
-    return [float(x) for x in _NUMBER.findall(text.replace(",", ""))]
-
-
-def _words(text: str | None) -> list[str]:
-    return re.findall(r"[a-z0-9]+", (text or "").lower())
-
-
-def _text_answer_ok(answer: str | None, expected: str, candidates: list[str]) -> bool:
-    """The answer names `expected` (as whole words) and no other candidate."""
-    words = _words(answer)
-
-    def mentions(value: str) -> bool:
-        target = _words(value)
-        n = len(target)
-        return n > 0 and any(words[i : i + n] == target for i in range(len(words) - n + 1))
-
-    if not mentions(expected):
-        return False
-    return not any(mentions(c) for c in candidates if c.lower() != expected.lower())
-
-
-def _number_answer_ok(answer: str | None, expected: float, tol: float = 1e-6) -> bool:
-    nums = _numbers(answer)
-    return bool(nums) and abs(nums[-1] - expected) <= tol
 
 
 def _setup_files(files: dict[str, str]) -> Callable[[Environment], None]:
@@ -364,20 +333,20 @@ def csv_report(rng: random.Random) -> dict[str, Any]:
     mode = rng.choice(["total", "average", "total_for"])
     values = [v for _, _, v in rows]
     if mode == "total":
-        expected, tol = float(sum(values)), 1e-6
+        expected = float(sum(values))
         label = f"Total {value_col}"
         what = f"the total of the '{value_col}' column"
         shown = str(sum(values))
     elif mode == "average":
         avg = sum(values) / len(values)
-        expected, tol = avg, 0.0051  # either rounding of a ...5 mean is accepted
+        expected = avg
         label = f"Average {value_col}"
         what = f"the average of the '{value_col}' column, rounded to 2 decimals"
         shown = f"{avg:.2f}"
     else:
         key = rng.choice(sorted({k for _, k, _ in rows}))
         total = sum(v for _, k, v in rows if k == key)
-        expected, tol = float(total), 1e-6
+        expected = float(total)
         label = f"Total {value_col} for {key}"
         what = f"the total of the '{value_col}' column over the rows whose {key_col} is {key}"
         shown = str(total)
@@ -390,7 +359,7 @@ def csv_report(rng: random.Random) -> dict[str, Any]:
         def label_value() -> bool:
             for line in _lines(env, out) or []:
                 if line.strip().lower().startswith(label.lower()):
-                    return _number_answer_ok(line.strip()[len(label) :], expected, tol)
+                    return number_answer_ok(line.strip()[len(label) :], expected)
             return False
 
         def one_line() -> bool:
@@ -658,7 +627,7 @@ def count_text(rng: random.Random) -> dict[str, Any]:
 
         return _run_checks(
             {
-                "number": lambda: _number_answer_ok(body(), n),
+                "number": lambda: number_answer_ok(body(), n),
                 "format": lambda: re.fullmatch(r"\d+", body()) is not None,
             }
         )
@@ -690,19 +659,19 @@ def answer_from_file(rng: random.Random) -> dict[str, Any]:
         cities = sorted({r[2] for r in rows})
 
         def ok(answer: str | None) -> bool:
-            return _text_answer_ok(answer, who[2], cities)
+            return text_matches(answer, who[2], cities)
     elif kind == "year":
         question, expected = f"In which year did {who[0]} start?", str(who[3])
 
         def ok(answer: str | None) -> bool:
-            return _number_answer_ok(answer, who[3])
+            return number_answer_ok(answer, who[3])
     else:
         team = who[1]
         count = sum(1 for r in rows if r[1] == team)
         question, expected = f"How many people are in the {team} team?", str(count)
 
         def ok(answer: str | None) -> bool:
-            return _number_answer_ok(answer, count)
+            return number_answer_ok(answer, count)
 
     def check(env: Environment) -> dict[str, float]:
         return _run_checks({"answer": lambda: ok(env.answer)})
