@@ -581,14 +581,14 @@ def test_a_request_stops_at_the_model_context(model, tokenizer):
 def test_failing_prefill_fails_only_that_request(model, tokenizer, monkeypatch, overlap):
     engine = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4, cache_budget_tokens=0)
     prompts = _prompts(tokenizer, 3, base="Boom")
-    real_forward = engine._forward
+    real_forward = engine.executor.forward
 
     def forward(input_ids, positions, mask, cache):
         if input_ids.shape[1] == len(prompts[1]):
             raise RuntimeError("out of memory")
         return real_forward(input_ids, positions, mask, cache)
 
-    monkeypatch.setattr(engine, "_forward", forward)
+    monkeypatch.setattr(engine.executor, "forward", forward)
     results = engine.generate([EngineRequest(p, 4) for p in prompts], return_exceptions=True)
     assert isinstance(results[1], RuntimeError) and "out of memory" in str(results[1])
     assert [len(r.ids) for r in (results[0], results[2])] == [4, 4]
@@ -689,9 +689,7 @@ def test_the_sampler_draws_from_the_tempered_nucleus_distribution(top_p):
     """The exponential race is an exact draw: over many seeds each token comes up as often as
     its probability under softmax(z / T), restricted to the top_p nucleus and renormalised; the
     recorded log-probability is the untruncated one."""
-    from concurrent.futures import Future
-
-    from harnessrl.models.engine import _Request, _sample
+    from harnessrl.models.sampling import generator, sample
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     temperature = 0.7
@@ -702,8 +700,7 @@ def test_the_sampler_draws_from_the_tempered_nucleus_distribution(top_p):
     draws = 20000
     counts = torch.zeros(len(logits))
     for seed in range(draws):
-        req = _Request(0, (1,), EngineRequest([1], temperature=temperature, top_p=top_p, seed=seed), None, Future())
-        token, recorded = _sample(logits, req)
+        token, recorded = sample(logits, temperature, top_p, generator(seed, temperature))
         counts[token] += 1
         assert recorded == pytest.approx(float(logp[token]), abs=1e-6)
     assert counts[~keep].sum() == 0

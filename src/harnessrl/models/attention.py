@@ -208,10 +208,17 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
         name = plan.fallback if plan is not None else _fallbacks.get(id(getattr(module, "config", None)), "sdpa")
         fallback = _fallback(name)
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return decode_attention(query, key, value, plan, scale), None
+
+
+def decode_attention(query, key, value, plan: DecodePlan, scale: float) -> torch.Tensor:
+    """One decode step's attention by `plan`: query (rows, heads, 1, dim), key/value (rows,
+    kv_heads, kv_len, dim), the rows' cache slots; returns (rows, 1, heads, dim)."""
+    fused = uses_fused_kernel(query.dtype, query.device)
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    scale = scaling if scaling is not None else dim**-0.5
     # a row's query heads of one kv head go where a prompt's query tokens would (rows, kv_heads,
     # group, dim): one key/value head then serves its whole group without being repeated
     q = query.reshape(rows, kv_heads, group, dim)
@@ -228,7 +235,7 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
         else:
             out2, lse2 = _softmax_part(scores, own_v)
     if not shared:
-        return out2.reshape(rows, heads, 1, dim).transpose(1, 2), None
+        return out2.reshape(rows, heads, 1, dim).transpose(1, 2)
     # the shared block: every row's queries of a kv head against one copy of its keys
     qs = q.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, dim)
     shared_k, shared_v = key[:1, :, :shared], value[:1, :, :shared]
@@ -242,7 +249,7 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
     top = torch.maximum(lse1, lse2)
     w1, w2 = torch.exp(lse1 - top), torch.exp(lse2 - top)
     out = (out1 * w1 + out2 * w2) / (w1 + w2)
-    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2)
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention)
