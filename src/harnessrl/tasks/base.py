@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NotRequired, TypedDict
 
 from harnessrl.types import Grade, ToolSchema
 
@@ -284,10 +284,23 @@ class Task:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# A family turns a random generator into one task's parts. It returns a dict with keys
-# instruction, setup, check, solution and optionally data, pass_threshold,
-# required_observations, tools.
-Family = Callable[[random.Random], dict[str, Any]]
+class TaskParts(TypedDict):
+    """What a family makes of one seed: the parts of a Task (see Task for each field's meaning).
+    `data` defaults to the instruction alone, `pass_threshold` to the suite's, `tools` adds to
+    the suite's base tools."""
+
+    instruction: str
+    setup: Callable[[Environment], None]
+    check: Callable[[Environment], dict[str, float]]
+    solution: NotRequired[list[dict[str, Any]]]
+    data: NotRequired[dict[str, Any]]
+    pass_threshold: NotRequired[float]
+    required_observations: NotRequired[list[str]]
+    tools: NotRequired[list[Tool]]
+
+
+# A family turns a random generator into one task's parts.
+Family = Callable[[random.Random], TaskParts]
 
 SPLITS = ("train", "dev", "test")
 
@@ -404,7 +417,7 @@ class Suite:
         return self.tasks(split, index + 1)[index]
 
 
-def generate_from_seed(family: Family, seed: Any) -> dict[str, Any]:
+def generate_from_seed(family: Family, seed: Any) -> TaskParts:
     """Run one family generator on an explicit seed; a clear error for an invalid seed."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"task seed must be a non-negative integer, got {seed!r}")

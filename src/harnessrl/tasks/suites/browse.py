@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import parse_qs, quote, urlsplit
 
-from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.base import Environment, Family, Suite, TaskParts, Tool, ToolFailed, solution_call
 from harnessrl.tasks.grading import fmt_number, numbers_in, numeric_check, text_matches
 from harnessrl.tasks.suites.pools import load_pools
 
@@ -521,7 +521,7 @@ def _listing(category: str) -> str:
     return f"/products?category={category}"
 
 
-def cheapest_pair(rng: random.Random) -> dict[str, Any]:
+def cheapest_pair(rng: random.Random) -> TaskParts:
     """Two listing pages: the cheapest product is on page 1, the second cheapest on page 2."""
     cat = rng.choice(sorted(CATEGORIES))
     b = new_site(rng, cat)
@@ -555,7 +555,7 @@ def cheapest_pair(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def out_of_stock_count(rng: random.Random) -> dict[str, Any]:
+def out_of_stock_count(rng: random.Random) -> TaskParts:
     """Three listing pages, each with at least one product out of stock."""
     cat = rng.choice(sorted(CATEGORIES))
     b = new_site(rng, cat)
@@ -598,7 +598,7 @@ def _top_poster_authors(rng: random.Random, users: list[str]) -> tuple[list[str]
             return authors, top
 
 
-def top_poster(rng: random.Random) -> dict[str, Any]:
+def top_poster(rng: random.Random) -> TaskParts:
     b = new_site(rng)
     users = filler_people(b, 5)
     posters = rng.sample(users, 3)
@@ -627,7 +627,7 @@ def top_poster(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def post_author_order(rng: random.Random) -> dict[str, Any]:
+def post_author_order(rng: random.Random) -> TaskParts:
     """Search finds a complaint; its author's customer page has several orders; one has the product."""
     b = new_site(rng)
     users = filler_people(b, 4)
@@ -666,7 +666,7 @@ def post_author_order(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def cancel_order(rng: random.Random) -> dict[str, Any]:
+def cancel_order(rng: random.Random) -> TaskParts:
     """A forum post names the product; the customer page lists the orders; the order page cancels."""
     b = new_site(rng)
     users = filler_people(b, 4)

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from harnessrl.tasks.base import Environment, Family, Suite, Task, Tool, ToolFailed, solution_call
+from harnessrl.tasks.base import Environment, Family, Suite, Task, TaskParts, Tool, ToolFailed, solution_call
 from harnessrl.tasks.grading import numbers_match
 from harnessrl.tasks.suites.planning_world import (
     DINNER_WINDOW,
@@ -652,7 +652,7 @@ def _instruction(request: Request) -> str:
 
 
 def _family(days: tuple[int, int], stops: int, constraints: tuple[int, int]) -> Family:
-    def family(rng: random.Random) -> dict[str, Any]:
+    def family(rng: random.Random) -> TaskParts:
         trip = build_trip(rng, rng.randint(*days), stops, rng.randint(*constraints))
         world, request = trip.world, trip.request
         calls = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from harnessrl.tasks.base import Environment, Family, Suite, Tool, ToolFailed, solution_call
+from harnessrl.tasks.base import Environment, Family, Suite, TaskParts, Tool, ToolFailed, solution_call
 from harnessrl.tasks.grading import fmt_number, numeric_check, text_matches
 from harnessrl.tasks.suites.pools import load_pools
 
@@ -135,7 +135,7 @@ def _no_setup(env: Environment) -> None:
     return None
 
 
-def _binary(op: str, word: str, tool: Tool, a: int, b: int, result: float) -> dict[str, Any]:
+def _binary(op: str, word: str, tool: Tool, a: int, b: int, result: float) -> TaskParts:
     return {
         "instruction": f"What is {a} {word} {b}? Use the {tool.name} tool, {SUBMIT_HINT}",
         "setup": _no_setup,
@@ -146,28 +146,28 @@ def _binary(op: str, word: str, tool: Tool, a: int, b: int, result: float) -> di
     }
 
 
-def add(rng: random.Random) -> dict[str, Any]:
+def add(rng: random.Random) -> TaskParts:
     a, b = rng.randint(1, 99), rng.randint(1, 99)
     return _binary("add", "plus", ADD, a, b, a + b)
 
 
-def subtract(rng: random.Random) -> dict[str, Any]:
+def subtract(rng: random.Random) -> TaskParts:
     b = rng.randint(1, 90)
     a = b + rng.randint(1, 99)
     return _binary("subtract", "minus", SUBTRACT, a, b, a - b)
 
 
-def multiply(rng: random.Random) -> dict[str, Any]:
+def multiply(rng: random.Random) -> TaskParts:
     a, b = rng.randint(2, 50), rng.randint(2, 25)
     return _binary("multiply", "times", MULTIPLY, a, b, a * b)
 
 
-def divide(rng: random.Random) -> dict[str, Any]:
+def divide(rng: random.Random) -> TaskParts:
     b, q = rng.randint(2, 12), rng.randint(2, 99)
     return _binary("divide", "divided by", DIVIDE, b * q, b, q)
 
 
-def add_then_multiply(rng: random.Random) -> dict[str, Any]:
+def add_then_multiply(rng: random.Random) -> TaskParts:
     a, b, c = rng.randint(1, 30), rng.randint(1, 30), rng.randint(2, 9)
     result = (a + b) * c
     return {
@@ -200,7 +200,7 @@ def _table_setup(table: dict[str, Any]) -> Callable[[Environment], None]:
     return setup
 
 
-def lookup_price(rng: random.Random) -> dict[str, Any]:
+def lookup_price(rng: random.Random) -> TaskParts:
     table, items = _price_table(rng)
     item = rng.choice(items)[0]
     return {
@@ -214,7 +214,7 @@ def lookup_price(rng: random.Random) -> dict[str, Any]:
     }
 
 
-def price_times_quantity(rng: random.Random) -> dict[str, Any]:
+def price_times_quantity(rng: random.Random) -> TaskParts:
     table, items = _price_table(rng)
     single, plural = rng.choice(items)
     n = rng.randint(2, 9)
@@ -244,7 +244,7 @@ def _made_up_name(rng: random.Random, syllables: int, suffix: str = "") -> str:
     return ("".join(rng.choice(_SYLLABLES) for _ in range(syllables)) + suffix).title()
 
 
-def lookup_capital(rng: random.Random) -> dict[str, Any]:
+def lookup_capital(rng: random.Random) -> TaskParts:
     # Made-up countries and cities: the model cannot know the answer without the tool.
     table: dict[str, str] = {}
     used: set[str] = set()
@@ -296,7 +296,7 @@ _CONVERSIONS: list[tuple[str, str, float, int, int]] = [
 ]
 
 
-def convert_units(rng: random.Random) -> dict[str, Any]:
+def convert_units(rng: random.Random) -> TaskParts:
     src, dst, step, lo, hi = rng.choice(_CONVERSIONS)
     value: float = step * rng.randint(lo, hi)
     if value == int(value):
