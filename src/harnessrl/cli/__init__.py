@@ -5,8 +5,9 @@ tasks.py     tasks list / show, models list
 eval.py      eval, summary, export
 report.py    triage, report, view
 evolve.py    evolve
-train.py     train grpo, train sft
+train.py     train grpo, train sft, train distill
 study.py     study
+improve.py   improve
 serve.py     serve
 common.py    consoles, `fail`, model-spec checks, options generated from the job configs
 """
@@ -20,6 +21,7 @@ from harnessrl.cli.common import out
 from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.harness import harness_app
+from harnessrl.cli.improve import improve_cmd
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
 from harnessrl.cli.serve import serve_cmd
 from harnessrl.cli.study import study_cmd
@@ -43,6 +45,7 @@ app.command("report")(report_cmd)
 app.command("view")(view_cmd)
 app.command("evolve")(evolve_cmd)
 app.command("study")(study_cmd)
+app.command("improve")(improve_cmd)
 app.command("serve")(serve_cmd)
 
 
