@@ -220,3 +220,15 @@ def test_bad_input_exits_2_with_one_clear_message_and_writes_nothing(args, messa
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()), r.output
     assert not out.exists()
+
+
+def test_the_command_stops_after_the_harness_phase_and_says_how_to_continue(specs, tmp_path):
+    out = tmp_path / "cli"
+    args = ["improve", "--suite", "textscore", "--seed-harness", specs["seed"], "--model", "tiny-random"]
+    args += ["--device", "cpu", "--dev-tasks", "2", "--test-tasks", "2", "--out", str(out), "--no-progress"]
+    r = CliRunner().invoke(_cli(), [*args, "--stop-after", "harness"])
+    assert r.exit_code == 0, r.output
+    assert "harness: harness.evolve = skip" in r.output and "--resume" in r.output
+    assert [d["key"] for d in decisions(out)] == ["harness.evolve"]
+    bad = CliRunner().invoke(_cli(), [*args, "--resume", "--stop-after", "final"])
+    assert bad.exit_code == 2 and "--stop-after must be one of" in bad.output

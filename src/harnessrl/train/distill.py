@@ -467,6 +467,7 @@ class DistillRun:
         self.console = console
         self.step = 0
         self.store = None
+        self.policy = None  # the model, loaded by run()
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
@@ -474,11 +475,12 @@ class DistillRun:
         from harnessrl.rollout import Runner
 
         cfg = self.config
-        policy = lora.load_local_policy(cfg.model, DistillError, device=cfg.device, dtype=cfg.dtype, training=cfg)
+        self.policy = policy = lora.load_local_policy(
+            cfg.model, DistillError, device=cfg.device, dtype=cfg.dtype, training=cfg
+        )
         # LoRA in policy.model itself: the student generates with the adapter; the teacher is the
         # same model with the adapter disabled
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, DistillError)
-        self.policy = policy
         self.context = TeacherContext(self.student, self.teacher, policy.tokenizer, policy.tool_role)
         sampling = SamplingParams(temperature=cfg.temperature, top_p=1.0, seed=sampling_seed(cfg.seed, 0, "distill"))
         self.runner = Runner(
@@ -602,8 +604,17 @@ class DistillRun:
     # -- the loop --------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train until --steps; returns a short summary. Raises TrainingDiverged on NaN."""
+        try:
+            self._setup()
+            return self._loop()
+        finally:
+            if self.policy is not None:
+                self.policy.close()  # the engine thread
+            if self.store is not None:
+                self.store.close()
+
+    def _loop(self) -> dict[str, Any]:
         cfg = self.config
-        self._setup()
         if self.resume and self.load_checkpoint():
             self._say(f"resuming {self.out} from step {self.step}")
         elif self.resume:
@@ -618,31 +629,26 @@ class DistillRun:
             truncate_jsonl(metrics_path, self.step)
         self._open_store()
         last: dict[str, Any] = {}
-        try:
-            with _Progress(self.console, cfg.steps, self.step, self.progress) as bar:
-                while self.step < cfg.steps:
-                    try:
-                        record = self.train_step()
-                    except TrainingDiverged as e:
-                        at = checkpoint.step_of(self.out)
-                        append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
-                        where = f"the checkpoint of step {at} is intact" if at is not None else "no checkpoint yet"
-                        raise TrainingDiverged(
-                            f"step {self.step + 1}: {e}: training stopped; {where} (continue with --resume, "
-                            "or start again with a lower --lr)"
-                        ) from None
-                    append_jsonl(metrics_path, record)
-                    bar.update(record)
-                    last = record
-                    if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                        self.save_checkpoint()
-            if not (self.out / "checkpoint").exists():
-                self.save_checkpoint()
-            adapter = self.save_adapter()
-        finally:
-            self.policy.close()
-            if self.store is not None:
-                self.store.close()
+        with _Progress(self.console, cfg.steps, self.step, self.progress) as bar:
+            while self.step < cfg.steps:
+                try:
+                    record = self.train_step()
+                except TrainingDiverged as e:
+                    at = checkpoint.step_of(self.out)
+                    append_jsonl(metrics_path, {"step": self.step + 1, "stopped": str(e)})
+                    where = f"the checkpoint of step {at} is intact" if at is not None else "no checkpoint yet"
+                    raise TrainingDiverged(
+                        f"step {self.step + 1}: {e}: training stopped; {where} (continue with --resume, "
+                        "or start again with a lower --lr)"
+                    ) from None
+                append_jsonl(metrics_path, record)
+                bar.update(record)
+                last = record
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+        if not (self.out / "checkpoint").exists():
+            self.save_checkpoint()
+        adapter = self.save_adapter()
         return {"steps": self.step, "adapter": str(adapter), "last": last}
 
     def _say(self, text: str) -> None:
