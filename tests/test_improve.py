@@ -232,3 +232,26 @@ def test_the_command_stops_after_the_harness_phase_and_says_how_to_continue(spec
     assert [d["key"] for d in decisions(out)] == ["harness.evolve"]
     bad = CliRunner().invoke(_cli(), [*args, "--resume", "--stop-after", "final"])
     assert bad.exit_code == 2 and "--stop-after must be one of" in bad.output
+
+
+def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on_policy(specs, tmp_path):
+    from harnessrl.improve import Improve
+
+    job = Improve(config(specs, evolved=None), tmp_path / "protocol", progress=False)
+    job.folder.start()
+    job.runner = job._stages(job.out)
+    job.evolved_is_seed = False
+    xml = shrink("xml-tags", system_prompt="Reply with any text.", max_new_tokens=8, **SHORT)
+    base = job._cell("harness/seed-dev", "dev", job.dev_tasks, job.seed_spec, "tiny-random")
+    try:
+        kept = job._weights(base, xml)
+    finally:
+        job._release()
+    by_key = {d["key"]: d for d in job.decisions}
+    assert by_key["weights.on_policy"]["choice"] == "skip"
+    assert "must share their protocol" in by_key["weights.on_policy"]["evidence"]["reason"]
+    assert not (job.out / "weights" / "distill").exists()
+    assert (
+        by_key["weights.choice"]["choice"] in ("imitation", "base")
+        and kept["variant"] == by_key["weights.choice"]["choice"]
+    )

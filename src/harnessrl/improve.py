@@ -636,8 +636,15 @@ class Improve:
                 "folder": "weights/collect",
             },
         )
-        self._distill("weights/distill", evolved, steps)
-        variants["on-policy"] = {"adapter": "weights/distill/adapter", "steps": steps}
+        from harnessrl.train.distill import DistillError, check_protocols
+
+        try:
+            check_protocols(self.seed_spec, evolved)
+        except DistillError as e:  # an edit changed the protocol: the teacher cannot read the student's replies
+            self.decide("weights.on_policy", "weights", "skip", {"reason": str(e)})
+        else:
+            self._distill("weights/distill", evolved, steps)
+            variants["on-policy"] = {"adapter": "weights/distill/adapter", "steps": steps}
         from harnessrl.metrics import paired_difference
         from harnessrl.study_analysis import verdict
 
@@ -656,6 +663,9 @@ class Improve:
                 "vs_base": {**diff, "verdict": verdict(diff)},
             }
         candidates = [n for n in ("imitation", "on-policy") if n in variants]
+        if not candidates:
+            self.decide("weights.choice", "weights", "base", {**evidence, "reason": "neither variant could be trained"})
+            return {"variant": "base", "adapter": None, "model": c.model}
         if len(candidates) == 2:
             diff = paired_difference(variants["imitation"]["cell"]["scores"], variants["on-policy"]["cell"]["scores"])
             evidence["on_policy_vs_imitation"] = {**diff, "verdict": verdict(diff)}
