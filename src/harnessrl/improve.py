@@ -426,6 +426,12 @@ class Improve:
 
         c = self.config
         rate = base["record"]["triage"]["process_rate"]  # = process_rate of its episodes
+        if rate is None:
+            raise ImproveError(
+                "harness/seed-dev: every episode of the seed harness is an infrastructure error, so nothing can be "
+                f"triaged; see {self.out / 'harness' / 'seed-dev'} (harnessrl summary / view), fix the set-up and "
+                "start a new --out"
+            )
         evidence = {
             "seed_dev": base["record"],
             "process_rate": rate,
@@ -435,7 +441,7 @@ class Improve:
         if self.given is not None:
             self.decide("harness.evolve", "harness", "given", {**evidence, "evolved": c.evolved})
             evolved = self.given
-        elif rate is None or rate < c.process_floor:
+        elif rate < c.process_floor:
             self.decide("harness.evolve", "harness", "skip", evidence)
             evolved = self.seed_spec
         else:
