@@ -269,7 +269,7 @@ def test_judged_part_is_graded_with_a_judge(tokenizer):
 
 @needs_bwrap
 def test_a_grader_that_touches_an_absent_judge_is_an_error_not_a_zero(tokenizer, monkeypatch):
-    monkeypatch.setattr(claweval, "grader_uses_judge", lambda grader, tasks_dir: False)
+    monkeypatch.setattr(claweval.suite, "grader_uses_judge", lambda grader, tasks_dir: False)
     suite = ClawEvalSuite(FIXTURE)  # J01 now loads without a judge, as a missed detection would
     out = run_scripted(_tasks(suite, "J01_sea_poem"), {"J01_sea_poem": [call("submit", answer="x")]}, tokenizer)
     t = out["J01_sea_poem"]
