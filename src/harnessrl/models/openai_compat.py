@@ -1,8 +1,7 @@
 """OpenAIPolicy: any OpenAI-compatible chat completions server behind the Policy interface.
 
 Spec: ``openai:MODEL@BASE_URL``, e.g. ``openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1`` (vLLM,
-SGLang, llama.cpp's server, a hosted API...). MODEL may contain '/', ':' and '@'; the URL starts
-at the last ``@http://`` or ``@https://``.
+SGLang, llama.cpp's server, a hosted API...), parsed by harnessrl.models.spec.ModelSpec.
 
 **For evaluation.** Token in, token out is what training needs, and a chat API is text in, text
 out. This backend never re-tokenizes model text, so unless the server reports token ids:
@@ -79,34 +78,14 @@ import openai
 
 from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
 from harnessrl.models.chat import tool_message_as_user
+from harnessrl.models.spec import OPENAI_FORM, ModelSpec
 from harnessrl.types import Message, ModelCall, ToolCall, ToolSchema
 
 log = logging.getLogger(__name__)
 
-SPEC_PREFIX = "openai:"
-SPEC_FORM = "openai:MODEL@BASE_URL (e.g. openai:Qwen/Qwen3-1.7B@http://127.0.0.1:8000/v1)"
 NO_KEY = "EMPTY"  # what vLLM and most local servers accept when they check no key
 _TOKEN_ID = re.compile(r"token_id:(\d+)")
 _ERROR_CHARS = 300  # how much of a server's error message goes into PolicyError
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """``openai:MODEL@BASE_URL`` -> (MODEL, BASE_URL). Raises ValueError with the expected form."""
-    rest = spec.strip()
-    if rest.startswith(SPEC_PREFIX):
-        rest = rest[len(SPEC_PREFIX) :]
-    # the URL starts at the last "@http(s)://" (so a model name may hold '@'); else the last '@'
-    at = max(rest.rfind("@http://"), rest.rfind("@https://"))
-    if at < 0:
-        at = rest.rfind("@")
-    if at < 0:
-        raise ValueError(f"{spec!r}: the openai backend needs a server URL: {SPEC_FORM}")
-    model, base_url = rest[:at].strip(), rest[at + 1 :].strip()
-    if not model:
-        raise ValueError(f"{spec!r}: no model name before '@': {SPEC_FORM}")
-    if not base_url.startswith(("http://", "https://")) or base_url in ("http://", "https://"):
-        raise ValueError(f"{spec!r}: the base URL must start with http:// or https://: {SPEC_FORM}")
-    return model, base_url.rstrip("/")
 
 
 def resolve_api_key(api_key_env: str | None = None) -> str:
@@ -359,7 +338,7 @@ class OpenAIPolicy(Policy):
         sleep: Callable[[float], None] | None = None,
     ):
         if not model:
-            raise ValueError(f"no model name: {SPEC_FORM}")
+            raise ValueError(f"no model name: {OPENAI_FORM}")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the base URL must start with http:// or https://, got {base_url!r}")
         if max_concurrency < 1:
@@ -397,9 +376,12 @@ class OpenAIPolicy(Policy):
         )
 
     @classmethod
-    def from_spec(cls, spec: str, sampling: SamplingParams | None = None, **kwargs) -> OpenAIPolicy:
-        model, base_url = parse_spec(spec)
-        return cls(model, base_url, default_sampling=sampling, **kwargs)
+    def from_spec(cls, spec: str | ModelSpec, sampling: SamplingParams | None = None, **kwargs) -> OpenAIPolicy:
+        """The policy of an ``openai:MODEL@BASE_URL`` model spec; ValueError for another form."""
+        parsed = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
+        if parsed.kind != "openai":
+            raise ValueError(f"{parsed.text!r} is not an openai: spec: {OPENAI_FORM}")
+        return cls(parsed.name, parsed.base_url, default_sampling=sampling, **kwargs)
 
     def describe(self) -> dict:
         return {

@@ -36,15 +36,15 @@ ADAPTER_META = "harnessrl.json"
 
 def check_local_model(model: str, error: type[Exception]) -> None:
     """Refuse, before anything is loaded, a model spec that is not a local model."""
-    from harnessrl.models import MODEL_NAMES
+    from harnessrl.models import LOCAL_FORMS, ModelSpec
 
-    if model in MODEL_NAMES:
-        return
-    if model.startswith("hf:"):
-        if not model[3:] or not Path(model[3:]).expanduser().exists():
-            raise error(f"model path '{model[3:]}' does not exist")
-        return
-    raise error(f"cannot train '{model}': training needs a local model ({', '.join(MODEL_NAMES)} or hf:PATH)")
+    spec = ModelSpec.parse_local(model)
+    if spec is None:
+        raise error(f"cannot train '{model}': training needs a local model ({LOCAL_FORMS})")
+    try:
+        spec.check()
+    except ValueError as e:
+        raise error(str(e)) from None
 
 
 def load_local_policy(
@@ -56,7 +56,7 @@ def load_local_policy(
     the memory check made before loading (without it only the weights and the engine's cache
     are counted). A device this machine lacks, int8, or a model that will not fit is `error`,
     in one line."""
-    from harnessrl.models import load_policy
+    from harnessrl.models import LOCAL_FORMS, load_policy
     from harnessrl.models.base import ModelUnavailable
     from harnessrl.models.device import DeviceUnavailable, check_fits, resolve_device, resolve_dtype
     from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, HFPolicy
@@ -84,7 +84,7 @@ def load_local_policy(
     except (ValueError, ModelUnavailable, OSError) as e:
         raise error(f"cannot load model '{model}': {e}") from None
     if not isinstance(policy, HFPolicy):
-        raise error(f"training needs a local transformers model (tiny-random, smollm2-135m, hf:PATH), not {model!r}")
+        raise error(f"training needs a local transformers model ({LOCAL_FORMS}), not {model!r}")
     return policy
 
 
