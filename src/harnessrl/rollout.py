@@ -42,7 +42,7 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -53,6 +53,9 @@ from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
 from harnessrl.models.base import Policy, PolicyError, SamplingParams
 from harnessrl.tasks.base import Task
 from harnessrl.types import ModelCall, Termination, Trajectory
+
+if TYPE_CHECKING:
+    from harnessrl.harness.external import ExternalEpisodes
 
 # how often an episode waiting for its reply looks whether the run was interrupted (seconds)
 _STOP_POLL_S = 0.2
@@ -145,7 +148,8 @@ class Runner:
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         self.stats = RunStats()
         self._stats_lock = threading.Lock()  # workers count requests and tokens as they come
-        self._external = None  # the external harnesses' episodes of the current run (harness/external.py)
+        # the external harnesses' episodes of the current run (harness/external.py)
+        self._external: ExternalEpisodes | None = None
         self._external_lock = threading.Lock()
 
     def run(self, jobs: Iterable[Job]) -> list[Trajectory]:

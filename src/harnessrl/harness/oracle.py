@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.spec import ExternalHarnessSpec
 from harnessrl.models import ORACLE
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.types import Message, ToolCall
@@ -38,7 +39,7 @@ def oracle_script(task: Task, spec: AnyHarnessSpec) -> Callable[[list[Message]],
     """The replies of one episode of `task` through `spec`: the plan request of a plan-first
     harness gets PLAN_REPLY, every other request the next ceil(len(solution) / step budget) calls
     of the solution (an empty reply once it is all sent)."""
-    if spec.kind == "external":  # an agent program: its tools are shown to the model in tool_protocol
+    if isinstance(spec, ExternalHarnessSpec):  # an agent program: its tools are shown to the model in tool_protocol
         proto = get_protocol(spec.tool_protocol)
         plan_prompt, max_steps = None, spec.limits.max_model_calls
     else:
