@@ -87,9 +87,10 @@ def _loop_at(acting: list[Step], i: int) -> str | None:
             if all(t.tool_results and not all(r.ok for r in t.tool_results) for t in tail):
                 return f"same failing action {LOOP_REPEATS} times: {_short(action_signature(s))}"
     if i + 1 >= ALTERNATION_STEPS:
-        tail = [action_signature(t) for t in acting[i + 1 - ALTERNATION_STEPS : i + 1]]
-        a, b = tail[0], tail[1]
-        if a != b and tail[0::2] == [a] * (ALTERNATION_STEPS // 2) and tail[1::2] == [b] * (ALTERNATION_STEPS // 2):
+        actions = [action_signature(t) for t in acting[i + 1 - ALTERNATION_STEPS : i + 1]]
+        a, b = actions[0], actions[1]
+        half = ALTERNATION_STEPS // 2
+        if a != b and actions[0::2] == [a] * half and actions[1::2] == [b] * half:
             return f"A-B-A-B alternation over {ALTERNATION_STEPS} steps: {_short(a)} / {_short(b)}"
     if any(iv.kind == "loop_guard" for iv in s.interventions):
         return "the harness's loop guard fired"

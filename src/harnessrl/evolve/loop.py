@@ -52,13 +52,13 @@ from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
 from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
 from harnessrl.executors import Executor, ExecutorError, LocalExecutor
-from harnessrl.harness.spec import HarnessSpec, parse_spec
+from harnessrl.harness.spec import HarnessSpec, parse_spec, require_loop_harness
 from harnessrl.metrics import paired_difference, summarize_harness, task_scores
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.tasks.base import Task
-from harnessrl.triage import triage
+from harnessrl.triage import HarnessTriage, triage_by_harness
 from harnessrl.types import Trajectory
 
 # Options a resume may change: a longer search continues, a shorter one goes on to the held-out
@@ -195,6 +195,7 @@ class Evolution:
         self.proposer = proposer
         self.progress = progress
         self.log = log
+        self._mark = time.monotonic()  # when elapsed_s was last brought up to date (run() restarts it)
         if any(t.split != "train" for t in example_tasks or []):
             raise EvolveError("worked examples for the proposer must come from the train split")
         self._worked_example = worked_example(list(example_tasks or []))  # replayed once, shown every iteration
@@ -234,7 +235,9 @@ class Evolution:
 
     def _load_spec(self, label: str) -> HarnessSpec:
         p = self._path(f"harnesses/{label}.yaml")
-        return parse_spec(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+        # every spec the loop saves is one it edits: a loop harness (never an external one)
+        spec = parse_spec(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+        return require_loop_harness(spec, "evolution")
 
     def _log_lines(self) -> list[dict[str, Any]]:
         p = self._path(LOG)
@@ -354,14 +357,14 @@ class Evolution:
     def _iteration(self, state: State, it: int) -> None:
         incumbent = self._load_spec(state.incumbent)
         inc = self.measure(incumbent, f"i{it:02d}.incumbent", self.dev_tasks, f"i{it:02d}", "search")
-        tri = triage(inc.trajectories).get(inc.label, {"counts": {}, "episodes": [], "n_passed": 0, "n_valid": 0})
-        failed_ids = {e["episode_id"] for e in tri["episodes"]}
+        tri = triage_by_harness(inc.trajectories).get(inc.label) or HarnessTriage.empty()
+        failed_ids = {v.episode_id for v in tri.episodes}
         history = self._log_lines()
         tools = {t.name: t.schema for task in self.dev_tasks for t in task.tools}
         ctx = ProposalContext(
             iteration=it,
             incumbent=incumbent,
-            triage=tri,
+            triage=tri.to_json(),
             failures=[t for t in inc.trajectories if t.episode_id in failed_ids],
             history=history,
             tools=list(tools.values()),
@@ -405,8 +408,9 @@ class Evolution:
     def _confirm(self, state: State, it: int, incumbent: HarnessSpec, lines: list[CandidateLine]) -> str | None:
         """Re-measure every screening winner and the incumbent on fresh samples (stream iNN.confirm);
         the label of the candidate to accept, or None. Fills each winner's `confirmation`."""
+        threshold = _threshold(state)
         screened = {line.candidate: line.delta for line in lines if line.beats_threshold}
-        winners = screening_winners(screened, state.threshold)
+        winners = screening_winners(screened, threshold)
         if not winners:
             return None
         stream = f"i{it:02d}.confirm"
@@ -425,13 +429,13 @@ class Evolution:
                 by_label[label].status = "crashed"
                 conf.error = by_label[label].error = f"{type(e).__name__}: {e}"
                 continue
-            verdict = compare(inc.scores, cand.scores, state.threshold)
+            verdict = compare(inc.scores, cand.scores, threshold)
             conf.dev, conf.delta = cand.dev_record(), verdict["delta"]
             conf.delta_ci95, conf.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
             deltas[label] = verdict["delta"]
             if not verdict["accepted"]:
                 state.unconfirmed_candidates += 1
-        return confirmed_choice(deltas, state.threshold)
+        return confirmed_choice(deltas, threshold)
 
     def _best_name(self) -> str:
         return f"{self.seed_spec.name}-evolved"[:64]
@@ -472,7 +476,7 @@ class Evolution:
             line.status = "crashed"
             line.error = f"{type(e).__name__}: {e}"
             return line
-        verdict = compare(inc.scores, cand.scores, state.threshold)
+        verdict = compare(inc.scores, cand.scores, _threshold(state))
         line.dev, line.delta = cand.dev_record(), verdict["delta"]
         line.delta_ci95, line.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
         return line
@@ -519,7 +523,7 @@ class Evolution:
 
     def _held_out_record(self, m: Measurement) -> dict[str, Any]:
         s = m.summary
-        t = triage(m.trajectories).get(m.label, {})
+        t = triage_by_harness(m.trajectories).get(m.label) or HarnessTriage.empty()
         return {
             "label": m.label,
             "mean_score": s["mean_score"],
@@ -530,5 +534,18 @@ class Evolution:
             "n_tasks": s["n_tasks"],
             "n_episodes": s["n_episodes"],
             "n_infra_errors": s["n_infra_errors"],
-            "triage": {k: t.get(k) for k in ("n_failed", "counts", "rates", "process_share", "content_share")},
+            "triage": {
+                "n_failed": t.n_failed,
+                "counts": t.counts,
+                "rates": t.rates,
+                "process_share": t.process_share,
+                "content_share": t.content_share,
+            },
         }
+
+
+def _threshold(state: State) -> float:
+    """The acceptance threshold: the noise phase sets it before the first search iteration."""
+    if state.threshold is None:
+        raise EvolveError("the search cannot run before the noise phase has set the acceptance threshold")
+    return state.threshold

@@ -106,15 +106,15 @@ def _comparison(a: RunData, b: RunData) -> dict:
     pairs = [(h, h) for h in a.harnesses if h in b.harnesses and a.task_scores.get(h) and b.task_scores.get(h)]
     notes = []
     if not pairs:
-        ha = [h for h in a.harnesses if a.task_scores.get(h)]
-        hb = [h for h in b.harnesses if b.task_scores.get(h)]
-        if len(ha) == 1 and len(hb) == 1:
-            pairs = [(ha[0], hb[0])]  # one harness each under different names: compare them
-            notes.append(f"No harness name is in both runs; comparing {ha[0]} (A) with {hb[0]} (B).")
+        scored_a = [h for h in a.harnesses if a.task_scores.get(h)]
+        scored_b = [h for h in b.harnesses if b.task_scores.get(h)]
+        if len(scored_a) == 1 and len(scored_b) == 1:
+            pairs = [(scored_a[0], scored_b[0])]  # one harness each under different names: compare them
+            notes.append(f"No harness name is in both runs; comparing {scored_a[0]} (A) with {scored_b[0]} (B).")
         else:
             raise ReportError(
                 f"cannot compare {a.folder} and {b.folder}: no harness with scored episodes is in both runs "
-                f"(A: {', '.join(ha) or 'none'}; B: {', '.join(hb) or 'none'})"
+                f"(A: {', '.join(scored_a) or 'none'}; B: {', '.join(scored_b) or 'none'})"
             )
     rows = []
     for ha, hb in pairs:

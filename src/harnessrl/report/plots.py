@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 from harnessrl.metrics import HarnessSummary
 from harnessrl.triage import CLASSES, CONTENT, PROCESS
@@ -44,7 +48,7 @@ HARNESS_COLORS = [
     "#17becf",
 ]
 
-PLOT_STYLE = {
+PLOT_STYLE: dict[RcKeyType, Any] = {
     "svg.fonttype": "none",
     "svg.hashsalt": "harnessrl-report",
     "font.size": 9,
@@ -110,7 +114,7 @@ def mean_score_chart(
             zorder=2,
         )
         for xi, m, hi in zip(x, means, ci[:, 1] if names else []):
-            ax.text(xi, min(hi, 1.0) + 0.02, f"{m:.2f}", ha="center", va="bottom", fontsize=8)
+            ax.text(float(xi), min(hi, 1.0) + 0.02, f"{m:.2f}", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(x, names, rotation=_label_rotation(names), ha="right" if _label_rotation(names) else "center")
         ax.set_ylim(0, 1.12)
         ax.set_ylabel("mean score")
@@ -145,7 +149,7 @@ def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> P
             share = triage.get(h, {}).get("process_share")
             if total:
                 note = f"{int(total)}" + ("" if share is None else f"\n{share:.0%} process")
-                ax.text(xi, total, note, ha="center", va="bottom", fontsize=8)
+                ax.text(float(xi), total, note, ha="center", va="bottom", fontsize=8)
         ax.set_xticks(
             x, harnesses, rotation=_label_rotation(harnesses), ha="right" if _label_rotation(harnesses) else "center"
         )

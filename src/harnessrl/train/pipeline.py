@@ -272,6 +272,7 @@ class RolloutPipeline:
                 pending.plan, 0, self.runner, sampling_seed(self.config.seed, pending.plan.step, "train")
             )
         self._launch(pending)  # a plan restored from a checkpoint of a shorter run
+        assert pending.future is not None  # _launch submits every step this run trains
         t0 = time.perf_counter()
         trajectories, started, ended, _ = pending.future.result()
         return trajectories, started, ended, time.perf_counter() - t0

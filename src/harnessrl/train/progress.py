@@ -3,7 +3,10 @@ bar on a terminal, a plain line per step otherwise (CI logs, `| tee`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 def mean(values: list[float]) -> float | None:
@@ -20,7 +23,8 @@ class StepProgress:
 
     def __init__(self, console, total: int, done: int, enabled: bool):
         self.console, self.total, self.done, self.enabled = console, total, done, enabled
-        self.bar = None
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
 
     def shown(self, r: dict[str, Any]) -> dict[str, str]:
         raise NotImplementedError
@@ -39,7 +43,7 @@ class StepProgress:
                 TimeRemainingColumn,
             )
 
-            self.bar = Progress(
+            bar = self.bar = Progress(
                 TextColumn(f"[bold]{self.title}"),
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -48,15 +52,15 @@ class StepProgress:
                 TimeRemainingColumn(),
                 console=self.console,
             )
-            self.bar.__enter__()
-            self.task = self.bar.add_task(
-                self.title, total=self.total, completed=self.done, **dict.fromkeys(self.columns, "-")
-            )
+            bar.__enter__()
+            fields: dict[str, Any] = dict.fromkeys(self.columns, "-")  # the columns' task fields
+            self.task = bar.add_task(self.title, total=self.total, completed=self.done, **fields)
         return self
 
     def update(self, r: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=r["step"], **self.shown(r))
+        if self.bar is not None and self.task is not None:
+            fields: dict[str, Any] = self.shown(r)
+            self.bar.update(self.task, completed=r["step"], **fields)
         elif self.enabled:
             self.console.print(self.line(r), highlight=False, markup=False)
 

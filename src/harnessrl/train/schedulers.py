@@ -388,11 +388,12 @@ class DumpUCBScheduler(_EpisodeWindows):
         untried = [h for h, s in scores.items() if s is None]
         if untried:
             return {h: 1.0 / len(untried) if h in untried else 0.0 for h in self.harnesses}
+        tried = {h: s for h, s in scores.items() if s is not None}  # every harness, here
         if self.temperature == 0:
-            top = max(scores.values())
-            best = [h for h, s in scores.items() if s >= top - 1e-12]
+            top = max(tried.values())
+            best = [h for h, s in tried.items() if s >= top - 1e-12]
             return {h: 1.0 / len(best) if h in best else 0.0 for h in self.harnesses}
-        return _softmax({h: s / self.temperature for h, s in scores.items()})
+        return _softmax({h: s / self.temperature for h, s in tried.items()})
 
     def select(self, step: int) -> Selection:
         return _draw(self.rng, self.probabilities())
@@ -599,6 +600,8 @@ KNOWN_SCHEDULERS = (
 def make_scheduler(name: str, harnesses: Sequence[str], seed: int = 0, **options: Any) -> Scheduler:
     """Build a scheduler by name (see the module docstring); options go to its constructor."""
     harnesses = list(harnesses)
+    cls: type[Scheduler]
+    fixed: dict[str, Any]  # constructor arguments the name sets
     if name.startswith("single:"):
         target = name.split(":", 1)[1]
         if target not in harnesses:

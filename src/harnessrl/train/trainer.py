@@ -560,20 +560,22 @@ class Trainer:
         and loads (all hold the same weights); a failure anywhere stops every process."""
         from harnessrl.train.rollout_server import RolloutServerError, teacher_forced
 
-        first = self.servers.version is None
+        servers, folder = self.servers, self.folder
+        assert servers is not None  # the pipeline publishes only to rollout servers
+        first = servers.version is None
         error = None
-        if self.dist.is_main:
+        if folder is not None:  # rank 0
             try:
                 with lora.holding_weights(self.peft_model, weights, TrainError):
-                    self.servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
+                    servers.publish(lambda folder: self.peft_model.save_pretrained(str(folder)), self.out, version)
                     if first:
                         # a harness that sends its tools natively needs the server's tool calling
                         native = any(getattr(getattr(s, "protocol", None), "native_tools", False) for s in self.specs)
                         with self.policy.paused():
-                            report = self.servers.probe(
+                            report = servers.probe(
                                 teacher_forced(self.peft_model), self.config.temperature, native_tools=native
                             )
-                        self.folder.record(rollout_probe=report.as_dict())
+                        folder.record(rollout_probe=report.as_dict())
                         self._say(
                             f"rollout servers probed: log-probs within {report.max_abs_diff:.2g} of the trainer's"
                         )
@@ -646,7 +648,7 @@ class Trainer:
         if self.resume and main:
             truncate_jsonl(metrics_path, self.step)
             truncate_jsonl(eval_path, self.step)
-        if main:
+        if self.folder is not None:  # rank 0
             self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()
         try:
