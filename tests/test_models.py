@@ -641,3 +641,39 @@ def test_records_without_native_tool_calls_read_as_before_and_native_ones_round_
     assert again.steps[0].model_call.tool_calls == [add] and again.steps[0].tool_calls[0].id == "call_7"
     broken = ModelCall(prompt_ids=[], completion_ids=[], logprobs=[], text="", tool_call_error="not an object")
     assert ModelCall.model_validate(broken.model_dump()).tool_call_error == "not an object"
+
+
+def test_model_specs_are_parsed_in_one_place(tmp_path, monkeypatch):
+    from harnessrl.models import ModelSpec, check_spec
+
+    assert ModelSpec.parse(" tiny-random ") == ModelSpec("named", "tiny-random", name="tiny-random")
+    assert ModelSpec.parse(f"hf:{tmp_path}") == ModelSpec("hf", f"hf:{tmp_path}", path=str(tmp_path))
+    remote = ModelSpec.parse("openai:org/m:q4@lora@https://h.example/v1/")
+    assert (remote.kind, remote.name, remote.base_url) == ("openai", "org/m:q4@lora", "https://h.example/v1")
+    assert ModelSpec.parse("oracle").kind == "oracle"
+    assert [ModelSpec.parse(t).local for t in ("smollm2-135m", "hf:x", "openai:m@http://h/v1", "oracle")] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert ModelSpec.parse_local("openai:m@http://h/v1") is None and ModelSpec.parse_local("gpt-17") is None
+    with pytest.raises(ValueError, match="unknown model 'gpt-17' .*tiny-random, smollm2-135m, hf:PATH"):
+        ModelSpec.parse("gpt-17")
+    with pytest.raises(ValueError, match="needs a server URL: openai:MODEL@BASE_URL"):
+        ModelSpec.parse("openai:gpt-4o")
+
+    # check: what needs this machine, with the option's name in front
+    assert check_spec(f"hf:{tmp_path}", option="--model").path == str(tmp_path)
+    with pytest.raises(ValueError, match="^--judge-model: model path '/no/such' does not exist$"):
+        check_spec("hf:/no/such", option="--judge-model")
+    with pytest.raises(ValueError, match="^--model: unknown model"):
+        check_spec("gpt-17", option="--model")
+    with pytest.raises(ValueError, match="only `harnessrl eval` runs it"):
+        check_spec("oracle")
+    assert check_spec("oracle", oracle=True).kind == "oracle"
+    monkeypatch.delenv("HARNESSRL_NO_KEY", raising=False)
+    with pytest.raises(ValueError, match="^--api-key-env HARNESSRL_NO_KEY: that environment variable is not set$"):
+        check_spec("openai:m@http://h/v1", "HARNESSRL_NO_KEY")
+    with pytest.raises(ValueError, match="'oracle' is no model"):
+        load_policy("oracle")
