@@ -81,8 +81,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
         for h in harnesses:
             trajs = list(store.trajectories(harness=h, with_tokens=False))
             data.summaries[h] = harness_summary(trajs, attempts)
-            tri = triage_by_harness(trajs).get(h) or HarnessTriage.empty()
-            data.triage[h] = tri.to_json()
+            tri = data.triage[h] = triage_by_harness(trajs).get(h) or HarnessTriage.empty()
             data.task_scores[h] = task_scores(trajs)
             verdicts = {v.episode_id: v for v in tri.episodes}
             lengths = store.completion_lengths(h)
@@ -95,7 +94,7 @@ def _load_run(folder: Path, label: str, writer: EpisodeWriter) -> RunData:
     finally:
         store.close()
     try:
-        write_triage(data.triage, folder)
+        write_triage({h: tri.to_json() for h, tri in data.triage.items()}, folder)
     except OSError as e:
         raise ReportError(f"cannot write triage.json into {folder}: {e.strerror or e}") from None
     return data

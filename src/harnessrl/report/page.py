@@ -58,7 +58,7 @@ def _metrics_table(run: RunData) -> str:
             + k_cell(m.pass_at_k, 1)
             + (k_cell(m.pass_at_k, k) + k_cell(m.pass_hat_k, k) if k > 1 else "")
             + f'<td class="num">{_num(m.delivery_rate)}</td><td class="num">{m.n_infra_errors}</td>'
-            f'<td class="num">{t["n_failed"]}</td><td class="num">{_pct(t["process_share"])}</td>'
+            f'<td class="num">{t.n_failed}</td><td class="num">{_pct(t.process_share)}</td>'
             "</tr>"
         )
     foot = ""
@@ -93,7 +93,7 @@ def _triage_table(run: RunData) -> str:
         t = run.triage[h]
         cells = []
         for c in CLASSES:
-            n = t["counts"].get(c, 0)
+            n = t.counts[c]
             link = (
                 f'<a href="#episodes" data-harness="{escape(h)}" data-run="{escape(run.label)}" '
                 f'data-class="{c}">{n}</a>'
@@ -102,10 +102,8 @@ def _triage_table(run: RunData) -> str:
             )
             cells.append(f'<td class="num {class_kind(c)}">{link}</td>')
         rows.append(
-            f'<tr><th class="harness">{escape(h)}</th><td class="num">{t["n_passed"]}</td>'
-            f'<td class="num">{t["n_failed"]}</td>'
-            + "".join(cells)
-            + f'<td class="num">{_pct(t["process_share"])}</td></tr>'
+            f'<tr><th class="harness">{escape(h)}</th><td class="num">{t.n_passed}</td>'
+            f'<td class="num">{t.n_failed}</td>' + "".join(cells) + f'<td class="num">{_pct(t.process_share)}</td></tr>'
         )
     return f'<table class="triage"><thead>{groups}{head}</thead><tbody>{"".join(rows)}</tbody></table>'
 

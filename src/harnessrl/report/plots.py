@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
 from harnessrl.metrics import HarnessSummary
-from harnessrl.triage import CLASSES, CONTENT, PROCESS
+from harnessrl.triage import CLASSES, CONTENT, PROCESS, HarnessTriage
 
 # Process classes in warm colours (fix the harness), content in blue (fix the weights), infra grey.
 CLASS_COLORS = {
@@ -123,15 +123,16 @@ def mean_score_chart(
         return save_figure(fig, path)
 
 
-def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> Path:
+def triage_chart(triage: dict[str, HarnessTriage], harnesses: list[str], path: Path) -> Path:
     """Stacked bars: failed episodes per harness split by first failure signal (CLASSES order)."""
+    tri = {h: triage.get(h) or HarnessTriage.empty() for h in harnesses}
     with matplotlib.rc_context(PLOT_STYLE):
         fig = Figure(figsize=(_width(len(harnesses)) + 2.2, 3.6), layout="constrained")
         ax = fig.add_subplot()
         x = np.arange(len(harnesses))
         bottom = np.zeros(len(harnesses))
         for cls in CLASSES:
-            counts = np.array([triage.get(h, {}).get("counts", {}).get(cls, 0) for h in harnesses], dtype=float)
+            counts = np.array([tri[h].counts[cls] for h in harnesses], dtype=float)
             kind = class_kind(cls)
             ax.bar(
                 x,
@@ -146,7 +147,7 @@ def triage_chart(triage: dict[str, dict], harnesses: list[str], path: Path) -> P
             )
             bottom += counts
         for xi, h, total in zip(x, harnesses, bottom):
-            share = triage.get(h, {}).get("process_share")
+            share = tri[h].process_share
             if total:
                 note = f"{int(total)}" + ("" if share is None else f"\n{share:.0%} process")
                 ax.text(float(xi), total, note, ha="center", va="bottom", fontsize=8)

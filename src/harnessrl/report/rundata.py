@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.metrics import HarnessSummary
+from harnessrl.triage import HarnessTriage
 
 
 @dataclass
@@ -18,7 +19,7 @@ class RunData:
     attempts: int
     harnesses: list[str]
     summaries: dict[str, HarnessSummary] = field(default_factory=dict)
-    triage: dict[str, dict] = field(default_factory=dict)
+    triage: dict[str, HarnessTriage] = field(default_factory=dict)
     task_scores: dict[str, dict[str, float]] = field(default_factory=dict)
     families: set[str] = field(default_factory=set)
     n_found: int = 0
