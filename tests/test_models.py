@@ -677,3 +677,24 @@ def test_model_specs_are_parsed_in_one_place(tmp_path, monkeypatch):
         check_spec("openai:m@http://h/v1", "HARNESSRL_NO_KEY")
     with pytest.raises(ValueError, match="'oracle' is no model"):
         load_policy("oracle")
+
+
+def test_native_tool_calls_reach_a_template_that_shows_them_and_are_refused_by_one_that_does_not(tokenizer):
+    from helpers import with_template
+
+    from harnessrl.models import chat
+
+    messages = [
+        Message(role="user", content="add 2 and 3"),
+        Message(role="assistant", content="", tool_calls=[ToolCall(name="add", arguments={"a": 2, "b": 3})]),
+        Message(role="tool", content="5", name="add"),
+    ]
+    with pytest.raises(ValueError, match="native tool calls, which this model's chat template cannot show"):
+        chat.render_prompt(tokenizer, messages)  # SmolLM2's template has no tool calls: they would be lost
+    shows_calls = (
+        "{%- for m in messages %}{{- m['role'] + ': ' + m['content'] }}"
+        "{%- for c in m.tool_calls or [] %}{{- '[' + c.function.name + ' ' + (c.function.arguments | tojson) + ']' }}"
+        "{%- endfor %}{{- '\\n' }}{%- endfor %}"
+    )
+    text = chat.render_prompt(with_template(tokenizer, shows_calls), messages)
+    assert 'assistant: [add {"a": 2, "b": 3}]' in text and "Tool result (add):\n5" in text

@@ -86,12 +86,27 @@ def tool_message_as_user(message: Message) -> str:
 
 
 def to_template_messages(
-    messages: Sequence[Message], tool_role: ToolRole = "user", wrapped_by_template: bool = False
+    messages: Sequence[Message],
+    tool_role: ToolRole = "user",
+    wrapped_by_template: bool = False,
+    template_takes_tool_calls: bool = False,
 ) -> list[dict]:
     """The messages as the chat template takes them; `wrapped_by_template`: the template wraps each
-    tool message in <tool_response> tags (template_wraps_tool_results), see split_tool_responses."""
-    out = []
+    tool message in <tool_response> tags (template_wraps_tool_results), see split_tool_responses.
+    An assistant message carrying native tool calls (`Message.tool_calls`) is passed with them in
+    the transformers form when `template_takes_tool_calls`; else it is a ValueError: a template
+    without them would drop the calls, and writing them as text is a harness's business."""
+    out: list[dict] = []
     for m in messages:
+        if m.tool_calls:
+            if not template_takes_tool_calls:
+                raise ValueError(
+                    "a message carries native tool calls, which this model's chat template cannot show "
+                    "(write them as text in a tool-call format)"
+                )
+            calls = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+            out.append({"role": m.role, "content": m.content, "tool_calls": calls})
+            continue
         if m.role == "tool" and tool_role == "user":
             out.append({"role": "user", "content": tool_message_as_user(m)})
         elif m.role == "tool":
@@ -121,9 +136,8 @@ def render_prompt(
             for t in tools
         ]
     wrapped = template_wraps_tool_results(tokenizer, tool_role)
-    return tokenizer.apply_chat_template(
-        to_template_messages(messages, tool_role, wrapped), tokenize=False, add_generation_prompt=True, **kwargs
-    )
+    chat = to_template_messages(messages, tool_role, wrapped, "tool_calls" in _template_text(tokenizer))
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
 
 
 def render_prompt_ids(
