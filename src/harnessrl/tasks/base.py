@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, NotRequired, TypedDict
+from typing import Any, Callable, ClassVar, NotRequired, TypedDict
 
 from harnessrl.types import Grade, ToolSchema
 
@@ -245,9 +245,14 @@ class Task:
     # starts, for a task written for a fixed path (an imported task: /app, /root/...); None:
     # the workspace's own temporary path.
     workspace_mount: str | None = None
+    # What make_env builds: an imported format whose episodes own more (running services) has
+    # its own subclass of Environment.
+    environment_class: ClassVar[type[Environment]] = Environment
 
     def make_env(self) -> Environment:
-        env = Environment(workspace=Workspace() if self.needs_workspace else None, workspace_mount=self.workspace_mount)
+        env = self.environment_class(
+            workspace=Workspace() if self.needs_workspace else None, workspace_mount=self.workspace_mount
+        )
         try:
             self.setup(env)
         except BaseException:

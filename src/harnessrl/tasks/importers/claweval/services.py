@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.tasks.base import Environment, Tool, ToolOutput, Workspace
+from harnessrl.tasks.base import Environment, Tool, ToolOutput
 from harnessrl.tasks.importers.claweval.sandbox import (
     grader_python,
     read_only_paths,
@@ -168,16 +168,7 @@ class ClawEvalEnvironment(Environment):
 class ClawEvalTask(ImportedTask):
     """An imported task whose environment runs mock services (stopped when it closes)."""
 
-    def make_env(self) -> Environment:
-        env = ClawEvalEnvironment(
-            workspace=Workspace() if self.needs_workspace else None, workspace_mount=self.workspace_mount
-        )
-        try:
-            self.setup(env)
-        except BaseException:
-            env.close()
-            raise
-        return env
+    environment_class = ClawEvalEnvironment
 
 
 def service_tool(spec: dict[str, Any], endpoint: dict[str, str]) -> Tool:
