@@ -3,10 +3,13 @@ disjoint and deterministic."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import random
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -546,3 +549,15 @@ def test_instances_are_the_recorded_ones(name):
     got = {"test": _digest(suite.tasks("test")), "dev": _digest(suite.tasks("dev"))}
     got["train[:200]"] = _digest(suite.tasks("train", 200))
     assert got == recorded
+
+
+def test_the_word_pools_ship_in_the_wheel():
+    """Every pool file is package data (pyproject.toml), or an installed harnessrl has no suites."""
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
+    package = root / "src" / "harnessrl"
+    pools = sorted((package / "tasks" / "suites" / "data").glob("*.json"))
+    assert {p.stem for p in pools} >= {"workspace", "browse", "toolcalc", "planning"}
+    for pool in pools:
+        rel = pool.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatch(rel, g) for g in globs["harnessrl"]), rel
