@@ -31,6 +31,10 @@ check: install
 	$(VENV)/bin/ruff format --check --quiet src tests bench
 	$(VENV)/bin/ruff check --quiet src tests bench
 
+# mypy over src/ (strictness: [tool.mypy] in pyproject.toml)
+typecheck: install
+	$(VENV)/bin/mypy src
+
 test: check
 	$(PY) -m pytest
 
