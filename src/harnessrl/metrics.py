@@ -179,7 +179,7 @@ def model_time(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
     per_episode = [episode_model_time(t) for t in trajectories if not t.is_infra_error]
     out: dict[str, dict[str, Any]] = {}
     for part in TIME_PARTS:
-        values = [e[part] for e in per_episode if e[part] is not None]
+        values = [v for e in per_episode if (v := e[part]) is not None]
         total = fsum(values) if values else None
         out[part] = {
             "sum": total,
@@ -289,7 +289,7 @@ def paired_difference(scores_a: dict[str, float], scores_b: dict[str, float], se
     because only one side has them). With no shared task, mean_difference and ci95 are None.
     """
     shared = sorted(set(scores_a) & set(scores_b))
-    result = {
+    result: dict[str, Any] = {
         "mean_difference": None,
         "ci95": None,
         "n_tasks": len(shared),

@@ -178,7 +178,8 @@ def compare(incumbent: dict[str, float], candidate: dict[str, float], threshold:
 def screening_winners(deltas: dict[str, float | None], threshold: float) -> list[str]:
     """Candidates whose screening delta beats the threshold, largest delta first (ties: label order):
     the ones to confirm."""
-    return sorted((k for k, d in deltas.items() if beats(d, threshold)), key=lambda k: (-deltas[k], k))
+    winners = {k: d for k, d in deltas.items() if d is not None and beats(d, threshold)}
+    return sorted(winners, key=lambda k: (-winners[k], k))
 
 
 def confirmed_choice(deltas: dict[str, float | None], threshold: float) -> str | None:

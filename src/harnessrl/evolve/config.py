@@ -17,24 +17,28 @@ from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
 class EvolveConfig:
     """What an evolution run computes (see docs/evolve.md)."""
 
-    suite: str = Field("workspace", description="suite whose dev split drives the search and whose test split confirms")
-    seed_harness: str = Field("react", description="built-in harness name or spec path to start from")
+    suite: str = Field(
+        default="workspace", description="suite whose dev split drives the search and whose test split confirms"
+    )
+    seed_harness: str = Field(default="react", description="built-in harness name or spec path to start from")
     model: str = Field(
-        "smollm2-135m", description="the agent's model: tiny-random, smollm2-135m, hf:PATH or openai:MODEL@URL"
+        default="smollm2-135m", description="the agent's model: tiny-random, smollm2-135m, hf:PATH or openai:MODEL@URL"
     )
     device: Device = "auto"
     dtype: FloatDtype = "auto"
     dev_tasks: int = Field(
-        48, ge=2, description="first N dev tasks (decision tasks; >= 2: the noise estimate needs a spread over tasks)"
+        default=48,
+        ge=2,
+        description="first N dev tasks (decision tasks; >= 2: the noise estimate needs a spread over tasks)",
     )
-    test_tasks: int = Field(72, ge=1, description="first N test tasks (held out; run once at the end)")
-    rollouts: int = Field(4, ge=1, description="attempts per task in every measurement")
-    iterations: int = Field(20, ge=1, description="search iterations")
-    candidates: int = Field(2, ge=1, description="candidates proposed and measured per iteration")
-    proposer: str = Field("rules", description="rules (offline, triage-driven) or llm")
-    proposer_model: Optional[str] = Field(None, description="llm proposer's model: openai:NAME@URL")
+    test_tasks: int = Field(default=72, ge=1, description="first N test tasks (held out; run once at the end)")
+    rollouts: int = Field(default=4, ge=1, description="attempts per task in every measurement")
+    iterations: int = Field(default=20, ge=1, description="search iterations")
+    candidates: int = Field(default=2, ge=1, description="candidates proposed and measured per iteration")
+    proposer: str = Field(default="rules", description="rules (offline, triage-driven) or llm")
+    proposer_model: Optional[str] = Field(default=None, description="llm proposer's model: openai:NAME@URL")
     threshold_multiple: float = Field(
-        THRESHOLD_MULTIPLE,
+        default=THRESHOLD_MULTIPLE,
         ge=0,
         description=(
             "threshold = this x SD of a paired difference of dev means; a candidate must beat it twice: "
@@ -42,22 +46,22 @@ class EvolveConfig:
         ),
     )
     min_threshold: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         description="the threshold is never below this, nor below one episode's worth of score, "
         "1/(dev tasks x rollouts)",
     )
     seed: int = Field(
-        0,
+        default=0,
         description=(
             "run seed: each measurement samples with a seed derived from it and the measurement's stream "
             "(noise.a, noise.b, iNN, iNN.confirm, test)"
         ),
     )
-    temperature: float = Field(0.7, ge=0.0, le=5.0, description="the agent's sampling temperature")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
-    max_in_flight: int = Field(16, ge=1, description="episodes in flight (generation batch size)")
-    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
+    temperature: float = Field(default=0.7, ge=0.0, le=5.0, description="the agent's sampling temperature")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_in_flight: int = Field(default=16, ge=1, description="episodes in flight (generation batch size)")
+    retries: int = Field(default=2, ge=0, description="re-runs of an episode after an infrastructure error")
 
     @field_validator("proposer")
     @classmethod

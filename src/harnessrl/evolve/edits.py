@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from harnessrl.harness.spec import HarnessSpec, SpecError, parse_spec
+from harnessrl.harness.spec import HarnessSpec, SpecError, parse_spec, require_loop_harness
 
 _MISSING = "(absent)"
 # the spec's name labels a run, it is not part of the harness's behaviour
@@ -51,7 +51,7 @@ def apply_changes(spec: HarnessSpec, changes: dict[str, Any]) -> HarnessSpec:
                 raise SpecError(f"edit {path}: '{key}' is not a section of the spec")
             node = child
         node[keys[-1]] = copy.deepcopy(value)
-    return parse_spec(data, "candidate")
+    return require_loop_harness(parse_spec(data, "candidate"), "an edit")
 
 
 def apply_diff(spec: HarnessSpec, diff: list[dict[str, Any]]) -> HarnessSpec:
@@ -82,4 +82,4 @@ def spec_from_text(text: str, source: str = "proposal") -> HarnessSpec:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise SpecError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return parse_spec(data, source)
+    return require_loop_harness(parse_spec(data, source), "a proposal")

@@ -45,9 +45,11 @@ class Proposal:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Proposal":
-        from harnessrl.harness.spec import parse_spec
+        from harnessrl.harness.spec import parse_spec, require_loop_harness
 
-        spec = None if d["spec"] is None else parse_spec(d["spec"], "stored proposal")
+        spec = (
+            None if d["spec"] is None else require_loop_harness(parse_spec(d["spec"], "stored proposal"), "a proposal")
+        )
         return cls(d["hypothesis"], d["target"], d["edit"], spec, d.get("error"), d.get("raw", ""))
 
 
@@ -230,7 +232,7 @@ def _verify_checkpoint(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, Any
 
 
 def _evidence_lesson(spec: HarnessSpec, ctx: ProposalContext) -> dict[str, Any]:
-    missing = Counter()
+    missing: Counter[str] = Counter()
     for ev in _evidence(ctx, "insufficient_evidence"):
         for name in ev.removeprefix("submitted without a successful ").split(","):
             missing[name.strip()] += 1

@@ -18,6 +18,8 @@ from harnessrl.rundir import CONFIG, RunFolder, holds_run
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(EvolveConfig))
+
 
 def stored_config(out: str | Path) -> EvolveConfig:
     """The configuration an evolution run folder was started with (`--resume`)."""
@@ -26,7 +28,7 @@ def stored_config(out: str | Path) -> EvolveConfig:
         raise EvolveError(f"{out} holds no evolution run to resume")
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
-        return EvolveConfig(**{k: v for k, v in stored.items() if k in EvolveConfig.__pydantic_fields__})
+        return EvolveConfig(**{k: v for k, v in stored.items() if k in _FIELDS})
     except (ValueError, TypeError) as e:
         raise EvolveError(f"{path}: not an evolution configuration ({e})") from None
 
@@ -45,7 +47,7 @@ def run_evolve(
     final.json's content. `resume`: continue the run in `out` (its configuration must be
     `config`; `stored_config(out)` reads it). `executor`: where the episodes run (default: this
     process; the caller closes it)."""
-    from harnessrl.evolve.proposers import LLMProposer, RulesProposer
+    from harnessrl.evolve.proposers import LLMProposer, Proposer, RulesProposer
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
@@ -84,7 +86,9 @@ def run_evolve(
             policy = load_policy(config.model, sampling, dtype=config.dtype, device=str(device))
         else:
             policy = load_policy(config.model, sampling, api_key_env=api_key_env)
+        proposer: Proposer
         if config.proposer == "llm":
+            assert config.proposer_model is not None  # EvolveConfig requires one for the llm proposer
             proposer_sampling = SamplingParams(temperature=0.7, seed=config.seed)
             proposer = LLMProposer(load_policy(config.proposer_model, proposer_sampling, api_key_env=api_key_env))
         else:

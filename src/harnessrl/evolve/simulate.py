@@ -60,14 +60,19 @@ RULES = {
 }
 
 
-def _measure(rng: np.random.Generator, p: np.ndarray, rollouts: int) -> tuple[dict[int, float], np.ndarray]:
+def _label(i: int) -> str:
+    """Task and candidate labels, as the loop's: strings (zero-padded, so they sort as the numbers do)."""
+    return f"{i:06d}"
+
+
+def _measure(rng: np.random.Generator, p: np.ndarray, rollouts: int) -> tuple[dict[str, float], np.ndarray]:
     """Per-task mean scores (as the loop's Measurement.scores) and the episode scores (tasks x rollouts)."""
     episodes = (rng.random((p.size, rollouts)) < p[:, None]).astype(float)
-    return dict(enumerate(episodes.mean(axis=1).tolist())), episodes
+    return {_label(i): m for i, m in enumerate(episodes.mean(axis=1).tolist())}, episodes
 
 
-def _per_task(episodes: np.ndarray) -> dict[int, list[float]]:
-    return dict(enumerate(episodes.tolist()))
+def _per_task(episodes: np.ndarray) -> dict[str, list[float]]:
+    return {_label(i): row for i, row in enumerate(episodes.tolist())}
 
 
 def simulate_search(
@@ -84,17 +89,17 @@ def simulate_search(
     arms = [np.minimum(1.0, p + effect) if (effect and k == 0) else p for k in range(candidates)]
     for _ in range(1 if effect else iterations):
         incumbent, _ = _measure(rng, p, rollouts)
-        deltas = {k: paired_delta(incumbent, _measure(rng, arm, rollouts)[0]) for k, arm in enumerate(arms)}
+        deltas = {_label(k): paired_delta(incumbent, _measure(rng, arm, rollouts)[0]) for k, arm in enumerate(arms)}
         winners = screening_winners(deltas, threshold)
         if not winners:
             continue
         if not rule.confirm:
-            return not effect or winners[0] == 0
+            return not effect or winners[0] == _label(0)
         fresh, _ = _measure(rng, p, rollouts)
-        again = {k: paired_delta(fresh, _measure(rng, arms[k], rollouts)[0]) for k in winners}
+        again = {k: paired_delta(fresh, _measure(rng, arms[int(k)], rollouts)[0]) for k in winners}
         choice = confirmed_choice(again, threshold)
         if choice is not None:
-            return not effect or choice == 0
+            return not effect or choice == _label(0)
     return False
 
 

@@ -144,19 +144,19 @@ class RayExecutor(Executor):
     def prepare(self, tasks: Iterable[Task], harnesses: Iterable[HarnessSpec]) -> None:
         self.start()
         seen: set[int] = set()
-        for what, items in (("task", tasks), ("harness", harnesses)):
-            for item in items:
-                if id(item) in seen:
-                    continue
-                seen.add(id(item))
-                name = item.id if what == "task" else item.name
-                try:
-                    cloudpickle.dumps(item)
-                except Exception as e:  # noqa: BLE001 - any pickling failure: name the object
-                    raise ExecutorError(
-                        f"{what} '{name}' cannot be sent to the Ray workers (it does not pickle: "
-                        f"{type(e).__name__}: {e}); run it with --executor local"
-                    ) from None
+        named: list[tuple[str, str, object]] = [("task", t.id, t) for t in tasks]
+        named += [("harness", h.name, h) for h in harnesses]
+        for what, name, item in named:
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            try:
+                cloudpickle.dumps(item)
+            except Exception as e:  # noqa: BLE001 - any pickling failure: name the object
+                raise ExecutorError(
+                    f"{what} '{name}' cannot be sent to the Ray workers (it does not pickle: "
+                    f"{type(e).__name__}: {e}); run it with --executor local"
+                ) from None
 
     # -- the pool -----------------------------------------------------------------------------------
     def _new_worker(self, probe: bool = False) -> _Worker:
