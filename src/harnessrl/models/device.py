@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -90,7 +91,7 @@ def bytes_per_parameter(dtype: str) -> float:
 
 # -- model sizes ----------------------------------------------------------------------------------
 
-SMOLLM2_135M = {
+SMOLLM2_135M: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": 49152,

@@ -192,7 +192,7 @@ class Distributed:
             return obj
         import torch.distributed as dist
 
-        box = [obj if self.is_main else None]
+        box: list[Any] = [obj if self.is_main else None]  # rank 0's object on every process after the call
         dist.broadcast_object_list(box, src=0)
         return box[0]
 

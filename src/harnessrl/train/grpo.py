@@ -30,12 +30,14 @@ import math
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
 
 from harnessrl.types import Trajectory
+
+T = TypeVar("T")
 
 
 def group_advantages(rewards: Tensor, scale: bool = True, eps: float = 1e-6) -> Tensor:
@@ -357,7 +359,7 @@ def truncated_is_weights(
     return weights, capped
 
 
-def split_mini_batches(units: list[TrainingUnit], n: int, seed: str) -> list[list[TrainingUnit]]:
+def split_mini_batches(units: list[T], n: int, seed: str) -> list[list[T]]:
     """The units of one pass in n mini-batches (one optimizer step each), sizes differing by at most 1.
 
     One mini-batch is the units as given. Several: the units are shuffled by a generator seeded
@@ -371,7 +373,8 @@ def split_mini_batches(units: list[TrainingUnit], n: int, seed: str) -> list[lis
     random.Random(seed).shuffle(order)
     n = min(n, len(order))
     size, extra = divmod(len(order), n)
-    batches, start = [], 0
+    batches: list[list[T]] = []
+    start = 0
     for i in range(n):
         end = start + size + (i < extra)
         batches.append(order[start:end])

@@ -600,8 +600,9 @@ class RolloutServers(Policy):
             if self._version is None:
                 raise RolloutServerError("no adapter is loaded on the rollout servers yet (publish first)")
             i = min(range(len(self.urls)), key=lambda k: self._outstanding[k])
-            if self._outstanding[i] == 0 and self._idle_since[i] is not None:
-                self._idle_total[i] += time.monotonic() - self._idle_since[i]
+            since = self._idle_since[i]
+            if self._outstanding[i] == 0 and since is not None:
+                self._idle_total[i] += time.monotonic() - since
                 self._idle_since[i] = None
             self._outstanding[i] += 1
             self.sent[i] += 1

@@ -37,7 +37,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -69,6 +69,9 @@ from harnessrl.train.sft_sample import (
     sampling_options_given,
 )
 from harnessrl.train.update import TrainingDiverged, micro_batches
+
+if TYPE_CHECKING:
+    from harnessrl.models.hf import HFPolicy
 
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
 # next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
@@ -159,6 +162,7 @@ class SFTRun:
         if spec is None and config.as_harness == OWN:
             if sampling:
                 raise SFTError("--as-harness own cannot be sampled into: name one harness with --as-harness")
+            assert self.selection is not None  # not sampling: --from was given
             self.specs = own_specs(self.selection)
         elif spec is None:
             from harnessrl.harness.registry import load_harness
@@ -201,10 +205,15 @@ class SFTRun:
                 resolved = lora.precision_record(config.to_dict())
             except ValueError as e:  # a device this machine lacks, or int8 asked on a GPU
                 raise SFTError(str(e)) from None
+            if spec is not None:
+                harness_spec = spec.to_dict()
+            else:
+                assert self.specs is not None  # --as-harness own
+                harness_spec = {n: x.to_dict() for n, x in self.specs.items()}
             record = {
                 **resolved,
                 "as_harness": self.harness_name,
-                "harness_spec": spec.to_dict() if spec is not None else {n: x.to_dict() for n, x in self.specs.items()},
+                "harness_spec": harness_spec,
                 "suite": self.suite,
             }
             try:
@@ -220,7 +229,7 @@ class SFTRun:
                 raise SFTError("--sample needs a run folder (--out) to keep its attempts in")
             self.plan = plan_sampling(config, self.selection, spec, root)
         self.sample_policy = sample_policy
-        self.policy = None
+        self.policy: HFPolicy | None = None
         self.examples: ExampleSet | None = None
         self.step = 0
 
@@ -235,7 +244,7 @@ class SFTRun:
         if self.plan is not None:
             self.selection = self.sample()
         assert self.selection is not None
-        options = {"min_score": cfg.min_score, "placebo": cfg.placebo, "seed": cfg.seed}
+        options: dict[str, Any] = {"min_score": cfg.min_score, "placebo": cfg.placebo, "seed": cfg.seed}
         if self.specs is not None:
             self.examples = build_examples_own(self.selection, self.specs, self.renderer, **options)
         else:
@@ -321,6 +330,7 @@ class SFTRun:
         self.folder.record(data={**self.examples.stats, "fingerprint": fingerprint, "steps_per_epoch": per_epoch})
         if self.resume:
             truncate_jsonl(metrics_path, self.step)
+        assert self.policy is not None  # prepare() loaded it
         pad_id = self.policy.pad_id
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         last: dict[str, Any] = {}
@@ -373,6 +383,7 @@ class SFTRun:
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(self, fingerprint: str) -> Path:
         """OUT/checkpoint, written in a temporary folder then renamed into place."""
+        assert self.out is not None  # a run that trains has a folder
         state = {"step": self.step, "data_fingerprint": fingerprint}
         return lora.write_checkpoint(self.out, self.peft_model, self.optimizer, state)
 
@@ -381,6 +392,7 @@ class SFTRun:
         the ones the checkpoint was trained on."""
         import json
 
+        assert self.out is not None  # a run that trains has a folder
         folder = lora.checkpoint_folder(self.out)
         if folder is None:
             return False
@@ -400,6 +412,7 @@ class SFTRun:
     def save_adapter(self) -> Path:
         """OUT/adapter (lora.write_adapter); harnessrl.json also names the harness, the placebo and the examples."""
         cfg = self.config
+        assert self.out is not None and self.examples is not None  # a run that trains, prepared
         return lora.write_adapter(
             self.out,
             self.peft_model,

@@ -31,15 +31,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.types import ActionKind, Message, ModelCall, ToolCall, ToolResult, ToolSchema, Trajectory
+
+if TYPE_CHECKING:
+    from harnessrl.models.chat import ToolRole
 
 PLACEBOS = ("none", "shuffle-answers")
 
@@ -295,13 +299,13 @@ class SFTExample:
     source_run: str = ""  # the run folder the episode was read from
     placebo: bool = False  # its final submit carries another task's answer (--placebo)
 
-    def chat_messages(self, tool_role: str, wrapped_by_template: bool = False) -> list[dict[str, Any]]:
+    def chat_messages(self, tool_role: ToolRole, wrapped_by_template: bool = False) -> list[dict[str, Any]]:
         """The conversation in the chat `messages` format, as the tokenizer's template receives
         it (tool results as `tool_role` turns; see chat.to_template_messages for
         `wrapped_by_template`), ending with this call's reply."""
         from harnessrl.models import chat
 
-        msgs = chat.to_template_messages(self.messages, tool_role, wrapped_by_template)  # type: ignore[arg-type]
+        msgs = chat.to_template_messages(self.messages, tool_role, wrapped_by_template)
         return [*msgs, {"role": "assistant", "content": self.completion}]
 
 
@@ -320,7 +324,7 @@ class ChatRenderer:
     """Prompt and completion tokens exactly as a local policy of this tokenizer has them: the
     chat template with the generation header, then the reply's tokens and the end-of-turn token."""
 
-    def __init__(self, tokenizer, tool_role: str | None = None):
+    def __init__(self, tokenizer, tool_role: ToolRole | None = None):
         from harnessrl.models import chat
         from harnessrl.models.embedded import END_OF_TURN
 
@@ -613,7 +617,9 @@ def _answer_args(r: Replay) -> dict[str, Any]:
     return last.arguments if last else {}
 
 
-def example_row(example: SFTExample, tool_role: str, suite: str, wrapped_by_template: bool = False) -> dict[str, Any]:
+def example_row(
+    example: SFTExample, tool_role: ToolRole, suite: str, wrapped_by_template: bool = False
+) -> dict[str, Any]:
     """One example as a dataset row: the `messages` (what the JSONL export writes) and where it
     comes from."""
     return {
@@ -632,7 +638,7 @@ def example_row(example: SFTExample, tool_role: str, suite: str, wrapped_by_temp
 HF_INSTALL = "pip install 'harnessrl[datasets]'"
 
 
-def check_hf_export(path: str | Path) -> Path:
+def check_hf_export(path: str | os.PathLike[str]) -> Path:
     """Refuse, before anything is written, an --export-hf that cannot be done: no `datasets`
     package, or a folder that holds something other than a saved dataset (it is replaced)."""
     import importlib.util
@@ -648,7 +654,11 @@ def check_hf_export(path: str | Path) -> Path:
 
 
 def write_hf_dataset(
-    path: str | Path, examples: list[SFTExample], tool_role: str, suite: str, wrapped_by_template: bool = False
+    path: str | os.PathLike[str],
+    examples: list[SFTExample],
+    tool_role: ToolRole,
+    suite: str,
+    wrapped_by_template: bool = False,
 ) -> Path:
     """The examples as a Hugging Face dataset saved to disk (`datasets.load_from_disk(path)`),
     written in a temporary folder beside `path`, then renamed into place (a dataset saved there
@@ -681,7 +691,7 @@ def write_hf_dataset(
 
 
 def write_jsonl(
-    path: str | Path, examples: list[SFTExample], tool_role: str, wrapped_by_template: bool = False
+    path: str | os.PathLike[str], examples: list[SFTExample], tool_role: ToolRole, wrapped_by_template: bool = False
 ) -> Path:
     """The examples in the chat `messages` format, one model call per line, written atomically."""
     import os

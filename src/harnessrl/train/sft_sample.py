@@ -17,6 +17,7 @@ the same options; other options there are refused.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +100,9 @@ def check_sampling_harness(tasks: list, sampler: HarnessSpec, target: HarnessSpe
             )
 
 
-def plan_sampling(config: SFTConfig, selection: Selection | None, target: HarnessSpec, out: str | Path) -> SamplingPlan:
+def plan_sampling(
+    config: SFTConfig, selection: Selection | None, target: HarnessSpec, out: str | os.PathLike[str]
+) -> SamplingPlan:
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
     from harnessrl.evaluate import evaluation_record
     from harnessrl.harness.registry import load_harness
@@ -185,18 +188,18 @@ def best_attempts(
     report: dict[str, dict[str, Any]] = {}
     for task in tasks:
         tries = sorted(by_task.get(task.id, []), key=lambda t: t.attempt)
-        graded = [t for t in tries if not t.is_infra_error and t.grade is not None]
+        graded = [(t, t.grade) for t in tries if not t.is_infra_error and t.grade is not None]
         entry: dict[str, Any] = {"attempts": len(tries), "infra_errors": len(tries) - len(graded)}
         report[task.id] = entry
         if not graded:
             entry.update(kept=None, why="every attempt ended in an infrastructure error")
             continue
-        best = max(graded, key=lambda t: t.grade.score)  # max keeps the first of equal scores
-        entry["best_score"] = best.grade.score
-        meets = best.grade.passed if min_score is None else best.grade.score >= min_score - 1e-9
+        best, grade = max(graded, key=lambda pair: pair[1].score)  # max keeps the first of equal scores
+        entry["best_score"] = grade.score
+        meets = grade.passed if min_score is None else grade.score >= min_score - 1e-9
         if not meets:
             what = "passes" if min_score is None else f"scores >= {min_score:g}"
-            entry.update(kept=None, why=f"no attempt {what} (best score {best.grade.score:.2f})")
+            entry.update(kept=None, why=f"no attempt {what} (best score {grade.score:.2f})")
             continue
         entry.update(kept=best.episode_id, attempt=best.attempt)
         kept.append(best)
