@@ -615,7 +615,7 @@ class Improve:
 
         c = self.config
         # the study's collection and imitation stages, rooted at OUT/weights (its stages.json there)
-        imitation = self._stages(self.out / "weights", str(self.out / "harness" / "evolved.yaml"))
+        imitation = self._stages(self.out.resolve() / "weights", str(self.out.resolve() / "harness" / "evolved.yaml"))
         variants: dict[str, dict[str, Any]] = {}
         steps = c.distill_steps
         reason, collect = None, {}
@@ -687,7 +687,7 @@ class Improve:
         }
 
     def _adapter_model(self, adapter: str) -> str:
-        return "hf:" + str(self.out / adapter)
+        return "hf:" + str((self.out / adapter).resolve())  # absolute: a resume from elsewhere names the same model
 
     def _distill(self, stage: str, evolved, steps: int) -> dict[str, Any]:
         from harnessrl.train.config import DistillConfig
@@ -917,6 +917,7 @@ def report_markdown(result: dict[str, Any]) -> str:
 
     cells = result["cells"]
     k = str(next(iter(cells.values()))["attempts"])
+    ks = ["pass@1", f"pass@{k}", f"pass^{k}"] if k != "1" else ["pass@1"]  # with 1 attempt they are one number
     out = [
         f"# harnessrl improve: {result['suite']}, {result['model']}",
         "",
@@ -926,16 +927,17 @@ def report_markdown(result: dict[str, Any]) -> str:
         "",
         "## Held-out test tasks",
         "",
-        f"| cell | what | mean | 95% CI | pass@1 | pass@{k} | pass^{k} | process fail | content fail |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| cell | what | mean | 95% CI | {' | '.join(ks)} | process fail | content fail |",
+        "|---|---|---|---|" + "---|" * len(ks) + "---|---|",
     ]
     for name, c in cells.items():
         ci = c["mean_score_ci95"]
         out.append(
             f"| {name} | {c['what']}{' (= ' + c['same_as'] + ')' if 'same_as' in c else ''} | {num(c['mean_score'])} | "
             + ("-" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]")
-            + f" | {num(c['pass_at_k'].get('1'))} | {num(c['pass_at_k'].get(k))} | {num(c['pass_hat_k'].get(k))} | "
-            f"{pct(c['triage']['process_rate'])} | {pct(c['triage']['content_rate'])} |"
+            + f" | {num(c['pass_at_k'].get('1'))} | "
+            + (f"{num(c['pass_at_k'].get(k))} | {num(c['pass_hat_k'].get(k))} | " if k != "1" else "")
+            + f"{pct(c['triage']['process_rate'])} | {pct(c['triage']['content_rate'])} |"
         )
     out += [
         "",
