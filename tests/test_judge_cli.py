@@ -102,6 +102,20 @@ def test_judge_model_grades_the_judged_parts_and_is_part_of_the_run_config(tmp_p
     assert r.exit_code == 0 and "3 of 3 episodes already finished" in r.output
 
 
+def test_the_judge_grades_the_oracles_episodes_too(tmp_path, judge_server):
+    """`--model oracle --judge-model M`: the judge is loaded for the oracle's run as for a model's
+    (the judge-only task needs no sandboxed grader, so this runs without bubblewrap too)."""
+    out = tmp_path / "oracle"
+    args = ["eval", "--suite", f"pinchbench:{PINCHBENCH}", "--harness", str(one_step_harness(tmp_path))]
+    r = cli.invoke(
+        app, [*args, "--model", "oracle", "--judge-model", judge_server.spec(), "--out", str(out), "--retries", "0"]
+    )
+    assert r.exit_code == 0, r.output
+    poem = grades(out)["task_03_poem"]
+    assert poem.infra_error is None and poem.grade.subscores == {"faithful": 0.5}
+    assert judge_server.requests
+
+
 @needs_bwrap
 def test_without_judge_model_the_judged_part_is_ungraded(tmp_path):
     out = tmp_path / "unjudged"
