@@ -209,7 +209,6 @@ def main(argv: list[str] | None = None) -> dict:
                     first_model(server.url), server.url, max_concurrency=max(levels), full_seeds=True, timeout=600
                 )
                 llama[str(threads)] = {n: run_eval(remote, jobs, n, sampling) for n in levels}
-                remote.close()
 
     result = {
         "args": vars(args),
