@@ -166,6 +166,20 @@ def test_a_scripted_tool_call_makes_the_minimal_agent_pass(tokenizer):
     assert traj.meta["agent"]["exit_code"] == 0 and traj.meta["required_observations"] == []
 
 
+def test_the_oracle_plays_its_task_through_an_agent_program(tokenizer):
+    """`--model oracle` with an external harness: each episode's policy is handed its task, and the
+    solution reaches the agent as tool calls in its tool_protocol (two attempts side by side)."""
+    from harnessrl.harness.oracle import Oracle
+
+    task = create_file_task()
+    runner = Runner(Oracle(tokenizer), SamplingParams(), max_in_flight=2, progress=False)
+    trajs = runner.run(make_jobs([task], [load_spec(MINIMAL)], 2))
+    assert [t.attempt for t in trajs] == [0, 1]
+    for traj in trajs:
+        assert traj.termination == Termination.submitted and traj.grade.passed, traj.termination_detail
+        assert [c.name for s in traj.steps for c in s.tool_calls] == ["write_file", "submit"]
+
+
 def test_unknown_tools_and_bad_arguments_are_recorded_as_blocked_calls(tokenizer):
     from harnessrl.triage import first_failure_signal
 
