@@ -63,7 +63,7 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
-    fn: Callable[..., str]
+    fn: Callable[..., str | ToolOutput]
 
     @property
     def schema(self) -> ToolSchema:
@@ -187,6 +187,12 @@ class Environment:
     answer: str | None = None
     calls: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)  # (tool, args, output)
     workspace_mount: str | None = None  # where a sandboxed command sees the workspace (Task.workspace_mount)
+
+    def require_workspace(self) -> Workspace:
+        """The workspace of a task that has one; a RuntimeError for an environment without."""
+        if self.workspace is None:
+            raise RuntimeError("this task needs an environment with a workspace (Task.needs_workspace)")
+        return self.workspace
 
     def close(self) -> None:
         if self.workspace is not None:

@@ -34,9 +34,10 @@ def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:
         raise ValueError(f"unknown task folder format '{kind}' (known: {', '.join(f'{k}:PATH' for k in IMPORTERS)})")
     if not path:
         raise ValueError(f"'{name}': give the folder after the colon, e.g. {kind}:path/to/tasks")
-    if judge is not None and IMPORTERS[kind] in JUDGED_FORMATS:
-        return IMPORTERS[kind](path, judge=judge)
-    return IMPORTERS[kind](path)
+    suite_class = IMPORTERS[kind]
+    if judge is not None and issubclass(suite_class, JUDGED_FORMATS):
+        return suite_class(path, judge=judge)
+    return suite_class(path)
 
 
 __all__ = [

@@ -103,7 +103,7 @@ class ClawGymSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             if mount is not None:  # as ClawGym: input_files/ is used only when a mount dir is named
-                copy_tree_into(folder / "input_files", env.workspace.root / _mount_inside_workspace(mount))
+                copy_tree_into(folder / "input_files", env.require_workspace().root / _mount_inside_workspace(mount))
 
         def grader(env: Environment) -> Grade:
             return self._grade(folder, entry, env)
@@ -119,7 +119,7 @@ class ClawGymSuite(ImportedSuite):
         )
 
     def _grade(self, folder: Path, entry: dict[str, Any], env: Environment) -> Grade:
-        ws: Path = env.workspace.root
+        ws: Path = env.require_workspace().root
         reward_dst = ws / "reward"
         if reward_dst.is_symlink() or reward_dst.is_file():
             reward_dst.unlink()

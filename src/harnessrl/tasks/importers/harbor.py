@@ -251,7 +251,7 @@ class HarborSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             for source, rel in local.copies:
-                target = env.workspace.root / rel
+                target = env.require_workspace().root / rel
                 if source.is_dir():
                     copy_tree_into(source, target)
                 else:
@@ -293,7 +293,7 @@ class HarborSuite(ImportedSuite):
                 # as Harbor runs it: executed (its shebang decides), output kept next to the reward
                 ["bash", "-c", f"/tests/test.sh > /logs/verifier/{TEST_OUTPUT} 2>&1"],
                 workdir=scratch,
-                mounts={workdir: env.workspace.root, "/tests": tests, "/logs": logs},
+                mounts={workdir: env.require_workspace().root, "/tests": tests, "/logs": logs},
                 cwd=workdir,
                 env={"HOME": "/root", "LC_ALL": "C.UTF-8", **run_env},
                 limits=self.limits_for(timeout, memory_mb),

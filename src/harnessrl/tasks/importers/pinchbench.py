@@ -197,7 +197,7 @@ class PinchBenchSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             for dest, source in files:
-                target = env.workspace.root / dest
+                target = env.require_workspace().root / dest
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(source, Path):
                     target.write_bytes(source.read_bytes())
@@ -258,7 +258,7 @@ class PinchBenchSuite(ImportedSuite):
             result = run_grader(
                 [PYTHON, f"{GRADER_DIR}/driver.py", GRADER_DIR, WORKSPACE],
                 workdir=grader_dir,
-                mounts={WORKSPACE: env.workspace.root, GRADER_DIR: grader_dir},
+                mounts={WORKSPACE: env.require_workspace().root, GRADER_DIR: grader_dir},
                 cwd=WORKSPACE,
                 env={"HOME": "/tmp", "LC_ALL": "C.UTF-8"},
                 limits=self.limits_for(None),
@@ -274,6 +274,8 @@ class PinchBenchSuite(ImportedSuite):
 
     def _judged(self, prompt: str, sections: dict[str, str], transcript: list) -> tuple[float, dict[str, float], str]:
         rubric = sections.get("LLM Judge Rubric") or sections.get("Grading Criteria", "")
+        if self.judge is None:
+            raise GraderError("the task has an LLM-judge part, and no judge is configured")
         try:
             reply = self.judge(judge_prompt(prompt, sections.get("Expected Behavior", ""), transcript, rubric))
         except Exception as e:
@@ -382,7 +384,8 @@ def parse_judge_reply(reply: str) -> tuple[float, dict[str, float], str]:
             continue
         if not isinstance(parsed, dict):
             continue
-        raw = parsed.get("scores") if isinstance(parsed.get("scores"), dict) else {}
+        listed = parsed.get("scores")
+        raw: dict[str, Any] = listed if isinstance(listed, dict) else {}
         scores = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         total = parsed.get("total")
         if not isinstance(total, (int, float)) or isinstance(total, bool):

@@ -293,10 +293,10 @@ def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[
 
         items.sort(key=lambda it: (it.start, it.kind != "leg"))
         for i, a in enumerate(items):
-            for b in items[i + 1 :]:
-                if b.start < a.end:
+            for later in items[i + 1 :]:
+                if later.start < a.end:
                     v["time"].append(
-                        f"day {d.day}: {a.id} {hhmm(a.start)}-{hhmm(a.end)} overlaps {b.id} at {hhmm(b.start)}"
+                        f"day {d.day}: {a.id} {hhmm(a.start)}-{hhmm(a.end)} overlaps {later.id} at {hhmm(later.start)}"
                     )
         for it in items:
             if it.end > 24 * 60:
@@ -634,6 +634,8 @@ TOOLS = [
 
 def _instruction(request: Request) -> str:
     start = request.date_of(1)
+    if start is None:
+        raise ValueError(f"a trip request of {request.days} days has no day 1")
     when = f"{WEEKDAYS[start.weekday()]} {request.start}"
     if request.days == 1:
         trip = f"Plan a day trip for one traveller on {when} from {request.home} to {request.stops[0][0]} and back."

@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, Sequence
 
 from harnessrl.tasks.suites.pools import load_pools
 
@@ -126,6 +126,9 @@ class Request:
         return next((c for c in self.constraints if c.kind == kind), None)
 
 
+Record = Service | Hotel | Restaurant | Attraction  # an item of a world, found by its id
+
+
 @dataclass
 class World:
     cities: list[str]
@@ -135,8 +138,9 @@ class World:
     attractions: list[Attraction] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.by_id: dict[str, Any] = {}
-        for item in [*self.services, *self.hotels, *self.restaurants, *self.attractions]:
+        self.by_id: dict[str, Record] = {}
+        items: list[Record] = [*self.services, *self.hotels, *self.restaurants, *self.attractions]
+        for item in items:
             self.by_id[item.id] = item
 
     def digest(self) -> str:
@@ -244,7 +248,8 @@ class _SightNames:
     """Unique attraction names within one world ("Old Fortress", "Bergen Zoo")."""
 
     def __init__(self, rng: random.Random):
-        self.rng, self.used = rng, set()
+        self.rng = rng
+        self.used: set[str] = set()
 
     def make(self, city: str) -> str:
         for _ in range(200):
@@ -491,18 +496,19 @@ class _Builder:
         rng = self.rng
         flights = [s for s in self.services if s.mode == "flight"]
         trains = [s for s in self.services if s.mode == "train"]
-        for prefix, items in (
+        groups: tuple[tuple[str, Sequence[Record]], ...] = (
             ("F", flights),
             ("T", trains),
             ("H", self.hotels),
             ("R", self.restaurants),
             ("A", self.attractions),
-        ):
+        )
+        for prefix, items in groups:
             numbers = rng.sample(range(100, 1000), len(items))
             for item, n in zip(items, numbers):
                 item.id = f"{prefix}{n}"
-        for items in (self.services, self.hotels, self.restaurants, self.attractions):
-            rng.shuffle(items)
+        for kind in (self.services, self.hotels, self.restaurants, self.attractions):
+            rng.shuffle(kind)
 
 
 def build_trip(rng: random.Random, days: int, n_stops: int, n_constraints: int) -> Trip:

@@ -46,7 +46,7 @@ def grader_python() -> tuple[str, dict[str, str]]:
     from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, run_sandboxed
 
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [(sys.executable, {})]
+    candidates: list[tuple[str, dict[str, str]]] = [(sys.executable, {})]
     same = shutil.which(version, path=SANDBOX_PATH)
     if same is not None:
         candidates.append((same, {"PYTHONPATH": os.pathsep.join(package_folders())}))

@@ -173,7 +173,8 @@ class ClawEvalTask(ImportedTask):
 
 def service_tool(spec: dict[str, Any], endpoint: dict[str, str]) -> Tool:
     """A task tool: its arguments POSTed as JSON to its mock endpoint, the reply shown as JSON."""
-    schema = spec.get("input_schema") if isinstance(spec.get("input_schema"), dict) else {}
+    declared = spec.get("input_schema")
+    schema: dict[str, Any] = declared if isinstance(declared, dict) else {}
     parameters = {"type": "object", "properties": {}, **schema}
 
     def call(env: Environment, **arguments: Any) -> ToolOutput:

@@ -87,6 +87,7 @@ class ClawEvalSuite(ImportedSuite):
             except TaskLoadError as e:
                 parsed.append(broken(folder.name, "claweval", str(e)))
         files = [p for p in parsed if isinstance(p, TaskFile)]
+        problems: dict[str, str | None]
         if not framework.is_dir():
             problems = {f.task_id: f"the Claw-Eval framework that graders import is not at {framework}" for f in files}
         else:

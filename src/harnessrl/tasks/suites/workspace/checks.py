@@ -9,14 +9,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from harnessrl.tasks.base import Environment, Workspace
-
-
-def workspace_of(env: Environment) -> Workspace:
-    """The environment's workspace (every `workspace` task has one)."""
-    if env.workspace is None:
-        raise RuntimeError("a workspace task needs an environment with a workspace")
-    return env.workspace
+from harnessrl.tasks.base import Environment
 
 
 def norm_lines(text: str | None) -> list[str] | None:
@@ -32,7 +25,7 @@ def norm_lines(text: str | None) -> list[str] | None:
 def read_text(env: Environment, rel: str) -> str | None:
     """A workspace file's text, or None when it is missing, a directory or unreadable."""
     try:
-        return workspace_of(env).read(rel)
+        return env.require_workspace().read(rel)
     except Exception:
         return None
 
@@ -47,7 +40,7 @@ def same_text(env: Environment, rel: str, expected: str) -> bool:
 
 
 def gone(env: Environment, rel: str) -> bool:
-    return not os.path.lexists(workspace_of(env).root / rel)
+    return not os.path.lexists(env.require_workspace().root / rel)
 
 
 def fraction(flags: list[bool]) -> float:
@@ -77,6 +70,6 @@ def run_checks(checks: dict[str, Callable[[], float | bool]]) -> dict[str, float
 def setup_files(files: dict[str, str]) -> Callable[[Environment], None]:
     def setup(env: Environment) -> None:
         for rel, text in files.items():
-            workspace_of(env).write(rel, text)
+            env.require_workspace().write(rel, text)
 
     return setup

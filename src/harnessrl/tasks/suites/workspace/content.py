@@ -17,7 +17,6 @@ from harnessrl.tasks.suites.workspace.checks import (
     run_checks,
     same_text,
     setup_files,
-    workspace_of,
 )
 from harnessrl.tasks.suites.workspace.text import (
     CATEGORIES,
@@ -143,7 +142,7 @@ def fix_config(rng: random.Random) -> TaskParts:
 
     def check(env: Environment) -> dict[str, float]:
         def no_old() -> bool:
-            under = [p for p in workspace_of(env).files() if p.startswith("config/")]
+            under = [p for p in env.require_workspace().files() if p.startswith("config/")]
             return bool(under) and all(old not in (read_text(env, p) or "") for p in under)
 
         return run_checks(
