@@ -1,4 +1,5 @@
-"""Built-in task suites, one file per suite.
+"""Built-in task suites, one module or package per suite; their word pools are package data
+(`data/<suite>.json`, read by `pools.py`) and they read answers through `harnessrl.tasks.grading`.
 
 - `workspace`: file-system tasks graded on the final state of a sandboxed workspace.
 - `toolcalc`: one- or two-call micro tasks (arithmetic, table lookup, unit conversion) small
