@@ -561,3 +561,12 @@ def test_the_word_pools_ship_in_the_wheel():
     for pool in pools:
         rel = pool.relative_to(package).as_posix()
         assert any(fnmatch.fnmatch(rel, g) for g in globs["harnessrl"]), rel
+
+
+def test_a_workspace_grader_without_a_workspace_scores_zero(suites):
+    """An environment that lost its workspace is garbled state too: every check scores 0, none raises."""
+    for task in suites["workspace"].tasks("dev")[:16]:
+        grade = task.grade(Environment())
+        assert grade.score == 0.0, (task.id, grade.subscores)
+    with pytest.raises(RuntimeError, match="needs an environment with a workspace"):
+        Environment().require_workspace()
