@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -17,7 +17,7 @@ out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     """One clear line on stderr and a non-zero exit: for user errors, never a traceback."""
     err.print("[bold red]error:[/] ", end="")
     err.print(message, markup=False, highlight=False, soft_wrap=True)

@@ -29,6 +29,7 @@ def _served(model: str, served_model_name: str | None, max_loras: int, dtype: st
     for a spec that is not a local model, as ServedModels.from_spec, which takes no device);
     `options`: the other keywords of ServedModels."""
     from harnessrl.models import MODEL_NAMES, check_spec, load_policy
+    from harnessrl.models.hf import HFPolicy
     from harnessrl.serve import ServedModels
     from harnessrl.serve.models import LOCAL_ONLY
 
@@ -37,6 +38,7 @@ def _served(model: str, served_model_name: str | None, max_loras: int, dtype: st
         raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
     check_spec(spec, option="--model")
     policy = load_policy(spec, dtype=dtype, device=device)
+    assert isinstance(policy, HFPolicy)  # a local spec loads one
     return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
 
 

@@ -55,11 +55,12 @@ def tasks_show(task_id: Annotated[str, typer.Argument(help="suite/split/index, e
 def _size(n: int | None) -> str:
     if not n:
         return "-"
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(size)
 
 
 @models_app.command("list")

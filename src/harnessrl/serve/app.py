@@ -109,6 +109,7 @@ def create_app(models: ServedModels) -> FastAPI:
         entry = await asyncio.to_thread(models.acquire, body.model)
         try:
             policy = entry.policy
+            assert policy is not None  # acquire() returns a resident model
             fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
             request, sampling = to_generation(body, 1, fmt is not None, defaults=models.sampling_defaults())
             tools = offered_tools(body) if fmt is not None else []

@@ -139,6 +139,7 @@ class ServedModels:
         name = name or base.name
         context = getattr(base.model.config, "max_position_embeddings", None)
         self.base = ServedModel(name=name, policy=base, root=root or base.name, max_context=context)
+        self.base_policy = base  # `self.base.policy`, typed: the base is never evicted nor retired
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.generation_config = generation_config
@@ -196,7 +197,7 @@ class ServedModels:
         generation_config.json), as vLLM reads them."""
         if self.generation_config == "vllm":
             return {}
-        config = getattr(self.base.policy.model, "generation_config", None)
+        config = getattr(self.base_policy.model, "generation_config", None)
         diff = config.to_diff_dict() if config is not None else {}
         return {k: diff[k] for k in GENERATION_DEFAULTS if diff.get(k) is not None}
 
@@ -251,7 +252,7 @@ class ServedModels:
             raise ServeError(400, "lora_name must not be empty", param="lora_name")
         if name == self.base.name:
             raise ServeError(400, f"lora_name {name!r} is the base model's name", param="lora_name")
-        if self.base.policy.quantization is not None:
+        if self.base_policy.quantization is not None:
             raise ServeError(
                 400,
                 f"this server runs {self.base.name} with int8 linear layers (--dtype int8), and LoRA adapters are "
@@ -331,7 +332,7 @@ class ServedModels:
             return [n for n, e in self._adapters.items() if e.policy is not None]
 
     def _adapter_policy(self, name: str, merged) -> HFPolicy:
-        base = self.base.policy
+        base = self.base_policy
         return HFPolicy(
             merged,
             base.tokenizer,
@@ -364,7 +365,7 @@ class ServedModels:
     def _evict(self) -> None:
         """Close the least recently used merged copies no request is using until at most
         `max_loras` are held (busy ones stay: the limit is exceeded until they are done)."""
-        closing = []
+        closing: list[HFPolicy] = []
         with self._lock:
             resident = sorted((e for e in self._adapters.values() if e.policy is not None), key=lambda e: e.used)
             extra = len(resident) - self.max_loras
@@ -372,6 +373,7 @@ class ServedModels:
                 if extra <= 0:
                     break
                 if entry.in_flight == 0:
+                    assert entry.policy is not None  # resident
                     closing.append(entry.policy)
                     entry.policy = None
                     extra -= 1
@@ -411,7 +413,7 @@ class ServedModels:
         from peft import PeftModel
 
         self._warn_other_base(folder)
-        base_model = self.base.policy.model
+        base_model = self.base_policy.model
         try:
             model = PeftModel.from_pretrained(copy.deepcopy(base_model), str(folder)).merge_and_unload()
         except Exception as exc:  # noqa: BLE001 - any failure of peft is a bad adapter for this base
@@ -446,4 +448,4 @@ class ServedModels:
             if entry.policy is not None:
                 entry.policy.close()
         if self.owns_base:
-            self.base.policy.close()
+            self.base_policy.close()

@@ -38,6 +38,7 @@ from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_bo
 from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.serve.server import BackgroundServer
+from harnessrl.serve.streaming import token_streaming
 from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class RecordingEndpoint:
     def _exchange(self, episode: RecordedEpisode, turn: Any, model: str | None) -> Exchange:
         """How the episode's admitted turn is generated and recorded."""
         policy = episode.policy
+        streaming = token_streaming(policy)
         started = [time.monotonic()]
 
         def submit(on_token):
@@ -131,7 +133,8 @@ class RecordingEndpoint:
             # submit may render the prompt in the calling thread: the caller keeps it off the event loop
             if on_token is None:
                 return policy.submit(turn.request, episode.sampling)
-            return policy.submit(turn.request, episode.sampling, on_token=on_token)
+            assert streaming is not None  # on_token is given only to a `live` exchange
+            return streaming.submit(turn.request, episode.sampling, on_token=on_token)
 
         def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
             latency = time.monotonic() - started[0]
@@ -154,7 +157,7 @@ class RecordingEndpoint:
             model=model or episode.model_name,
             stop=list(turn.request.stop),
             # a reply to a request that offered tools may be a tool call: parsed before it is shown
-            live=bool(getattr(policy, "streams_tokens", False)) and not turn.tools,
+            live=streaming is not None and not turn.tools,
             buffered=bool(turn.tools),
         )
 

@@ -29,12 +29,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from harnessrl.models.base import PolicyError
 from harnessrl.serve import responses as rs
 from harnessrl.serve.protocol import ChatCompletionRequest, completion_body, error_body, token_string, usage
-from harnessrl.serve.streaming import Done, Piece, replay, stream_call
+from harnessrl.serve.streaming import Done, OnToken, Piece, replay, stream_call
 from harnessrl.types import ModelCall
 
 log = logging.getLogger(__name__)
-
-OnToken = Callable[[int, float], None]
 
 
 @dataclass
@@ -128,11 +126,11 @@ async def _chat_events(ex: Exchange, body: ChatCompletionRequest, request_id: st
             first["prompt_token_ids"] = list(ex.prompt_ids)
         yield _sse(first)
         carry = Piece("")  # tokens that showed no text yet: they ride on the next text chunk
-        call: ModelCall | None = None
+        streamed: ModelCall | None = None
         try:
             async for item in stream_call(ex.submit, ex.tokenizer, ex.stop, ex.live):
                 if isinstance(item, Done):
-                    call = item.call
+                    streamed = item.call
                 elif not ex.buffered:
                     carry = _join(carry, item)
                     if carry.text:
@@ -141,12 +139,12 @@ async def _chat_events(ex: Exchange, body: ChatCompletionRequest, request_id: st
         except (PolicyError, CancelledError) as exc:
             yield _sse(error_body(500, ex.failed(_failure(exc))))
             return
-        assert call is not None
-        call, message = await asyncio.to_thread(ex.finish, call)
+        assert streamed is not None
+        call, message = await asyncio.to_thread(ex.finish, streamed)
         tool_calls = (message or {}).get("tool_calls") or []
         if ex.buffered:
             if tool_calls:
-                whole = Piece(message.get("content") or "", list(call.completion_ids), list(call.logprobs))
+                whole = Piece((message or {}).get("content") or "", list(call.completion_ids), list(call.logprobs))
                 if whole.text or wants_tokens:
                     yield _sse(chunk({"content": whole.text}, piece=whole))
                 for k, entry in enumerate(tool_calls):
@@ -287,11 +285,11 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
         yield write("response.created", response=response("in_progress"))
         yield write("response.in_progress", response=response("in_progress"))
         carry = Piece("")
-        call: ModelCall | None = None
+        streamed: ModelCall | None = None
         try:
             async for item in stream_call(ex.submit, ex.tokenizer, ex.stop, ex.live):
                 if isinstance(item, Done):
-                    call = item.call
+                    streamed = item.call
                 elif not ex.buffered:
                     carry = _join(carry, item)
                     if carry.text:
@@ -306,8 +304,8 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
             error = error_body(500, message)["error"]
             yield write("error", code="server_error", message=message, param=None, error=error)
             return
-        assert call is not None
-        call, reply = await asyncio.to_thread(ex.finish, call)
+        assert streamed is not None
+        call, reply = await asyncio.to_thread(ex.finish, streamed)
         text, tool_calls = rs.assistant_turn(call, reply)
         logprobs = rs.text_logprobs(body, ex.tokenizer, call)
         output = rs.output_items(text, tool_calls, message_id=message_id, logprobs=logprobs)

@@ -9,10 +9,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from harnessrl.models.hf import HFPolicy
 from harnessrl.serve.models import ServedModels
 from harnessrl.serve.tools import check_tool_parser
+
+if TYPE_CHECKING:
+    import uvicorn
 
 STARTUP_TIMEOUT_S = 60.0
 GRACEFUL_SHUTDOWN_S = 5
@@ -70,7 +74,7 @@ class BackgroundServer:
         self.port = port
         self.log_level = log_level
         self.name = name
-        self._server = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
 

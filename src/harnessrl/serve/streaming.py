@@ -20,10 +20,29 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, cast
 
 from harnessrl.types import ModelCall
 
+if TYPE_CHECKING:
+    from harnessrl.models.base import GenerationRequest, SamplingParams
+
 INCOMPLETE = "\ufffd"  # what decoding shows for the bytes of a character not yet whole
+
+OnToken = Callable[[int, float], None]  # (token id, its logprob), called as the engine samples it
+
+
+class TokenStreaming(Protocol):
+    """A policy whose `submit` takes `on_token` (one with `streams_tokens` true: HFPolicy)."""
+
+    def submit(
+        self, request: GenerationRequest, sampling: SamplingParams | None = None, *, on_token: OnToken | None = None
+    ) -> Future[ModelCall]: ...
+
+
+def token_streaming(policy: object) -> TokenStreaming | None:
+    """`policy` when its `submit` takes `on_token` (it says so with `streams_tokens`), else None."""
+    return cast(TokenStreaming, policy) if getattr(policy, "streams_tokens", False) else None
 
 
 @dataclass
@@ -118,7 +137,7 @@ def replay(call: ModelCall, tokenizer) -> list[Piece]:
     return [p for p in pieces if p.text or p.ids]
 
 
-Submit = Callable[[Callable[[int, float], None] | None], Future]
+Submit = Callable[[OnToken | None], Future]
 
 
 async def stream_call(submit: Submit, tokenizer, stop: Sequence[str], live: bool) -> AsyncIterator[Piece | Done]:
