@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.models.hf import HFPolicy
+from harnessrl.models.spec import LOCAL_FORMS
 from harnessrl.serve.protocol import ServeError
 from harnessrl.serve.tools import PromptTools, check_tool_parser
 
 log = logging.getLogger(__name__)
 
-LOCAL_ONLY = "harnessrl serve serves local models only: tiny-random, smollm2-135m or hf:PATH"
+LOCAL_ONLY = f"harnessrl serve serves local models only: {LOCAL_FORMS}"
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.33's --max-lora-rank choices
 GENERATION_CONFIGS = ("auto", "vllm")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
@@ -167,12 +168,13 @@ class ServedModels:
         form (an openai: server, the oracle) or a path that does not exist. `options`: the
         vLLM-like keywords of the constructor (max_lora_rank, generation_config, logprobs_mode,
         tool_call_parser)."""
-        from harnessrl.models import MODEL_NAMES, check_spec, load_policy
+        from harnessrl.models import ModelSpec, load_policy
 
-        spec = spec.strip()
-        if not (spec in MODEL_NAMES or spec.startswith("hf:")):
-            raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
-        check_spec(spec, option="--model")
+        local = ModelSpec.parse_local(spec)
+        if local is None:
+            raise ValueError(f"{LOCAL_ONLY}; {spec.strip()!r} is not one")
+        local.check(option="--model")
+        spec = local.text
         policy = load_policy(spec, dtype=dtype)
         assert isinstance(policy, HFPolicy)
         return cls(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
