@@ -142,7 +142,7 @@ class ModelCall(_OmitsUnsetNative):
         theirs = {k: v for k, v in other.__dict__.items() if k not in CALL_TIMINGS}
         return mine == theirs
 
-    __hash__ = None  # (as every pydantic model: mutable, so unhashable)
+    __hash__ = None  # type: ignore[assignment]  # (as every pydantic model: mutable, so unhashable)
 
     @property
     def completion_tokens(self) -> int:

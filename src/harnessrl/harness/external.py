@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from typing import Protocol as Interface
 
 from harnessrl.harness.loops import _short_tb, check_tool_call, episode_id
@@ -564,7 +564,10 @@ class _Record:
 
     def finish(self, env: Environment, episode: ExternalEpisode, result: ExecResult, control: Path) -> Trajectory:
         steps = episode.steps()
-        meta = {"required_observations": self.job.task.required_observations, "agent": _agent_meta(result)}
+        meta: dict[str, Any] = {
+            "required_observations": self.job.task.required_observations,
+            "agent": _agent_meta(result),
+        }
         if episode.refused_total > len(episode.refusals):
             meta["refused_requests_total"] = episode.refused_total
         answer = _read_answer(control / ANSWER_FILE)

@@ -363,6 +363,7 @@ class Episode:
         tool, args, refusal = check_tool_call(tc, self.tools if tools is None else tools)
         if refusal is not None:
             return refusal
+        assert tool is not None  # (check_tool_call refuses a call no tool takes)
         self._helper_inner = []
         result = self._run_tool(tool, tc, args)
         # a helper tool leaves its calls there, whatever their outcome; any other tool leaves it empty

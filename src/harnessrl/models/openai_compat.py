@@ -451,8 +451,9 @@ class OpenAIPolicy(Policy):
         withdrawn = threading.Event()
         future.add_done_callback(lambda _: withdrawn.set())  # a cancel wakes a retry's wait
         try:
-            call: ModelCall | None = self._complete_one(request, sampling, seed, withdrawn)
-            call.latency_s = time.perf_counter() - submitted_at
+            done = self._complete_one(request, sampling, seed, withdrawn)
+            done.latency_s = time.perf_counter() - submitted_at
+            call: ModelCall | None = done
             error: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - the caller gets it from the future
             call, error = None, exc
