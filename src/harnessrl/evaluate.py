@@ -140,12 +140,12 @@ def run_eval(
     judge = None
     try:
         if config.judge_model is not None:
-            from harnessrl.tasks.importers.pinchbench import ModelJudge
+            from harnessrl.tasks.importers import make_judge
 
             check_spec(
                 config.judge_model, config.judge_api_key_env, option="--judge-model", key_option="--judge-api-key-env"
             )
-            judge = ModelJudge(config.judge_model.strip(), api_key_env=config.judge_api_key_env)
+            judge = make_judge(config.judge_model, config.judge_api_key_env)
         elif config.judge_api_key_env is not None:
             raise EvalError("--judge-api-key-env needs --judge-model")
         the_suite = get_suite(config.suite) if judge is None else get_suite(config.suite, judge=judge)
@@ -234,7 +234,7 @@ def run_eval(
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
         if model.kind == "oracle":
-            _run_oracle(specs, todo, store, config.retries, run.progress, executor, config.max_in_flight)
+            run_oracle(todo, store, config.retries, run.progress, executor, config.max_in_flight)
             return write_summary(store, folder.config, run.out)
         run_into_store(
             store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
@@ -242,8 +242,7 @@ def run_eval(
         return write_summary(store, folder.config, run.out)
 
 
-def _run_oracle(
-    specs,
+def run_oracle(
     todo,
     store: RunStore,
     retries: int,
@@ -252,8 +251,7 @@ def _run_oracle(
     max_in_flight: int = 16,
 ) -> None:
     """`--model oracle`: the jobs with the oracle (harness/oracle.py), each episode replaying its
-    own task's solution through its harness, `max_in_flight` at once. (`specs`, the run's
-    harnesses, is not needed: each job names its own.)"""
+    own task's solution through its harness (each job names its own), `max_in_flight` at once."""
     from harnessrl.harness.oracle import Oracle
     from harnessrl.models.base import SamplingParams
 

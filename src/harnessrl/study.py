@@ -103,9 +103,9 @@ class StudyConfig(Options):
 
     @model_validator(mode="after")
     def _local_model(self) -> StudyConfig:
-        from harnessrl.models import MODEL_NAMES
+        from harnessrl.models import MODEL_NAMES, ModelSpec
 
-        if self.model not in MODEL_NAMES and not self.model.startswith("hf:"):
+        if ModelSpec.parse_local(self.model) is None:
             raise ValueError(
                 f"'{self.model}' cannot be fine-tuned: the study needs a local model "
                 f"({', '.join(MODEL_NAMES)} or hf:PATH)"
@@ -268,9 +268,9 @@ class Study:
         if self._policy is not None and self._policy[0] == model:
             return self._policy[1]
         self._release()
-        from harnessrl.models import MODEL_NAMES, load_policy
+        from harnessrl.models import ModelSpec, load_policy
 
-        local = model in MODEL_NAMES or model.startswith("hf:")  # (a --collect-model may be a server)
+        local = ModelSpec.parse_local(model) is not None  # (a --collect-model may be a server)
         try:
             policy = load_policy(model, dtype=self.dtype, device=str(self.device)) if local else load_policy(model)
         except (ValueError, RuntimeError, OSError) as e:
@@ -290,7 +290,7 @@ class Study:
     def _measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
         """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
         ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.evaluate import _run_oracle, evaluation_record, run_into_store, write_summary
+        from harnessrl.evaluate import evaluation_record, run_into_store, run_oracle, write_summary
         from harnessrl.models import ORACLE
         from harnessrl.models.base import SamplingParams
         from harnessrl.rollout import make_jobs
@@ -315,7 +315,7 @@ class Study:
                 )
                 policy = self.policy_factory(stage, model) if self.policy_factory is not None else None
                 if policy is None and model.strip() == ORACLE:
-                    _run_oracle([spec], todo, store, c.retries, self.progress)
+                    run_oracle(todo, store, c.retries, self.progress)
                 else:
                     policy = policy if policy is not None else self._load(stage, model)
                     run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
@@ -516,7 +516,9 @@ class Study:
     def _cell_model(self, weights: str) -> str:
         if weights == "base":
             return self.config.model
-        return "hf:" + str(self.out / ("sft" if weights == "distilled" else "placebo") / "adapter")
+        from harnessrl.models.spec import HF_PREFIX
+
+        return HF_PREFIX + str(self.out / ("sft" if weights == "distilled" else "placebo") / "adapter")
 
 
 def _same_harness(a, b) -> bool:

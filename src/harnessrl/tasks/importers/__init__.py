@@ -7,7 +7,7 @@ from harnessrl.tasks.importers.claweval import ClawEvalSuite
 from harnessrl.tasks.importers.clawgym import ClawGymSuite
 from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoadError
 from harnessrl.tasks.importers.harbor import HarborSuite
-from harnessrl.tasks.importers.pinchbench import Judge, PinchBenchSuite
+from harnessrl.tasks.importers.pinchbench import Judge, ModelJudge, PinchBenchSuite
 
 IMPORTERS: dict[str, type[ImportedSuite]] = {
     "clawgym": ClawGymSuite,
@@ -24,6 +24,14 @@ def has_judged_part(task) -> bool:
     from harnessrl.tasks.importers.pinchbench import is_judged
 
     return is_judged(task) or (task.suite == ClawEvalSuite.kind and bool(task.data.get("judged")))
+
+
+def make_judge(model_spec: str, api_key_env: str | None = None) -> ModelJudge:
+    """The LLM judge of the judged formats (PinchBench, Claw-Eval) for a model spec (any form
+    `load_policy` takes) and, for openai: servers, the environment variable holding the API key.
+    The model is not loaded yet: call the judge's `load()` once the rest of the run's configuration
+    is checked; it grades greedily, from as many threads as episodes are graded in."""
+    return ModelJudge(model_spec.strip(), api_key_env=api_key_env)
 
 
 def load_imported_suite(name: str, judge: Judge | None = None) -> ImportedSuite:
@@ -47,8 +55,11 @@ __all__ = [
     "GraderError",
     "HarborSuite",
     "ImportedSuite",
+    "Judge",
+    "ModelJudge",
     "PinchBenchSuite",
     "TaskLoadError",
     "has_judged_part",
     "load_imported_suite",
+    "make_judge",
 ]
