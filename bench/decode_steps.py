@@ -12,10 +12,13 @@ option on and off, alternating, and reports the median step time of each. Option
            `plan_runs`) against reading every row up to the longest row's length (both with
            the fused kernel)
   shared   shared-prefix decode attention against attending over every row's whole cache
+  fast     the engine's own Llama decode forward (harnessrl.models.llama_forward) against the
+           model's own forward
 
     HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --rows 1,5,8,12
     HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --option runs --rows 5,8,12
     HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --option shared --rows 8
+    HARNESSRL_THREADS=1 .venv/bin/python bench/decode_steps.py --option fast --rows 1,4,8,12
     .venv/bin/python bench/decode_steps.py --model tiny-random --rows 2 --steps 2   # plumbing
 
 Prints a table and one `DECODE_STEPS_JSON {...}` line.
@@ -28,7 +31,7 @@ import json
 import statistics
 import time
 
-OPTIONS = ("kernel", "runs", "shared")
+OPTIONS = ("kernel", "runs", "shared", "fast")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +71,7 @@ def measure(args: argparse.Namespace, model, tokenizer, rows: int) -> dict:
         prompt = prefix + torch.randint(low, high, (own,), generator=gen).tolist()
         engine.submit_request(EngineRequest(prompt, max_new_tokens=budget, temperature=0.7, seed=i, stop_ids=[]))
     default_cost = attention.plan_runs.__defaults__
+    fast = engine.executor.fast
 
     def setting(on: bool) -> None:
         if args.option == "kernel":
@@ -75,6 +79,8 @@ def measure(args: argparse.Namespace, model, tokenizer, rows: int) -> dict:
         elif args.option == "runs":  # a call that costs more than any padding: one run
             engine.compiled_attention = False
             attention.plan_runs.__defaults__ = default_cost if on else (10**12,)
+        elif args.option == "fast":
+            engine.executor.fast = fast if on else None
         else:
             engine.shared_prefix_attention = on
 

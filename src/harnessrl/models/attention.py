@@ -149,7 +149,8 @@ def decode_plan(model, plan: DecodePlan) -> Iterator[None]:
         _plan.reset(token)
 
 
-def _fallback(name: str):
+def attention_function(name: str):
+    """transformers' attention function of the implementation `name` (sdpa, eager, ...)."""
     if name == "eager" or name not in ALL_ATTENTION_FUNCTIONS:
         from transformers.models.llama.modeling_llama import eager_attention_forward
 
@@ -206,7 +207,7 @@ def engine_attention(module, query, key, value, attention_mask, dropout: float =
         or kwargs.get("sliding_window") is not None
     ):
         name = plan.fallback if plan is not None else _fallbacks.get(id(getattr(module, "config", None)), "sdpa")
-        fallback = _fallback(name)
+        fallback = attention_function(name)
         return fallback(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return decode_attention(query, key, value, plan, scale), None

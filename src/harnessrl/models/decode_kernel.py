@@ -90,6 +90,13 @@ def _compiled():
     return attend
 
 
+def raw_kernel():
+    """The compiled kernel itself, for a caller that checked its inputs (C-contiguous float32
+    numpy arrays: q (rows, kv_heads, group, dim), k and v (rows, kv_heads, slots, dim), counts
+    int64 >= 1 within the slots; it writes out and lse), or None where it is not available."""
+    return _compiled()
+
+
 def available() -> bool:
     """Whether the kernel can run here: numba imports and the kernel compiles and computes."""
     return _compiled() is not None

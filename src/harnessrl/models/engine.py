@@ -50,6 +50,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import asdict, dataclass, field
+from functools import partial
+from itertools import chain
+from operator import attrgetter, is_not
 
 import torch
 
@@ -182,7 +185,10 @@ class Engine:
     oneDNN-prepacked copies of the float32 linear weights (harnessrl.models.packed; as many
     bytes again as those weights; equal up to float rounding). None: $HARNESSRL_PACKED_DECODE (0
     or 1) when set, else on for a float32 CPU model whose linear weights take at most 2 GiB, on a
-    torch with oneDNN.
+    torch with oneDNN. `fast_decode`: decode steps run the engine's own forward for Llama models
+    (harnessrl.models.llama_forward; equal up to float rounding). None: on where it applies (a
+    float32 Llama model on the CPU), the model's own forward elsewhere; True where it does not
+    apply is a ValueError.
     """
 
     def __init__(
@@ -196,6 +202,7 @@ class Engine:
         shared_prefix_attention: bool | None = None,
         overlap_prefill: bool | None = None,
         packed_decode: bool | None = None,
+        fast_decode: bool | None = None,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
@@ -234,6 +241,7 @@ class Engine:
             self.prefix_cache,
             shared_prefix_attention=shared_prefix_attention,
             packed_decode=packed_decode,
+            fast_decode=fast_decode,
         )
         self.device = self.executor.device
         per_step = OVERLAP_TOKENS_PER_STEP if not packed_decode else OVERLAP_TOKENS_PER_PACKED_STEP
@@ -248,6 +256,9 @@ class Engine:
             kv_bytes_per_token=self.executor.kv_bytes_per_token,
         )
         self._generation = 0  # bumped when the weights change: older prefixes are stale
+        self._module_dicts: list[dict] = []  # the module tree as last walked (_weights_fingerprint)
+        self._param_dicts: list[dict] = []
+        self._structure = None
         self._weights = self._weights_fingerprint()
         self._rows: list[Request] = []  # running, row i = self._rows[i]
         self._waiting: deque[Request] = deque()
@@ -514,12 +525,23 @@ class Engine:
                         self._fail(req, EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
 
     def _weights_fingerprint(self) -> tuple[int, int, int]:
-        ids = versions = count = 0
-        for p in self.model.parameters():
-            ids += id(p)
-            versions += p._version
-            count += 1
-        return count, ids, versions
+        """(count, sum of identities, sum of in-place versions) of every parameter. The module
+        tree's parameter and child dicts are kept from the last walk and summed with C-level
+        loops (`model.parameters()` builds every module's dotted name: a few percent of a one-row
+        decode step); a child added, removed or replaced anywhere changes the sum of the children's
+        identities, and then the tree is walked again."""
+        structure = sum(map(id, chain.from_iterable(map(dict.values, self._module_dicts))))
+        if structure != self._structure:
+            modules, stack = [], [self.model]
+            while stack:
+                module = stack.pop()
+                modules.append(module)
+                stack.extend(m for m in module._modules.values() if m is not None)
+            self._module_dicts = [m._modules for m in modules]
+            self._param_dicts = [m._parameters for m in modules]
+            self._structure = sum(map(id, chain.from_iterable(map(dict.values, self._module_dicts))))
+        params = list(filter(partial(is_not, None), chain.from_iterable(map(dict.values, self._param_dicts))))
+        return len(params), sum(map(id, params)), sum(map(attrgetter("_version"), params))
 
     def _invalidate(self) -> None:
         self._generation += 1

@@ -28,8 +28,14 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from harnessrl.models import packed
-from harnessrl.models.attention import decode_plan, make_plan, uses_compiled_kernel, uses_fused_kernel
+from harnessrl.models import llama_forward, packed
+from harnessrl.models.attention import (
+    attention_function,
+    decode_plan,
+    make_plan,
+    uses_compiled_kernel,
+    uses_fused_kernel,
+)
 from harnessrl.models.prefix_cache import PrefixCache
 
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
@@ -161,6 +167,7 @@ class Executor:
         *,
         shared_prefix_attention: bool,
         packed_decode: bool,
+        fast_decode: bool | None = None,
     ):
         self._attn = check_model(model)
         config = model.config
@@ -175,6 +182,16 @@ class Executor:
         first = next(model.parameters())
         self.device = first.device
         self.packed = packed.PackedLinears(model, max_batch) if packed_decode else None
+        # the engine's own decode forward for Llama models on a CPU (harnessrl.models.llama_forward)
+        if fast_decode is None:
+            fast_decode = llama_forward.supports(model)
+        elif fast_decode and not llama_forward.supports(model):
+            raise ValueError("fast_decode needs a float32 Llama model on the CPU (harnessrl.models.llama_forward)")
+        self.fast = (
+            llama_forward.LlamaDecode(model, packed=self.packed, attention_function=attention_function(self._attn))
+            if fast_decode
+            else None
+        )
         self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
         params = _forward_parameters(model)
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -192,11 +209,7 @@ class Executor:
         samples there from its own CPU generator, so a seed draws the same noise on any device
         (and the batch's logits cross to the host once per step, not once per row)."""
         # (the callers build their inputs on the model's device already: .to() is a no-op then)
-        mask = mask.to(self.device)
-        if not self._bool_mask:  # eager attention adds the mask to the scores
-            mask = torch.zeros(mask.shape, dtype=self.kv.dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(self.kv.dtype).min
-            )
+        mask = self._model_mask(mask)
         kwargs = {self.cache_arg: cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
@@ -207,6 +220,15 @@ class Executor:
             **kwargs,
         )
         return out.logits[:, -1].float().cpu()
+
+    def _model_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A boolean mask as the model's attention implementation takes it."""
+        mask = mask.to(self.device)
+        if not self._bool_mask:  # eager attention adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=self.kv.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self.kv.dtype).min
+            )
+        return mask
 
     def prefill(self, req, row: int, *, borrow: bool) -> tuple[int, torch.Tensor]:
         """Prefill `req.prompt` here and now into `row` of the batch cache: (cached tokens, the
@@ -255,16 +277,29 @@ class Executor:
         device = self.device
         at = lengths_t.to(device)
         input_ids = torch.tensor(last_tokens, dtype=torch.long, device=device).unsqueeze(1)
-        mask = (torch.arange(kv_len, device=device).unsqueeze(0) <= at.unsqueeze(1)).view(n, 1, 1, kv_len)
-        cache = ForwardCache(self.kv, kv_len=kv_len, positions=at)
+        fast = self.fast is not None and self.fast.usable()
+        mask = None
+        if not (fast and self.shared_prefix_attention):
+            mask = (torch.arange(kv_len, device=device).unsqueeze(0) <= at.unsqueeze(1)).view(n, 1, 1, kv_len)
         with contextlib.ExitStack() as stack:
+            plan = None
             if self.shared_prefix_attention:
                 runs = uses_fused_kernel(self.kv.dtype, device)
                 kernel = self.compiled_attention and uses_compiled_kernel(self.kv.dtype, device)
+                if n == 1 and kernel:
+                    shared = 0  # one row reads its slots once anyway: all of them in the compiled kernel
                 plan = make_plan(lengths_t, kv_len, shared, self._attn, runs=runs, kernel=kernel, device=device)
-                stack.enter_context(decode_plan(self.model, plan))
-            stack.enter_context(self._packed_forward())
+                if not fast:
+                    stack.enter_context(decode_plan(self.model, plan))
+            # (the fast forward calls the packed products itself, unless a wrapper calls a layer)
+            if not fast or self.fast.prepare():
+                stack.enter_context(self._packed_forward())
             stack.enter_context(self._idle_core_borrowed(borrow))
+            if fast:
+                return self.fast(
+                    input_ids.view(n), at, self.kv.buf, kv_len, plan, None if mask is None else self._model_mask(mask)
+                ).cpu()
+            cache = ForwardCache(self.kv, kv_len=kv_len, positions=at)
             return self.forward(input_ids, at.unsqueeze(1), mask, cache)
 
     def _timed_forward(self, inputs) -> tuple[torch.Tensor, float]:
@@ -333,11 +368,16 @@ class Executor:
     def weights_changed(self) -> None:
         if self.packed is not None:
             self.packed.weights_changed()
+        if self.fast is not None:
+            self.fast.weights_changed()
 
     def clear(self) -> None:
-        """Forget the packed weights (a `.data` assignment keeps a weight's identity and version)."""
+        """Forget the packed and fused weights (a `.data` assignment keeps a weight's identity and
+        version)."""
         if self.packed is not None:
             self.packed.clear()
+        if self.fast is not None:
+            self.fast.clear()
 
     def close(self) -> None:
         self.kv.release()

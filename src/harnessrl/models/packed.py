@@ -146,6 +146,15 @@ class PackedLinears:
         finally:
             self.release()
 
+    def packed_weights(self) -> dict[int, tuple[tuple[int, int], torch.Tensor]]:
+        """id(module) -> (its weight's identity and version, its packed weight), repacking what
+        changed first (after `weights_changed`): for a forward that calls the packed products
+        itself. Read it, never change it."""
+        with self._lock:
+            if self._stale:
+                self._refresh()
+            return self._packs
+
     def clear(self) -> None:
         with self._lock:
             self._packs.clear()
