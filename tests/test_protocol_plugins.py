@@ -3,6 +3,7 @@ is selected by a spec and runs episodes; a broken plugin gives one clear error a
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 import warnings
@@ -195,3 +196,58 @@ def test_cli_lists_built_in_formats_and_plugins(site):
     assert "<tool_call>" in r.output and "plugin: harnessrl-line 1.2.0" in r.output
     assert 'CALL NAME {"argument": value}' in r.output
     assert "skipped:" in r.output and "protocol plugin 'nope'" in r.output and "harnessrl-broken 0.3" in r.output
+
+
+def test_a_format_built_from_the_shared_helpers_reads_calls_and_reports_malformed_ones():
+    """What docs/protocols.md offers plugin authors: the helpers of `shared` (`__all__`, each in the
+    doc's table) and `MalformedCall`, whose message is the parse error the model is shown."""
+    from harnessrl.harness.protocols import MalformedCall, ParseResult, Protocol, shared
+    from harnessrl.types import ToolSchema
+
+    doc = (Path(__file__).parents[1] / "docs" / "protocols.md").read_text(encoding="utf-8")
+    table = doc.split("| helper | what it gives |", 1)[1].split("\n\n", 1)[0]
+    assert {name for name in shared.__all__ if name != "Span"} == {
+        cell.split("(")[0].strip("` ")
+        for row in table.splitlines()[2:]
+        for cell in row.split("|")[1].split(",")
+        if "(" in cell
+    }
+    assert all(getattr(shared, name).__doc__ for name in shared.__all__)
+
+    class BraceProtocol(Protocol):
+        name = "brace"
+        shape = 'NAME {"argument": value}'
+
+        def render_tools(self, tools):
+            return shared.tools_block(tools)
+
+        def render_call(self, call, thought=""):
+            return f"{thought} {call.name} {json.dumps(call.arguments)}".strip()
+
+        def render_result(self, result):
+            return shared.plain_result(result)
+
+        def format_reminder(self, tools):
+            return self.render_call(shared.example_call(tools))
+
+        def _parse(self, text, tools):
+            spans, unclosed = shared.scan_braces(text)
+            if unclosed is not None:
+                raise MalformedCall(f"unclosed arguments: {shared.shorten(text[unclosed:], 20)}")
+            calls, prose = [], []
+            for before, span in zip(shared.text_outside(text, [(s.start, s.end) for s in spans]), spans):
+                *words, tool = before.split()
+                prose += words
+                args = shared.read_json(text[span.start : span.end], self.lenient)
+                calls.append(shared.make_call(tool, args, text[span.start : span.end]))
+            return ParseResult(calls=calls, thought=" ".join(prose))
+
+    tools = [ToolSchema(name="add", description="adds", parameters={"properties": {"a": {"type": "integer"}}})]
+    p = BraceProtocol(lenient=True)
+    got = p.parse("first add {'a': 1,} then add {\"a\": 2}", tools)
+    assert [(c.name, c.arguments) for c in got.calls] == [("add", {"a": 1}), ("add", {"a": 2})]
+    assert got.thought == "first then" and got.error is None
+    assert p.parse('add {"a": [1, 2', tools).error == 'unclosed arguments: {"a": [1, 2'
+    assert p.parse('add {"a": NaN}', tools).error == "numbers must be finite (no NaN or Infinity)"
+    assert BraceProtocol(lenient=False).parse("add {'a': 1}", tools).error is not None
+    assert "add(a?: integer): adds" in p.render_tools(tools)

@@ -34,8 +34,9 @@ class ParseResult:
     thought: str = ""  # prose outside the calls (reasoning), stripped
 
 
-class _Malformed(Exception):
-    """A call attempt that cannot be parsed; its message becomes ParseResult.error."""
+class MalformedCall(Exception):
+    """A call attempt that cannot be parsed: raised from a format's `_parse` (or the shared
+    helpers), its message becomes ParseResult.error, the text the model is shown."""
 
 
 class Protocol(ABC):
@@ -79,7 +80,7 @@ class Protocol(ABC):
         text = text[:MAX_SCAN_CHARS]
         try:
             result = self._parse(text, tools)
-        except _Malformed as exc:
+        except MalformedCall as exc:
             return ParseResult(calls=[], error=str(exc))
         except (Exception, RecursionError, MemoryError) as exc:  # never let model text crash a run
             return ParseResult(calls=[], error=f"could not parse the reply ({type(exc).__name__})")

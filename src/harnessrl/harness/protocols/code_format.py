@@ -16,17 +16,17 @@ import re
 import textwrap
 from typing import Any, NamedTuple
 
-from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, ParseResult, Protocol, _Malformed
+from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MalformedCall, ParseResult, Protocol
 from harnessrl.harness.protocols.shared import (
-    _example_call,
-    _find_tool,
-    _make_call,
-    _outside,
-    _plain_result,
-    _props,
-    _short,
-    _to_json_value,
-    _tools_block,
+    example_call,
+    find_tool,
+    make_call,
+    plain_result,
+    shorten,
+    text_outside,
+    to_json_value,
+    tool_properties,
+    tools_block,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
@@ -85,7 +85,7 @@ def _py_name(name: str) -> str:
 
 def _describe_node(node: ast.AST) -> str:
     if isinstance(node, ast.Name):
-        return f"the name '{_short(node.id, 30)}'"
+        return f"the name '{shorten(node.id, 30)}'"
     if isinstance(node, ast.Attribute):
         return "attribute access"
     if isinstance(node, ast.Call):
@@ -125,8 +125,8 @@ class CodeProtocol(Protocol):
             [
                 "To call a tool, write a Python call in a ```python block. Use literal values only",
                 "(strings, numbers, True/False/None, lists, dicts): no variables or other code. Example:",
-                self.render_call(_example_call(tools)),
-                _tools_block(tools, python=True, name_of=_py_name),
+                self.render_call(example_call(tools)),
+                tools_block(tools, python=True, name_of=_py_name),
             ]
         )
 
@@ -149,10 +149,10 @@ class CodeProtocol(Protocol):
         return src.replace("`", "\\x60") if "```" in src else src
 
     def render_result(self, result: ToolResult) -> str:
-        return _plain_result(result)
+        return plain_result(result)
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
-        src = self.render_call(_example_call(tools))
+        src = self.render_call(example_call(tools))
         return f"Call a tool with a Python call with literal arguments in a python block, exactly like:\n{src}"
 
     def _parse(self, text: str, tools: list[ToolSchema] | None) -> ParseResult:
@@ -168,15 +168,15 @@ class CodeProtocol(Protocol):
                 spans.append((b.start, b.end))
                 try:
                     if not b.closed and not self.lenient:
-                        raise _Malformed("the ```python block is not closed with ```")
+                        raise MalformedCall("the ```python block is not closed with ```")
                     calls.extend(self._calls_from_source(b.code, tools))
-                except _Malformed as exc:
+                except MalformedCall as exc:
                     errors.append(str(exc))
         elif self.lenient:
             calls, errors, spans = self._unfenced(text, tools)
         elif _CALL_LINE.search(text):
             errors.append("put the tool call in a ```python block")
-        thought = "\n".join(s.strip() for s in _outside(text, sorted(spans)) if s.strip())
+        thought = "\n".join(s.strip() for s in text_outside(text, sorted(spans)) if s.strip())
         if errors:
             return ParseResult(calls=calls, error="; ".join(dict.fromkeys(errors)), thought=thought)
         return ParseResult(calls=calls, thought=thought)
@@ -191,7 +191,7 @@ class CodeProtocol(Protocol):
             if any(isinstance(node, ast.Call) for node in ast.walk(tree)):
                 try:
                     return self._calls_from_source(text, tools), [], [(0, len(text))]
-                except _Malformed as exc:
+                except MalformedCall as exc:
                     return [], [str(exc)], [(0, len(text))]
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             pass
@@ -204,7 +204,7 @@ class CodeProtocol(Protocol):
             spans.append((m.start(), m.end()))
             try:
                 calls.extend(self._calls_from_source(m.group().strip(), tools))
-            except _Malformed as exc:
+            except MalformedCall as exc:
                 errors.append(str(exc))
         return calls, errors, spans
 
@@ -213,11 +213,11 @@ class CodeProtocol(Protocol):
         try:
             tree = ast.parse(src)
         except SyntaxError as exc:
-            raise _Malformed(f"invalid Python: {exc.msg} (line {exc.lineno})") from None
+            raise MalformedCall(f"invalid Python: {exc.msg} (line {exc.lineno})") from None
         except ValueError:
-            raise _Malformed("invalid Python: the code contains null bytes") from None
+            raise MalformedCall("invalid Python: the code contains null bytes") from None
         except (MemoryError, RecursionError):
-            raise _Malformed("invalid Python: the code is nested too deeply") from None
+            raise MalformedCall("invalid Python: the code is nested too deeply") from None
         calls: list[ToolCall] = []
         for stmt in tree.body:
             if len(calls) > MAX_CALLS_PER_REPLY:
@@ -230,7 +230,7 @@ class CodeProtocol(Protocol):
             if isinstance(stmt, ast.Pass) or note:
                 continue  # pass / a docstring-like note
             if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-                raise _Malformed(f'{_describe_stmt(stmt)}; write only tool calls like name(arg="value")')
+                raise MalformedCall(f'{_describe_stmt(stmt)}; write only tool calls like name(arg="value")')
             raw = ast.get_source_segment(src, stmt) or ""
             calls.append(self._call(stmt.value, raw, tools))
         return calls
@@ -239,44 +239,44 @@ class CodeProtocol(Protocol):
         name = self._func_name(node.func)
         if name is None:
             found = _describe_node(node.func)
-            raise _Malformed(f'only direct calls like name(arg="value") are allowed, found {found} as the function')
-        tool = _find_tool(tools, name)
+            raise MalformedCall(f'only direct calls like name(arg="value") are allowed, found {found} as the function')
+        tool = find_tool(tools, name)
         if tool is None and tools:
             matches = [t for t in tools if _py_name(t.name) == name]
             if len(matches) == 1:
                 tool = matches[0]
                 name = tool.name
         if "." in name and tool is None:
-            raise _Malformed(f"attribute access ('{_short(name, 40)}') is not allowed: call a tool by its name")
+            raise MalformedCall(f"attribute access ('{shorten(name, 40)}') is not allowed: call a tool by its name")
         args: dict[str, Any] = {}
         if node.args:
-            order = list(_props(tool))
+            order = list(tool_properties(tool))
             if tool is None:
-                raise _Malformed(
-                    f'write arguments with their names, e.g. {_short(name, 30)}(arg="value"): '
+                raise MalformedCall(
+                    f'write arguments with their names, e.g. {shorten(name, 30)}(arg="value"): '
                     "positional arguments need a known tool"
                 )
             if len(node.args) > len(order):
-                raise _Malformed(
+                raise MalformedCall(
                     f"{name} takes at most {len(order)} argument(s) ({', '.join(order)}), got {len(node.args)}"
                 )
             for key, arg in zip(order, node.args):
                 if isinstance(arg, ast.Starred):
-                    raise _Malformed("*args is not allowed: write literal arguments")
+                    raise MalformedCall("*args is not allowed: write literal arguments")
                 args[key] = self._literal(arg, key)
         for kw in node.keywords:
             if kw.arg is None:  # **{"odd-name": 1}: a literal dict only
                 extra = self._literal(kw.value, "**")
                 if not isinstance(extra, dict):
-                    raise _Malformed("** must be followed by a literal dict")
+                    raise MalformedCall("** must be followed by a literal dict")
                 items = extra.items()
             else:
                 items = [(kw.arg, self._literal(kw.value, kw.arg))]
             for key, value in items:
                 if key in args:
-                    raise _Malformed(f"argument '{_short(key, 40)}' given twice")
+                    raise MalformedCall(f"argument '{shorten(key, 40)}' given twice")
                 args[key] = value
-        return _make_call(name, args, raw)
+        return make_call(name, args, raw)
 
     @staticmethod
     def _func_name(func: ast.expr) -> str | None:
@@ -293,14 +293,14 @@ class CodeProtocol(Protocol):
     def _literal(node: ast.expr, label: str) -> Any:
         for sub in ast.walk(node):
             if not isinstance(sub, _LITERAL_NODES):
-                raise _Malformed(
-                    f"argument '{_short(label, 40)}' is not a literal (found {_describe_node(sub)}): only literal "
+                raise MalformedCall(
+                    f"argument '{shorten(label, 40)}' is not a literal (found {_describe_node(sub)}): only literal "
                     "arguments are allowed (strings, numbers, True/False/None, lists, dicts)"
                 )
         try:
             value = ast.literal_eval(node)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            raise _Malformed(
-                f"argument '{_short(label, 40)}' is not a literal: only literal arguments are allowed"
+            raise MalformedCall(
+                f"argument '{shorten(label, 40)}' is not a literal: only literal arguments are allowed"
             ) from None
-        return _to_json_value(value)
+        return to_json_value(value)

@@ -25,16 +25,16 @@ import json
 import re
 from typing import Any
 
-from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, ParseResult, Protocol, _Malformed
+from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, MalformedCall, ParseResult, Protocol
 from harnessrl.harness.protocols.shared import (
-    _example_call,
-    _lenient_call,
-    _loads,
-    _make_call,
-    _marker,
-    _object_end,
-    _outside,
-    _scan_braces,
+    example_call,
+    lenient_call,
+    make_call,
+    object_end,
+    read_json,
+    result_marker,
+    scan_braces,
+    text_outside,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
@@ -87,7 +87,7 @@ class HermesProtocol(Protocol):
                 '{"name": "<function name>", "arguments": {"<argument>": <value>}}',
                 "</tool_call>",
                 "Example:",
-                self.render_call(_example_call(tools)),
+                self.render_call(example_call(tools)),
             ]
         )
 
@@ -98,11 +98,11 @@ class HermesProtocol(Protocol):
 
     def render_result(self, result: ToolResult) -> str:
         out = result.output if result.output.strip() else "(no output)"
-        return f"<tool_response>\n{_marker(result)}{out}\n</tool_response>"
+        return f"<tool_response>\n{result_marker(result)}{out}\n</tool_response>"
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
         return "Call a tool with a JSON object between <tool_call> tags, exactly like:\n" + self.render_call(
-            _example_call(tools)
+            example_call(tools)
         )
 
     # -- parsing ------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ class HermesProtocol(Protocol):
             found, used = self._untagged_calls(text, start, tools)
             calls.extend(found)
             spans.extend(used)
-        segments = _outside(text, sorted(spans))
+        segments = text_outside(text, sorted(spans))
         if not self.lenient and calls and any(s.strip() for s in segments[1:]):
             errors.append("text after the tool call: end your reply with </tool_call>")
         thought = self._thought(segments)
@@ -191,7 +191,7 @@ class HermesProtocol(Protocol):
             else:
                 problem = "write one JSON object inside <tool_call>"
             return None, f"{problem}: {self.shape}", end
-        found = _object_end(text, pos, self._quotes)
+        found = object_end(text, pos, self._quotes)
         if found is None:
             return None, "the JSON object in <tool_call> is not finished (a closing '}' or quote is missing)", len(text)
         obj_end, depth = found
@@ -201,12 +201,12 @@ class HermesProtocol(Protocol):
         if depth > MAX_NESTING:
             return None, "the JSON object in <tool_call> is nested too deeply", end
         try:
-            value = _loads(text[pos:obj_end], self.lenient)
-        except _Malformed as exc:
+            value = read_json(text[pos:obj_end], self.lenient)
+        except MalformedCall as exc:
             return None, f"could not parse the JSON in <tool_call>: {exc}", end
         try:
             call = self._call_from_value(value, text[tag_start:end], tools, in_tag=True)
-        except _Malformed as exc:
+        except MalformedCall as exc:
             return None, str(exc), end
         return call, None, end
 
@@ -228,7 +228,7 @@ class HermesProtocol(Protocol):
         self, text: str, start: int, tools: list[ToolSchema] | None
     ) -> tuple[list[ToolCall], list[tuple[int, int]]]:
         """Lenient, in a reply without any <tool_call>: JSON objects with a tool name and arguments."""
-        spans, _ = _scan_braces(text[start:], self._quotes)
+        spans, _ = scan_braces(text[start:], self._quotes)
         calls: list[ToolCall] = []
         used: list[tuple[int, int]] = []
         for span in spans:
@@ -236,8 +236,8 @@ class HermesProtocol(Protocol):
                 break
             a, b = start + span.start, start + span.end
             try:
-                call = self._call_from_value(_loads(text[a:b], True), text[a:b], tools, in_tag=False)
-            except _Malformed:
+                call = self._call_from_value(read_json(text[a:b], True), text[a:b], tools, in_tag=False)
+            except MalformedCall:
                 continue  # not a call: data or prose with braces
             if call is not None:
                 calls.append(call)
@@ -248,26 +248,26 @@ class HermesProtocol(Protocol):
         """The call an object describes; None when an object outside a tag is not a call."""
         if not self.lenient:
             if not isinstance(value, dict):
-                raise _Malformed(f"the <tool_call> must hold a JSON object: {self.shape}")
+                raise MalformedCall(f"the <tool_call> must hold a JSON object: {self.shape}")
             if set(value) != {"name", "arguments"}:
-                raise _Malformed(f'use exactly the keys "name" and "arguments": {self.shape}')
+                raise MalformedCall(f'use exactly the keys "name" and "arguments": {self.shape}')
             if not isinstance(value["name"], str):
-                raise _Malformed('"name" must be the tool name as a string')
+                raise MalformedCall('"name" must be the tool name as a string')
             if not isinstance(value["arguments"], dict):
-                raise _Malformed(_NO_OBJECT)
-            return _make_call(value["name"], value["arguments"], raw)
+                raise MalformedCall(_NO_OBJECT)
+            return make_call(value["name"], value["arguments"], raw)
 
         for _ in range(3):  # {"type": "function", "function": {"name": ..., "arguments": ...}}
             if isinstance(value, dict) and isinstance(value.get("function"), dict):
                 value = value["function"]
         if not isinstance(value, dict):
             if in_tag:
-                raise _Malformed(f"the <tool_call> must hold a JSON object: {self.shape}")
+                raise MalformedCall(f"the <tool_call> must hold a JSON object: {self.shape}")
             return None
         name_key = next((k for k in _NAME_KEYS if k in value), None)
         args_key = next((k for k in _ARGS_KEYS if k in value), None)
         if not in_tag and (name_key is None or args_key is None or "description" in value):
             return None  # outside a tag only an object with both counts, and a signature is not a call
         if name_key is None:
-            raise _Malformed(f'the JSON object needs the tool name in "name": {self.shape}')
-        return _lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)
+            raise MalformedCall(f'the JSON object needs the tool name in "name": {self.shape}')
+        return lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)

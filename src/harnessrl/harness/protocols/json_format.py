@@ -14,17 +14,17 @@ import json
 import re
 from typing import Any
 
-from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, ParseResult, Protocol, _Malformed
+from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, MalformedCall, ParseResult, Protocol
 from harnessrl.harness.protocols.shared import (
-    _example_call,
-    _find_tool,
-    _lenient_call,
-    _loads,
-    _make_call,
-    _outside,
-    _plain_result,
-    _scan_braces,
-    _tools_block,
+    example_call,
+    find_tool,
+    lenient_call,
+    make_call,
+    plain_result,
+    read_json,
+    scan_braces,
+    text_outside,
+    tools_block,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
@@ -44,13 +44,13 @@ class JsonProtocol(Protocol):
     shape = '{"tool": "NAME", "arguments": {...}}'
 
     def render_tools(self, tools: list[ToolSchema]) -> str:
-        example = self.render_call(_example_call(tools))
+        example = self.render_call(example_call(tools))
         return "\n".join(
             [
                 "To call a tool, reply with a JSON object:",
                 '{"tool": "<tool name>", "arguments": {"<argument>": <value>}}',
                 f"Example: {example}",
-                _tools_block(tools),
+                tools_block(tools),
             ]
         )
 
@@ -59,13 +59,13 @@ class JsonProtocol(Protocol):
         return f"{thought.strip()}\n{obj}" if thought.strip() else obj
 
     def render_result(self, result: ToolResult) -> str:
-        return _plain_result(result)
+        return plain_result(result)
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
-        return "Call a tool by replying with one JSON object, exactly like:\n" + self.render_call(_example_call(tools))
+        return "Call a tool by replying with one JSON object, exactly like:\n" + self.render_call(example_call(tools))
 
     def _parse(self, text: str, tools: list[ToolSchema] | None) -> ParseResult:
-        spans, unclosed = _scan_braces(text, "\"'" if self.lenient else '"')
+        spans, unclosed = scan_braces(text, "\"'" if self.lenient else '"')
         calls: list[ToolCall] = []
         errors: list[str] = []
         used: list[tuple[int, int]] = []
@@ -79,14 +79,14 @@ class JsonProtocol(Protocol):
                     errors.append("the JSON object is nested too deeply")
                 continue
             try:
-                value = _loads(chunk, self.lenient)
-            except _Malformed as exc:
+                value = read_json(chunk, self.lenient)
+            except MalformedCall as exc:
                 if looks_like_call:
                     errors.append(f"could not parse JSON: {exc}")
                 continue
             try:
                 found = self._calls_from_value(value, chunk, tools, 0)
-            except _Malformed as exc:
+            except MalformedCall as exc:
                 errors.append(str(exc))
                 continue
             if found:
@@ -95,11 +95,11 @@ class JsonProtocol(Protocol):
         if unclosed is not None:
             # the unfinished object, without the complete objects nested in it
             inner = [(s.start - unclosed, s.end - unclosed) for s in spans if s.start >= unclosed]
-            tail = "".join(_outside(text[unclosed:], inner))
+            tail = "".join(text_outside(text[unclosed:], inner))
             if _JSON_HINT.search(tail):
                 errors.append("the JSON object is not finished (a closing '}' or quote is missing)")
 
-        segs = _outside(text, used)
+        segs = text_outside(text, used)
         cleaned = []
         for i, seg in enumerate(segs):
             seg = _FENCE_MARK.sub("", seg)
@@ -122,18 +122,18 @@ class JsonProtocol(Protocol):
         if not self.lenient:
             if "tool" not in value:
                 if any(k in value for k in _NAME_KEYS) and any(k in value for k in _ARGS_KEYS):
-                    raise _Malformed(f'use exactly the keys "tool" and "arguments": {self.shape}')
+                    raise MalformedCall(f'use exactly the keys "tool" and "arguments": {self.shape}')
                 return []
             extra = sorted(set(value) - {"tool", "arguments"})
             if extra:
-                raise _Malformed(f'unexpected keys {extra}: use exactly {{"tool": "name", "arguments": {{...}}}}')
+                raise MalformedCall(f'unexpected keys {extra}: use exactly {{"tool": "name", "arguments": {{...}}}}')
             if "arguments" not in value:
-                raise _Malformed('missing "arguments": give an object, {} when the tool takes none')
+                raise MalformedCall('missing "arguments": give an object, {} when the tool takes none')
             if not isinstance(value["tool"], str):
-                raise _Malformed('"tool" must be the tool name as a string')
+                raise MalformedCall('"tool" must be the tool name as a string')
             if not isinstance(value["arguments"], dict):
-                raise _Malformed('"arguments" must be a JSON object')
-            return [_make_call(value["tool"], value["arguments"], raw)]
+                raise MalformedCall('"arguments" must be a JSON object')
+            return [make_call(value["tool"], value["arguments"], raw)]
 
         for key in _WRAPPER_KEYS:  # {"tool_calls": [{...}, {...}]}
             if isinstance(value.get(key), list) and not any(k in value for k in _NAME_KEYS):
@@ -148,6 +148,6 @@ class JsonProtocol(Protocol):
         if isinstance(name, dict) and name_key in ("tool", "function"):  # OpenAI style nesting
             return self._calls_from_value(name, raw, tools, depth + 1)
         args_key = next((k for k in _ARGS_KEYS if k in value), None)
-        if name_key == "name" and args_key is None and _find_tool(tools, name if isinstance(name, str) else "") is None:
+        if name_key == "name" and args_key is None and find_tool(tools, name if isinstance(name, str) else "") is None:
             return []  # {"name": "Bob", ...} is data, not a call
-        return [_lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)]
+        return [lenient_call(value, name_key, args_key, raw, tools, _NO_OBJECT)]

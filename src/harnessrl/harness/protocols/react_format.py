@@ -15,19 +15,19 @@ import json
 import re
 from typing import Any
 
-from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, ParseResult, Protocol, _Malformed
+from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MAX_NESTING, MalformedCall, ParseResult, Protocol
 from harnessrl.harness.protocols.shared import (
-    _convert_text,
-    _example_call,
-    _find_tool,
-    _loads,
-    _make_call,
-    _marker,
-    _only_argument,
-    _props,
-    _scan_braces,
-    _short,
-    _tools_block,
+    convert_text,
+    example_call,
+    find_tool,
+    make_call,
+    only_argument,
+    read_json,
+    result_marker,
+    scan_braces,
+    shorten,
+    tool_properties,
+    tools_block,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
@@ -66,8 +66,8 @@ class ReactProtocol(Protocol):
                 "Action: the tool name",
                 "Action Input: the arguments as a JSON object",
                 "then stop: the Observation (the tool's result) comes next. Example:",
-                self.render_call(_example_call(tools), thought="I need this tool."),
-                _tools_block(tools),
+                self.render_call(example_call(tools), thought="I need this tool."),
+                tools_block(tools),
             ]
         )
 
@@ -79,10 +79,10 @@ class ReactProtocol(Protocol):
 
     def render_result(self, result: ToolResult) -> str:
         out = result.output if result.output.strip() else "(no output)"
-        return f"Observation: {_marker(result)}{out}"
+        return f"Observation: {result_marker(result)}{out}"
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
-        return "Call a tool with exactly these lines, then stop:\n" + self.render_call(_example_call(tools))
+        return "Call a tool with exactly these lines, then stop:\n" + self.render_call(example_call(tools))
 
     def stop_strings(self) -> list[str]:
         return ["Observation:"]
@@ -111,12 +111,12 @@ class ReactProtocol(Protocol):
                 im = self._input.search(region)
                 if im is None:
                     if not self.lenient:
-                        raise _Malformed(f"missing 'Action Input:' line after 'Action: {_short(name, 40)}'")
+                        raise MalformedCall(f"missing 'Action Input:' line after 'Action: {shorten(name, 40)}'")
                     args: dict[str, Any] = {}
                 else:
                     args = self._arguments(region[im.end() :].strip(), name, tools)
-                calls.append(_make_call(name, args, raw))
-            except _Malformed as exc:
+                calls.append(make_call(name, args, raw))
+            except MalformedCall as exc:
                 errors.append(str(exc))
         if errors:
             return ParseResult(calls=calls, error="; ".join(dict.fromkeys(errors)), thought=thought)
@@ -130,9 +130,9 @@ class ReactProtocol(Protocol):
                 name = name[:-2].rstrip()
             name = name.strip("*`'\" \t")
         if not name:
-            raise _Malformed("'Action:' must be followed by the tool name, e.g. 'Action: NAME'")
+            raise MalformedCall("'Action:' must be followed by the tool name, e.g. 'Action: NAME'")
         if any(c.isspace() for c in name) or (not self.lenient and any(c in "`'\"()*" for c in name)):
-            raise _Malformed(f"'Action:' must be just the tool name, got {_short(name, 40)!r}")
+            raise MalformedCall(f"'Action:' must be just the tool name, got {shorten(name, 40)!r}")
         return name
 
     def _arguments(self, body: str, name: str, tools: list[ToolSchema] | None) -> dict[str, Any]:
@@ -144,38 +144,38 @@ class ReactProtocol(Protocol):
         if not body:
             return {}
         if body.startswith("{"):
-            spans, _ = _scan_braces(body, "\"'" if self.lenient else '"')
+            spans, _ = scan_braces(body, "\"'" if self.lenient else '"')
             if not spans or spans[0].start != 0:
-                raise _Malformed("the Action Input JSON object is not finished (a closing '}' or quote is missing)")
+                raise MalformedCall("the Action Input JSON object is not finished (a closing '}' or quote is missing)")
             if spans[0].depth > MAX_NESTING:
-                raise _Malformed("the Action Input JSON object is nested too deeply")
+                raise MalformedCall("the Action Input JSON object is nested too deeply")
             try:
-                obj = _loads(body[: spans[0].end], self.lenient)
-            except _Malformed as exc:
-                raise _Malformed(f"could not parse JSON after 'Action Input:': {exc}") from None
+                obj = read_json(body[: spans[0].end], self.lenient)
+            except MalformedCall as exc:
+                raise MalformedCall(f"could not parse JSON after 'Action Input:': {exc}") from None
             if not self.lenient and body[spans[0].end :].strip():
-                raise _Malformed("unexpected text after the Action Input JSON object")
+                raise MalformedCall("unexpected text after the Action Input JSON object")
             if not isinstance(obj, dict):
-                raise _Malformed("the Action Input must be a JSON object")
+                raise MalformedCall("the Action Input must be a JSON object")
             return obj
         if not self.lenient:
-            raise _Malformed('the Action Input must be a JSON object, e.g. {"arg": "value"}')
-        tool = _find_tool(tools, name)
-        props = _props(tool)
+            raise MalformedCall('the Action Input must be a JSON object, e.g. {"arg": "value"}')
+        tool = find_tool(tools, name)
+        props = tool_properties(tool)
         if body[0] in "\"'" and ":" in body:  # "a": 1, "b": 2 without the braces
             try:
-                obj = _loads("{" + body + "}", True)
+                obj = read_json("{" + body + "}", True)
                 if isinstance(obj, dict):
                     return obj
-            except _Malformed:
+            except MalformedCall:
                 pass
         kv = self._key_values(body, props)
         if kv is not None:
             return kv
-        only = _only_argument(tool)
+        only = only_argument(tool)
         if only is not None:
             return {only: self._bare_value(body, props.get(only))}
-        raise _Malformed('the Action Input must be a JSON object, e.g. {"arg": "value"}')
+        raise MalformedCall('the Action Input must be a JSON object, e.g. {"arg": "value"}')
 
     def _key_values(self, body: str, props: dict[str, Any]) -> dict[str, Any] | None:
         """a=1, b="x" (or one pair per line); None when the input is not of that form."""
@@ -198,8 +198,8 @@ class ReactProtocol(Protocol):
             except (ValueError, SyntaxError, MemoryError, RecursionError):
                 pass
         if isinstance(schema, dict) and schema.get("type"):
-            return _convert_text(raw, schema, True)
+            return convert_text(raw, schema, True)
         try:
-            return _loads(raw, True)
-        except _Malformed:
+            return read_json(raw, True)
+        except MalformedCall:
             return raw

@@ -1,5 +1,6 @@
 """What the formats share: argument values and their types, the tool block and results,
-and linear scanners for JSON-ish objects in free text."""
+and linear scanners for JSON-ish objects in free text. The names in `__all__` are for any
+format, built in or a plugin, to reuse; the rest are details of these."""
 
 from __future__ import annotations
 
@@ -11,15 +12,38 @@ from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
-from harnessrl.harness.protocols.base import MAX_NESTING, _Malformed
+from harnessrl.harness.protocols.base import MAX_NESTING, MalformedCall
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
+
+__all__ = [
+    "Span",
+    "arg_schema",
+    "convert_text",
+    "example_call",
+    "find_tool",
+    "lenient_call",
+    "make_call",
+    "object_end",
+    "only_argument",
+    "plain_result",
+    "read_json",
+    "result_marker",
+    "scan_braces",
+    "shorten",
+    "text_outside",
+    "to_json_value",
+    "tool_properties",
+    "tools_block",
+]
 
 # --------------------------------------------------------------------------------------------
 # shared helpers: argument values, tool schemas, type conversion
 # --------------------------------------------------------------------------------------------
 
 
-def _short(text: str, n: int = 60) -> str:
+def shorten(text: str, n: int = 60) -> str:
+    """`text` (any value, as str) cut to at most `n` characters, ending in "..." when cut: for
+    quoting a reply's text in an error message."""
     text = str(text)
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -33,48 +57,51 @@ def _fix_surrogates(s: str) -> str:
         return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _to_json_value(value: Any, depth: int = 0) -> Any:
+def to_json_value(value: Any, depth: int = 0) -> Any:
     """A parsed value as plain JSON data (tuples become lists); anything else is malformed."""
     if depth > MAX_NESTING:
-        raise _Malformed("arguments are nested too deeply")
+        raise MalformedCall("arguments are nested too deeply")
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, str):
         return _fix_surrogates(value)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise _Malformed("numbers must be finite (no NaN or Infinity)")
+            raise MalformedCall("numbers must be finite (no NaN or Infinity)")
         return value
     if isinstance(value, (list, tuple)):
-        return [_to_json_value(v, depth + 1) for v in value]
+        return [to_json_value(v, depth + 1) for v in value]
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise _Malformed(f"argument names and object keys must be strings, got {_short(repr(k))}")
-            out[_fix_surrogates(k)] = _to_json_value(v, depth + 1)
+                raise MalformedCall(f"argument names and object keys must be strings, got {shorten(repr(k))}")
+            out[_fix_surrogates(k)] = to_json_value(v, depth + 1)
         return out
-    raise _Malformed(
+    raise MalformedCall(
         f"argument values must be strings, numbers, booleans, null, lists or objects, got {type(value).__name__}"
     )
 
 
-def _make_call(name: Any, arguments: Any, raw: str) -> ToolCall:
+def make_call(name: Any, arguments: Any, raw: str) -> ToolCall:
+    """The ToolCall of a parsed name and arguments object, `raw` its source text; MalformedCall
+    for an empty or non-string name, arguments that are not an object, or values that are not
+    plain JSON data (see `to_json_value`)."""
     if not isinstance(name, str) or not name.strip():
-        raise _Malformed("the tool name must be a non-empty string")
+        raise MalformedCall("the tool name must be a non-empty string")
     if not isinstance(arguments, dict):
-        raise _Malformed(f"the arguments must be an object, got {type(arguments).__name__}")
+        raise MalformedCall(f"the arguments must be an object, got {type(arguments).__name__}")
     try:
-        return ToolCall(name=_fix_surrogates(name.strip()), arguments=_to_json_value(arguments), raw=raw)
-    except ValidationError as exc:  # defensive: _to_json_value already guarantees the shape
-        raise _Malformed(f"invalid call: {exc.errors()[0].get('msg', 'invalid')}") from None
+        return ToolCall(name=_fix_surrogates(name.strip()), arguments=to_json_value(arguments), raw=raw)
+    except ValidationError as exc:  # defensive: to_json_value already guarantees the shape
+        raise MalformedCall(f"invalid call: {exc.errors()[0].get('msg', 'invalid')}") from None
 
 
 # keys of a call object that are never arguments of the flat form {"tool": "add", "a": 1}
 _META_KEYS = {"type", "id", "thought", "reasoning"}
 
 
-def _lenient_call(
+def lenient_call(
     value: dict[str, Any], name_key: str, args_key: str | None, raw: str, tools: list[ToolSchema] | None, no_object: str
 ) -> ToolCall:
     """The call of a JSON object read leniently: the tool name under `name_key`; the arguments
@@ -83,7 +110,7 @@ def _lenient_call(
     that are neither JSON nor the value of a tool's only argument."""
     name = value[name_key]
     if not isinstance(name, str) or not name.strip():
-        raise _Malformed(f'"{name_key}" must be the tool name as a string')
+        raise MalformedCall(f'"{name_key}" must be the tool name as a string')
     if args_key is None:
         args: Any = {k: v for k, v in value.items() if k != name_key and k not in _META_KEYS}
     else:
@@ -93,8 +120,8 @@ def _lenient_call(
         elif isinstance(args, str):
             args = _string_arguments(args, name, tools, no_object)
     if not isinstance(args, dict):
-        raise _Malformed(f'"{args_key}" must be a JSON object of argument names and values')
-    return _make_call(name, args, raw)
+        raise MalformedCall(f'"{args_key}" must be a JSON object of argument names and values')
+    return make_call(name, args, raw)
 
 
 def _string_arguments(args: str, name: str, tools: list[ToolSchema] | None, no_object: str) -> Any:
@@ -103,24 +130,27 @@ def _string_arguments(args: str, name: str, tools: list[ToolSchema] | None, no_o
         return {}
     if args.lstrip().startswith("{"):
         try:
-            return _loads(args.strip(), True)
-        except _Malformed as exc:
-            raise _Malformed(f"could not parse the arguments string as JSON: {exc}") from None
-    tool = _find_tool(tools, name)
-    only = _only_argument(tool)
+            return read_json(args.strip(), True)
+        except MalformedCall as exc:
+            raise MalformedCall(f"could not parse the arguments string as JSON: {exc}") from None
+    tool = find_tool(tools, name)
+    only = only_argument(tool)
     if only is not None:
-        return {only: _convert_text(args, _props(tool).get(only), True)}
-    raise _Malformed(no_object)
+        return {only: convert_text(args, tool_properties(tool).get(only), True)}
+    raise MalformedCall(no_object)
 
 
-def _find_tool(tools: list[ToolSchema] | None, name: str) -> ToolSchema | None:
+def find_tool(tools: list[ToolSchema] | None, name: str) -> ToolSchema | None:
+    """The tool called `name` among `tools` (None, or no such tool: None)."""
     for tool in tools or []:
         if tool.name == name:
             return tool
     return None
 
 
-def _props(tool: ToolSchema | None) -> dict[str, Any]:
+def tool_properties(tool: ToolSchema | None) -> dict[str, Any]:
+    """A tool's arguments: its JSON schema's `properties` (name -> schema); {} for no tool or
+    no properties object."""
     if tool is None:
         return {}
     props = tool.parameters.get("properties") or {}
@@ -132,15 +162,17 @@ def _required(tool: ToolSchema | None) -> list[str]:
     return [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
 
 
-def _arg_schema(tools: list[ToolSchema] | None, tool_name: str, arg: str) -> dict[str, Any] | None:
-    schema = _props(_find_tool(tools, tool_name)).get(arg)
+def arg_schema(tools: list[ToolSchema] | None, tool_name: str, arg: str) -> dict[str, Any] | None:
+    """The JSON schema of argument `arg` of the tool `tool_name`, or None when the tool or the
+    argument is unknown (then a value given as text stays a string, see `convert_text`)."""
+    schema = tool_properties(find_tool(tools, tool_name)).get(arg)
     return schema if isinstance(schema, dict) else None
 
 
-def _only_argument(tool: ToolSchema | None) -> str | None:
+def only_argument(tool: ToolSchema | None) -> str | None:
     """The argument a bare value belongs to: the only required one, else the only one."""
     req = _required(tool)
-    props = _props(tool)
+    props = tool_properties(tool)
     if len(req) == 1:
         return req[0]
     if not req and len(props) == 1:
@@ -148,7 +180,7 @@ def _only_argument(tool: ToolSchema | None) -> str | None:
     return None
 
 
-def _convert_text(text: str, schema: dict[str, Any] | None, lenient: bool = True) -> Any:
+def convert_text(text: str, schema: dict[str, Any] | None, lenient: bool = True) -> Any:
     """Convert an argument given as text using its JSON-schema type.
 
     Types are tried in order (a list like ["integer", "null"] is allowed). A value that does not
@@ -212,13 +244,13 @@ def _try_convert(text: str, type_name: Any, lenient: bool) -> tuple[bool, Any]:
         return False, None
     if type_name in ("array", "object"):
         try:
-            v = _loads(s, lenient)
-        except _Malformed:
+            v = read_json(s, lenient)
+        except MalformedCall:
             return False, None
         if isinstance(v, list if type_name == "array" else dict):
             try:
-                return True, _to_json_value(v)
-            except _Malformed:
+                return True, to_json_value(v)
+            except MalformedCall:
                 return False, None
         return False, None
     return False, None
@@ -259,11 +291,11 @@ def _type_label(schema: Any, python: bool = False) -> str:
 
 def _signature(tool: ToolSchema, python: bool = False, name: str | None = None) -> str:
     req = set(_required(tool))
-    args = [f"{arg}{'' if arg in req else '?'}: {_type_label(s, python)}" for arg, s in _props(tool).items()]
+    args = [f"{arg}{'' if arg in req else '?'}: {_type_label(s, python)}" for arg, s in tool_properties(tool).items()]
     return f"{name or tool.name}({', '.join(args)})"
 
 
-def _tools_block(tools: list[ToolSchema], python: bool = False, name_of=None) -> str:
+def tools_block(tools: list[ToolSchema], python: bool = False, name_of=None) -> str:
     """Every tool: signature (arg? = optional), description, and argument descriptions if any."""
     if not tools:
         return "Tools: (none)"
@@ -272,7 +304,7 @@ def _tools_block(tools: list[ToolSchema], python: bool = False, name_of=None) ->
         sig = _signature(tool, python, name_of(tool.name) if name_of else None)
         desc = " ".join(tool.description.split())
         lines.append(f"- {sig}: {desc}" if desc else f"- {sig}")
-        for arg, s in _props(tool).items():
+        for arg, s in tool_properties(tool).items():
             d = s.get("description") if isinstance(s, dict) else None
             if isinstance(d, str) and d.strip():
                 lines.append(f"    {arg}: {' '.join(d.split())}")
@@ -293,19 +325,21 @@ def _placeholder(schema: Any) -> Any:
     return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(t, "text")
 
 
-def _example_call(tools: list[ToolSchema]) -> ToolCall:
+def example_call(tools: list[ToolSchema]) -> ToolCall:
     """The example used in the tool block and the format reminder: the first tool with
     placeholder values for its required arguments (a made-up tool name would teach a tiny model
     to call a tool that does not exist)."""
     if not tools:
         return ToolCall(name="tool_name", arguments={"argument": "value"})
     tool = tools[0]
-    props = _props(tool)
+    props = tool_properties(tool)
     names = [r for r in _required(tool) if r in props] or list(props)[:1]
     return ToolCall(name=tool.name, arguments={n: _placeholder(props[n]) for n in names})
 
 
-def _marker(result: ToolResult) -> str:
+def result_marker(result: ToolResult) -> str:
+    """The prefix of a result's text: "[blocked] " for a refused call, "[error] " for a failed
+    one, "" otherwise."""
     if result.blocked is not None:
         return "[blocked] "
     if not result.ok:
@@ -313,10 +347,12 @@ def _marker(result: ToolResult) -> str:
     return ""
 
 
-def _plain_result(result: ToolResult) -> str:
+def plain_result(result: ToolResult) -> str:
+    """A result as "Result of NAME: [marker]OUTPUT" (the output on its own lines when it has
+    several; "(no output)" when it is empty)."""
     out = result.output if result.output.strip() else "(no output)"
     sep = "\n" if "\n" in out else " "
-    return f"Result of {result.name}:{sep}{_marker(result)}{out}"
+    return f"Result of {result.name}:{sep}{result_marker(result)}{out}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,18 +367,20 @@ _STRING_REST = {
 _BRACE_SPECIALS = {'"': re.compile(r'[{}"]'), "\"'": re.compile(r"""[{}"']""")}
 
 
-class _Span(NamedTuple):
+class Span(NamedTuple):
+    """A balanced {...} span found by `scan_braces`."""
+
     start: int
     end: int  # exclusive
     depth: int  # nesting depth of braces inside
 
 
-def _scan_braces(text: str, quotes: str = "\"'") -> tuple[list[_Span], int | None]:
+def scan_braces(text: str, quotes: str = "\"'") -> tuple[list[Span], int | None]:
     """Balanced {...} spans of `text` that are not inside another one, and where the first
     unclosed '{' starts (None when all closed). Quotes only count inside braces (apostrophes in
     prose are not strings). Linear time; an unterminated string ends the scan."""
     special = _BRACE_SPECIALS[quotes]
-    spans: list[_Span] = []
+    spans: list[Span] = []
     stack: list[list[int]] = []  # [start, deepest child depth]
     pos = 0
     while True:
@@ -359,7 +397,7 @@ def _scan_braces(text: str, quotes: str = "\"'") -> tuple[list[_Span], int | Non
                 depth = child + 1
                 if stack:
                     stack[-1][1] = max(stack[-1][1], depth)
-                spans.append(_Span(start, i + 1, depth))
+                spans.append(Span(start, i + 1, depth))
             pos = i + 1
         else:
             if not stack:
@@ -371,14 +409,14 @@ def _scan_braces(text: str, quotes: str = "\"'") -> tuple[list[_Span], int | Non
             pos = end.end()
     # keep the outermost balanced spans (spans are recorded in order of their end)
     spans.sort(key=lambda s: (s.start, -s.end))
-    outer: list[_Span] = []
+    outer: list[Span] = []
     for s in spans:
         if not outer or s.start >= outer[-1].end:
             outer.append(s)
     return outer, (stack[0][0] if stack else None)
 
 
-def _object_end(text: str, start: int, quotes: str = "\"'") -> tuple[int, int] | None:
+def object_end(text: str, start: int, quotes: str = "\"'") -> tuple[int, int] | None:
     """The end (exclusive) and brace depth of the object whose '{' is at `start`, or None when
     it is not closed. Braces inside strings do not count. Linear in the object's length."""
     special = _BRACE_SPECIALS[quotes]
@@ -436,10 +474,10 @@ def _json_error(exc: BaseException) -> str:
         return f"{exc.msg} at char {exc.pos}"
     if isinstance(exc, RecursionError):
         return "nested too deeply"
-    return _short(str(exc), 120) or type(exc).__name__
+    return shorten(str(exc), 120) or type(exc).__name__
 
 
-def _loads(s: str, lenient: bool) -> Any:
+def read_json(s: str, lenient: bool) -> Any:
     """Decode a JSON value; lenient also takes trailing commas, raw newlines in strings and
     single-quoted Python-ish literals (ast.literal_eval, never eval)."""
     try:
@@ -447,7 +485,7 @@ def _loads(s: str, lenient: bool) -> Any:
     except (ValueError, RecursionError) as exc:
         first = exc
     if not lenient:
-        raise _Malformed(_json_error(first))
+        raise MalformedCall(_json_error(first))
     pieces = _split_strings(s)
     no_commas = "".join(p if q else _TRAILING_COMMA.sub(r"\1", p) for p, q in pieces)
     if no_commas != s:
@@ -461,10 +499,10 @@ def _loads(s: str, lenient: bool) -> Any:
     try:
         return ast.literal_eval(pythonish.strip())
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _Malformed(_json_error(first)) from None
+        raise MalformedCall(_json_error(first)) from None
 
 
-def _outside(text: str, spans: list[tuple[int, int]]) -> list[str]:
+def text_outside(text: str, spans: list[tuple[int, int]]) -> list[str]:
     """The text segments around sorted, non-overlapping spans (len(spans) + 1 of them)."""
     segs, pos = [], 0
     for s, e in spans:

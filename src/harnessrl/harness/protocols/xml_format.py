@@ -13,17 +13,17 @@ import json
 import re
 from typing import Any
 
-from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, ParseResult, Protocol, _Malformed
+from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MalformedCall, ParseResult, Protocol
 from harnessrl.harness.protocols.shared import (
-    _arg_schema,
-    _convert_text,
-    _example_call,
-    _loads,
-    _make_call,
-    _marker,
-    _outside,
-    _short,
-    _tools_block,
+    arg_schema,
+    convert_text,
+    example_call,
+    make_call,
+    read_json,
+    result_marker,
+    shorten,
+    text_outside,
+    tools_block,
 )
 from harnessrl.types import ToolCall, ToolResult, ToolSchema
 
@@ -66,14 +66,14 @@ class XmlProtocol(Protocol):
         self._arg_open = re.compile(r"<([A-Za-z_][\w.:-]{0,200})([^<>]{0,500})>")
 
     def render_tools(self, tools: list[ToolSchema]) -> str:
-        example = self.render_call(_example_call(tools)).replace("\n", "")
+        example = self.render_call(example_call(tools)).replace("\n", "")
         return "\n".join(
             [
                 "To call a tool, reply with a tool tag holding one tag per argument:",
                 '<tool name="TOOL"><ARGUMENT>value</ARGUMENT></tool>',
                 f"Example: {example}",
                 "Write lists and objects as JSON; write < and & as &lt; and &amp;.",
-                _tools_block(tools),
+                tools_block(tools),
             ]
         )
 
@@ -94,10 +94,10 @@ class XmlProtocol(Protocol):
 
     def render_result(self, result: ToolResult) -> str:
         out = result.output if result.output.strip() else "(no output)"
-        return f'<tool_result name="{_xml_attr(result.name)}">{_marker(result)}{out}</tool_result>'
+        return f'<tool_result name="{_xml_attr(result.name)}">{result_marker(result)}{out}</tool_result>'
 
     def format_reminder(self, tools: list[ToolSchema]) -> str:
-        example = self.render_call(_example_call(tools)).replace("\n", "")
+        example = self.render_call(example_call(tools)).replace("\n", "")
         return f"Call a tool with a tool tag, one tag per argument, exactly like:\n{example}"
 
     def _parse(self, text: str, tools: list[ToolSchema] | None) -> ParseResult:
@@ -137,10 +137,10 @@ class XmlProtocol(Protocol):
             raw = text[i:end]
             try:
                 name = self._tool_name(attrs.rstrip().rstrip("/"))
-                calls.append(_make_call(name, self._arguments(body, name, tools), raw))
-            except _Malformed as exc:
+                calls.append(make_call(name, self._arguments(body, name, tools), raw))
+            except MalformedCall as exc:
                 errors.append(str(exc))
-        thought = "\n".join(s.strip() for s in _outside(text, spans) if s.strip())
+        thought = "\n".join(s.strip() for s in text_outside(text, spans) if s.strip())
         if errors:
             return ParseResult(calls=calls, error="; ".join(dict.fromkeys(errors)), thought=thought)
         return ParseResult(calls=calls, thought=thought)
@@ -148,10 +148,10 @@ class XmlProtocol(Protocol):
     def _tool_name(self, attrs: str) -> str:
         m = self._name_attr.search(attrs)
         if m is None:
-            raise _Malformed('the <tool> tag needs the tool name: <tool name="NAME">')
+            raise MalformedCall('the <tool> tag needs the tool name: <tool name="NAME">')
         name = _xml_unescape(next(g for g in m.groups() if g is not None)).strip()
         if not name:
-            raise _Malformed('the tool name is empty: <tool name="NAME">')
+            raise MalformedCall('the tool name is empty: <tool name="NAME">')
         return name
 
     def _arguments(self, body: str, tool_name: str, tools: list[ToolSchema] | None) -> dict[str, Any]:
@@ -167,7 +167,7 @@ class XmlProtocol(Protocol):
             m = self._arg_open.match(body, lt)
             if m is None:
                 if not self.lenient:
-                    raise _Malformed(f"unexpected text inside <tool>: {_short(body[lt:], 40)!r}")
+                    raise MalformedCall(f"unexpected text inside <tool>: {shorten(body[lt:], 40)!r}")
                 stray.append("<")
                 pos = lt + 1
                 continue
@@ -183,23 +183,23 @@ class XmlProtocol(Protocol):
                 closer = re.compile(rf"</{re.escape(tag)}\s*>" if self.lenient else rf"</{re.escape(tag)}>")
                 c = closer.search(body, m.end())
                 if c is None:  # even lenient: the value may have been cut off
-                    raise _Malformed(f"missing </{tag}> after the value of '{_short(key, 40)}'")
+                    raise MalformedCall(f"missing </{tag}> after the value of '{shorten(key, 40)}'")
                 else:
                     value, pos = body[m.end() : c.start()], c.end()
-            args[key] = self._value(value, _arg_schema(tools, tool_name, key))
+            args[key] = self._value(value, arg_schema(tools, tool_name, key))
         leftover = "".join(stray).strip()
         if leftover and not args:
             if self.lenient and leftover.startswith("{"):  # <tool name="add">{"a": 1}</tool>
                 try:
-                    obj = _loads(leftover, True)
-                except _Malformed as exc:
-                    raise _Malformed(f"could not parse the arguments: {exc}") from None
+                    obj = read_json(leftover, True)
+                except MalformedCall as exc:
+                    raise MalformedCall(f"could not parse the arguments: {exc}") from None
                 if isinstance(obj, dict):
                     return obj
             if not self.lenient:
-                raise _Malformed(f"write each argument as <NAME>value</NAME>, found {_short(leftover, 40)!r}")
+                raise MalformedCall(f"write each argument as <NAME>value</NAME>, found {shorten(leftover, 40)!r}")
         elif leftover and not self.lenient:
-            raise _Malformed(f"unexpected text between argument tags: {_short(leftover, 40)!r}")
+            raise MalformedCall(f"unexpected text between argument tags: {shorten(leftover, 40)!r}")
         return args
 
     def _value(self, text: str, schema: dict[str, Any] | None) -> Any:
@@ -208,4 +208,4 @@ class XmlProtocol(Protocol):
             text = text[1:]
         if text.endswith("\n"):
             text = text[:-1]
-        return _convert_text(text, schema, self.lenient)
+        return convert_text(text, schema, self.lenient)
