@@ -46,6 +46,9 @@ KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
         "the text of a chat message's content; it belongs to the server's request parsing, whose "
         "module names its public helpers"
     ),
+    (f"{PACKAGE}.models", f"{PACKAGE}.models.embedded", "_gguf_if_installed"): (
+        "where the embedded SmolLM2 GGUF file is installed, if it is; read by `harnessrl models list`"
+    ),
     (f"{PACKAGE}.serve.recording", f"{PACKAGE}.serve.app", "_validation_message"): (
         "the one-line message of a request that fails validation, shared inside the server package"
     ),
@@ -166,21 +169,39 @@ def _is_private(name: str) -> bool:
 
 def private_imports(package_dir: Path) -> list[PrivateImport]:
     """Every `from M import _name` (and `import M._name`) of one package module from another,
-    wherever it stands (deferred and type-only imports included); dunder names are not private."""
+    and every `M._name` read through an imported module M, wherever it stands (deferred and
+    type-only imports included); dunder names are not private."""
     modules = module_names(package_dir)
     root = package_dir.name
     found = []
     for name, path in modules.items():
         where = path.relative_to(package_dir.parent).as_posix()
-        for node, _ in _imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        bound: dict[str, str] = {}  # local name -> the package module it is bound to
+        for node, _ in _imports(tree):
             if isinstance(node, ast.ImportFrom):
                 source = _source_module(node, name, path.name == "__init__.py")
                 pairs = [(source, alias.name) for alias in node.names]
+                bound.update((a.asname or a.name, f"{source}.{a.name}") for a in node.names)
             else:
                 pairs = [tuple(alias.name.rsplit(".", 1)) for alias in node.names if "." in alias.name]
+                for alias in node.names:  # `import a.b` binds a; `import a.b as c` binds c to a.b
+                    local = alias.asname or alias.name.split(".")[0]
+                    bound[local] = alias.name if alias.asname else local
             for source, imported in pairs:
                 if (source == root or source.startswith(root + ".")) and source != name and _is_private(imported):
                     found.append(PrivateImport(name, source, imported, f"{where}:{node.lineno}"))
+        for node in ast.walk(tree):  # module._name
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                source = ".".join([bound[value.id], *reversed(chain)])
+                if source in modules and source != name:
+                    found.append(PrivateImport(name, source, node.attr, f"{where}:{node.lineno}"))
     return found
 
 
@@ -371,6 +392,11 @@ def test_private_import_reader_sees_every_form_and_spares_dunders_and_other_pack
                 "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .. import _private\n"
                 "def f():\n    from ..a import _HIDDEN as h\n    import harnessrl._private\n"
             ),
+            "d.py": (
+                "import harnessrl.a\nimport harnessrl.sub as s\nfrom harnessrl import a\n"
+                "x = harnessrl.a._HIDDEN, a._HIDDEN, s.c._f, a.__doc__, a.public, a\n"
+                "class K:\n    _own = 1\n    y = a._HIDDEN if 0 else None\n"
+            ),
         },
     )
     found = {(p.importer, p.source, p.name, p.where) for p in private_imports(pkg)}
@@ -379,4 +405,7 @@ def test_private_import_reader_sees_every_form_and_spares_dunders_and_other_pack
         ("harnessrl.sub.c", "harnessrl", "_private", "harnessrl/sub/c.py:3"),
         ("harnessrl.sub.c", "harnessrl.a", "_HIDDEN", "harnessrl/sub/c.py:5"),
         ("harnessrl.sub.c", "harnessrl", "_private", "harnessrl/sub/c.py:6"),
+        ("harnessrl.d", "harnessrl.a", "_HIDDEN", "harnessrl/d.py:4"),
+        ("harnessrl.d", "harnessrl.sub.c", "_f", "harnessrl/d.py:4"),
+        ("harnessrl.d", "harnessrl.a", "_HIDDEN", "harnessrl/d.py:7"),
     }
