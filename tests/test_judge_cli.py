@@ -199,3 +199,14 @@ def test_judge_model_is_taken_by_a_claweval_suite_whose_grader_uses_the_judge(tm
     assert r.exit_code == 0, r.output
     assert "J01_sea_poem" in {t.rsplit("/", 1)[-1] for t in grades(out)}
     assert judge_server.requests  # the judged task's grader reached the judge model
+
+
+def test_make_judge_loads_its_model_only_when_asked_and_then_answers_with_it(judge_server):
+    from harnessrl.tasks.importers import make_judge
+
+    judge = make_judge(f"  {judge_server.spec()} ")
+    assert judge.spec == judge_server.spec()  # the spec as `--judge-model` would record it
+    with pytest.raises(RuntimeError, match="never loaded"):
+        judge("grade this")
+    judge.load()
+    assert judge("grade this") == VERDICT
