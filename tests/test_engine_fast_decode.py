@@ -142,3 +142,12 @@ def test_a_hook_on_the_model_sees_every_decode_step(model, tokenizer):
         hook.remove()
     assert [len(r.ids) for r in results] == [5, 5]
     assert len(calls) == 2 + 4  # two prefills, then four decode steps of both rows
+
+
+def test_the_environment_can_turn_it_off_for_comparisons(model, tokenizer, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_FAST_DECODE", "0")
+    assert Engine(model, tokenizer).executor.fast is None
+    assert Engine(model, tokenizer, fast_decode=True).executor.fast is not None
+    monkeypatch.setenv("HARNESSRL_FAST_DECODE", "yes")
+    with pytest.raises(ValueError, match="HARNESSRL_FAST_DECODE must be 0 or 1"):
+        Engine(model, tokenizer)

@@ -186,9 +186,9 @@ class Engine:
     bytes again as those weights; equal up to float rounding). None: $HARNESSRL_PACKED_DECODE (0
     or 1) when set, else on for a float32 CPU model whose linear weights take at most 2 GiB, on a
     torch with oneDNN. `fast_decode`: decode steps run the engine's own forward for Llama models
-    (harnessrl.models.llama_forward; equal up to float rounding). None: on where it applies (a
-    float32 Llama model on the CPU), the model's own forward elsewhere; True where it does not
-    apply is a ValueError.
+    (harnessrl.models.llama_forward; the same floats). None: on where it applies (a float32 Llama
+    model on the CPU) unless $HARNESSRL_FAST_DECODE=0, the model's own forward elsewhere; True
+    where it does not apply is a ValueError.
     """
 
     def __init__(

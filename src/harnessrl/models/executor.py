@@ -184,7 +184,7 @@ class Executor:
         self.packed = packed.PackedLinears(model, max_batch) if packed_decode else None
         # the engine's own decode forward for Llama models on a CPU (harnessrl.models.llama_forward)
         if fast_decode is None:
-            fast_decode = llama_forward.supports(model)
+            fast_decode = llama_forward.default_on(model)
         elif fast_decode and not llama_forward.supports(model):
             raise ValueError("fast_decode needs a float32 Llama model on the CPU (harnessrl.models.llama_forward)")
         self.fast = (
