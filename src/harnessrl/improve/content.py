@@ -1,0 +1,133 @@
+"""The content phase: the kept weights triaged on train tasks, then GRPO on the tasks that fail on
+content (delivered, wrong)."""
+
+from __future__ import annotations
+
+import gc
+import json
+from typing import Any
+
+from harnessrl.improve.config import ImproveError
+from harnessrl.improve.record import JobBase
+from harnessrl.rundir import holds_run
+
+
+class TrainSubset:
+    """A suite whose train split is only the given tasks (GRPO on the content-failure tasks);
+    every other split, and the tasks' ids, are the suite's own."""
+
+    def __init__(self, suite, task_ids: list[str]):
+        wanted = set(task_ids)
+        self.suite = suite
+        self.name = suite.name
+        self.offers_shell = suite.offers_shell
+        self.train = [t for t in suite.tasks("train") if t.id in wanted]
+        self.split_sizes = {**suite.split_sizes, "train": len(self.train)}
+
+    def tasks(self, split: str, n: int | None = None) -> list:
+        if split != "train":
+            return self.suite.tasks(split, n)
+        return list(self.train if n is None else self.train[:n])
+
+    def task(self, task_id: str):
+        return self.suite.task(task_id)
+
+
+def content_task_ids(trajectories: list) -> list[str]:
+    """The tasks with at least one episode whose first failure signal is `content`, sorted."""
+    from harnessrl.triage import first_failure_signal
+
+    out = set()
+    for t in trajectories:
+        v = first_failure_signal(t)
+        if v is not None and v.cls == "content":
+            out.add(t.task_id)
+    return sorted(out)
+
+
+class ContentPhase(JobBase):
+    """The content phase of the job (Improve)."""
+
+    def _content(self, evolved, weights: dict[str, Any]) -> dict[str, Any]:
+        """GRPO from the kept weights on the train tasks with a content failure, or the weights as
+        they are when there is none."""
+        c = self.config
+        select = self.runner.measured(
+            "content/select", "train", self.content_pool, self.seed_spec, weights["model"], c.attempts
+        )
+        tasks = content_task_ids(select)
+        from harnessrl.triage import triage
+
+        tri = next(iter(triage(select).values()), {})
+        evidence = {
+            "folder": "content/select",
+            "tasks_triaged": len(self.content_pool),
+            "counts": tri.get("counts"),
+            "content_share": tri.get("content_share"),
+            "process_share": tri.get("process_share"),
+            "selected": tasks,
+        }
+        if not tasks:
+            self.decide("content.tasks", "content", "skip", {**evidence, "reason": "no train task failed on content"})
+            return {**weights, "grpo": None}
+        self.decide("content.tasks", "content", tasks, evidence)
+        summary = self._grpo("content/grpo", evolved, weights["model"], tasks)
+        return {
+            "variant": "grpo",
+            "adapter": "content/grpo/adapter",
+            "model": self._adapter_model("content/grpo/adapter"),
+            "grpo": summary,
+        }
+
+    def _grpo(self, stage: str, evolved, model: str, tasks: list[str]) -> dict[str, Any]:
+        from harnessrl.train.trainer import Trainer, TrainError
+
+        if stage in self.runner.stages:
+            return self.runner.stages[stage]
+        c = self.config
+        specs = [self.seed_spec] if self.evolved_is_seed else [self.seed_spec, evolved]
+        if len({s.name for s in specs}) < len(specs):  # a given evolved spec may carry the seed's name
+            from harnessrl.evolve.edits import renamed
+
+            specs[1] = renamed(evolved, f"{evolved.name}-evolved"[:64])
+        from harnessrl.train.config import TrainConfig
+
+        config = TrainConfig(
+            model=model,
+            device=c.device,
+            dtype=self.dtype,
+            suite=c.suite,
+            harnesses=[s.name for s in specs],
+            scheduler=c.scheduler if len(specs) > 1 else f"single:{specs[0].name}",
+            steps=c.grpo_steps,
+            tasks_per_step=min(c.grpo_tasks_per_step, len(tasks)),
+            group_size=c.group_size,
+            temperature=c.temperature,
+            checkpoint_every=max(1, c.grpo_steps),
+            max_in_flight=c.max_in_flight,
+            retries=c.retries,
+            seed=c.seed,
+        )
+        self._release()
+        self.log(f"{stage}: GRPO on {len(tasks)} content-failure tasks over {', '.join(s.name for s in specs)}")
+        path = self.out / stage
+        try:
+            trainer = Trainer(
+                config,
+                path,
+                resume=holds_run(path),
+                suite=TrainSubset(self.suite, tasks),
+                specs=specs,
+                progress=self.progress,
+                console=self.console,
+            )
+            summary = trainer.run()
+        except TrainError as e:
+            raise ImproveError(f"{stage}: {e}") from None
+        finally:
+            gc.collect()
+        updates = sum(
+            1 for line in (path / "metrics.jsonl").read_text().splitlines() if json.loads(line).get("optimizer_step")
+        )
+        self.runner.done(stage, steps=summary["steps"], optimizer_steps=updates, harnesses=[s.name for s in specs])
+        return self.runner.stages[stage]

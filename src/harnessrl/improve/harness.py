@@ -1,0 +1,220 @@
+"""The harness phase: the seed harness on dev tasks, then `harnessrl evolve` from it while its
+accepted edits keep lowering the process-failure rate, stopped at the first ceiling that fires."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harnessrl.improve.config import ImproveError
+from harnessrl.improve.record import JobBase
+from harnessrl.rundir import LOCK, holds_run
+
+
+class _EvolutionCeiling(Exception):
+    """Raised from the evolution's log after the iteration at which a ceiling fired."""
+
+    def __init__(self, iteration: int):
+        super().__init__(f"ceiling at iteration {iteration}")
+        self.iteration = iteration
+
+
+def process_rate(trajectories: list) -> float | None:
+    """The share of valid episodes (no infrastructure error) whose first failure signal is a
+    process class; None without a valid episode."""
+    from harnessrl.triage import PROCESS, first_failure_signal
+
+    valid = [t for t in trajectories if not t.is_infra_error]
+    if not valid:
+        return None
+    hits = 0
+    for t in valid:
+        v = first_failure_signal(t)
+        hits += v is not None and v.cls in PROCESS
+    return hits / len(valid)
+
+
+class HarnessPhase(JobBase):
+    """The harness phase of the job (Improve)."""
+
+    def _harness(self, base: dict[str, Any]):
+        """The evolved harness: given, the seed (no evolution needed), or the evolution's result
+        where its first ceiling fired."""
+        from harnessrl.evolve.edits import spec_fingerprint
+
+        c = self.config
+        rate = base["record"]["triage"]["process_rate"]  # = process_rate of its episodes
+        if rate is None:
+            raise ImproveError(
+                "harness/seed-dev: every episode of the seed harness is an infrastructure error, so nothing can be "
+                f"triaged; see {self.out / 'harness' / 'seed-dev'} (harnessrl summary / view), fix the set-up and "
+                "start a new --out"
+            )
+        evidence = {
+            "seed_dev": base["record"],
+            "process_rate": rate,
+            "process_floor": c.process_floor,
+            "folder": "harness/seed-dev",
+        }
+        if self.given is not None:
+            self.decide("harness.evolve", "harness", "given", {**evidence, "evolved": c.evolved})
+            evolved = self.given
+        elif rate < c.process_floor:
+            self.decide("harness.evolve", "harness", "skip", evidence)
+            evolved = self.seed_spec
+        else:
+            self.decide("harness.evolve", "harness", "evolve", evidence)
+            evolved = self._evolve(rate)
+        path = self.out / "harness" / "evolved.yaml"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(evolved.to_yaml(), encoding="utf-8")
+        self.evolved_is_seed = spec_fingerprint(evolved) == spec_fingerprint(self.seed_spec)
+        if self.evolved_is_seed:
+            evolved = self.seed_spec
+        return evolved
+
+    def _evolve_config(self):
+        from harnessrl.evolve.config import EvolveConfig
+
+        c = self.config
+        return EvolveConfig(
+            suite=c.suite,
+            seed_harness=c.seed_harness,
+            model=c.model,
+            device=c.device,
+            dtype=self.dtype,
+            dev_tasks=c.dev_tasks,
+            test_tasks=c.test_tasks,
+            rollouts=c.rollouts,
+            iterations=c.iterations,
+            candidates=c.candidates,
+            seed=c.seed,
+            temperature=c.temperature,
+            max_in_flight=c.max_in_flight,
+            retries=c.retries,
+        )
+
+    def _evolve(self, seed_rate: float):
+        """`run_evolve` from the seed, checked after every iteration (`ceiling`); stopped at the
+        first that fires, then finished (its held-out phase) at that iteration."""
+        import dataclasses
+
+        from harnessrl.evolve.loop import BEST, FINAL, EvolveError
+        from harnessrl.evolve.run import run_evolve
+        from harnessrl.harness.registry import load_harness
+        from harnessrl.harness.spec import SpecError
+
+        path = self.out / "harness" / "evolve"
+        config = self._evolve_config()
+        finished = (path / FINAL).is_file() and (path / LOCK).is_file()
+        fired = None if finished else self._first_ceiling(path, seed_rate)
+
+        def log(message: str) -> None:
+            self.log(f"evolve: {message}")
+            if message.startswith("iteration ") and self._ceiling(path, self._iterations_done(path), seed_rate)[0]:
+                raise _EvolutionCeiling(self._iterations_done(path))
+
+        self._release()  # evolution loads its own copy of the model
+        try:
+            if not finished and fired is None:
+                try:
+                    run_evolve(config, path, resume=holds_run(path), progress=self.progress, log=log)
+                except _EvolutionCeiling as stop:
+                    fired = stop.iteration
+            if fired is not None and not finished:  # its held-out phase, at the iteration the ceiling fired
+                run_evolve(dataclasses.replace(config, iterations=fired), path, resume=True, progress=self.progress)
+        except EvolveError as e:
+            raise ImproveError(f"harness/evolve: {e}") from None
+        try:
+            final = json.loads((path / FINAL).read_text(encoding="utf-8"))
+            spec = load_harness(str(path / BEST))
+        except (OSError, ValueError, SpecError) as e:
+            raise ImproveError(f"harness/evolve: {path} holds no finished evolution ({e})") from None
+        done = int(final["iterations_run"])
+        which, trail = self._ceiling(path, done, seed_rate)
+        if which is None:
+            which = "proposer_exhausted" if final.get("proposer_exhausted") else "budget"
+        self.decide(
+            "harness.ceiling",
+            "harness",
+            which,
+            {
+                "iteration": done,
+                "iterations_budget": self.config.iterations,
+                "patience": self.config.patience,
+                "process_floor": self.config.process_floor,
+                "iterations": trail,
+                "accepted_edits": final["accepted_edits"],
+                "best": final["best"],
+                "best_diff_vs_seed": final["best_diff_vs_seed"],
+                "threshold": final["threshold"],
+                "held_out_not_used": final["paired_difference"],
+                "folder": "harness/evolve",
+            },
+        )
+        return spec
+
+    @staticmethod
+    def _iterations_done(path: Path) -> int:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        return int(state["iterations_done"])
+
+    def _first_ceiling(self, path: Path, seed_rate: float) -> int | None:
+        """On resume: the first finished iteration at which a ceiling fires (the run was stopped
+        between the stop and its held-out phase), or None."""
+        if not (path / "state.json").is_file():
+            return None
+        done = self._iterations_done(path)
+        for it in range(1, done + 1):
+            if self._ceiling(path, it, seed_rate)[0] is not None:
+                return it
+        return None
+
+    def _ceiling(self, path: Path, upto: int, seed_rate: float) -> tuple[str | None, list[dict[str, Any]]]:
+        """Which ceiling fires after iteration `upto` of the evolution in `path` (None: go on), and
+        every iteration's evidence: accepted or not, the process-failure rate of the incumbent's
+        dev episodes before and of the new incumbent's after (its screening and confirmation runs).
+        Fires: no_process_gain (an accepted edit did not lower the rate), process_floor (the rate
+        is below --process-floor), patience (--patience iterations in a row accepted nothing)."""
+        from harnessrl.evolve.loop import LOG
+        from harnessrl.store import RunStore
+
+        c = self.config
+        lines = [json.loads(x) for x in (path / LOG).read_text(encoding="utf-8").splitlines() if x.strip()]
+        trail: list[dict[str, Any]] = []
+        rate: float | None = seed_rate
+        streak = 0
+        with RunStore(path) as store:
+
+            def rate_of(*labels: str) -> float | None:
+                return process_rate(
+                    [t for label in labels for t in store.trajectories(harness=label, with_tokens=False)]
+                )
+
+            for it in range(1, upto + 1):
+                accepted = [x["candidate"] for x in lines if x["iteration"] == it and x.get("accepted")]
+                before = rate_of(f"i{it:02d}.incumbent", f"i{it:02d}.incumbent.confirm")
+                entry: dict[str, Any] = {"iteration": it, "accepted": accepted[0] if accepted else None}
+                entry["process_rate_before"] = before
+                fired = None
+                if accepted:
+                    streak = 0
+                    after = rate_of(accepted[0], f"{accepted[0]}.confirm")
+                    entry["process_rate_after"] = after
+                    reference = before if before is not None else rate
+                    if after is None or (reference is not None and after >= reference):
+                        fired = "no_process_gain"
+                    elif after < c.process_floor:
+                        fired = "process_floor"
+                    rate = after
+                else:
+                    streak += 1
+                    if streak >= c.patience:
+                        fired = "patience"
+                entry["fired"] = fired
+                trail.append(entry)
+                if fired is not None:
+                    return fired, trail
+        return None, trail

@@ -1,0 +1,159 @@
+"""What every phase of the job shares: the decisions (decisions.jsonl, checked again on resume),
+the evaluation stages (`harnessrl study`'s machinery, reused) and the attributes the job sets up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from harnessrl.improve.config import DECISIONS, ImproveConfig, ImproveError
+from harnessrl.rundir import RunFolder, append_jsonl, holds_run
+
+
+def as_json(value: Any) -> Any:
+    """The value as JSON gives it back (tuples as lists, keys as strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def stages_class():
+    """Study's stage machinery as a class of its own (imported late: the study module is heavy)."""
+    from harnessrl.study import Study
+
+    class Stages(Study):
+        """`harnessrl study`'s stages, reused: evaluation stages into run folders of their own (the
+        model loaded once and kept for the next stage), the evolved harness's collection on train
+        tasks and the imitation and placebo adapters (`train sft` into the seed harness), with
+        `stages.json` in `out`. Not a study folder: none of the study's own files are written."""
+
+        def __init__(self, config, out: Path, seed_spec, device, dtype, *, progress: bool, log, console):
+            from harnessrl.tasks import get_suite
+
+            # only the attributes the stage methods read (Study.__init__ would open a study folder)
+            self.config, self.out, self.seed_spec = config, out, seed_spec
+            self.device, self.dtype = device, dtype
+            self.policy_factory = None
+            self.progress, self.log, self.console = progress, log, console
+            self._policy = None
+            self.train_tasks = get_suite(config.suite).tasks("train", config.collect_tasks)
+            self.stages = self._read_stages()
+
+        def measured(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int) -> list:
+            """An evaluation stage's trajectories: measured (or resumed) once, then read."""
+            if stage in self.stages and holds_run(self.out / stage):
+                return self._stored(stage)
+            trajectories = self._measure(stage, split, tasks, spec, model, attempts)
+            self._done(stage, episodes=len(trajectories))
+            return trajectories
+
+        def done(self, stage: str, **facts: Any) -> None:
+            self._done(stage, **as_json(facts))
+
+        def collect_and_imitate(self, evolved) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+            """The collection (needs passing episodes on two tasks), the imitation and the placebo
+            adapters; StudyError says why there is nothing to imitate."""
+            collect = self._collect(evolved)
+            return collect, self._sft("sft"), self._sft("placebo")
+
+        def release(self) -> None:
+            self._release()
+
+    return Stages
+
+
+class JobBase:
+    """The state of one `harnessrl improve` job (set by Improve.__init__ and Improve.run) and the
+    methods every phase uses: decisions, evaluation stages and their analysis."""
+
+    config: ImproveConfig
+    out: Path
+    resume: bool
+    progress: bool
+    log: Callable[[str], None]
+    console: Any
+    device: Any
+    dtype: str
+    seed_spec: Any
+    given: Any
+    suite: Any
+    dev_tasks: list
+    test_tasks: list
+    content_pool: list
+    folder: RunFolder
+    runner: Any
+    recorded: dict[str, dict[str, Any]]
+    decisions: list[dict[str, Any]]
+    evolved_is_seed: bool
+
+    # -- the folder: stages and decisions --------------------------------------------------------------
+    def decide(self, key: str, phase: str, choice: Any, evidence: dict[str, Any]) -> dict[str, Any]:
+        """Record a decision (one line of decisions.jsonl); on resume, the recorded one, which the
+        recomputed choice must equal."""
+        line = as_json({"key": key, "phase": phase, "choice": choice, "evidence": evidence})
+        old = self.recorded.get(key)
+        if old is not None:
+            if old["choice"] != line["choice"]:
+                raise ImproveError(
+                    f"--resume reached another decision for {key} than the run in {self.out} "
+                    f"({old['choice']!r} then, {line['choice']!r} now): a stage folder changed; start a new --out"
+                )
+            line = old
+        else:
+            append_jsonl(self.out / DECISIONS, line)
+            self.recorded[key] = line
+        self.decisions.append(line)
+        self.log(f"{phase}: {key} = {line['choice']}")
+        return line
+
+    # -- evaluation stages ----------------------------------------------------------------------------
+    def _stages(self, root: Path, evolved: str | None = None):
+        """The stage runner rooted at `root`, `evolved` the evolved harness's spec file."""
+        from harnessrl.study import StudyConfig
+
+        c = self.config
+        study = StudyConfig(
+            suite=c.suite,
+            seed_harness=c.seed_harness,
+            evolved=evolved,
+            model=c.model,
+            device=c.device,
+            dtype=self.dtype,
+            dev_tasks=c.dev_tasks,
+            collect_model=c.collect_model,
+            collect_tasks=c.collect_tasks,
+            collect_attempts=c.collect_attempts,
+            epochs=c.epochs,
+            lr=c.lr,
+            test_tasks=c.test_tasks,
+            attempts=c.attempts,
+            temperature=c.temperature,
+            seed=c.seed,
+            max_in_flight=c.max_in_flight,
+            retries=c.retries,
+        )
+        Stages = stages_class()
+        return Stages(
+            study,
+            root,
+            self.seed_spec,
+            self.device,
+            self.dtype,
+            progress=self.progress,
+            log=self.log,
+            console=self.console,
+        )
+
+    def _release(self) -> None:
+        if self.runner is not None:
+            self.runner.release()
+
+    def _cell(self, stage: str, split: str, tasks: list, spec, model: str) -> dict[str, Any]:
+        """An evaluation stage and its analysis (study_analysis.cell_analysis)."""
+        from harnessrl.study_analysis import cell_analysis
+
+        trajectories = self.runner.measured(stage, split, tasks, spec, model, self.config.attempts)
+        analysis = cell_analysis(trajectories, self.config.attempts)
+        return {**analysis, "folder": stage, "harness_name": spec.name, "model": model}
+
+    def _adapter_model(self, adapter: str) -> str:
+        return "hf:" + str((self.out / adapter).resolve())  # absolute: a resume from elsewhere names the same model

@@ -1,0 +1,145 @@
+"""The weights phase: the evolved harness distilled into LoRA weights that run under the seed
+harness, by imitation and by on-policy distillation; the adapter with the higher dev mean is kept."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from harnessrl.improve.config import ImproveError
+from harnessrl.improve.record import JobBase
+from harnessrl.rundir import holds_run
+
+
+class WeightsPhase(JobBase):
+    """The weights phase of the job (Improve)."""
+
+    def _weights(self, base: dict[str, Any], evolved) -> dict[str, Any]:
+        """The kept adapter ({'variant', 'adapter'}), or the base weights when there is nothing to distil."""
+        if self.evolved_is_seed:
+            self.decide(
+                "weights.choice",
+                "weights",
+                "base",
+                {"reason": "the evolved harness is the seed harness: there is no harness behaviour to distil"},
+            )
+            return {"variant": "base", "adapter": None, "model": self.config.model}
+        from harnessrl.study import StudyError
+
+        c = self.config
+        # the study's collection and imitation stages, rooted at OUT/weights (its stages.json there)
+        imitation = self._stages(self.out.resolve() / "weights", str(self.out.resolve() / "harness" / "evolved.yaml"))
+        variants: dict[str, dict[str, Any]] = {}
+        steps = c.distill_steps
+        reason, collect = None, {}
+        self._release()
+        try:
+            collect, sft, _ = imitation.collect_and_imitate(evolved)
+        except StudyError as e:  # nothing to imitate: recorded, the on-policy variant goes on alone
+            reason = str(e)
+        else:
+            steps = int(sft["steps"])
+            variants["imitation"] = {"adapter": "weights/sft/adapter", "steps": steps}
+            variants["placebo"] = {"adapter": "weights/placebo/adapter", "steps": steps}
+        finally:
+            imitation.release()
+        self.decide(
+            "weights.imitation",
+            "weights",
+            "skip" if reason else "train",
+            {
+                "collector": c.collect_model or c.model,
+                **{k: collect.get(k) for k in ("episodes", "passed", "passed_tasks")},
+                "reason": reason,
+                "steps": steps,
+                "folder": "weights/collect",
+            },
+        )
+        from harnessrl.train.distill import DistillError, check_protocols
+
+        try:
+            check_protocols(self.seed_spec, evolved)
+        except DistillError as e:  # an edit changed the protocol: the teacher cannot read the student's replies
+            self.decide("weights.on_policy", "weights", "skip", {"reason": str(e)})
+        else:
+            self._distill("weights/distill", evolved, steps)
+            variants["on-policy"] = {"adapter": "weights/distill/adapter", "steps": steps}
+        from harnessrl.metrics import paired_difference
+        from harnessrl.study_analysis import verdict
+
+        evidence: dict[str, Any] = {"base": {"folder": "harness/seed-dev", **base["record"]}}
+        for name, v in variants.items():
+            cell = self._cell(
+                f"weights/dev-{name}", "dev", self.dev_tasks, self.seed_spec, self._adapter_model(v["adapter"])
+            )
+            diff = paired_difference(base["scores"], cell["scores"], seed=c.seed)
+            v.update(cell=cell)
+            evidence[name] = {
+                "folder": cell["folder"],
+                "adapter": v["adapter"],
+                "steps": v["steps"],
+                **cell["record"],
+                "vs_base": {**diff, "verdict": verdict(diff)},
+            }
+        candidates = [n for n in ("imitation", "on-policy") if n in variants]
+        if not candidates:
+            self.decide("weights.choice", "weights", "base", {**evidence, "reason": "neither variant could be trained"})
+            return {"variant": "base", "adapter": None, "model": c.model}
+        if len(candidates) == 2:
+            diff = paired_difference(variants["imitation"]["cell"]["scores"], variants["on-policy"]["cell"]["scores"])
+            evidence["on_policy_vs_imitation"] = {**diff, "verdict": verdict(diff)}
+        means = {n: variants[n]["cell"]["record"]["mean_score"] or 0.0 for n in candidates}
+        # the higher dev mean; a tie keeps on-policy distillation (trained on the student's own states)
+        choice = max(candidates, key=lambda n: (means[n], n == "on-policy"))
+        evidence["rule"] = "the higher dev mean score under the seed harness; a tie keeps on-policy"
+        self.decide("weights.choice", "weights", choice, evidence)
+        return {
+            "variant": choice,
+            "adapter": variants[choice]["adapter"],
+            "model": self._adapter_model(variants[choice]["adapter"]),
+        }
+
+    def _distill(self, stage: str, evolved, steps: int) -> dict[str, Any]:
+        from harnessrl.train.config import DistillConfig
+        from harnessrl.train.distill import DistillError, run_distill
+
+        if stage in self.runner.stages:
+            return self.runner.stages[stage]
+        c = self.config
+        config = DistillConfig(
+            teacher_harness=evolved.name,
+            student_harness=self.seed_spec.name,
+            model=c.model,
+            device=c.device,
+            dtype=self.dtype,
+            suite=c.suite,
+            steps=steps,
+            tasks_per_step=c.distill_tasks_per_step,
+            attempts=c.attempts,
+            temperature=c.temperature,
+            lr=c.lr,
+            seed=c.seed,
+            max_in_flight=c.max_in_flight,
+            retries=c.retries,
+        )
+        self._release()
+        self.log(f"{stage}: on-policy distillation, {steps} steps")
+        path = self.out / stage
+        try:
+            summary = run_distill(
+                config,
+                path,
+                resume=holds_run(path),
+                progress=self.progress,
+                console=self.console,
+                suite=self.suite,
+                teacher=evolved,
+                student=self.seed_spec,
+            )
+        except DistillError as e:
+            raise ImproveError(f"{stage}: {e}") from None
+        finally:
+            gc.collect()
+        last = summary["last"] or {}
+        self.runner.done(stage, steps=summary["steps"], final_kl=last.get("kl"))
+        return self.runner.stages[stage]
