@@ -258,7 +258,7 @@ class Engine:
         self._generation = 0  # bumped when the weights change: older prefixes are stale
         self._module_dicts: list[dict] = []  # the module tree as last walked (_weights_fingerprint)
         self._param_dicts: list[dict] = []
-        self._structure = None
+        self._structure: int | None = None
         self._weights = self._weights_fingerprint()
         self._rows: list[Request] = []  # running, row i = self._rows[i]
         self._waiting: deque[Request] = deque()
@@ -636,6 +636,7 @@ class Engine:
     def _land(self) -> None:
         """The prefill thread's request joins the batch (its keys/values copied into a row)."""
         job, self._inflight = self._inflight, None
+        assert job is not None
         req = job.req
         try:
             logits, seconds = job.future.result()

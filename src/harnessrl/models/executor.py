@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
@@ -37,6 +38,9 @@ from harnessrl.models.attention import (
     uses_fused_kernel,
 )
 from harnessrl.models.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from harnessrl.models.scheduler import Request
 
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
 
@@ -74,12 +78,20 @@ class BatchKV:
             grown[:, :, : self.rows, :, : self.capacity] = self.buf
         self.buf = grown
 
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The buffer (after `reserve`)."""
+        if self.buf is None:
+            raise RuntimeError("the batch cache holds no rows: reserve() first")
+        return self.buf
+
     def row(self, r: int, length: int) -> torch.Tensor:
         """Row r's first `length` slots: (layers, 2, kv_heads, length, head_dim), a view."""
-        return self.buf[:, :, r, :, :length]
+        return self.tensor[:, :, r, :, :length]
 
     def move(self, src: int, dst: int, length: int) -> None:
-        self.buf[:, :, dst, :, :length] = self.buf[:, :, src, :, :length]
+        buf = self.tensor
+        buf[:, :, dst, :, :length] = buf[:, :, src, :, :length]
 
     def release(self) -> None:
         self.buf = None
@@ -104,7 +116,7 @@ class ForwardCache(DynamicCache):
         self.positions = positions  # (n,) long, decode only
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        buf = self.kv.buf[layer_idx]  # (2, rows, heads, capacity, dim)
+        buf = self.kv.tensor[layer_idx]  # (2, rows, heads, capacity, dim)
         if key_states.shape[1] != buf.shape[2] or key_states.shape[-1] != buf.shape[-1]:
             raise ValueError(
                 f"layer {layer_idx} returned keys of shape {tuple(key_states.shape)}; the engine expected "
@@ -130,7 +142,7 @@ class Prefill:
     """A prefill running on the prefill thread: into its own one-row cache `kv`, `cached`
     prompt tokens of which came from the prefix cache."""
 
-    req: object  # the engine's request
+    req: Request
     kv: BatchKV
     cached: int
     future: Future  # (last-position logits (1, vocab), seconds)
@@ -277,9 +289,9 @@ class Executor:
         device = self.device
         at = lengths_t.to(device)
         input_ids = torch.tensor(last_tokens, dtype=torch.long, device=device).unsqueeze(1)
-        fast = self.fast is not None and self.fast.usable()
+        fast = self.fast if self.fast is not None and self.fast.usable() else None
         mask = None
-        if not (fast and self.shared_prefix_attention):
+        if not (fast is not None and self.shared_prefix_attention):
             mask = (torch.arange(kv_len, device=device).unsqueeze(0) <= at.unsqueeze(1)).view(n, 1, 1, kv_len)
         with contextlib.ExitStack() as stack:
             plan = None
@@ -289,16 +301,22 @@ class Executor:
                 if n == 1 and kernel:
                     shared = 0  # one row reads its slots once anyway: all of them in the compiled kernel
                 plan = make_plan(lengths_t, kv_len, shared, self._attn, runs=runs, kernel=kernel, device=device)
-                if not fast:
+                if fast is None:
                     stack.enter_context(decode_plan(self.model, plan))
             # (the fast forward calls the packed products itself, unless a wrapper calls a layer)
-            if not fast or self.fast.prepare():
+            if fast is None or fast.prepare():
                 stack.enter_context(self._packed_forward())
             stack.enter_context(self._idle_core_borrowed(borrow))
-            if fast:
-                return self.fast(
-                    input_ids.view(n), at, self.kv.buf, kv_len, plan, None if mask is None else self._model_mask(mask)
+            if fast is not None:
+                return fast(
+                    input_ids.view(n),
+                    at,
+                    self.kv.tensor,
+                    kv_len,
+                    plan,
+                    None if mask is None else self._model_mask(mask),
                 ).cpu()
+            assert mask is not None  # (made above for the model's own forward)
             cache = ForwardCache(self.kv, kv_len=kv_len, positions=at)
             return self.forward(input_ids, at.unsqueeze(1), mask, cache)
 

@@ -25,6 +25,7 @@ device other than the CPU, runs the model's own forward as before.
 from __future__ import annotations
 
 import os
+from typing import cast
 
 import numpy as np
 import torch
@@ -80,7 +81,7 @@ class _Fused:
     lay the concatenation out for oneDNN's prepacked product (harnessrl.models.packed) at that
     many rows; None: a plain matrix."""
 
-    def __init__(self, modules: list[nn.Module], pack_rows: int | None):
+    def __init__(self, modules: list[nn.Linear], pack_rows: int | None):
         self.modules = modules
         self.pack_rows = pack_rows
         self.key: tuple | None = None
@@ -107,6 +108,7 @@ class _Fused:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pack_rows is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        assert self.weight is not None  # (refreshed before every step)
         return F.linear(x, self.weight, self.bias)
 
     def drop(self) -> None:
@@ -154,7 +156,8 @@ class LlamaDecode:
         def group(modules: list[nn.Module]):
             if not (self.fuse and _fusable(modules)):
                 return modules
-            return before.get(tuple(map(id, modules))) or _Fused(modules, pack_rows)
+            linears = cast("list[nn.Linear]", modules)
+            return before.get(tuple(map(id, modules))) or _Fused(linears, pack_rows)
 
         self.layers = []
         for layer in inner.layers:
@@ -212,7 +215,7 @@ class LlamaDecode:
         kv: torch.Tensor,
         kv_len: int,
         plan: attention.DecodePlan | None,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """Last-token logits (rows, vocab), float32. `input_ids`, `positions`: (rows,) long, the
         fed token of each row and its slot; `kv`: the batch cache (layers, 2, rows, kv_heads,
@@ -284,7 +287,7 @@ class LlamaDecode:
         return linear(self.lm_head, _rms_norm(h, self.norm)).float()
 
 
-def _rms_norm(h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+def _rms_norm(h: torch.Tensor, norm) -> torch.Tensor:
     """transformers' LlamaRMSNorm of float32 rows, the same operations in the same order (so the
     same floats); torch's fused rms_norm rounds differently and was no faster here."""
     return norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))

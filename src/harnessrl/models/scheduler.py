@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -90,8 +91,9 @@ class Scheduler:
 
     def plan(self, view: BatchView) -> StepPlan:
         running = view.running - len(view.cancelled)
-        inflight = view.inflight_due is not None
-        land = inflight and (running == 0 or view.decode_steps >= view.inflight_due)
+        due = view.inflight_due
+        inflight = due is not None
+        land = due is not None and (running == 0 or view.decode_steps >= due)
         if land:
             running, inflight = running + 1, False
         admit = self._admissions(running, inflight, view.waiting, view.may_overlap)
@@ -122,7 +124,8 @@ class Scheduler:
     @staticmethod
     def lands_after_decode(view: BatchView) -> bool:
         """Whether the prefill thread's request joins the batch now, after a decode step."""
-        return view.inflight_due is not None and view.decode_steps >= view.inflight_due
+        due = view.inflight_due
+        return due is not None and view.decode_steps >= due
 
 
 def finish_reason(token: int, req: Request, max_context: int | None) -> str | None:
@@ -191,7 +194,7 @@ class Request:
         self.row = -1
         self.length = 0  # tokens with keys/values in the row
         self.cached = 0
-        self.lock = None  # the prefix-cache node it holds
+        self.lock: Any = None  # the prefix-cache node it holds (harnessrl.models.prefix_cache.PrefixNode)
         self.generation = 0
         self.cancel = False
         # perf_counter stamps: three per request, and the engine's decode clock when it joined
