@@ -70,14 +70,14 @@ class TrainConfig:
     model: TrainModel = "smollm2-135m"
     device: Device = "auto"
     dtype: TrainDtype = "auto"
-    suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
+    suite: str = Field(default="toolcalc", description="suite whose train split gives the tasks")
     harnesses: list[str] = Field(
         default_factory=lambda: list(DEFAULT_HARNESSES),
         description="harness names, 'all' or spec paths; comma-separate or repeat",
         json_schema_extra=cli("--harnesses", "-H"),
     )
     scheduler: str = Field(
-        "harness-bandit",
+        default="harness-bandit",
         description="harness-bandit, mixed, uniform, round-robin, single:NAME, learnability-only, transfer-only, "
         "ratio:H1=W1,H2=W2,..., dump-ucb, sec, lilo",
     )
@@ -86,9 +86,11 @@ class TrainConfig:
         description="KEY=VALUE passed to the scheduler (e.g. floor=0.02); repeat",
         json_schema_extra=cli("--scheduler-option", repeat=True),
     )
-    steps: int = Field(150, ge=1, description="training steps (one rollout batch each)")
-    tasks_per_step: int = Field(8, ge=1, description="train tasks sampled per step")
-    group_size: int = Field(8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2")
+    steps: int = Field(default=150, ge=1, description="training steps (one rollout batch each)")
+    tasks_per_step: int = Field(default=8, ge=1, description="train tasks sampled per step")
+    group_size: int = Field(
+        default=8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2"
+    )
     # LoRA learns well at ~10x the full fine-tuning rate; 1e-4 is the usual LoRA RL choice.
     lr: LearningRate = 1e-4
     weight_decay: WeightDecay = 0.0
@@ -100,41 +102,45 @@ class TrainConfig:
     # groups whose attempts score differently; at 1.0 every toolcalc episode of the embedded model
     # in a measured step scored 0 (docs/BENCHMARKS.md): flat groups, no update.
     temperature: float = Field(
-        0.7, gt=0, description="temperature of rollouts and of training log-probs (> 0: GRPO needs different attempts)"
+        default=0.7,
+        gt=0,
+        description="temperature of rollouts and of training log-probs (> 0: GRPO needs different attempts)",
     )
-    ppo_epochs: int = Field(1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
-    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
+    ppo_epochs: int = Field(default=1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
+    mini_batches: int = Field(default=1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
     micro_batch: MicroBatch = 2048
     gradient_checkpointing: GradientCheckpointing = False
-    aggregation: str = Field("token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
-    clip_low: float = Field(0.2, ge=0, lt=1, description="lower ratio clip")
-    clip_high: float = Field(0.28, ge=0, description="upper ratio clip")
+    aggregation: str = Field(default="token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
+    clip_low: float = Field(default=0.2, ge=0, lt=1, description="lower ratio clip")
+    clip_high: float = Field(default=0.28, ge=0, description="upper ratio clip")
     kl_coef: float = Field(
-        0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)"
+        default=0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)"
     )
-    scale_advantages: bool = Field(True, description="divide advantages by the group std (off: Dr. GRPO)")
+    scale_advantages: bool = Field(default=True, description="divide advantages by the group std (off: Dr. GRPO)")
     # The sampler (bf16 vLLM, int8, 4-bit llama.cpp) is never exactly the float32 trainer
     # (docs/training.md, "Rollout-trainer mismatch and truncated importance sampling").
     rollout_correction: str = Field(
-        "none",
+        default="none",
         description="none, or tis: weight each policy-gradient term by the truncated ratio trainer / sampler",
     )
-    tis_cap: float = Field(2.0, ge=1, allow_inf_nan=False, description="upper cap of the TIS weight (>= 1)")
-    tis_level: str = Field("token", description="token (one TIS weight per token) or sequence (one per model call)")
+    tis_cap: float = Field(default=2.0, ge=1, allow_inf_nan=False, description="upper cap of the TIS weight (>= 1)")
+    tis_level: str = Field(
+        default="token", description="token (one TIS weight per token) or sequence (one per model call)"
+    )
     mismatch_ratio: float = Field(
-        2.0,
+        default=2.0,
         gt=1,
         allow_inf_nan=False,
         description="a token counts as mismatched (rollout_mismatch_frac) when trainer / sampler probability is "
         "above this or below its inverse",
     )
-    sketch_dim: int = Field(512, ge=1, description="dimension of the gradient sketch")
-    sketch_kind: str = Field("countsketch", description="countsketch or gaussian")
-    checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
-    eval_every: int = Field(0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
-    eval_tasks: int = Field(8, ge=1, description="first N dev tasks, every harness")
-    eval_temperature: float = Field(0.7, ge=0, description="sampling temperature of evaluations")
-    max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
+    sketch_dim: int = Field(default=512, ge=1, description="dimension of the gradient sketch")
+    sketch_kind: str = Field(default="countsketch", description="countsketch or gaussian")
+    checkpoint_every: int = Field(default=10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
+    eval_every: int = Field(default=0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
+    eval_tasks: int = Field(default=8, ge=1, description="first N dev tasks, every harness")
+    eval_temperature: float = Field(default=0.7, ge=0, description="sampling temperature of evaluations")
+    max_in_flight: int = Field(default=64, ge=1, description="episodes in flight (generation batch)")
     rollout_servers: list[str] = Field(
         default_factory=list,
         description="sample the rollouts on this OpenAI-compatible server (base URL ending in /v1; harnessrl serve "
@@ -142,25 +148,25 @@ class TrainConfig:
         json_schema_extra=cli("--rollout-server", repeat=True),
     )
     max_off_policy_steps: int = Field(
-        0,
+        default=0,
         ge=0,
         description="collect the rollouts of the next N steps while the trainer updates (needs --rollout-server); "
         "a unit is trained at most N policy versions after the one that sampled it (0 = synchronous)",
     )
     dynamic_sampling: bool = Field(
-        False,
+        default=False,
         description="refill each step with fresh groups until --tasks-per-step groups have non-zero advantages "
         "(DAPO's dynamic sampling), within --max-sampling-rounds; train on those groups only",
     )
     max_sampling_rounds: int = Field(
-        3,
+        default=3,
         ge=1,
         description="with --dynamic-sampling: rounds of rollouts per step, the first included (verl's "
         "filter_groups.max_num_gen_batches)",
     )
-    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
-    seed: int = Field(0, description="seed of tasks, scheduler, LoRA init and sampling")
-    save_rollouts: bool = Field(True, description="keep every training episode in OUT/rollouts/run.db")
+    retries: int = Field(default=2, ge=0, description="re-runs of an episode after an infrastructure error")
+    seed: int = Field(default=0, description="seed of tasks, scheduler, LoRA init and sampling")
+    save_rollouts: bool = Field(default=True, description="keep every training episode in OUT/rollouts/run.db")
 
     _lists = field_validator("harnesses", "lora_targets", "rollout_servers", mode="before")(comma_list)
     _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
@@ -185,7 +191,7 @@ class SFTConfig:
         json_schema_extra=cli("--from"),
     )
     as_harness: Optional[str] = Field(
-        None,
+        default=None,
         description="re-render every episode into this harness (name or spec path), or 'own': each episode in the "
         "harness it ran in; default: the episodes' harness, when they all have one",
         json_schema_extra=cli("--as-harness"),
@@ -194,41 +200,48 @@ class SFTConfig:
     device: Device = "auto"
     dtype: TrainDtype = "auto"
     min_score: Optional[float] = Field(
-        None, ge=0, le=1, description="keep episodes scoring >= this (default: the passing ones)"
+        default=None, ge=0, le=1, description="keep episodes scoring >= this (default: the passing ones)"
     )
     placebo: str = Field(
-        "none", description="none, or shuffle-answers: the final submit's arguments swapped across tasks (seeded)"
+        default="none",
+        description="none, or shuffle-answers: the final submit's arguments swapped across tasks (seeded)",
     )
-    epochs: int = Field(3, ge=1, description="passes over the examples")
-    batch_size: int = Field(8, ge=1, description="examples (model calls) per optimizer step")
+    epochs: int = Field(default=3, ge=1, description="passes over the examples")
+    batch_size: int = Field(default=8, ge=1, description="examples (model calls) per optimizer step")
     micro_batch: MicroBatch = 4096
     gradient_checkpointing: GradientCheckpointing = False
     lr: LearningRate = 2e-4
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0 to --lr")
+    warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up from 0 to --lr")
     weight_decay: WeightDecay = 0.0
     max_grad_norm: MaxGradNorm = 1.0
     lora_r: LoraRank = 16
     lora_alpha: LoraAlpha = 32.0
     lora_targets: LoraTargets = Field(default_factory=_default_lora_targets)
-    checkpoint_every: int = Field(20, ge=1, description="write OUT/checkpoint every N optimizer steps (and at the end)")
-    seed: int = Field(0, description="seed of the LoRA init, the example order, the placebo's shuffle and --sample")
+    checkpoint_every: int = Field(
+        default=20, ge=1, description="write OUT/checkpoint every N optimizer steps (and at the end)"
+    )
+    seed: int = Field(
+        default=0, description="seed of the LoRA init, the example order, the placebo's shuffle and --sample"
+    )
     # Rejection sampling (docs/training.md, "Sampling new episodes"): all None = off.
     sample: Optional[int] = Field(
-        None,
+        default=None,
         ge=1,
         description="first run N attempts per task with --model and keep each task's best one if it passes the "
         "selection (tasks: those of the --from runs, else --sample-tasks of --sample-split)",
     )
     sample_harness: Optional[str] = Field(
-        None, description="harness (name or spec path) the --sample attempts run in (default: --as-harness)"
+        default=None, description="harness (name or spec path) the --sample attempts run in (default: --as-harness)"
     )
-    sample_suite: Optional[str] = Field(None, description="suite to sample tasks of when there is no --from")
-    sample_split: Optional[str] = Field(None, description="split to sample tasks of when there is no --from (train)")
+    sample_suite: Optional[str] = Field(default=None, description="suite to sample tasks of when there is no --from")
+    sample_split: Optional[str] = Field(
+        default=None, description="split to sample tasks of when there is no --from (train)"
+    )
     sample_tasks: Optional[int] = Field(
-        None, ge=1, description="first M tasks of --sample-split to sample (needed when there is no --from)"
+        default=None, ge=1, description="first M tasks of --sample-split to sample (needed when there is no --from)"
     )
     sample_temperature: Optional[float] = Field(
-        None, ge=0.0, le=5.0, description="sampling temperature of the --sample attempts (default 0.7)"
+        default=None, ge=0.0, le=5.0, description="sampling temperature of the --sample attempts (default 0.7)"
     )
 
     _lists = field_validator("lora_targets", mode="before")(comma_list)
@@ -245,22 +258,23 @@ class DistillConfig:
 
     # both required (None: the run refuses to start, naming the option)
     teacher_harness: Optional[str] = Field(
-        None, description="the harness whose behaviour is distilled (name or spec path; e.g. an evolved spec); required"
+        default=None,
+        description="the harness whose behaviour is distilled (name or spec path; e.g. an evolved spec); required",
     )
     student_harness: Optional[str] = Field(
-        None, description="the harness the student samples its episodes in (name or spec path); required"
+        default=None, description="the harness the student samples its episodes in (name or spec path); required"
     )
     model: TrainModel = "smollm2-135m"
     device: Device = "auto"
     dtype: TrainDtype = "auto"
-    suite: str = Field("toolcalc", description="suite whose train split gives the tasks")
+    suite: str = Field(default="toolcalc", description="suite whose train split gives the tasks")
     steps: int = Field(
-        20, ge=1, description="training steps (one batch of student episodes and one optimizer step each)"
+        default=20, ge=1, description="training steps (one batch of student episodes and one optimizer step each)"
     )
-    tasks_per_step: int = Field(4, ge=1, description="train tasks sampled per step")
-    attempts: int = Field(2, ge=1, description="student episodes per task and step")
+    tasks_per_step: int = Field(default=4, ge=1, description="train tasks sampled per step")
+    attempts: int = Field(default=2, ge=1, description="student episodes per task and step")
     temperature: float = Field(
-        0.7, gt=0, description="temperature of the student's sampling and of both distributions the KL compares"
+        default=0.7, gt=0, description="temperature of the student's sampling and of both distributions the KL compares"
     )
     lr: LearningRate = 1e-4
     weight_decay: WeightDecay = 0.0
@@ -270,16 +284,16 @@ class DistillConfig:
     lora_targets: LoraTargets = Field(default_factory=_default_lora_targets)
     micro_batch: MicroBatch = 2048
     gradient_checkpointing: GradientCheckpointing = False
-    checkpoint_every: int = Field(10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
-    max_in_flight: int = Field(64, ge=1, description="episodes in flight (generation batch)")
+    checkpoint_every: int = Field(default=10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
+    max_in_flight: int = Field(default=64, ge=1, description="episodes in flight (generation batch)")
     rollout_servers: list[str] = Field(
         default_factory=list,
         description="not supported by distillation (refused): the student samples with the in-process engine",
         json_schema_extra=cli("--rollout-server", repeat=True),
     )
-    retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
-    seed: int = Field(0, description="seed of tasks, LoRA init and sampling")
-    save_rollouts: bool = Field(True, description="keep every student episode in OUT/rollouts/run.db")
+    retries: int = Field(default=2, ge=0, description="re-runs of an episode after an infrastructure error")
+    seed: int = Field(default=0, description="seed of tasks, LoRA init and sampling")
+    save_rollouts: bool = Field(default=True, description="keep every student episode in OUT/rollouts/run.db")
 
     _lists = field_validator("lora_targets", "rollout_servers", mode="before")(comma_list)
 
