@@ -8,9 +8,9 @@ tokens, T=0.7, seed 0), run through the Runner three ways:
   llama.cpp   `llama-server` on the embedded Q4_1 GGUF with `--parallel` slots, reached through
               the OpenAI client backend (`openai:` model spec), at each `--llama-threads`
 
-at each `--in-flight` level, plus the weight-read limit measured in the same run: how many times a
-second one thread reads as many float32 bytes as the model's weights through a matrix-vector
-product, the ceiling of one stream's decode in float32 on this machine.
+at each `--in-flight` level, plus the weight-read limit measured in the same run (as
+bench/single_stream.py measures it: float32 matrix-vector products per second over as many bytes
+as the model's weights, on this process's threads), the ceiling of one stream's decode in float32.
 
 Completion tokens per second of each, and the engine's ratio to llama.cpp at the same in-flight
 level and thread count. Both sample (other tokens, other episode lengths), so tokens/s is the
@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import add_record_argument, record_run  # noqa: E402
 from served_throughput import first_model  # noqa: E402
+from single_stream import weight_bytes, weight_read_limit  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,32 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     add_record_argument(p)
     return p.parse_args(argv)
-
-
-def weight_read_limit(n_bytes: int, repeats: int = 7) -> float:
-    """Passes per second over `n_bytes` of float32 weights by matrix-vector products (one thread),
-    the median of `repeats` timed passes: the decode ceiling of one float32 stream."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cols = 576
-        rows = max(1, n_bytes // 4 // cols)
-        chunks = [torch.randn(min(rows, 49152), cols) for _ in range(max(1, rows // 49152))]
-        x = torch.randn(cols)
-        for w in chunks:
-            w @ x  # warm
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for w in chunks:
-                w @ x
-            times.append(time.perf_counter() - t0)
-        read = sum(w.numel() for w in chunks) * 4
-        return (read / n_bytes) / statistics.median(times)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_eval(policy, jobs, in_flight: int, sampling) -> dict:
@@ -189,8 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
 
     policy = load_policy(args.model)
-    n_bytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
-    limit = weight_read_limit(n_bytes)
+    n_bytes = weight_bytes(policy.model)
+    limit = weight_read_limit(n_bytes, 20)
     engine = {n: run_eval(policy, jobs, n, sampling) for n in levels}
     policy.close()
 

@@ -27,14 +27,14 @@ bench/results/single_stream.jsonl.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import add_record_argument, record_run  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--limit-calls", type=int, default=20, help="matrix-vector products per limit measurement")
     p.add_argument("--int8", action="store_true", help="also the int8 model (harnessrl.models.int8)")
-    p.add_argument("--record", action="store_true", help="append the JSON to bench/results/single_stream.jsonl")
+    add_record_argument(p)
     args = p.parse_args(argv)
     if min(args.tokens, args.prompt, args.repeats, args.limit_calls) < 2:
         p.error("--tokens, --prompt, --repeats and --limit-calls must be >= 2")
@@ -155,19 +155,30 @@ def main(argv: list[str] | None = None) -> None:
         )
     print("SINGLE_STREAM_JSON " + json.dumps(results))
     if args.record:
-        out = Path(__file__).resolve().parent / "results" / "single_stream.jsonl"
-        out.parent.mkdir(exist_ok=True)
-        line = {
-            "benchmark": "single_stream",
-            "date": datetime.date.today().isoformat(),
-            "command": " ".join(
-                [f"HARNESSRL_THREADS={os.environ['HARNESSRL_THREADS']}"] * ("HARNESSRL_THREADS" in os.environ)
-                + [".venv/bin/python", "bench/single_stream.py", *map(shlex.quote, sys.argv[1:])]
-            ),
-            "results": results,
-        }
-        with out.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        record_run("single_stream", doc_rows(results), results=results)
+
+
+def doc_rows(results: dict) -> list[dict]:
+    """One row per engine variant, as docs/BENCHMARKS.md shows them."""
+    names = {
+        "fast": "float32, the engine's own decode forward",
+        "model": "float32, the model's own forward",
+        "int8-fast": "int8, the engine's own decode forward",
+        "int8-model": "int8, the model's own forward",
+    }
+    rows = []
+    for name, v in results["variants"].items():
+        label = names.get(name, name) + ("" if results["model"] == "smollm2-135m" else f", {results['model']}")
+        rows.append(
+            {
+                "variant": label,
+                "decode tokens/s": round(v["tokens_per_s"], 1),
+                "weight-read limit /s": round(results["limit_per_s"], 1),
+                "tokens/s / limit (median)": f"{v['ratio']:.2f}",
+                "per-run ratios": ", ".join(f"{r:.2f}" for r in v["ratios"]),
+            }
+        )
+    return rows
 
 
 if __name__ == "__main__":
