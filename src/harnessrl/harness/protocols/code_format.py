@@ -14,6 +14,7 @@ import ast
 import keyword
 import re
 import textwrap
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from harnessrl.harness.protocols.base import MAX_CALLS_PER_REPLY, MalformedCall, ParseResult, Protocol
@@ -265,6 +266,7 @@ class CodeProtocol(Protocol):
                     raise MalformedCall("*args is not allowed: write literal arguments")
                 args[key] = self._literal(arg, key)
         for kw in node.keywords:
+            items: Iterable[tuple[Any, Any]]
             if kw.arg is None:  # **{"odd-name": 1}: a literal dict only
                 extra = self._literal(kw.value, "**")
                 if not isinstance(extra, dict):

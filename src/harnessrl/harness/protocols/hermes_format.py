@@ -45,6 +45,14 @@ _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _FENCE_OPEN = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n?")
 _FENCE_MARK = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*")
 _SPACE = re.compile(r"\s*")
+
+
+def _after_space(text: str, pos: int) -> int:
+    """Where the whitespace starting at `pos` ends (`pos` itself when there is none)."""
+    found = _SPACE.match(text, pos)
+    return found.end() if found is not None else pos
+
+
 _JUNK_BEFORE_CLOSE = re.compile(r"[\s`}\]]*")  # lenient: a fence end or a stray '}' before </tool_call>
 
 
@@ -177,11 +185,11 @@ class HermesProtocol(Protocol):
         self, text: str, tag_start: int, body_start: int, tools: list[ToolSchema] | None
     ) -> tuple[ToolCall | None, str | None, int]:
         """The call in the <tool_call> at `tag_start`: (call, error, where its text ends)."""
-        pos = _SPACE.match(text, body_start).end()
+        pos = _after_space(text, body_start)
         if self.lenient:
             fence = _FENCE_OPEN.match(text, pos)
             if fence is not None:
-                pos = _SPACE.match(text, fence.end()).end()
+                pos = _after_space(text, fence.end())
         if pos >= len(text) or text[pos] != "{":
             nxt = self._tag.search(text, body_start)
             close = self._close.search(text, body_start, nxt.start() if nxt else len(text))
@@ -212,7 +220,7 @@ class HermesProtocol(Protocol):
 
     def _call_end(self, text: str, obj_end: int) -> tuple[int, bool]:
         """Where a call whose JSON object ends at `obj_end` ends, and whether </tool_call> closed it."""
-        after = _SPACE.match(text, obj_end).end()
+        after = _after_space(text, obj_end)
         close = self._close.match(text, after)
         if close is not None:
             return close.end(), True

@@ -71,6 +71,8 @@ def clear_plugin_cache() -> None:
 def _distribution(ep: metadata.EntryPoint) -> str:
     """ "NAME VERSION" of the distribution that declares `ep`, for messages."""
     dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "an unknown distribution"
     try:
         return f"{dist.metadata['Name'] or 'unnamed'} {dist.version}"
     except Exception:  # no distribution, or metadata without a name or version

@@ -322,7 +322,8 @@ def _placeholder(schema: Any) -> Any:
         return schema["default"]
     t = schema.get("type")
     t = next((x for x in t if x != "null"), None) if isinstance(t, list) else t
-    return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(t, "text")
+    examples: dict[Any, Any] = {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}
+    return examples.get(t, "text")
 
 
 def example_call(tools: list[ToolSchema]) -> ToolCall:
