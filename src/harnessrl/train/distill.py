@@ -71,7 +71,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -83,6 +83,11 @@ from harnessrl.train.grpo import TrainingUnit, _checkpointing_forward, _plain_ou
 from harnessrl.train.progress import StepProgress, mean
 from harnessrl.train.step import sampling_seed
 from harnessrl.train.update import TrainingDiverged, micro_batches, padded_batch
+
+if TYPE_CHECKING:
+    from harnessrl.models.chat import ToolRole
+    from harnessrl.models.hf import HFPolicy
+    from harnessrl.store import RunStore
 
 __all__ = [
     "DISTILL_RESUMABLE_CHANGES",
@@ -208,7 +213,7 @@ class TeacherContext:
     `student`, `teacher`: loop harness specs of one protocol format; `tokenizer` and `tool_role`:
     the policy's, so that a prompt renders exactly as the engine renders it."""
 
-    def __init__(self, student, teacher, tokenizer, tool_role: str):
+    def __init__(self, student, teacher, tokenizer, tool_role: ToolRole):
         check_protocols(student, teacher)
         self.student, self.teacher = student, teacher
         self.tokenizer, self.tool_role = tokenizer, tool_role
@@ -425,7 +430,7 @@ class DistillRun:
             if given is None and not name:
                 raise DistillError(f"--{which}-harness is required: name the {which} harness (name or spec path)")
             try:
-                spec = given if given is not None else load_harness(name)
+                spec = given if given is not None else load_harness(str(name))
                 specs[which] = require_loop_harness(spec, f"distillation (the {which} harness's prompts)")
             except SpecError as e:
                 raise DistillError(f"--{which}-harness: {e}") from None
@@ -466,8 +471,8 @@ class DistillRun:
             console = Console(stderr=True)
         self.console = console
         self.step = 0
-        self.store = None
-        self.policy = None  # the model, loaded by run()
+        self.store: RunStore | None = None
+        self.policy: HFPolicy | None = None  # the model, loaded by run()
 
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
@@ -500,8 +505,8 @@ class DistillRun:
             return
         from harnessrl.store import RunStore
 
-        self.store = RunStore(self.out / "rollouts")
-        self.store.set_meta(
+        self.store = store = RunStore(self.out / "rollouts")
+        store.set_meta(
             "config",
             {
                 "kind": "distill-rollouts",
@@ -514,8 +519,8 @@ class DistillRun:
             },
         )
         # episodes of steps after the checkpoint are from a killed attempt: they are run again
-        self.store.delete_attempts_from(self.step * cfg.attempts)
-        self.runner.on_episode = self.store.add
+        store.delete_attempts_from(self.step * cfg.attempts)
+        self.runner.on_episode = store.add
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -547,12 +552,14 @@ class DistillRun:
         """Sample the step's student episodes, then one optimizer step toward the teacher."""
         from harnessrl.rollout import Job
 
-        cfg, step = self.config, self.step
+        cfg, step, policy = self.config, self.step, self.policy
+        if policy is None:
+            raise DistillError("train_step() needs the model: run() loads it first")
         t0 = time.perf_counter()
         tasks = step_tasks(self.train_tasks, cfg.tasks_per_step, cfg.seed, step)
         seed = sampling_seed(cfg.seed, step, "distill")
         self.runner.sampling = self.runner.sampling.model_copy(update={"seed": seed})
-        self.policy.generate_calls = 0  # the step's noise: a function of (seed, step) alone
+        policy.generate_calls = 0  # the step's noise: a function of (seed, step) alone
         jobs = [Job(task, self.student, step * cfg.attempts + i) for task in tasks for i in range(cfg.attempts)]
         trajectories = self.runner.run(jobs)
         t_rollout = time.perf_counter() - t0
@@ -562,14 +569,14 @@ class DistillRun:
         update = None
         t1 = time.perf_counter()
         if units:
-            with self.policy.paused():
-                self.policy.clear_cache()  # stale after the optimizer step
+            with policy.paused():
+                policy.clear_cache()  # stale after the optimizer step
                 update = distill_update(
                     self.peft_model,
                     self.trainable,
                     self.optimizer,
                     units,
-                    pad_id=self.policy.pad_id,
+                    pad_id=policy.pad_id,
                     micro_batch=cfg.micro_batch,
                     temperature=cfg.temperature,
                     max_grad_norm=cfg.max_grad_norm,

@@ -39,6 +39,9 @@ from harnessrl.types import Trajectory
 
 T = TypeVar("T")
 
+Aggregation = Literal["token-mean", "seq-mean"]  # TrainConfig.aggregation
+TISLevel = Literal["token", "sequence"]  # TrainConfig.tis_level
+
 
 def group_advantages(rewards: Tensor, scale: bool = True, eps: float = 1e-6) -> Tensor:
     """Advantage of each episode relative to the other episodes of its group (same task).
@@ -244,7 +247,7 @@ def grpo_loss(
     completion_mask: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
-    aggregation: Literal["token-mean", "seq-mean"] = "token-mean",
+    aggregation: Aggregation = "token-mean",
     ref_logprobs: Tensor | None = None,
     kl_coef: float = 0.0,
     pg_weights: Tensor | None = None,
@@ -324,7 +327,7 @@ def truncated_is_weights(
     sampler_logprobs: Tensor,
     completion_mask: Tensor,
     cap: float = 2.0,
-    level: Literal["token", "sequence"] = "token",
+    level: TISLevel = "token",
 ) -> tuple[Tensor, Tensor]:
     """Truncated importance-sampling (TIS) weights of the policy-gradient term: the tokens were
     drawn from the sampler (a bf16 / int8 / 4-bit engine), the loss is of the trainer's policy.

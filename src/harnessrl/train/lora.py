@@ -161,9 +161,10 @@ def enable_gradient_checkpointing(model: torch.nn.Module, error: type[Exception]
     kwargs = {"use_reentrant": False}
     try:
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            # transformers model methods: nn.Module.__getattr__ is typed as returning Tensor | Module
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
     except (ValueError, AttributeError) as e:
         raise error(f"--gradient-checkpointing: this model does not support it ({e})") from None
 
@@ -220,8 +221,9 @@ def load_adapter_weights(peft_model, weights: dict[str, torch.Tensor], folder: P
     from peft import set_peft_model_state_dict
 
     result = set_peft_model_state_dict(peft_model, weights)
-    if getattr(result, "unexpected_keys", None):
-        raise error(f"{folder}: adapter weights do not fit this model: {result.unexpected_keys[:3]}")
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise error(f"{folder}: adapter weights do not fit this model: {unexpected[:3]}")
 
 
 def adapter_state(peft_model) -> dict[str, torch.Tensor]:

@@ -27,15 +27,33 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import local_mini_batches
-from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, token_logprobs, truncated_is_weights
+from harnessrl.train.grpo import (
+    Aggregation,
+    TISLevel,
+    TrainingUnit,
+    grpo_loss,
+    pad_units,
+    token_logprobs,
+    truncated_is_weights,
+)
 from harnessrl.train.progress import mean
 from harnessrl.train.sketch import GradientSketch
+
+
+def _aggregation(cfg: TrainConfig) -> Aggregation:
+    """cfg.aggregation as its Literal type (TrainConfig's validator admits only these values)."""
+    return cast(Aggregation, cfg.aggregation)
+
+
+def _tis_level(cfg: TrainConfig) -> TISLevel:
+    """cfg.tis_level as its Literal type (TrainConfig's validator admits only these values)."""
+    return cast(TISLevel, cfg.tis_level)
 
 
 class TrainingDiverged(RuntimeError):
@@ -305,7 +323,7 @@ def recompute_old_logprobs(ctx: UpdateContext, units: list[TrainingUnit]) -> tup
             maxima[1] = max(maxima[1], float(k3.max()))
             if tis:
                 weights, capped = truncated_is_weights(
-                    logprobs, batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, cfg.tis_level
+                    logprobs, batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, _tis_level(cfg)
                 )
                 sums[4] += float(weights[mask].double().sum())
                 sums[5] += float(capped.sum())
@@ -375,7 +393,7 @@ def accumulate_gradient(
         pg_weights = None
         if cfg.rollout_correction == "tis":  # the sampler is not the trainer: reweight its tokens
             pg_weights, _ = truncated_is_weights(
-                batch["old_logprobs"], batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, cfg.tis_level
+                batch["old_logprobs"], batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, _tis_level(cfg)
             )
         loss, stats = grpo_loss(
             logprobs,
@@ -384,7 +402,7 @@ def accumulate_gradient(
             batch["completion_mask"].float(),
             clip_low=cfg.clip_low,
             clip_high=cfg.clip_high,
-            aggregation=cfg.aggregation,
+            aggregation=_aggregation(cfg),
             ref_logprobs=ref,
             kl_coef=cfg.kl_coef,
             pg_weights=pg_weights,
