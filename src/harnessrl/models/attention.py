@@ -77,12 +77,13 @@ def plan_runs(own: list[int], call_cost: int = RUN_COST_SLOTS) -> tuple[tuple[in
     best = [0] * (n + 1)
     start = [0] * (n + 1)
     for end in range(1, n + 1):
-        widest, best[end] = 0, None
+        widest, cheapest = 0, None
         for first in range(end - 1, -1, -1):
             widest = max(widest, own[first])
             cost = best[first] + (end - first) * widest + call_cost
-            if best[end] is None or cost < best[end]:
-                best[end], start[end] = cost, first
+            if cheapest is None or cost < cheapest:
+                cheapest, start[end] = cost, first
+        best[end] = cheapest if cheapest is not None else 0
     runs, end = [], n
     while end:
         runs.append((start[end], end))
@@ -173,6 +174,7 @@ def _softmax_part(scores: torch.Tensor, values: torch.Tensor):
 
 def _own_fused(q, key, value, plan: DecodePlan, scale: float):
     """The fused kernel over the rows' own slots, run by run (`DecodePlan.runs`)."""
+    assert _FUSED is not None, "the fused CPU kernel is only called where torch has it"
     shared = plan.shared
     runs = plan.runs or ((0, q.shape[0], key.shape[2], plan.bias),)
     parts = [
@@ -230,6 +232,7 @@ def decode_attention(query, key, value, plan: DecodePlan, scale: float) -> torch
         out2, lse2 = _own_fused(q, key, value, plan, scale)
     else:
         own_k, own_v = key[:, :, shared:], value[:, :, shared:]
+        assert plan.mask is not None, "a plan without `own` carries its mask"
         scores = torch.matmul(q * scale, own_k.transpose(-1, -2)).masked_fill_(~plan.mask, float("-inf"))
         if not shared:
             out2 = torch.matmul(torch.softmax(scores, dim=-1), own_v)
@@ -241,6 +244,7 @@ def decode_attention(query, key, value, plan: DecodePlan, scale: float) -> torch
     qs = q.permute(1, 0, 2, 3).reshape(1, kv_heads, rows * group, dim)
     shared_k, shared_v = key[:1, :, :shared], value[:1, :, :shared]
     if fused:
+        assert _FUSED is not None, "the fused CPU kernel is only called where torch has it"
         out1, lse1 = _FUSED(qs, shared_k, shared_v, 0.0, False, scale=scale)[:2]
     else:
         out1, lse1 = _softmax_part(torch.matmul(qs * scale, shared_k.transpose(-1, -2)), shared_v)

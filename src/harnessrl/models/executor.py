@@ -366,6 +366,7 @@ class Executor:
         match = self.prefix_cache.match(prompt, limit=len(prompt) - 1)
         cached = 0
         for node, take in match.pieces:
+            assert node.kv is not None, "a matched piece is never the root"
             kv.row(row, cached + take)[:, :, :, cached:] = node.kv[:, :, :, :take]
             cached += take
         if cached:

@@ -526,8 +526,12 @@ class HFPolicy(Policy):
             for row, (prompt, limit, s) in enumerate(zip(prompt_ids_batch, limits, row_seeds))
         ]
         done_at: dict[int, float] = {}
+
+        def stamp(i: int) -> Callable[[Future], None]:
+            return lambda _: done_at.__setitem__(i, time.perf_counter())
+
         for i, future in enumerate(futures):
-            future.add_done_callback(lambda _, i=i: done_at.__setitem__(i, time.perf_counter()))
+            future.add_done_callback(stamp(i))
         results, failure = [], None
         for i, future in enumerate(futures):
             try:

@@ -96,6 +96,14 @@ class Int8Linear(nn.Module):
     the input channels in `outliers` stay float32 (see the module docstring). Inference only:
     the weights are buffers, not parameters."""
 
+    # the buffers registered in __init__, declared for the type checker (nn.Module types them loosely)
+    qweight: torch.Tensor
+    weight_scale: torch.Tensor
+    keep: torch.Tensor
+    outliers: torch.Tensor
+    outlier_weight: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear, outliers: torch.Tensor):
         super().__init__()
         weight = linear.weight.detach().to(torch.float32)

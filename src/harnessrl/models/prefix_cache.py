@@ -95,13 +95,13 @@ class PrefixCache:
                 break
         return PrefixMatch(i, pieces, node)
 
-    def lock(self, node: PrefixNode) -> None:
+    def lock(self, node: PrefixNode | None) -> None:
         """Keep `node` and everything above it until the matching `unlock`."""
         while node is not None:
             node.refs += 1
             node = node.parent
 
-    def unlock(self, node: PrefixNode) -> None:
+    def unlock(self, node: PrefixNode | None) -> None:
         while node is not None:
             node.refs -= 1
             node = node.parent
@@ -144,12 +144,13 @@ class PrefixCache:
     def _split(self, node: PrefixNode, at: int) -> PrefixNode:
         """Cut `node` after `at` tokens; returns the new upper part (node keeps the lower part,
         its children and its identity, so a lock held through it still unlocks its path)."""
-        parent = node.parent
-        head = PrefixNode(node.tokens[:at], node.kv[:, :, :, :at].clone(), parent)
+        parent, kv = node.parent, node.kv
+        assert parent is not None and kv is not None, "the root is never split"
+        head = PrefixNode(node.tokens[:at], kv[:, :, :, :at].clone(), parent)
         head.refs = node.refs
         head.last_used = node.last_used
         node.tokens = node.tokens[at:]
-        node.kv = node.kv[:, :, :, at:].clone()
+        node.kv = kv[:, :, :, at:].clone()
         node.parent = head
         head.children[node.tokens[0]] = node
         parent.children[head.tokens[0]] = head
@@ -177,6 +178,7 @@ class PrefixCache:
             self._remove(min(candidates, key=lambda leaf: leaf.last_used))
 
     def _remove(self, leaf: PrefixNode) -> None:
+        assert leaf.parent is not None, "the root is never removed"
         del leaf.parent.children[leaf.tokens[0]]
         self.tokens -= len(leaf.tokens)
         self.nodes -= 1
