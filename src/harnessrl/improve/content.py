@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import gc
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.improve.config import ImproveError
 from harnessrl.improve.record import JobBase
 from harnessrl.rundir import holds_run
+
+if TYPE_CHECKING:
+    from harnessrl.tasks.base import Suite, Task
 
 
 class TrainSubset:
     """A suite whose train split is only the given tasks (GRPO on the content-failure tasks);
     every other split, and the tasks' ids, are the suite's own."""
 
-    def __init__(self, suite, task_ids: list[str]):
+    def __init__(self, suite: Suite, task_ids: list[str]):
         wanted = set(task_ids)
         self.suite = suite
         self.name = suite.name
@@ -24,7 +27,7 @@ class TrainSubset:
         self.train = [t for t in suite.tasks("train") if t.id in wanted]
         self.split_sizes = {**suite.split_sizes, "train": len(self.train)}
 
-    def tasks(self, split: str, n: int | None = None) -> list:
+    def tasks(self, split: str, n: int | None = None) -> list[Task]:
         if split != "train":
             return self.suite.tasks(split, n)
         return list(self.train if n is None else self.train[:n])

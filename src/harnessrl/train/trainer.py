@@ -94,11 +94,10 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
-from harnessrl.tasks.base import Suite
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError
@@ -118,6 +117,21 @@ from harnessrl.train.step import (
     sampling_seed,
 )
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
+
+if TYPE_CHECKING:
+    from harnessrl.tasks.base import Task
+
+
+class TrainSuite(Protocol):
+    """What the trainer reads of a suite: a Suite, or a stand-in such as a suite restricted to some
+    of its train tasks."""
+
+    name: str
+    split_sizes: dict[str, int]
+    offers_shell: bool
+
+    def tasks(self, split: str, n: int | None = None) -> list[Task]: ...
+
 
 __all__ = [
     "RESUMABLE_CHANGES",
@@ -159,7 +173,7 @@ class Trainer:
         out: str | os.PathLike,
         *,
         resume: bool = False,
-        suite: Suite | None = None,
+        suite: TrainSuite | None = None,
         specs: list[HarnessSpec] | None = None,
         progress: bool = True,
         console=None,
