@@ -26,10 +26,12 @@ demo: install
 	$(VENV)/bin/harnessrl eval --suite toolcalc --split dev --harness all --model $(DEMO_MODEL) \
 		--tasks 1 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
 
-# ruff: formatting and lint (pycodestyle, pyflakes, import order; line length 120, pyproject.toml)
+# ruff: formatting and lint (pycodestyle, pyflakes, import order; line length 120, pyproject.toml);
+# then mypy over src/ (make typecheck)
 check: install
 	$(VENV)/bin/ruff format --check --quiet src tests bench
 	$(VENV)/bin/ruff check --quiet src tests bench
+	$(VENV)/bin/mypy src
 
 # mypy over src/ (strictness: [tool.mypy] in pyproject.toml)
 typecheck: install

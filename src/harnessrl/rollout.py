@@ -42,14 +42,14 @@ from collections import deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harnessrl.executors import EpisodeHandle, EpisodeLost, Executor, LocalExecutor
 from harnessrl.harness.loops import InfraError, episode_id
-from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
+from harnessrl.harness.spec import AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import Policy, PolicyError, SamplingParams
 from harnessrl.tasks.base import Task
 from harnessrl.types import ModelCall, Termination, Trajectory
@@ -64,7 +64,7 @@ _STOP_POLL_S = 0.2
 @dataclass
 class Job:
     task: Task
-    harness: HarnessSpec
+    harness: AnyHarnessSpec
     attempt: int
     retries: int = 0
 
@@ -86,7 +86,7 @@ class EpisodePolicies(Protocol):
     def describe(self) -> dict: ...
 
 
-def make_jobs(tasks: list[Task], harnesses: list[HarnessSpec], attempts: int) -> list[Job]:
+def make_jobs(tasks: list[Task], harnesses: Sequence[AnyHarnessSpec], attempts: int) -> list[Job]:
     """tasks x harnesses x attempts, harness-major so early results cover every harness."""
     jobs = []
     for a in range(attempts):
@@ -254,7 +254,7 @@ class Runner:
         if stop.is_set():
             return None
         policy = self.policy if isinstance(self.policy, Policy) else self.policy.for_episode(job.task, job.harness)
-        if job.harness.kind == "external":  # an agent program of its own: harness/external.py
+        if isinstance(job.harness, ExternalHarnessSpec):  # an agent program of its own: harness/external.py
             from harnessrl.harness.external import ExternalEpisodes
 
             with self._external_lock:

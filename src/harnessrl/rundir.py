@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from harnessrl import __version__
 
 if TYPE_CHECKING:
-    from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.harness.spec import AnyHarnessSpec
     from harnessrl.rollout import Job
     from harnessrl.store import RunStore
 
@@ -167,13 +167,15 @@ class RunFolder:
         if self._store is not None:
             self._store.set_meta("config", {**(self._store.config or {}), **values})
 
-    def record_shell_isolation(self, specs: Iterable[HarnessSpec], offers_shell: bool) -> None:
+    def record_shell_isolation(self, specs: Iterable[AnyHarnessSpec], offers_shell: bool) -> None:
         """A run whose harness turns the shell on for tasks that offer one (`offers_shell`), or
         that runs an external agent program (always sandboxed), records how those commands were
         isolated on this machine (bubblewrap, or rlimits only)."""
+        from harnessrl.harness.spec import HarnessSpec
+
         specs = list(specs)
         external = any(s.kind == "external" for s in specs)
-        if external or (offers_shell and any(s.kind == "loop" and s.rules.shell.enabled for s in specs)):
+        if external or (offers_shell and any(isinstance(s, HarnessSpec) and s.rules.shell.enabled for s in specs)):
             from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 
             self.record(shell_isolation=isolation_description(isolation_available()))

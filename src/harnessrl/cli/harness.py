@@ -19,10 +19,11 @@ harness_app = typer.Typer(no_args_is_help=True, help="List, show, validate harne
 def harness_list() -> None:
     """The built-in harnesses and how they differ."""
     from harnessrl.harness.registry import builtin_names, load_harness
+    from harnessrl.harness.spec import require_loop_harness
 
     table = Table("name", "protocol", "loop", "steps", "history", "demos", "guards", "description")
     for name in builtin_names():
-        s = load_harness(name)
+        s = require_loop_harness(load_harness(name), "a built-in harness")
         r = s.rules
         c = s.capabilities
         guards = [

@@ -10,7 +10,7 @@ from harnessrl.models.base import GenerationRequest, request_seed
 from harnessrl.types import ModelCall, Termination, Trajectory
 
 if TYPE_CHECKING:
-    from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
     from harnessrl.tasks.base import Task
 
 
@@ -113,7 +113,7 @@ class Executor:
         """Get ready to run episodes (connect to a cluster); raises ExecutorError. Also done by the
         first `prepare`: call it early to report a connection problem before slow work."""
 
-    def prepare(self, tasks: Iterable[Task], harnesses: Iterable[HarnessSpec]) -> None:
+    def prepare(self, tasks: Iterable[Task], harnesses: Iterable[AnyHarnessSpec]) -> None:
         """Check, before any episode runs, that every task and harness can go where episodes run;
         raises ExecutorError naming the first that cannot."""
 

@@ -43,7 +43,7 @@ from harnessrl.models.base import GenerationRequest
 from harnessrl.types import ModelCall, Trajectory
 
 if TYPE_CHECKING:
-    from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
     from harnessrl.tasks.base import Task
 
 # what Ray raises when the process or node that held an actor is gone
@@ -141,7 +141,7 @@ class RayExecutor(Executor):
             self._release(self._new_worker(probe=True))
             self._ready = True
 
-    def prepare(self, tasks: Iterable[Task], harnesses: Iterable[HarnessSpec]) -> None:
+    def prepare(self, tasks: Iterable[Task], harnesses: Iterable[AnyHarnessSpec]) -> None:
         self.start()
         seen: set[int] = set()
         named: list[tuple[str, str, object]] = [("task", t.id, t) for t in tasks]

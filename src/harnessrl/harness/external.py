@@ -51,7 +51,7 @@ from typing import Protocol as Interface
 
 from harnessrl.harness.loops import _short_tb, check_tool_call, episode_id
 from harnessrl.harness.protocols import Protocol, get_protocol
-from harnessrl.harness.spec import PYTHON_PLACEHOLDER, ExternalHarnessSpec
+from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, _content_text, to_generation, tool_schemas
 from harnessrl.serve.recording import RecordingEndpoint
@@ -87,12 +87,23 @@ REFUSAL_DETAIL_CHARS = 200  # of the first refusal's message, in the termination
 
 
 class Job(Interface):
-    """What an external episode needs of the runner's job (rollout.Job)."""
+    """What an external episode needs of the runner's job (rollout.Job, whose harness the runner
+    has checked is external)."""
 
     task: Task
-    harness: ExternalHarnessSpec
     attempt: int
     retries: int
+
+    @property
+    def harness(self) -> AnyHarnessSpec: ...
+
+
+def external_spec(job: Job) -> ExternalHarnessSpec:
+    """The job's harness, which the runner hands here only when it is an agent program."""
+    spec = job.harness
+    if not isinstance(spec, ExternalHarnessSpec):
+        raise TypeError(f"harness {spec.name!r} is a loop harness, not an agent program")
+    return spec
 
 
 # ------------------------------------------------------------------------------- one episode
@@ -120,7 +131,7 @@ class ExternalEpisode:
     def __init__(
         self, job: Job, policy: Policy, sampling: SamplingParams, count: Callable[[float, ModelCall | None], None]
     ):
-        spec: ExternalHarnessSpec = job.harness
+        spec = external_spec(job)
         self.job = job
         self.spec = spec
         self.limits = spec.limits
@@ -458,7 +469,7 @@ class ExternalEpisodes:
         self, job: Job, env: Environment, episode: ExternalEpisode, url: str, control: Path, stop: threading.Event
     ) -> ExecResult | str:
         """Run the agent program to its end; the ExecResult, or why it could not be started."""
-        spec: ExternalHarnessSpec = job.harness
+        spec = external_spec(job)
         (control / TASK_FILE).write_text(job.task.instruction, encoding="utf-8")
         (control / "home").mkdir()
         if env.workspace is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from harnessrl.harness.spec import HarnessSpec, SpecError, load_spec, parse_spec
+from harnessrl.harness.spec import AnyHarnessSpec, SpecError, load_spec, parse_spec
 
 
 def builtin_names() -> list[str]:
@@ -21,7 +21,7 @@ def builtin_text(name: str) -> str:
     return (resources.files("harnessrl.harness") / "builtin" / f"{name}.yaml").read_text(encoding="utf-8")
 
 
-def load_harness(name_or_path: str) -> HarnessSpec:
+def load_harness(name_or_path: str) -> AnyHarnessSpec:
     """A built-in harness by name, or a spec file by path."""
     if name_or_path in builtin_names():
         return parse_spec(yaml.safe_load(builtin_text(name_or_path)), f"builtin:{name_or_path}")
@@ -32,14 +32,14 @@ def load_harness(name_or_path: str) -> HarnessSpec:
     )
 
 
-def resolve_harnesses(args: list[str]) -> list[HarnessSpec]:
+def resolve_harnesses(args: list[str]) -> list[AnyHarnessSpec]:
     """Expand `--harness` values: names, 'all', paths, comma-separated lists. Names must be unique."""
     names: list[str] = []
     for a in args:
         names.extend(x.strip() for x in a.split(",") if x.strip())
     if not names:
         raise SpecError("no harness given")
-    specs: list[HarnessSpec] = []
+    specs: list[AnyHarnessSpec] = []
     for n in names:
         if n == "all":
             specs.extend(load_harness(b) for b in builtin_names())

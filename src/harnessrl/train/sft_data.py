@@ -114,8 +114,11 @@ def _source_protocols(config: dict[str, Any] | None) -> dict[str, str]:
 
 def _builtin_protocol(harness: str) -> str | None:
     from harnessrl.harness.registry import builtin_names, load_harness
+    from harnessrl.harness.spec import require_loop_harness
 
-    return load_harness(harness).protocol.format if harness in builtin_names() else None
+    if harness not in builtin_names():
+        return None
+    return require_loop_harness(load_harness(harness), "a built-in harness").protocol.format
 
 
 def select_episodes(
