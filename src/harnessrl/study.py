@@ -153,7 +153,7 @@ class Study:
         log: Callable[[str], None] = lambda message: None,
         console=None,
     ):
-        from harnessrl.evolve.config import EvolveConfig
+        from harnessrl.evolve.config import evolution_of
         from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError, require_loop_harness
         from harnessrl.models import check_spec
@@ -187,22 +187,7 @@ class Study:
             self.test_tasks = suite.tasks("test", c.test_tasks)
             if c.evolved is None:
                 suite.tasks("dev", c.dev_tasks)
-                self.evolve_config = EvolveConfig(
-                    suite=c.suite,
-                    seed_harness=c.seed_harness,
-                    model=c.model,
-                    device=c.device,
-                    dtype=self.dtype,
-                    dev_tasks=c.dev_tasks,
-                    test_tasks=c.test_tasks,
-                    rollouts=c.rollouts,
-                    iterations=c.iterations,
-                    candidates=c.candidates,
-                    seed=c.seed,
-                    temperature=c.temperature,
-                    max_in_flight=c.max_in_flight,
-                    retries=c.retries,
-                )
+                self.evolve_config = evolution_of(c, self.dtype)
         except (SpecError, ValueError) as e:
             raise StudyError(str(e)) from None
         # with --evolved the evolution's options play no part: left out, so they may change on --resume

@@ -88,3 +88,15 @@ class EvolveConfig:
         if out["dtype"] in ("auto", "float32"):
             del out["dtype"]
         return out
+
+
+EVOLUTION_FIELDS = (
+    "suite", "seed_harness", "model", "device", "dev_tasks", "test_tasks", "rollouts",
+    "iterations", "candidates", "seed", "temperature", "max_in_flight", "retries",
+)  # fmt: skip
+
+
+def evolution_of(job: Any, dtype: str) -> EvolveConfig:
+    """The evolution a larger job (study, improve) runs: its fields of the same names, and `dtype`
+    as the job resolved it."""
+    return EvolveConfig(dtype=dtype, **{name: getattr(job, name) for name in EVOLUTION_FIELDS})

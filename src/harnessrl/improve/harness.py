@@ -76,25 +76,9 @@ class HarnessPhase(JobBase):
         return evolved
 
     def _evolve_config(self):
-        from harnessrl.evolve.config import EvolveConfig
+        from harnessrl.evolve.config import evolution_of
 
-        c = self.config
-        return EvolveConfig(
-            suite=c.suite,
-            seed_harness=c.seed_harness,
-            model=c.model,
-            device=c.device,
-            dtype=self.dtype,
-            dev_tasks=c.dev_tasks,
-            test_tasks=c.test_tasks,
-            rollouts=c.rollouts,
-            iterations=c.iterations,
-            candidates=c.candidates,
-            seed=c.seed,
-            temperature=c.temperature,
-            max_in_flight=c.max_in_flight,
-            retries=c.retries,
-        )
+        return evolution_of(self.config, self.dtype)
 
     def _evolve(self, seed_rate: float):
         """`run_evolve` from the seed, checked after every iteration (`ceiling`); stopped at the
