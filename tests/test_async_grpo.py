@@ -33,6 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # update makes a new policy version (the lags below count them)
 ASYNC = dataclasses.replace(BASE, steps=4, eval_every=0, checkpoint_every=1, max_off_policy_steps=1)
 SLOW_UPDATE_S = 1.0
+SLOW_ROLLOUTS_S = 0.4
 
 
 def run(out, config, resume=False, suite=None, specs=SPECS) -> Trainer:
@@ -71,6 +72,24 @@ def slow_update(monkeypatch):
     monkeypatch.setattr(trainer_module, "update_policy", slow)
 
 
+@pytest.fixture
+def slow_rollouts(monkeypatch):
+    """Every round of rollouts takes at least SLOW_ROLLOUTS_S, as real ones do: the tiny model's
+    episodes can end faster than the trainer turns a finished batch into training units, and then
+    the next step's rollouts are over before the update they are meant to overlap has begun."""
+    from harnessrl.rollout import Runner
+
+    real = Runner.run
+
+    def slow(self, jobs):
+        t0 = time.perf_counter()
+        trajectories = real(self, jobs)
+        time.sleep(max(0.0, SLOW_ROLLOUTS_S - (time.perf_counter() - t0)))
+        return trajectories
+
+    monkeypatch.setattr(Runner, "run", slow)
+
+
 def check_lags(out, records, bound: int) -> list[int]:
     """Every stored model call of step k lags the weights step k trained from by at most `bound`
     versions, and was sampled by the version the step's plan was bound to; returns the lags."""
@@ -88,7 +107,7 @@ def check_lags(out, records, bound: int) -> list[int]:
     return lags
 
 
-def test_the_next_steps_rollouts_overlap_the_update_within_the_bound(server, slow_update, tmp_path):
+def test_the_next_steps_rollouts_overlap_the_update_within_the_bound(server, slow_update, slow_rollouts, tmp_path):
     out = tmp_path / "async"
     run(out, dataclasses.replace(ASYNC, rollout_servers=[server]))
     records = lines(out / "metrics.jsonl")
