@@ -411,6 +411,42 @@ def test_a_resume_may_shorten_the_search_and_goes_on_to_the_test(tmp_path, token
         assert "test.seed" in store.harnesses()  # the held-out split ran
 
 
+def test_a_callers_stop_when_ends_the_search_and_a_kill_before_its_answer_changes_nothing(tmp_path, tokenizer):
+    """`stop_when(iterations_done)` is asked after each iteration; its reason ends the search, the
+    held-out phase runs at that iteration and final.json says why. A kill while it is being asked
+    (the iteration saved, no answer yet) resumes to the same end without another iteration."""
+    folder = tmp_path / "evo"
+    asked: list[int] = []
+
+    def killed(done: int) -> str | None:
+        asked.append(done)
+        raise KeyboardInterrupt
+
+    agent = SpecDependentAgent(tokenizer)
+    cfg = config(iterations=3)
+    dev, test = dev_and_test(cfg.dev_tasks, cfg.test_tasks)
+    with pytest.raises(KeyboardInterrupt):
+        Evolution(folder, cfg, SEED, dev, test, agent.policy, RulesProposer(), stop_when=killed).run()
+    assert asked == [1] and {ln["iteration"] for ln in log_lines(folder)} == {1}
+    calls_at_kill = agent.calls
+
+    def ceiling(done: int) -> str | None:
+        asked.append(done)
+        return "enough" if done >= 1 else None
+
+    final = Evolution(folder, cfg, SEED, dev, test, agent.policy, RulesProposer(), stop_when=ceiling).run()
+    assert asked == [1, 1]
+    assert final["iterations_run"] == 1 and final["stopped_by"] == "enough"
+    assert {ln["iteration"] for ln in log_lines(folder)} == {1}  # no second iteration ran
+    with RunStore(folder) as store:
+        assert "test.seed" in store.harnesses()  # the held-out phase ran at iteration 1
+        assert not any(h.startswith("i02") for h in store.harnesses())
+    assert agent.calls > calls_at_kill  # only the held-out episodes were added
+    # without a stop_when the search runs its budget, and says nothing stopped it
+    other = evolution(tmp_path / "budget", SpecDependentAgent(tokenizer), iterations=1).run()
+    assert other["stopped_by"] is None and other["iterations_run"] == 1
+
+
 class FixedProposer:
     name = "fixed"
 

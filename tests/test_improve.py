@@ -169,6 +169,9 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
     trail = ceiling["evidence"]["iterations"]
     if ceiling["choice"] in ("patience", "no_process_gain"):
         assert trail[-1]["fired"] == ceiling["choice"] and len(trail) == final["iterations_run"]
+        assert final["stopped_by"] == ceiling["choice"]  # the evolution itself was stopped there
+    else:
+        assert final["stopped_by"] is None
     if ceiling["choice"] == "patience":  # patience 1: the first iteration that accepts nothing stops it
         assert trail[-1]["accepted"] is None and final["iterations_run"] == 1
     assert (out / "harness" / "evolved.yaml").is_file()

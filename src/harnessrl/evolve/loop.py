@@ -166,6 +166,7 @@ class State:
     crashed_candidates: int = 0
     unconfirmed_candidates: int = 0  # beat the threshold once, not again on fresh samples
     exhausted: bool = False  # the proposer had nothing left to propose
+    stopped_by: str | None = None  # the caller's stop_when reason that ended the search, if one did
     elapsed_s: float = 0.0
     accepted: list[str] = field(default_factory=list)
 
@@ -184,8 +185,10 @@ class Evolution:
         log: Callable[[str], None] = lambda _: None,
         example_tasks: list[Task] | None = None,
         executor: Executor | None = None,
+        stop_when: Callable[[int], str | None] | None = None,
     ):
         self.folder = Path(folder)
+        self.stop_when = stop_when
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         self.config = config
         self.seed_spec = seed_spec
@@ -299,12 +302,27 @@ class Evolution:
             if state.threshold is None:
                 self._noise(state)
             while state.phase == "search" and state.iterations_done < self.config.iterations and not state.exhausted:
+                if self._stopped(state):
+                    break
                 self._iteration(state, state.iterations_done + 1)
+            if state.phase == "search":
+                self._stopped(state)  # after the last iteration too: final.json says who ended the search
             state.phase = "final"
             self._save_state(state)
             return self._final(state)
         finally:
             self.run_folder.close()
+
+    def _stopped(self, state: State) -> bool:
+        """Whether the caller's stop_when ends the search after the iterations done so far (asked
+        again on resume, so a kill between an iteration and its answer changes nothing)."""
+        if state.stopped_by is None and self.stop_when is not None and state.iterations_done > 0:
+            reason = self.stop_when(state.iterations_done)
+            if reason:
+                state.stopped_by = str(reason)
+                self._save_state(state)
+                self.log(f"iteration {state.iterations_done}: stopped ({state.stopped_by}); the held-out phase follows")
+        return state.stopped_by is not None
 
     def _noise(self, state: State) -> None:
         seed_spec = self._load_spec(SEED_LABEL)
@@ -502,6 +520,7 @@ class Evolution:
             "best_diff_vs_seed": spec_diff(seed_spec, best_spec),
             "iterations_run": state.iterations_done,
             "proposer_exhausted": state.exhausted,
+            "stopped_by": state.stopped_by,
             "threshold": state.threshold,
             "noise": state.noise,
             "invalid_proposals": state.invalid_proposals,

@@ -42,11 +42,14 @@ def run_evolve(
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
     executor: Executor | None = None,
+    stop_when: Callable[[int], str | None] | None = None,
 ) -> dict[str, Any]:
     """Evolve `config.seed_harness` on the suite's dev tasks, confirm on its test tasks; returns
     final.json's content. `resume`: continue the run in `out` (its configuration must be
     `config`; `stored_config(out)` reads it). `executor`: where the episodes run (default: this
-    process; the caller closes it)."""
+    process; the caller closes it). `stop_when(iterations_done)`: asked after every finished
+    iteration (and again on resume); a non-empty reason ends the search there, the held-out phase
+    follows and final.json's `stopped_by` holds the reason."""
     from harnessrl.evolve.proposers import LLMProposer, Proposer, RulesProposer
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
@@ -109,5 +112,6 @@ def run_evolve(
         log=log,
         example_tasks=examples,
         executor=executor,
+        stop_when=stop_when,
     )
     return evolution.run()

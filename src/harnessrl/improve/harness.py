@@ -12,14 +12,6 @@ from harnessrl.improve.record import JobBase
 from harnessrl.rundir import LOCK, holds_run
 
 
-class _EvolutionCeiling(Exception):
-    """Raised from the evolution's log after the iteration at which a ceiling fired."""
-
-    def __init__(self, iteration: int):
-        super().__init__(f"ceiling at iteration {iteration}")
-        self.iteration = iteration
-
-
 def process_rate(trajectories: list) -> float | None:
     """The share of valid episodes (no infrastructure error) whose first failure signal is a
     process class; None without a valid episode."""
@@ -81,36 +73,28 @@ class HarnessPhase(JobBase):
         return evolution_of(self.config, self.dtype)
 
     def _evolve(self, seed_rate: float):
-        """`run_evolve` from the seed, checked after every iteration (`ceiling`); stopped at the
-        first that fires, then finished (its held-out phase) at that iteration."""
-        import dataclasses
-
+        """`run_evolve` from the seed, its `stop_when` asking after every iteration which ceiling
+        fires (`_ceiling`); the search ends at the first, its held-out phase runs at that iteration."""
         from harnessrl.evolve.loop import BEST, FINAL, EvolveError
         from harnessrl.evolve.run import run_evolve
         from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError
 
         path = self.out / "harness" / "evolve"
-        config = self._evolve_config()
         finished = (path / FINAL).is_file() and (path / LOCK).is_file()
-        fired = None if finished else self._first_ceiling(path, seed_rate)
-
-        def log(message: str) -> None:
-            self.log(f"evolve: {message}")
-            if message.startswith("iteration ") and self._ceiling(path, self._iterations_done(path), seed_rate)[0]:
-                raise _EvolutionCeiling(self._iterations_done(path))
-
         self._release()  # evolution loads its own copy of the model
-        try:
-            if not finished and fired is None:
-                try:
-                    run_evolve(config, path, resume=holds_run(path), progress=self.progress, log=log)
-                except _EvolutionCeiling as stop:
-                    fired = stop.iteration
-            if fired is not None and not finished:  # its held-out phase, at the iteration the ceiling fired
-                run_evolve(dataclasses.replace(config, iterations=fired), path, resume=True, progress=self.progress)
-        except EvolveError as e:
-            raise ImproveError(f"harness/evolve: {e}") from None
+        if not finished:
+            try:
+                run_evolve(
+                    self._evolve_config(),
+                    path,
+                    resume=holds_run(path),
+                    progress=self.progress,
+                    log=lambda message: self.log(f"evolve: {message}"),
+                    stop_when=lambda done: self._ceiling(path, done, seed_rate)[0],
+                )
+            except EvolveError as e:
+                raise ImproveError(f"harness/evolve: {e}") from None
         try:
             final = json.loads((path / FINAL).read_text(encoding="utf-8"))
             spec = load_harness(str(path / BEST))
@@ -139,22 +123,6 @@ class HarnessPhase(JobBase):
             },
         )
         return spec
-
-    @staticmethod
-    def _iterations_done(path: Path) -> int:
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        return int(state["iterations_done"])
-
-    def _first_ceiling(self, path: Path, seed_rate: float) -> int | None:
-        """On resume: the first finished iteration at which a ceiling fires (the run was stopped
-        between the stop and its held-out phase), or None."""
-        if not (path / "state.json").is_file():
-            return None
-        done = self._iterations_done(path)
-        for it in range(1, done + 1):
-            if self._ceiling(path, it, seed_rate)[0] is not None:
-                return it
-        return None
 
     def _ceiling(self, path: Path, upto: int, seed_rate: float) -> tuple[str | None, list[dict[str, Any]]]:
         """Which ceiling fires after iteration `upto` of the evolution in `path` (None: go on), and
