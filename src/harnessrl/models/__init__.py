@@ -142,7 +142,7 @@ def describe_models() -> list[dict]:
     """What `harnessrl models list` shows: one entry per named model."""
     from harnessrl.models import embedded
 
-    gguf = embedded._gguf_if_installed()
+    gguf = embedded.gguf_if_installed()
     model_dir, tokenizer_dir = embedded.smollm2_model_dir(), embedded.smollm2_tokenizer_dir()
     return [
         {

@@ -80,7 +80,7 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def _gguf_if_installed() -> Path | None:
+def gguf_if_installed() -> Path | None:
     """The GGUF path, or None when the package is missing (a complete cache still works)."""
     try:
         return smollm2_gguf_path()
@@ -200,7 +200,7 @@ def check_chat_tokenizer(tokenizer, where: str = "tokenizer") -> None:
 @functools.lru_cache(maxsize=8)
 def _load_tokenizer(root: str):
     target = Path(root) / SMOLLM2_DIR / "tokenizer"
-    return _cached_folder(target, _extract_tokenizer, _open_tokenizer, _gguf_if_installed())
+    return _cached_folder(target, _extract_tokenizer, _open_tokenizer, gguf_if_installed())
 
 
 def load_tokenizer():
@@ -265,7 +265,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     """The real SmolLM2-135M-Instruct (eval mode, CPU). First call: ~20 s to dequantize the GGUF
     and write the safetensors cache; later calls read the cache (a fraction of a second)."""
     return _cached_folder(
-        smollm2_model_dir(), _convert_gguf_model, lambda folder: _open_model(folder, dtype), _gguf_if_installed()
+        smollm2_model_dir(), _convert_gguf_model, lambda folder: _open_model(folder, dtype), gguf_if_installed()
     )
 
 

@@ -49,7 +49,9 @@ class UnloadLoraRequest(BaseModel):
     lora_int_id: int | None = None  # sent by some vLLM clients; names are what count here
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def request_error_message(exc: RequestValidationError) -> str:
+    """One line saying what is wrong with a request body that fails validation (invalid JSON, or
+    each field and its problem), for the 400 answer."""
     parts = []
     for error in exc.errors():
         if error.get("type") == "json_invalid":
@@ -73,7 +75,7 @@ def create_app(models: ServedModels) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(400, _validation_message(exc)), status_code=400)
+        return JSONResponse(error_body(400, request_error_message(exc)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -120,7 +120,9 @@ class ChatCompletionRequest(BaseModel):
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-def _content_text(message: ChatMessageIn, index: int) -> str:
+def content_text(message: ChatMessageIn, index: int) -> str:
+    """The text of a chat message's content (a string, or its text parts joined); `index`: the
+    message's place in the request, for the error a part we cannot read raises."""
     content = message.content
     if content is None:
         return ""
@@ -168,7 +170,7 @@ def to_messages(messages: list[ChatMessageIn], tools: bool = False) -> list[Mess
         role = _ROLES.get(m.role)
         if role is None:
             raise ServeError(400, f"messages[{i}].role {m.role!r} is not one of {', '.join(_ROLES)}", param="messages")
-        content = _content_text(m, i)
+        content = content_text(m, i)
         if m.tool_calls and not tools:
             raise ServeError(400, f"messages[{i}] holds tool_calls: {NO_NATIVE_TOOLS}", param="messages")
         calls = None

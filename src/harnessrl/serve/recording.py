@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.models.base import Policy, SamplingParams
-from harnessrl.serve.app import _validation_message
+from harnessrl.serve.app import request_error_message
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body
 from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
@@ -179,7 +179,7 @@ class RecordingEndpoint:
 
         @app.exception_handler(RequestValidationError)
         async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-            message = _validation_message(exc)
+            message = request_error_message(exc)
             self._refused(request, 400, message)
             return _error(400, message)
 

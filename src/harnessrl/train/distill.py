@@ -79,7 +79,7 @@ from torch import Tensor
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import DistillConfig
-from harnessrl.train.grpo import TrainingUnit, _checkpointing_forward, _plain_output_head
+from harnessrl.train.grpo import TrainingUnit, checkpointing_forward, plain_output_head
 from harnessrl.train.progress import StepProgress, mean
 from harnessrl.train.step import sampling_seed
 from harnessrl.train.update import TrainingDiverged, micro_batches, padded_batch
@@ -178,8 +178,8 @@ def completion_logprobs(model, batch: dict[str, Tensor], temperature: float = 1.
     completion_mask = batch["completion_mask"].to(input_ids.device)
     rows, cols = completion_mask[:, 1:].nonzero(as_tuple=True)  # hidden state at cols predicts cols + 1
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    with _checkpointing_forward(base):
-        if _plain_output_head(base):
+    with checkpointing_forward(base):
+        if plain_output_head(base):
             hidden = base.get_decoder()(
                 input_ids=input_ids, attention_mask=attention_mask, use_cache=False
             ).last_hidden_state

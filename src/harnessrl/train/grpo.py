@@ -197,8 +197,8 @@ def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0)
     rows, cols = completion_mask[:, 1:].nonzero(as_tuple=True)  # hidden state at cols predicts cols + 1
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
     # (no key/value cache: nothing reads it, and a checkpointed layer would write it twice)
-    with _checkpointing_forward(base):
-        if _plain_output_head(base):
+    with checkpointing_forward(base):
+        if plain_output_head(base):
             hidden = base.get_decoder()(
                 input_ids=input_ids, attention_mask=attention_mask, use_cache=False
             ).last_hidden_state
@@ -213,7 +213,7 @@ def token_logprobs(model, batch: Mapping[str, Tensor], temperature: float = 1.0)
 
 
 @contextlib.contextmanager
-def _checkpointing_forward(model):
+def checkpointing_forward(model):
     """While gradients are recorded, the modules with gradient checkpointing on
     (`harnessrl.train.lora.enable_gradient_checkpointing`) in training mode, each alone (not
     their children): transformers checkpoints only a module in training mode, and the trainers
@@ -231,7 +231,7 @@ def _checkpointing_forward(model):
             module.training = False
 
 
-def _plain_output_head(model) -> bool:
+def plain_output_head(model) -> bool:
     """True when logits = output_embeddings(decoder(x)) with nothing applied after (Llama, Qwen,
     SmolLM2, Mistral...); False for models that soft-cap or scale their logits."""
     config = getattr(model, "config", None)

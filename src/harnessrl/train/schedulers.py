@@ -60,12 +60,14 @@ class Selection:
         return next(iter(self.shares)) if len(self.shares) == 1 else None
 
 
-def _rng_state(rng: random.Random) -> list:
+def random_state_json(rng: random.Random) -> list:
+    """The state of `rng` as JSON can hold it (lists, not tuples), for a checkpoint."""
     version, internal, gauss = rng.getstate()
     return [version, list(internal), gauss]
 
 
-def _set_rng_state(rng: random.Random, state: list) -> None:
+def set_random_state_json(rng: random.Random, state: list) -> None:
+    """Restore `rng` to a state `random_state_json` returned."""
     version, internal, gauss = state
     rng.setstate((version, tuple(internal), gauss))
 
@@ -100,14 +102,14 @@ class Scheduler:
         return {h: 1.0 / len(self.harnesses) for h in self.harnesses}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "harnesses": self.harnesses, "rng": _rng_state(self.rng)}
+        return {"name": self.name, "harnesses": self.harnesses, "rng": random_state_json(self.rng)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("harnesses") != self.harnesses:
             raise ValueError(
                 f"checkpoint is for harnesses {state.get('harnesses')}, this scheduler has {self.harnesses}"
             )
-        _set_rng_state(self.rng, state["rng"])
+        set_random_state_json(self.rng, state["rng"])
 
     def _check_harness(self, harness: str) -> None:
         if harness not in self.harnesses:

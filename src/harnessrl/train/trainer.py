@@ -104,7 +104,7 @@ from harnessrl.train.distributed import Distributed, DistributedError
 from harnessrl.train.grpo import TrainingUnit
 from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
 from harnessrl.train.progress import GRPOProgress, mean
-from harnessrl.train.schedulers import _rng_state, _set_rng_state, make_scheduler
+from harnessrl.train.schedulers import make_scheduler, random_state_json, set_random_state_json
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import (
     DynamicSamplingRecord,
@@ -370,7 +370,7 @@ class Trainer:
             "step": self.step,
             "policy_version": self.pipeline.version,
             "scheduler": self.scheduler.state_dict(),
-            "task_rng": _rng_state(self.task_rng),
+            "task_rng": random_state_json(self.task_rng),
             "generate_calls": self.policy.generate_calls,
         }
         plans, pinned = self.pipeline.checkpoint()  # with --max-off-policy-steps: the plans made ahead
@@ -387,7 +387,7 @@ class Trainer:
             return False
         state = checkpoint.restore(saved, self.peft_model, self.optimizer, TrainError)
         self.scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(self.task_rng, state["task_rng"])
+        set_random_state_json(self.task_rng, state["task_rng"])
         self.policy.generate_calls = int(state["generate_calls"])
         self.step = int(state["step"])
         self.pipeline.version = int(state.get("policy_version", self.step))
