@@ -258,3 +258,16 @@ def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on
         by_key["weights.choice"]["choice"] in ("imitation", "base")
         and kept["variant"] == by_key["weights.choice"]["choice"]
     )
+
+
+def test_a_stage_that_refuses_to_go_on_is_one_clear_error_with_the_decisions_kept(specs, tmp_path):
+    """A finished stage whose run database cannot be read any more (here: overwritten) stops a
+    resume with ImproveError naming the stage, not a crash, and the decisions already written stay."""
+    out = tmp_path / "changed"
+    cfg = config(specs)
+    run_improve(cfg, out, stop_after="harness", progress=False)
+    before = (out / "decisions.jsonl").read_text()
+    (out / "harness" / "seed-dev" / "run.db").write_bytes(b"not a database" * 100)
+    with pytest.raises(ImproveError, match="harness/seed-dev: cannot read its run database"):
+        run_improve(cfg, out, resume=True, progress=False)
+    assert (out / "decisions.jsonl").read_text() == before

@@ -29,7 +29,6 @@ adapter has been trained (the way out when nothing passed on the train tasks), a
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,19 +36,15 @@ from pydantic import Field, model_validator
 
 from harnessrl.config import Device, FloatDtype, Options, cli
 from harnessrl.rundir import RunFolder, RunFolderError, holds_run, write_json
+from harnessrl.stages import PolicyFactory, StageError, Stages
 from harnessrl.study_analysis import CELLS, COMPARISONS, cell_analysis, class_effects, compare_cells, recommend, verdict
 
 STUDY_JSON = "study.json"
-STAGES_JSON = "stages.json"
 
 # The options only the evolution stage uses.
 EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
 # Keys of the study's configuration that may grow on --resume while no adapter has been trained.
 GROWABLE = ("collect_tasks", "collect_attempts")
-
-# A factory for tests and embedding: (stage, model spec) -> the policy to run that evaluation
-# stage with, or None to load the model spec as usual. Stages: seed-eval, collect, cells/<cell>.
-PolicyFactory = Callable[[str, str], Optional[Any]]
 
 
 class StudyError(ValueError):
@@ -162,7 +157,6 @@ class Study:
         self.config = config
         self.out = Path(out)
         self.resume = resume
-        self.policy_factory = policy_factory
         self.progress = progress
         self.log = log
         self.console = console
@@ -183,7 +177,7 @@ class Study:
             )
             suite = get_suite(c.suite)
             self.seed_eval_tasks = suite.tasks("dev", c.seed_eval_tasks) if c.seed_eval_tasks else []
-            self.train_tasks = suite.tasks("train", c.collect_tasks)
+            suite.tasks("train", c.collect_tasks)  # checked now; the collection stage draws them again
             self.test_tasks = suite.tasks("test", c.test_tasks)
             if c.evolved is None:
                 suite.tasks("dev", c.dev_tasks)
@@ -203,7 +197,21 @@ class Study:
             "seed_spec": self.seed_spec.to_dict(),
             "evolved_spec": None if self.given_evolved is None else self.given_evolved.to_dict(),
         }
-        growable = resume and not self._training_started()
+        self.runner = Stages(
+            config,
+            self.out,
+            self.seed_spec,
+            self.device,
+            self.dtype,
+            policy_factory=policy_factory,
+            progress=progress,
+            log=log,
+            console=console,
+        )
+        try:
+            growable = resume and not self.runner.training_started()
+        except StageError as e:
+            raise StudyError(str(e)) from None
         try:
             self.folder = RunFolder.open(
                 self.out,
@@ -222,130 +230,36 @@ class Study:
                         )
         except RunFolderError as e:
             raise StudyError(str(e)) from None
-        self._policy: tuple[str, Any] | None = None
-        self.stages: dict[str, Any] = {}
-
-    # -- the folder ------------------------------------------------------------------------------
-    def _training_started(self) -> bool:
-        stages = self._read_stages()
-        return any(s in stages or holds_run(self.out / s) for s in ("sft", "placebo"))
-
-    def _read_stages(self) -> dict[str, Any]:
-        import json
-
-        path = self.out / STAGES_JSON
-        if not path.is_file():
-            return {}
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            raise StudyError(f"{path} is not valid JSON ({e}); remove it to re-check every stage") from None
-        return value if isinstance(value, dict) else {}
-
-    def _done(self, stage: str, **facts: Any) -> None:
-        self.stages[stage] = facts
-        write_json(self.out / STAGES_JSON, self.stages)
-
-    # -- policies ----------------------------------------------------------------------------------
-    def _load(self, stage: str, model: str):
-        """`model` loaded once (the last one loaded is kept for the next stage that needs it); the
-        policy factory, when there is one, is asked first by `_measure`."""
-        if self._policy is not None and self._policy[0] == model:
-            return self._policy[1]
-        self._release()
-        from harnessrl.models import ModelSpec, load_policy
-
-        local = ModelSpec.parse_local(model) is not None  # (a --collect-model may be a server)
-        try:
-            policy = load_policy(model, dtype=self.dtype, device=str(self.device)) if local else load_policy(model)
-        except (ValueError, RuntimeError, OSError) as e:
-            raise StudyError(f"{stage}: cannot load model '{model}': {e}") from None
-        self._policy = (model, policy)
-        return policy
-
-    def _release(self) -> None:
-        if self._policy is not None:
-            close = getattr(self._policy[1], "close", None)
-            if close is not None:
-                close()
-            self._policy = None
-            gc.collect()
-
-    # -- evaluation stages ---------------------------------------------------------------------------
-    def _measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
-        """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
-        ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.evaluate import evaluation_record, run_into_store, run_oracle, write_summary
-        from harnessrl.models import ORACLE
-        from harnessrl.models.base import SamplingParams
-        from harnessrl.rollout import make_jobs
-
-        c = self.config
-        sampling = SamplingParams(temperature=c.temperature, seed=c.seed)
-        record = evaluation_record(c.suite, split, model, tasks, [spec], attempts, sampling, c.retries)
-        path = self.out / stage
-        try:
-            folder = RunFolder.open(path, "evaluation", record, resume=holds_run(path), may_differ=may_differ).start()
-            store = folder.store(meta_config=folder.config)
-            folder.record_shell_isolation([spec], any(t.offers_shell for t in tasks))
-        except RunFolderError as e:
-            raise StudyError(f"{stage}: {e}") from None
-        with folder:
-            jobs = make_jobs(tasks, [spec], attempts)
-            todo = folder.todo(jobs)
-            if todo:
-                self.log(
-                    f"{stage}: {spec.name} x {model}, {len(todo)} episodes"
-                    + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else "")
-                )
-                policy = self.policy_factory(stage, model) if self.policy_factory is not None else None
-                if policy is None and model.strip() == ORACLE:
-                    run_oracle(todo, store, c.retries, self.progress)
-                else:
-                    policy = policy if policy is not None else self._load(stage, model)
-                    run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
-            write_summary(store, folder.config, path)
-            wanted = {j.key for j in jobs}
-            return [t for t in store.trajectories(with_tokens=False) if t.key in wanted]
-
-    def _stored(self, stage: str) -> list:
-        """The trajectories of a finished evaluation stage, read without opening it as a run."""
-        from harnessrl.store import RunStore, StoreError
-
-        try:
-            with RunStore(self.out / stage) as store:
-                return list(store.trajectories(with_tokens=False))
-        except (StoreError, OSError) as e:
-            raise StudyError(f"{stage}: cannot read its run database ({e})") from None
 
     # -- the stages ----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        c = self.config
+        try:
+            return self._run()
+        except StageError as e:  # a stage's run folder, model or training refused to go on
+            raise StudyError(str(e)) from None
+
+    def _run(self) -> dict[str, Any]:
+        c, runner = self.config, self.runner
         try:
             self.folder.start()
         except OSError as e:
             raise StudyError(f"cannot write {self.out}: {e}") from None
-        self.stages = self._read_stages()
+        runner.stages = runner.read()
         try:
             context: dict[str, Any] = {"seed_harness": self.seed_spec.name}
-            if c.seed_eval_tasks and "seed-eval" not in self.stages:
-                trajs = self._measure("seed-eval", "dev", self.seed_eval_tasks, self.seed_spec, c.model, c.attempts)
-                self._done("seed-eval", episodes=len(trajs))
+            if c.seed_eval_tasks:
+                runner.measured("seed-eval", "dev", self.seed_eval_tasks, self.seed_spec, c.model, c.attempts)
             evolved, evolution = self._evolve()
             context.update(evolved_harness=evolved.name, evolution=evolution)
             context["evolved_is_seed"] = _same_harness(evolved, self.seed_spec)
-            context["collect"] = self._collect(evolved)
-            context["training"] = {stage: self._sft(stage) for stage in ("sft", "placebo")}
+            context["collect"] = runner.collect(evolved)
+            context["training"] = {stage: runner.sft(stage) for stage in ("sft", "placebo")}
             analyses, meta = {}, {}
             for cell, (side, weights) in CELLS.items():
                 spec = self.seed_spec if side == "seed" else evolved
-                model = self._cell_model(weights)
+                model = runner.adapter_model(weights)
                 stage = f"cells/{cell}"
-                if stage in self.stages and holds_run(self.out / stage):  # finished: only read
-                    trajs = self._stored(stage)
-                else:
-                    trajs = self._measure(stage, "test", self.test_tasks, spec, model, c.attempts)
-                    self._done(stage, episodes=len(trajs))
+                trajs = runner.measured(stage, "test", self.test_tasks, spec, model, c.attempts)
                 analyses[cell] = cell_analysis(trajs, c.attempts)
                 meta[cell] = {
                     "harness": side,
@@ -355,10 +269,10 @@ class Study:
                     "folder": f"cells/{cell}",
                 }
         finally:
-            self._release()
+            runner.release()
         context["seed_eval"] = (
-            {"split": "dev", "folder": "seed-eval", **cell_analysis(self._stored("seed-eval"), c.attempts)["record"]}
-            if "seed-eval" in self.stages and holds_run(self.out / "seed-eval")
+            {"split": "dev", "folder": "seed-eval", **cell_analysis(runner.stored("seed-eval"), c.attempts)["record"]}
+            if "seed-eval" in runner.stages and holds_run(self.out / "seed-eval")
             else None
         )
         result = study_result(c, analyses, meta, context)
@@ -378,10 +292,10 @@ class Study:
             return self.given_evolved, {"given": self.config.evolved}
         path = self.out / "evolve"
         finished = (path / FINAL).is_file() and (path / LOCK).is_file()
-        if "evolve" not in self.stages and not finished:
+        if "evolve" not in self.runner.stages and not finished:
             from harnessrl.evolve.run import run_evolve
 
-            self._release()  # evolution loads its own copy of the model
+            self.runner.release()  # evolution loads its own copy of the model
             try:
                 run_evolve(self.evolve_config, path, resume=holds_run(path), progress=self.progress, log=self.log)
             except EvolveError as e:
@@ -400,110 +314,9 @@ class Study:
             "threshold": final["threshold"],
             "held_out_difference": final["paired_difference"],
         }
-        if "evolve" not in self.stages:
-            self._done("evolve", best=final["best"], accepted_edits=final["accepted_edits"])
+        if "evolve" not in self.runner.stages:
+            self.runner.done("evolve", best=final["best"], accepted_edits=final["accepted_edits"])
         return spec, evolution
-
-    def _collect(self, evolved) -> dict[str, Any]:
-        """The evolved harness's episodes on the train tasks; refuses to go on when fewer than two
-        tasks have a passing one (nothing to distil, or no placebo: it swaps answers across tasks)."""
-        c = self.config
-        grown = self.stages.get("collect", {})
-        if grown.get("tasks") == c.collect_tasks and grown.get("attempts") == c.collect_attempts:
-            return grown
-        collector = c.collect_model or c.model
-        trajs = self._measure(
-            "collect",
-            "train",
-            self.train_tasks,
-            evolved,
-            collector,
-            c.collect_attempts,
-            may_differ=("tasks", "task_ids", "attempts"),
-        )
-        passed = [t for t in trajs if not t.is_infra_error and t.grade is not None and t.grade.passed]
-        tasks = sorted({t.task_id for t in passed})
-        facts = {
-            "tasks": c.collect_tasks,
-            "attempts": c.collect_attempts,
-            "episodes": len(trajs),
-            "passed": len(passed),
-            "passed_tasks": len(tasks),
-        }
-        more = (
-            f"resume with more attempts or tasks to collect more (the finished episodes are kept): --resume "
-            f"--collect-attempts {c.collect_attempts * 2} or --collect-tasks {c.collect_tasks * 2}; or use a model "
-            "that solves some train tasks (a new --out)"
-        )
-        where = (
-            f"{len(trajs)} episodes of {evolved.name} with {collector} on {c.collect_tasks} {c.suite} train tasks "
-            f"({c.collect_attempts} attempts each)"
-        )
-        if not passed:
-            raise StudyError(f"nothing to distil: none of the {where} passed; {more}")
-        if len(tasks) < 2:
-            raise StudyError(
-                f"only one task ({tasks[0]}) has a passing episode among the {where}; the placebo adapter swaps "
-                f"answers across tasks and needs two; {more}"
-            )
-        self._done("collect", **facts)
-        return facts
-
-    def _sft(self, stage: str) -> dict[str, Any]:
-        """The distilled (stage sft) or placebo adapter: SFT on the collected episodes, re-rendered
-        into the seed harness."""
-        from harnessrl.train.config import SFTConfig
-        from harnessrl.train.sft import SFTError, run_sft
-
-        if stage in self.stages:
-            return self.stages[stage]
-        c = self.config
-        sft_config = SFTConfig(
-            from_runs=[str(self.out / "collect")],
-            as_harness=c.seed_harness,
-            model=c.model,
-            device=c.device,
-            dtype=self.dtype,
-            placebo="shuffle-answers" if stage == "placebo" else "none",
-            epochs=c.epochs,
-            lr=c.lr,
-            seed=c.seed,
-        )
-        self._release()
-        self.log(f"{stage}: training the {'placebo' if stage == 'placebo' else 'distilled'} adapter")
-        path = self.out / stage
-        try:
-            summary = run_sft(
-                sft_config,
-                path,
-                resume=holds_run(path),
-                spec=self.seed_spec,
-                progress=self.progress,
-                console=self.console,
-            )
-        except SFTError as e:
-            raise StudyError(f"{stage}: {e}") from None
-        finally:
-            gc.collect()
-        data = summary["data"]
-        facts = {
-            "folder": stage,
-            "adapter": f"{stage}/adapter",
-            "steps": summary["steps"],
-            "examples": data["examples"],
-            "episodes_replayed": data["replayed"],
-            "episodes_dropped": sum(data["dropped"].values()),
-            "final_loss": (summary.get("last") or {}).get("loss"),
-        }
-        self._done(stage, **facts)
-        return facts
-
-    def _cell_model(self, weights: str) -> str:
-        if weights == "base":
-            return self.config.model
-        from harnessrl.models.spec import HF_PREFIX
-
-        return HF_PREFIX + str(self.out / ("sft" if weights == "distilled" else "placebo") / "adapter")
 
 
 def _same_harness(a, b) -> bool:

@@ -13,6 +13,7 @@ from harnessrl.improve.final import FinalPhase
 from harnessrl.improve.harness import HarnessPhase
 from harnessrl.improve.weights import WeightsPhase
 from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.stages import StageError
 
 
 class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
@@ -87,7 +88,7 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
             self.folder = RunFolder.open(self.out, "improvement", self.record, resume=resume, may_differ=("device",))
         except RunFolderError as e:
             raise ImproveError(str(e)) from None
-        self.runner = None  # the stages (`stages_class`), made by run()
+        self.runner = None  # the stages (`harnessrl.stages.Stages`), made by run()
         self.recorded: dict[str, dict[str, Any]] = {}
         self.decisions: list[dict[str, Any]] = []
 
@@ -120,6 +121,8 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
             if stop_after == "content":
                 return self._partial("content")
             return self._final(evolved, weights, content)
+        except StageError as e:  # a stage's run folder, model or training refused to go on
+            raise ImproveError(str(e)) from None
         finally:
             self._release()
 

@@ -1,5 +1,5 @@
 """What every phase of the job shares: the decisions (decisions.jsonl, checked again on resume),
-the evaluation stages (`harnessrl study`'s machinery, reused) and the attributes the job sets up."""
+the evaluation stages (`harnessrl.stages`, which `harnessrl study` runs too) and the attributes the job sets up."""
 
 from __future__ import annotations
 
@@ -8,57 +8,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harnessrl.improve.config import DECISIONS, ImproveConfig, ImproveError
-from harnessrl.rundir import RunFolder, append_jsonl, holds_run
+from harnessrl.rundir import RunFolder, append_jsonl
 
 
 def as_json(value: Any) -> Any:
     """The value as JSON gives it back (tuples as lists, keys as strings)."""
     return json.loads(json.dumps(value, default=str))
-
-
-def stages_class():
-    """Study's stage machinery as a class of its own (imported late: the study module is heavy)."""
-    from harnessrl.study import Study
-
-    class Stages(Study):
-        """`harnessrl study`'s stages, reused: evaluation stages into run folders of their own (the
-        model loaded once and kept for the next stage), the evolved harness's collection on train
-        tasks and the imitation and placebo adapters (`train sft` into the seed harness), with
-        `stages.json` in `out`. Not a study folder: none of the study's own files are written."""
-
-        def __init__(self, config, out: Path, seed_spec, device, dtype, *, progress: bool, log, console):
-            from harnessrl.tasks import get_suite
-
-            # only the attributes the stage methods read (Study.__init__ would open a study folder)
-            self.config, self.out, self.seed_spec = config, out, seed_spec
-            self.device, self.dtype = device, dtype
-            self.policy_factory = None
-            self.progress, self.log, self.console = progress, log, console
-            self._policy = None
-            self.train_tasks = get_suite(config.suite).tasks("train", config.collect_tasks)
-            self.stages = self._read_stages()
-
-        def measured(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int) -> list:
-            """An evaluation stage's trajectories: measured (or resumed) once, then read."""
-            if stage in self.stages and holds_run(self.out / stage):
-                return self._stored(stage)
-            trajectories = self._measure(stage, split, tasks, spec, model, attempts)
-            self._done(stage, episodes=len(trajectories))
-            return trajectories
-
-        def done(self, stage: str, **facts: Any) -> None:
-            self._done(stage, **as_json(facts))
-
-        def collect_and_imitate(self, evolved) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-            """The collection (needs passing episodes on two tasks), the imitation and the placebo
-            adapters; StudyError says why there is nothing to imitate."""
-            collect = self._collect(evolved)
-            return collect, self._sft("sft"), self._sft("placebo")
-
-        def release(self) -> None:
-            self._release()
-
-    return Stages
 
 
 class JobBase:
@@ -131,7 +86,8 @@ class JobBase:
             max_in_flight=c.max_in_flight,
             retries=c.retries,
         )
-        Stages = stages_class()
+        from harnessrl.stages import Stages
+
         return Stages(
             study,
             root,

@@ -24,18 +24,20 @@ class WeightsPhase(JobBase):
                 {"reason": "the evolved harness is the seed harness: there is no harness behaviour to distil"},
             )
             return {"variant": "base", "adapter": None, "model": self.config.model}
-        from harnessrl.study import StudyError
+        from harnessrl.stages import NothingToDistil
 
         c = self.config
-        # the study's collection and imitation stages, rooted at OUT/weights (its stages.json there)
+        # the collection and imitation stages (`harnessrl.stages`), rooted at OUT/weights (its stages.json there)
         imitation = self._stages(self.out.resolve() / "weights", str(self.out.resolve() / "harness" / "evolved.yaml"))
         variants: dict[str, dict[str, Any]] = {}
         steps = c.distill_steps
         reason, collect = None, {}
         self._release()
         try:
-            collect, sft, _ = imitation.collect_and_imitate(evolved)
-        except StudyError as e:  # nothing to imitate: recorded, the on-policy variant goes on alone
+            collect = imitation.collect(evolved)
+            sft = imitation.sft("sft")
+            imitation.sft("placebo")
+        except NothingToDistil as e:  # nothing to imitate: recorded, the on-policy variant goes on alone
             reason = str(e)
         else:
             steps = int(sft["steps"])

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.report.page import page_shell
+from harnessrl.stages import STAGES_JSON
 
 STUDY_JSON = "study.json"
-STAGES_JSON = "stages.json"
 # the evaluation stages whose folders get a report of their own (relative to the study folder)
 EVAL_STAGES = ("seed-eval", "collect")
 CELL_ORDER = ("seed-base", "evolved-base", "seed-distilled", "evolved-distilled", "seed-placebo")
