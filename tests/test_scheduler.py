@@ -58,6 +58,17 @@ def test_without_overlap_every_admission_is_inline():
     assert plan.admit == (INLINE,) * 5
 
 
+def test_a_request_being_chunked_holds_a_slot_and_admits_more_only_beside_few_rows():
+    scheduler = Scheduler(6, few_rows=2)
+    # 5 rows + the one being chunked fill a batch of 6
+    assert scheduler.plan(BatchView(running=5, waiting=3, chunking=True)).admit == ()
+    # many rows decode: nobody else is admitted until its last chunk ran
+    assert scheduler.plan(BatchView(running=3, waiting=3, chunking=True)).admit == ()
+    # few rows: inline admissions until the rows outnumber few_rows
+    assert scheduler.plan(BatchView(running=1, waiting=3, chunking=True)).admit == (INLINE, INLINE)
+    assert scheduler.plan(BatchView(running=3, waiting=3)).admit == (INLINE, INLINE, INLINE)
+
+
 def test_the_prefill_threads_request_joins_on_schedule_or_when_nothing_decodes():
     scheduler = Scheduler(8, tokens_per_step=64)
     due = scheduler.join_step(decode_steps=10, new_tokens=130)  # 3 steps of 64 tokens

@@ -4,8 +4,9 @@ It owns the running rows' keys and values (`BatchKV`: one tensor of shape (layer
 kv_heads, capacity, head_dim); row r holds request r's tokens at slots 0..length-1), the small
 transformers Cache adapter through which the model's own attention code writes into them
 (`ForwardCache`), the copies between the batch and the prefix cache, the prefill thread, and the
-forwards themselves: a prefill of one request's uncached prompt tokens (inline, or on the
-prefill thread into a one-row cache of its own), and a decode step of every row at once, each
+forwards themselves: a prefill of one request's uncached prompt tokens (inline, on the
+prefill thread into a one-row cache of its own, or in chunks between decode steps into one),
+and a decode step of every row at once, each
 row feeding its last token at its own position, rows of different lengths sharing one forward
 through a 4D mask that hides each row's unused slots (with the shared-prefix decode attention of
 harnessrl.models.attention on a CPU, and the prepacked weights of harnessrl.models.packed where
@@ -149,6 +150,25 @@ class Prefill:
     due: int = 0  # joins the batch once this many decode steps have run
 
 
+@dataclass
+class ChunkedPrefill:
+    """A prefill run in chunks on the engine thread, one chunk per engine step, into its own
+    one-row cache `kv` (the rows keep decoding between its chunks): `cached` prompt tokens came
+    from the prefix cache, `done` tokens have keys and values so far; `logits` (vocab,) of the
+    last prompt position once the last chunk ran."""
+
+    req: Request
+    kv: BatchKV
+    cached: int
+    done: int
+    logits: torch.Tensor | None = None
+    chunks: int = 0  # chunks run so far
+
+    @property
+    def finished(self) -> bool:
+        return self.logits is not None
+
+
 def _forward_parameters(model) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
@@ -270,7 +290,26 @@ class Executor:
             raise
         return Prefill(req, kv, cached, future)
 
-    def land(self, job: Prefill, row: int) -> None:
+    def begin_chunked(self, req) -> ChunkedPrefill:
+        """A chunked prefill of `req` into a one-row cache of its own (its cached prefix copied in);
+        `prefill_chunk` runs its chunks, `land` brings it into the batch."""
+        kv = BatchKV(*self.kv.shape, self.kv.dtype, self.kv.device)
+        kv.reserve(1, len(req.prompt) + 1, 1)
+        cached = self.reuse_prefix(req, kv, 0)
+        return ChunkedPrefill(req, kv, cached, cached)
+
+    def prefill_chunk(self, job: ChunkedPrefill, tokens: int, *, borrow: bool) -> None:
+        """The next `tokens` prompt tokens of a chunked prefill (fewer at the end); the last
+        chunk sets `job.logits`."""
+        prompt = job.req.prompt
+        end = min(len(prompt), job.done + tokens)
+        with self._idle_core_borrowed(borrow), self._packed_forward():
+            logits = self.forward(*self._prefill_inputs(prompt[:end], job.kv, 0, job.done))[0]
+        job.done, job.chunks = end, job.chunks + 1
+        if end == len(prompt):
+            job.logits = logits
+
+    def land(self, job: Prefill | ChunkedPrefill, row: int) -> None:
         """Copy a finished prefill's keys and values into `row` of the batch cache."""
         n = len(job.req.prompt)
         self.kv.reserve(row + 1, n + 1, self.max_batch)
@@ -413,6 +452,28 @@ def usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+# The chunk of a chunked prefill when one is asked for without a size (`HARNESSRL_PREFILL_CHUNK=on`).
+PREFILL_CHUNK_TOKENS = 128
+
+
+def chunk_by_default() -> int:
+    """$HARNESSRL_PREFILL_CHUNK: tokens per chunk (`on`: PREFILL_CHUNK_TOKENS; 0 or unset: off).
+    Off by default: on the rollout workloads measured here chunks cost throughput (docs/engine.md,
+    "Chunked prefill"); they pay where a person watches the running rows' tokens stream."""
+    wanted = os.environ.get("HARNESSRL_PREFILL_CHUNK", "").strip().lower()
+    if not wanted:
+        return 0
+    if wanted == "on":
+        return PREFILL_CHUNK_TOKENS
+    try:
+        tokens = int(wanted)
+    except ValueError:
+        tokens = -1
+    if tokens < 0:
+        raise ValueError(f"HARNESSRL_PREFILL_CHUNK must be a number of tokens >= 0 or 'on', got {wanted!r}")
+    return tokens
 
 
 def overlap_by_default() -> bool:

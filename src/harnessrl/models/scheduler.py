@@ -17,9 +17,11 @@ The rules, in order:
 1. cancelled rows leave the batch;
 2. the prefill thread's request joins when its join step has come, or at once when nothing else
    decodes (waiting for its prefill then costs no decode step);
-3. requests are admitted while rows + the one on the prefill thread < `max_batch`: on the prefill
-   thread when overlap is allowed this step, rows are decoding and the thread is free; else
-   inline. While the prefill thread is busy a further request is admitted (inline) only while at
+3. requests are admitted while rows + the one on the prefill thread + the one being prefilled
+   in chunks < `max_batch`: on the prefill thread when overlap is allowed this step, rows are
+   decoding and the thread is free; else inline (which the engine turns into a chunked prefill
+   when chunks are on, rows are decoding and none is being chunked). While the prefill thread is
+   busy, or a request is being chunked, a further request is admitted (inline) only while at
    most `few_rows` rows decode: a step of so few rows costs nearly what a full one does, so both
    cores prefill instead;
 4. a decode step runs when any row runs.
@@ -67,6 +69,7 @@ class BatchView:
     inflight_due: int | None = None  # the prefill thread's request joins at this decode step; None: idle
     decode_steps: int = 0  # decode steps run so far
     may_overlap: bool = False  # the prefill thread may be used this step
+    chunking: bool = False  # a request is being prefilled in chunks between decode steps
 
 
 @dataclass(frozen=True)
@@ -96,19 +99,23 @@ class Scheduler:
         land = due is not None and (running == 0 or view.decode_steps >= due)
         if land:
             running, inflight = running + 1, False
-        admit = self._admissions(running, inflight, view.waiting, view.may_overlap)
+        admit = self._admissions(running, inflight, view.waiting, view.may_overlap, view.chunking)
         running += admit.count(INLINE)
         return StepPlan(tuple(view.cancelled), land, admit, running > 0)
 
     def admissions(self, view: BatchView) -> tuple[str, ...]:
         """How the next waiting requests are admitted from `view` on (rule 3)."""
-        return self._admissions(view.running, view.inflight_due is not None, view.waiting, view.may_overlap)
+        return self._admissions(
+            view.running, view.inflight_due is not None, view.waiting, view.may_overlap, view.chunking
+        )
 
-    def _admissions(self, running: int, inflight: bool, waiting: int, may_overlap: bool) -> tuple[str, ...]:
+    def _admissions(
+        self, running: int, inflight: bool, waiting: int, may_overlap: bool, chunking: bool = False
+    ) -> tuple[str, ...]:
         modes: list[str] = []
-        while len(modes) < waiting and running + inflight < self.max_batch:
-            if inflight and running > self.few_rows:
-                break  # one prefill beside the decode steps at a time
+        while len(modes) < waiting and running + inflight + chunking < self.max_batch:
+            if (inflight or chunking) and running > self.few_rows:
+                break  # one prefill beside the decode steps at a time (on the thread, and in chunks)
             if may_overlap and running and not inflight:
                 modes.append(OVERLAP)
                 inflight = True
