@@ -28,13 +28,13 @@ def _served(model: str, served_model_name: str | None, max_loras: int, dtype: st
     """The local model `model` loaded on `device` in `dtype`, as the server's models (ValueError
     for a spec that is not a local model, as ServedModels.from_spec, which takes no device);
     `options`: the other keywords of ServedModels."""
-    from harnessrl.models import MODEL_NAMES, check_spec, load_policy
+    from harnessrl.models import ModelSpec, check_spec, load_policy
     from harnessrl.models.hf import HFPolicy
     from harnessrl.serve import ServedModels
     from harnessrl.serve.models import LOCAL_ONLY
 
     spec = model.strip()
-    if not (spec in MODEL_NAMES or spec.startswith("hf:")):
+    if ModelSpec.parse_local(spec) is None:
         raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
     check_spec(spec, option="--model")
     policy = load_policy(spec, dtype=dtype, device=device)

@@ -54,12 +54,12 @@ def run_evolve(
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
-    from harnessrl.models import check_spec, load_policy
+    from harnessrl.models import ModelSpec, check_spec, load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
     try:
-        local = not config.model.startswith("openai:")
+        local = ModelSpec.parse_local(config.model) is not None
         if local:  # a device this machine lacks: refused before any work; auto resolved before it is recorded
             from harnessrl.models.device import resolve_device, resolve_dtype
 
