@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from harnessrl.models.scheduler import (
+    CHUNKED,
     FINISH_LENGTH,
     FINISH_STOP,
     INLINE,
@@ -67,6 +68,18 @@ def test_a_request_being_chunked_holds_a_slot_and_admits_more_only_beside_few_ro
     # few rows: inline admissions until the rows outnumber few_rows
     assert scheduler.plan(BatchView(running=1, waiting=3, chunking=True)).admit == (INLINE, INLINE)
     assert scheduler.plan(BatchView(running=3, waiting=3)).admit == (INLINE, INLINE, INLINE)
+
+
+def test_with_chunks_on_one_request_beside_more_than_few_rows_is_chunked_and_the_prefill_thread_comes_first():
+    chunked = Scheduler(6, few_rows=2, chunks=True)
+    assert chunked.plan(BatchView(running=3, waiting=3)).admit == (CHUNKED,)
+    # beside few rows prompts are prefilled whole until the rows outnumber few_rows
+    assert chunked.plan(BatchView(running=2, waiting=3)).admit == (INLINE, CHUNKED)
+    assert chunked.plan(BatchView(running=0, waiting=2)).admit == (INLINE, INLINE)
+    # one at a time
+    assert chunked.plan(BatchView(running=3, waiting=3, chunking=True)).admit == ()
+    # a free prefill thread is used first; then nothing more beside many rows
+    assert chunked.plan(BatchView(running=3, waiting=3, may_overlap=True)).admit == (OVERLAP,)
 
 
 def test_the_prefill_threads_request_joins_on_schedule_or_when_nothing_decodes():

@@ -68,6 +68,7 @@ from harnessrl.models.executor import (
 )
 from harnessrl.models.prefix_cache import PrefixCache
 from harnessrl.models.scheduler import (
+    CHUNKED,
     FINISH_LENGTH,
     FINISH_STOP,
     INLINE,
@@ -267,7 +268,7 @@ class Engine:
         )
         self.device = self.executor.device
         per_step = OVERLAP_TOKENS_PER_STEP if not packed_decode else OVERLAP_TOKENS_PER_PACKED_STEP
-        self.scheduler = Scheduler(max_batch, tokens_per_step=per_step)
+        self.scheduler = Scheduler(max_batch, tokens_per_step=per_step, chunks=prefill_chunk_tokens > 0)
         self._inflight: Prefill | None = None
         self._chunked: ChunkedPrefill | None = None  # the request being prefilled in chunks
         self._may_overlap = False  # this step: overlap allowed (not while the model is in train mode)
@@ -627,7 +628,13 @@ class Engine:
                     self._stats.cancelled += 1
                     continue
             req.scheduled_at = time.perf_counter()
-            started = self._admit(req) if modes.pop(0) == INLINE else self._launch(req)
+            mode = modes.pop(0)
+            if mode == INLINE:
+                started = self._admit(req)
+            elif mode == CHUNKED:
+                started = self._begin_chunked(req)
+            else:
+                started = self._launch(req)
             worked = True
             if not started or not modes:
                 modes = list(self.scheduler.admissions(self._view()))
@@ -638,13 +645,7 @@ class Engine:
         return self._may_overlap and self._inflight is None
 
     def _admit(self, req: Request) -> bool:
-        """Prefill `req` here and now, straight into the next free row of the batch cache (or its
-        first chunk, when chunks are on, more than `few_rows` rows decode and no other request is
-        being chunked: a step of so few rows costs nearly what a full one does, so a whole prefill
-        beside them stalls little, and the start of a run, when every episode's first request
-        queues at once, admits at full speed)."""
-        if self.prefill_chunk_tokens and len(self._rows) > self.scheduler.few_rows and self._chunked is None:
-            return self._begin_chunked(req)
+        """Prefill `req` here and now, straight into the next free row of the batch cache."""
         t0 = time.perf_counter()
         row = len(self._rows)
         req.generation = self._generation
@@ -690,11 +691,7 @@ class Engine:
         req = job.req
         if req.cancel:
             self._chunked = None
-            self._unlock(req)
-            self._stats.cancelled += 1
-            with self._lock:
-                self._by_future.pop(req.future, None)
-            req.future.set_exception(CancelledError())
+            self._cancel_unjoined(req)
             return False
         t0 = time.perf_counter()
         try:
@@ -702,9 +699,10 @@ class Engine:
                 self._unlock(req)
                 req.generation = self._generation
                 job = self._chunked = self.executor.begin_chunked(req)
-            self.executor.prefill_chunk(job, self.prefill_chunk_tokens, borrow=self._borrow())
-            while not job.finished and not self._rows:
+            while True:  # one chunk; all that are left when no row decodes beside them
                 self.executor.prefill_chunk(job, self.prefill_chunk_tokens, borrow=self._borrow())
+                if job.finished or self._rows:
+                    break
         except Exception as exc:
             self._chunked = None
             self._prefill_failed(req, exc)
@@ -736,11 +734,7 @@ class Engine:
             logits, seconds = job.future.result()
             self._stats.prefill_seconds += seconds
             if req.cancel:
-                self._unlock(req)
-                self._stats.cancelled += 1
-                with self._lock:
-                    self._by_future.pop(req.future, None)
-                req.future.set_exception(CancelledError())
+                self._cancel_unjoined(req)
                 return
             row = len(self._rows)
             self.executor.land(job, row)
@@ -748,6 +742,15 @@ class Engine:
             self._prefill_failed(req, exc)
             return
         self._join(req, row, job.cached, logits[0])
+
+    def _cancel_unjoined(self, req: Request) -> None:
+        """A request cancelled while it was being prefilled (on the prefill thread or in chunks)
+        ends before it ever joined the batch."""
+        self._unlock(req)
+        self._stats.cancelled += 1
+        with self._lock:
+            self._by_future.pop(req.future, None)
+        req.future.set_exception(CancelledError())
 
     def _unlock(self, req: Request) -> None:
         """Let go of the prefix-cache node the request holds (if any)."""

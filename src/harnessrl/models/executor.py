@@ -274,9 +274,7 @@ class Executor:
     def launch(self, req) -> Prefill:
         """Start prefilling `req` on the prefill thread into a one-row cache of its own (the batch
         cache may grow meanwhile); `land` brings it into the batch. The caller sets its `due`."""
-        kv = BatchKV(*self.kv.shape, self.kv.dtype, self.kv.device)
-        kv.reserve(1, len(req.prompt) + 1, 1)
-        cached = self.reuse_prefix(req, kv, 0)
+        kv, cached = self._own_row(req)
         inputs = self._prefill_inputs(req.prompt, kv, 0, cached)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harnessrl-prefill")
@@ -293,10 +291,15 @@ class Executor:
     def begin_chunked(self, req) -> ChunkedPrefill:
         """A chunked prefill of `req` into a one-row cache of its own (its cached prefix copied in);
         `prefill_chunk` runs its chunks, `land` brings it into the batch."""
+        kv, cached = self._own_row(req)
+        return ChunkedPrefill(req, kv, cached, cached)
+
+    def _own_row(self, req) -> tuple[BatchKV, int]:
+        """A one-row cache for `req` beside the batch (which may grow meanwhile), its prompt's
+        cached prefix copied in: (the cache, cached tokens)."""
         kv = BatchKV(*self.kv.shape, self.kv.dtype, self.kv.device)
         kv.reserve(1, len(req.prompt) + 1, 1)
-        cached = self.reuse_prefix(req, kv, 0)
-        return ChunkedPrefill(req, kv, cached, cached)
+        return kv, self.reuse_prefix(req, kv, 0)
 
     def prefill_chunk(self, job: ChunkedPrefill, tokens: int, *, borrow: bool) -> None:
         """The next `tokens` prompt tokens of a chunked prefill (fewer at the end); the last

@@ -19,11 +19,12 @@ The rules, in order:
    decodes (waiting for its prefill then costs no decode step);
 3. requests are admitted while rows + the one on the prefill thread + the one being prefilled
    in chunks < `max_batch`: on the prefill thread when overlap is allowed this step, rows are
-   decoding and the thread is free; else inline (which the engine turns into a chunked prefill
-   when chunks are on, rows are decoding and none is being chunked). While the prefill thread is
-   busy, or a request is being chunked, a further request is admitted (inline) only while at
-   most `few_rows` rows decode: a step of so few rows costs nearly what a full one does, so both
-   cores prefill instead;
+   decoding and the thread is free; else in chunks between the decode steps (CHUNKED) when
+   chunks are on, more than `few_rows` rows decode and no request is being chunked; else inline.
+   While the prefill thread is busy, or a request is being chunked, a further request is
+   admitted (inline) only while at most `few_rows` rows decode: a step of so few rows costs
+   nearly what a full one does, so both cores prefill instead (and a whole prefill beside them
+   stalls little);
 4. a decode step runs when any row runs.
 
 The join step is a fixed schedule, one decode step per `tokens_per_step` uncached prompt tokens,
@@ -44,6 +45,7 @@ FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 INLINE = "inline"  # prefilled on the engine thread, straight into a row of the batch
 OVERLAP = "overlap"  # prefilled on the prefill thread while the rows decode; joins at its join step
+CHUNKED = "chunked"  # prefilled a chunk per step on the engine thread, between decode steps; joins after its last
 
 # A request prefilled on the prefill thread joins the batch after one decode step per this many
 # uncached prompt tokens (waiting for its prefill if that is slower). About what one core
@@ -76,14 +78,22 @@ class BatchView:
 class StepPlan:
     cancel: tuple[int, ...]  # rows that leave first
     land: bool  # the prefill thread's request joins the batch before the admissions
-    admit: tuple[str, ...]  # INLINE or OVERLAP for each of the next waiting requests, in order
+    admit: tuple[str, ...]  # INLINE, OVERLAP or CHUNKED for each of the next waiting requests, in order
     decode: bool  # a decode step runs (when every admission succeeds)
 
 
 class Scheduler:
-    """The step rules above for a batch of at most `max_batch` rows."""
+    """The step rules above for a batch of at most `max_batch` rows; `chunks`: CHUNKED admissions
+    are allowed (the engine's prefill_chunk_tokens is on)."""
 
-    def __init__(self, max_batch: int, *, tokens_per_step: int = OVERLAP_TOKENS_PER_STEP, few_rows: int = FEW_ROWS):
+    def __init__(
+        self,
+        max_batch: int,
+        *,
+        tokens_per_step: int = OVERLAP_TOKENS_PER_STEP,
+        few_rows: int = FEW_ROWS,
+        chunks: bool = False,
+    ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if tokens_per_step < 1:
@@ -91,6 +101,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.tokens_per_step = tokens_per_step
         self.few_rows = few_rows
+        self.chunks = chunks  # long prompts may be prefilled in chunks (CHUNKED admissions)
 
     def plan(self, view: BatchView) -> StepPlan:
         running = view.running - len(view.cancelled)
@@ -119,6 +130,9 @@ class Scheduler:
             if may_overlap and running and not inflight:
                 modes.append(OVERLAP)
                 inflight = True
+            elif self.chunks and running > self.few_rows and not chunking:
+                modes.append(CHUNKED)
+                chunking = True
             else:
                 modes.append(INLINE)
                 running += 1
