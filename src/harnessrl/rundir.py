@@ -234,6 +234,12 @@ class RunFolder:
 # -- files of a run folder ---------------------------------------------------------------------------
 
 
+def as_json(value: Any) -> Any:
+    """The value as JSON gives it back (tuples as lists, keys as strings, others as str): what a
+    resumed run reads from a file this one writes."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (temporary file + rename)."""
     tmp = path.with_name(f".{path.name}.tmp")

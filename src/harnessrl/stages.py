@@ -15,7 +15,7 @@ import gc
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from harnessrl.rundir import RunFolder, RunFolderError, holds_run, write_json
+from harnessrl.rundir import RunFolder, RunFolderError, as_json, holds_run, write_json
 
 STAGES_JSON = "stages.json"
 
@@ -85,9 +85,7 @@ class Stages:
     def done(self, stage: str, **facts: Any) -> None:
         """`stage` finished, with its facts: recorded in stages.json at once (kept as JSON gives
         them back, so a resumed job reads what this one holds)."""
-        import json
-
-        self.stages[stage] = json.loads(json.dumps(facts, default=str))
+        self.stages[stage] = as_json(facts)
         write_json(self.out / STAGES_JSON, self.stages)
 
     # -- policies ----------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from harnessrl.improve.config import REPORT, RESULT
-from harnessrl.improve.record import JobBase, as_json
-from harnessrl.rundir import write_json
+from harnessrl.improve.record import JobBase
+from harnessrl.rundir import as_json, write_json
 
 
 class FinalPhase(JobBase):

@@ -3,17 +3,11 @@ the evaluation stages (`harnessrl.stages`, which `harnessrl study` runs too) and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
 from harnessrl.improve.config import DECISIONS, ImproveConfig, ImproveError
-from harnessrl.rundir import RunFolder, append_jsonl
-
-
-def as_json(value: Any) -> Any:
-    """The value as JSON gives it back (tuples as lists, keys as strings)."""
-    return json.loads(json.dumps(value, default=str))
+from harnessrl.rundir import RunFolder, append_jsonl, as_json
 
 
 class JobBase:
