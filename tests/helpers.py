@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 from harnessrl.harness.oracle import oracle_script
 from harnessrl.models.scripted import ScriptedPolicy
-from harnessrl.types import Message
+from harnessrl.tasks import get_suite
+from harnessrl.types import Message, Termination
 
 
 def oracle_policy(tasks, spec, tokenizer) -> ScriptedPolicy:
@@ -41,6 +42,40 @@ def replies_policy(replies: list[str], tokenizer) -> ScriptedPolicy:
         return replies[min(k, len(replies) - 1)]
 
     return ScriptedPolicy(script, tokenizer=tokenizer, name="replies")
+
+
+def workspace_tasks(families: tuple[str, ...]) -> list:
+    """The `workspace` dev tasks of `families`, one each, among its first twelve."""
+    tasks = [t for t in get_suite("workspace").tasks("dev", 12) if t.family in families]
+    assert sorted(t.family for t in tasks) == sorted(families)
+    return tasks
+
+
+def solution_policy(tasks, as_call: Callable[[dict], str]) -> ScriptedPolicy:
+    """Plays each task's `solution` in an external agent's own tools, one call a turn: the task is
+    the one whose instruction a user message holds, the turn the count of assistant messages, and
+    `as_call` writes a solution call as the agent's reply."""
+
+    def reply(messages: list[Message]) -> str:
+        said = "\n".join(m.content or "" for m in messages if m.role == "user")
+        [task] = [t for t in tasks if t.instruction in said]
+        return as_call(task.solution[sum(m.role == "assistant" for m in messages)])
+
+    return ScriptedPolicy(reply, name="solver")
+
+
+def check_solved_step_by_step(traj, task) -> None:
+    """An external agent's episode played by `solution_policy`: it ran and passed, one recorded
+    call (token ids and logprobs) per solution call, the last one a final reply."""
+    agent = traj.meta["agent"]
+    assert not traj.is_infra_error and not traj.refused_requests, (traj.termination_detail, agent["stderr"][-3000:])
+    assert agent["exit_code"] == 0 and traj.termination == Termination.submitted, traj.termination_detail
+    assert traj.grade.passed, (traj.grade, agent["stdout"][-2000:])
+    assert len(traj.steps) == len(task.solution)
+    for step in traj.steps:
+        mc = step.model_call
+        assert mc.prompt_ids and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
+    assert not traj.steps[-1].tool_calls
 
 
 # A ChatML template with a tool role that wraps every tool message in <tool_response> tags itself,

@@ -224,7 +224,11 @@ async def responses_reply(ex: Exchange, turn: ResponseTurn) -> Any:
     call, message = done
     text, tool_calls = rs.assistant_turn(call, message)
     output = rs.output_items(
-        text, tool_calls, message_id=rs.new_id("msg"), logprobs=rs.text_logprobs(turn.body, ex.tokenizer, call)
+        turn.body,
+        text,
+        tool_calls,
+        message_id=rs.new_id("msg"),
+        logprobs=rs.text_logprobs(turn.body, ex.tokenizer, call),
     )
     _keep(turn, text, tool_calls)
     body = rs.response_body(
@@ -308,7 +312,7 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
         call, reply = await asyncio.to_thread(ex.finish, streamed)
         text, tool_calls = rs.assistant_turn(call, reply)
         logprobs = rs.text_logprobs(body, ex.tokenizer, call)
-        output = rs.output_items(text, tool_calls, message_id=message_id, logprobs=logprobs)
+        output = rs.output_items(body, text, tool_calls, message_id=message_id, logprobs=logprobs)
         if output and output[0]["type"] == "message":
             if not opened:
                 for event in open_message():
@@ -331,8 +335,8 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
             )
             yield write("response.content_part.done", item_id=message_id, output_index=0, content_index=0, part=part)
             yield write("response.output_item.done", output_index=0, item=output[0])
-        calls = [item for item in output if item["type"] == "function_call"]
-        for event in rs.function_call_events(write, calls, len(output) - len(calls)):
+        calls = [item for item in output if item["type"] != "message"]
+        for event in rs.tool_call_events(write, calls, len(output) - len(calls)):
             yield event
         _keep(turn, text, tool_calls)
         status = rs.final_status(call)

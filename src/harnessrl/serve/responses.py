@@ -2,19 +2,25 @@
 
 A Responses request is turned into the ChatCompletionRequest it means (`to_chat`): `instructions`
 become the system message, the stored conversation of `previous_response_id` comes next, then
-the `input` items: messages (role + text content), `function_call` items (an assistant message's
-`tool_calls`) and `function_call_output` items (`tool` messages). Function tools take the chat
-shape. Everything after that (rendering, limits, recording, tool-call parsing) is the chat
-path's, so a Responses call is served, recorded and refused exactly as a chat completion is.
+the `input` items: messages (role + text content; a `developer` message is a system message),
+`function_call` and `custom_tool_call` items (an assistant message's `tool_calls`) and their
+`*_output` items (`tool` messages). Function tools take the chat shape. A custom (freeform) tool,
+whose input is raw text rather than JSON arguments (Codex's `apply_patch`), is shown as a function
+with one string argument, `input`, described by the tool's grammar when it has one; a call of it
+comes back as a `custom_tool_call` item holding that text. Everything after that (rendering,
+limits, recording, tool-call parsing) is the chat path's, so a Responses call is served, recorded
+and refused exactly as a chat completion is.
 
 What cannot be served exactly is refused with a 400 naming it: built-in tools (web_search,
-file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning` settings and
-reasoning input items: the local models do not reason), `background` mode, server-side
-`conversation`s, prompt templates (`prompt`), structured output (`text.format` other than
-text), `truncation: "auto"`, non-text input (images, files, audio), `item_reference` items.
+file_search, computer use, code interpreter, MCP, tool namespaces, ...), reasoning (`reasoning`
+settings and reasoning input items: the local models do not reason), `background` mode,
+server-side `conversation`s, prompt templates (`prompt`), structured output (`text.format` other
+than text), `text.verbosity` other than medium, `truncation: "auto"`, non-text input (images,
+files, audio), `item_reference` items. Asking to include encrypted reasoning is answered as
+OpenAI answers it for a model without reasoning: accepted, and no reasoning item is returned.
 
 The reply (`response_body`) holds a `message` item with one `output_text` part and/or one
-`function_call` item per tool call; `status` is "incomplete" (incomplete_details.reason
+`function_call` (or `custom_tool_call`) item per tool call; `status` is "incomplete" (incomplete_details.reason
 "max_output_tokens") when the completion hit its limit, as OpenAI answers. `stream_events`
 writes the server-sent event sequence the official client's `responses.stream` reads.
 """
@@ -39,6 +45,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 VACUOUS_INCLUDES = {"reasoning.encrypted_content", "message.input_image.image_url"}
 STORED_RESPONSES = 4096  # conversations kept for previous_response_id on `harnessrl serve` (LRU)
 TEXT_PARTS = {"input_text", "output_text", "text"}
+CUSTOM_INPUT = "input"  # the one string argument a custom tool takes in the tool-call format
 
 
 class ResponsesRequest(BaseModel):
@@ -96,6 +103,13 @@ def check(body: ResponsesRequest) -> None:
     fmt = ((body.text or {}).get("format") or {}).get("type", "text")
     if fmt != "text":
         raise ServeError(400, f"text.format: only plain text output is supported, got {fmt!r}", param="text")
+    verbosity = (body.text or {}).get("verbosity")
+    if verbosity not in (None, "medium"):
+        raise ServeError(
+            400,
+            f"text.verbosity: only 'medium' is supported (this model has no verbosity control), got {verbosity!r}",
+            param="text",
+        )
     if body.truncation not in (None, "disabled"):
         raise ServeError(
             400,
@@ -171,25 +185,27 @@ def input_messages(items: str | list[Any]) -> list[dict]:
                     400, f"{where}.role must be user, system, developer or assistant, got {role!r}", param="input"
                 )
             out.append({"role": role, "content": _text(item.get("content"), where)})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
-                raise ServeError(400, f"{where}: a function_call item needs name and call_id", param="input")
-            entry = {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": name, "arguments": _arguments(item.get("arguments"), where)},
-            }
+                raise ServeError(400, f"{where}: a {kind} item needs name and call_id", param="input")
+            if kind == "function_call":
+                arguments = _arguments(item.get("arguments"), where)
+            elif isinstance(item.get("input"), str):
+                arguments = json.dumps({CUSTOM_INPUT: item["input"]}, ensure_ascii=False)
+            else:
+                raise ServeError(400, f"{where}.input must be a string (a custom tool's raw input)", param="input")
+            entry = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
                 # calls that follow an assistant message (or each other) are that turn's calls
                 last.setdefault("tool_calls", []).append(entry)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [entry]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id, output = item.get("call_id"), item.get("output")
             if not isinstance(call_id, str) or not call_id:
-                raise ServeError(400, f"{where}: a function_call_output item needs call_id", param="input")
+                raise ServeError(400, f"{where}: a {kind} item needs call_id", param="input")
             text = output if isinstance(output, str) else _text(output, where)
             out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
@@ -205,11 +221,46 @@ def input_messages(items: str | list[Any]) -> list[dict]:
         else:
             raise ServeError(
                 400,
-                f"{where}: {kind or 'untyped'!r} items are not supported (only message, function_call and "
-                "function_call_output: built-in tools are not served)",
+                f"{where}: {kind or 'untyped'!r} items are not supported (only message, function_call, "
+                "custom_tool_call and their outputs: built-in tools are not served)",
                 param="input",
             )
     return out
+
+
+def custom_as_function(tool: dict, where: str) -> dict:
+    """A custom (freeform) tool as the function the model is shown: one string argument, `input`,
+    which must follow the tool's grammar when it has one (the grammar is shown, not enforced: this
+    engine has no constrained decoding)."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise ServeError(400, f"{where}: a custom tool needs a name", param="tools")
+    fmt = tool.get("format") or {"type": "text"}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        about = "The tool's input, as raw text."
+    elif kind == "grammar" and isinstance(fmt.get("definition"), str) and fmt.get("syntax") in ("lark", "regex"):
+        about = (
+            f"The tool's input, as raw text (not JSON) that matches this {fmt['syntax']} grammar:\n{fmt['definition']}"
+        )
+    else:
+        raise ServeError(
+            400,
+            f"{where}.format: a custom tool's format is text or a grammar (syntax lark or regex, with a definition)",
+            param="tools",
+        )
+    parameters = {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: {"type": "string", "description": about}},
+        "required": [CUSTOM_INPUT],
+        "additionalProperties": False,
+    }
+    fn = {"name": name, "description": tool.get("description"), "parameters": parameters}
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def custom_tool_names(body: ResponsesRequest) -> set[str]:
+    return {t.get("name") for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "custom"}
 
 
 def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
@@ -217,20 +268,26 @@ def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
     tools = []
     for k, tool in enumerate(body.tools or []):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "custom":
+            tools.append(custom_as_function(tool, f"tools[{k}]"))
+            continue
         if kind != "function":
             raise ServeError(
                 400,
-                f"tools[{k}]: {kind or 'untyped'!r} tools are not supported by this server: only function tools "
-                "(built-in tools such as web_search, file_search, code_interpreter or mcp are not served)",
+                f"tools[{k}]: {kind or 'untyped'!r} tools are not supported by this server: only function and custom "
+                "tools (built-in tools such as web_search, file_search, code_interpreter or mcp, and tool "
+                "namespaces, are not served)",
                 param="tools",
             )
         fn = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
         tools.append({"type": "function", "function": fn})
     choice = body.tool_choice
     if isinstance(choice, dict):
-        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        if choice.get("type") not in ("function", "custom") or not isinstance(choice.get("name"), str):
             raise ServeError(
-                400, "tool_choice: only none, auto, required or a function {'type', 'name'}", param="tool_choice"
+                400,
+                "tool_choice: only none, auto, required or a function or custom tool {'type', 'name'}",
+                param="tool_choice",
             )
         choice = {"type": "function", "function": {"name": choice["name"]}}
     elif choice not in (None, "none", "auto", "required"):
@@ -315,26 +372,46 @@ def assistant_turn(call: ModelCall, message: dict | None) -> tuple[str | None, l
     return message.get("content"), list(message.get("tool_calls") or [])
 
 
-def output_items(text: str | None, tool_calls: list[dict], *, message_id: str, logprobs: list | None) -> list[dict]:
-    """`output`: a message item (when there is text, or nothing else) and one function_call item
-    per tool call (its call_id is the chat tool call id the agent sends back)."""
+def custom_input(arguments: str) -> str:
+    """The raw input of a custom tool's call from the arguments the tool-call format parsed: its
+    `input`, the one string the model gave, or (neither) the arguments as written."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        if isinstance(value.get(CUSTOM_INPUT), str):
+            return value[CUSTOM_INPUT]
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(value) == 1 and strings:
+            return strings[0]
+    return arguments
+
+
+def output_items(
+    body: ResponsesRequest, text: str | None, tool_calls: list[dict], *, message_id: str, logprobs: list | None
+) -> list[dict]:
+    """`output`: a message item (when there is text, or nothing else) and one item per tool call:
+    `custom_tool_call` (its raw `input`) for a custom tool, else `function_call` (its call_id is
+    the chat tool call id the agent sends back)."""
     items = []
     if text or not tool_calls:
         part = {"type": "output_text", "text": text or "", "annotations": [], "logprobs": logprobs or []}
         items.append(
             {"id": message_id, "type": "message", "role": "assistant", "status": "completed", "content": [part]}
         )
+    custom = custom_tool_names(body)
     for entry in tool_calls:
-        items.append(
-            {
-                "id": "fc_" + entry["id"],
-                "type": "function_call",
-                "call_id": entry["id"],
-                "name": entry["function"]["name"],
-                "arguments": entry["function"]["arguments"],
-                "status": "completed",
-            }
-        )
+        name, arguments = entry["function"]["name"], entry["function"]["arguments"]
+        item = {"call_id": entry["id"], "name": name, "status": "completed"}
+        if name in custom:
+            items.append(
+                {"id": "ctc_" + entry["id"], "type": "custom_tool_call", **item, "input": custom_input(arguments)}
+            )
+        else:
+            items.append({"id": "fc_" + entry["id"], "type": "function_call", **item, "arguments": arguments})
     return items
 
 
@@ -365,10 +442,11 @@ def response_body(
         "output": output or [],
         "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
-        "reasoning": None,
+        # what OpenAI answers for a model without reasoning, whatever `include` asked for
+        "reasoning": {"effort": None, "summary": None},
         "store": body.store is not False,
         "temperature": body.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": list(body.tools or []),
         "top_p": body.top_p,
@@ -408,34 +486,22 @@ class EventWriter:
         return f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
-def function_call_events(write: EventWriter, items: list[dict], first_index: int) -> list[str]:
-    """The events of finished function_call items: added, the arguments as a delta, done."""
+def tool_call_events(write: EventWriter, items: list[dict], first_index: int) -> list[str]:
+    """The events of finished function_call / custom_tool_call items: added, the arguments (or
+    the custom input) as one delta, done."""
     out = []
     for k, item in enumerate(items):
         index = first_index + k
-        out.append(
-            write(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "arguments": "", "status": "in_progress"},
-            )
+        custom = item["type"] == "custom_tool_call"
+        field, kind = (
+            ("input", "response.custom_tool_call_input")
+            if custom
+            else ("arguments", "response.function_call_arguments")
         )
-        out.append(
-            write(
-                "response.function_call_arguments.delta",
-                item_id=item["id"],
-                output_index=index,
-                delta=item["arguments"],
-            )
-        )
-        out.append(
-            write(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
-        )
+        opened = {**item, field: "", "status": "in_progress"}
+        out.append(write("response.output_item.added", output_index=index, item=opened))
+        out.append(write(f"{kind}.delta", item_id=item["id"], output_index=index, delta=item[field]))
+        named = {} if custom else {"name": item["name"]}
+        out.append(write(f"{kind}.done", item_id=item["id"], output_index=index, **named, **{field: item[field]}))
         out.append(write("response.output_item.done", output_index=index, item=item))
     return out

@@ -1,0 +1,136 @@
+"""Codex CLI (npm `@openai/codex`), unmodified, as an external harness (examples/agents/codex.yaml).
+
+`codex exec`, with the episode's recording endpoint as a Responses API model provider, solves
+two `workspace` tasks (a file read and answered, a file copied). The policy is scripted: it
+answers Codex's conversation with the task's solution in Codex's own tools (`exec_command` to
+read, the custom freeform `apply_patch` to write; its last message is the answer), because no
+model here can act on Codex's prompt (7,673 tokens for its first request, within the embedded
+model's 8,192 but leaving it ~500 for the episode). Then the same two tasks on a tiny random
+model with a 32,768-token context: the endpoint serves Codex's real prompt to a real (random)
+model, and whatever it writes the episode is Codex's, recorded and triaged, never an
+infrastructure error.
+
+Skipped, saying why, where Codex is not installed (examples/agents/install_codex.sh).
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+from helpers import check_solved_step_by_step, solution_policy, workspace_tasks
+
+from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
+from harnessrl.models.base import SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.store import RunStore
+from harnessrl.triage import first_failure_signal
+from harnessrl.types import Termination, ToolCall
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "agents" / "codex.yaml"
+PREFIX = ROOT / ".agents"  # where install_codex.sh puts Codex by default
+FAMILIES = ("answer_from_file", "copy_content")
+
+
+@pytest.fixture(autouse=True)
+def _local_only(monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def installed() -> ExternalHarnessSpec:
+    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    package = PREFIX / "codex" / "node_modules" / "@openai" / f"codex-linux-{arch}" / "package.json"
+    if not package.exists():
+        pytest.skip(f"Codex is not installed under {PREFIX} (sh examples/agents/install_codex.sh)")
+    spec = load_spec(SPEC)
+    assert isinstance(spec, ExternalHarnessSpec)
+    return spec
+
+
+def patch_adding(path: str, content: str) -> str:
+    """apply_patch's input that creates `path` holding `content` (whole lines)."""
+    lines = "".join(f"+{line}\n" for line in content.splitlines())
+    return f"*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n"
+
+
+def as_codex(call: dict) -> str:
+    """One solution call in Codex's tools, written in the spec's tool_protocol (hermes): read_file
+    is a shell `cat`, write_file an apply_patch (a custom tool: its one argument is the patch
+    text), submit the plain last message that Codex writes as the answer."""
+    args = call["arguments"]
+    if call["name"] == "submit":
+        return args.get("answer") or "Done."
+    if call["name"] == "read_file":
+        made = ToolCall(name="exec_command", arguments={"cmd": f"cat {args['path']}"})
+    else:
+        made = ToolCall(name="apply_patch", arguments={"input": patch_adding(args["path"], args["content"])})
+    return get_protocol("hermes").render_call(made)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_codex_solves_two_workspace_tasks_through_the_recording_endpoint():
+    spec = installed()
+    tasks = workspace_tasks(FAMILIES)
+    runner = Runner(solution_policy(tasks, as_codex), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        task = next(t for t in tasks if t.id == traj.task_id)
+        check_solved_step_by_step(traj, task)
+        for step, call in zip(traj.steps[:-1], task.solution):
+            [made] = step.tool_calls
+            # Codex ran the tool itself and sent its result back (custom_tool_call_output for apply_patch)
+            assert step.tool_results and step.tool_results[0].output
+            if call["name"] == "read_file":
+                assert made.name == "exec_command" and call["arguments"]["path"] in made.arguments["cmd"]
+            else:
+                assert made.name == "apply_patch" and made.arguments["input"].startswith("*** Begin Patch")
+        # Codex's own prompt reached the model: developer messages (system here), its tools with
+        # apply_patch shown as a function taking the grammar's text, the task in a user turn
+        first = traj.steps[0].model_call
+        system = "\n".join(m.content or "" for m in first.messages if m.role == "system")
+        assert "apply_patch" in system and "*** Begin Patch" in system and "exec_command" in system
+        assert any(task.instruction in (m.content or "") for m in first.messages if m.role == "user")
+        # measured here: 7,673 tokens for the first request (the gpt-5.5 family's prompt and tools)
+        assert len(first.prompt_ids) > 6000
+        if task.family == "answer_from_file":
+            assert traj.answer == task.solution[-1]["arguments"]["answer"]
+            # the file's content came back as the result of Codex's own shell
+            assert traj.answer in traj.steps[0].tool_results[0].output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_codex_on_a_long_context_tiny_random_model_is_recorded_and_triaged(tokenizer, tmp_path):
+    """Codex's real prompt on a real (random) model: 32,768 positions, so nothing is refused."""
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+
+    spec = installed()
+    model = tiny_random_model()
+    model.config.max_position_embeddings = 32768  # rotary positions are computed, not learned
+    # a short reply keeps the random model's turn cheap
+    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_new_tokens": 16})})
+    policy = HFPolicy(model, tokenizer, name="tiny-random-32k")
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
+    assert len(trajectories) == 2
+    with RunStore(tmp_path / "run") as store:
+        for traj in trajectories:
+            store.add(traj)
+    for traj in RunStore(tmp_path / "run").trajectories():
+        agent = traj.meta["agent"]
+        assert not traj.is_infra_error and traj.termination != Termination.error, traj.termination_detail
+        assert not traj.refused_requests, traj.refused_requests  # no 400: the prompt fits, the dialect is served
+        assert traj.steps, (traj.termination_detail, agent["stderr"][-3000:])
+        for step in traj.steps:
+            mc = step.model_call
+            assert len(mc.prompt_ids) > 6000 and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
+        assert traj.grade is not None and not traj.grade.passed  # random text solves nothing
+        signal = first_failure_signal(traj)
+        assert signal is not None and signal.kind in ("process", "content"), signal
