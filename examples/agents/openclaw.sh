@@ -48,8 +48,16 @@ const config = {
   update: { checkOnStart: false },
   telemetry: { enabled: false },
 };
+// OpenClaw settings of the spec's choosing (OPENCLAW_SETTINGS), copied beside this file:
+// OpenClaw reads them first and the keys above win over theirs
+if (env.OPENCLAW_SETTINGS) config.$include = "./openclaw.settings.json5";
 fs.writeFileSync(process.argv[2], JSON.stringify(config, null, 2));
 JS
+if [ -n "${OPENCLAW_SETTINGS:-}" ]; then
+    # a file name is looked up beside this script
+    case $OPENCLAW_SETTINGS in /*) settings=$OPENCLAW_SETTINGS ;; *) settings=$here/$OPENCLAW_SETTINGS ;; esac
+    cp "$settings" "$HOME/openclaw.settings.json5"
+fi
 
 status=0
 node "$openclaw" agent exec --config "$config" \
