@@ -148,6 +148,12 @@ def test_responses_logprobs_are_included_when_asked(client):
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input_image"),
         ({"text": {"format": {"type": "json_object"}}}, "plain text"),
         ({"tools": [TOOL]}, "native tool calls are not supported"),  # as chat completions on this server
+        # what Codex CLI sends unless its config says otherwise (examples/agents/codex.py does)
+        ({"reasoning": {"summary": "auto"}}, "'reasoning.summary' is not supported with this model"),
+        ({"tools": [{"type": "namespace", "name": "multi_agent_v1", "tools": [TOOL]}]}, "'namespace' tools"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]}, "a custom tool's format"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "x"}]}, r"input\[0\].input must be a string"),
     ],
 )
 def test_what_serve_cannot_do_is_a_400_saying_so(client, fields, named):
@@ -334,3 +340,105 @@ def test_an_agent_calling_an_unserved_route_gets_a_termination_naming_it(tokeniz
 
     [line] = episode_detail(back, None, "run")["refused_requests"]  # what the report's viewer shows
     assert line.startswith("POST /v1/foo -> 404 after 0 model calls: route not served")
+
+
+# ------------------------------------------------------------ Codex CLI's items (custom tools)
+
+PATCH = "*** Begin Patch\n*** Add File: notes.txt\n+hello\n*** End Patch\n"
+GRAMMAR = 'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?'
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files with a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR},
+}
+
+
+def test_encrypted_reasoning_asked_of_a_model_without_it_is_answered_as_openai_does(client):
+    response = client.responses.create(
+        model="tiny-random", input=USER, max_output_tokens=2, include=["reasoning.encrypted_content"], store=False
+    )
+    assert [o.type for o in response.output] == ["message"]  # no reasoning item
+    assert response.reasoning.effort is None and response.reasoning.summary is None
+
+
+def test_a_custom_tool_call_is_answered_as_a_custom_tool_call_item(endpoint, tokenizer):
+    episode = episode_for(endpoint, [hermes("apply_patch", {"input": PATCH}), "Patched."], tokenizer)
+    client = openai.OpenAI(base_url=endpoint.url(episode), api_key="EMPTY", max_retries=0)
+    first = client.responses.create(model="m", input="add notes.txt", tools=[APPLY_PATCH, TOOL])
+    [call] = first.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch" and call.input == PATCH
+    assert call.call_id == "call_0_0" and call.id == "ctc_call_0_0"
+    output = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Success. Updated: A notes.txt"}
+    second = client.responses.create(model="m", previous_response_id=first.id, input=[output], tools=[APPLY_PATCH])
+    assert second.output_text == "Patched."
+    one, two = episode.steps()
+    [made] = one.tool_calls
+    assert made.name == "apply_patch" and made.arguments == {"input": PATCH}
+    assert one.tool_results[0].output == "Success. Updated: A notes.txt"
+    # the model was shown the tool as a function taking one string, with the grammar to follow
+    system = one.model_call.messages[0].content
+    assert '"apply_patch"' in system and "lark grammar" in system and "*** End Patch" in system
+    # the call and its output are in the next prompt, in the tool-call format
+    assert [m.role for m in two.model_call.messages[-3:]] == ["user", "assistant", "tool"]
+    assert "Begin Patch" in two.model_call.messages[-2].content
+
+
+def test_a_custom_tool_call_streams_its_input_events(endpoint, tokenizer):
+    episode = episode_for(endpoint, [hermes("apply_patch", {"input": PATCH})], tokenizer)
+    client = openai.OpenAI(base_url=endpoint.url(episode), api_key="EMPTY", max_retries=0)
+    with client.responses.stream(model="m", input="go", tools=[APPLY_PATCH]) as stream:
+        events = list(stream)
+        response = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[-5:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added, delta, done, item_done = events[-5:-1]
+    assert added.item.type == "custom_tool_call" and added.item.input == ""
+    assert delta.delta == done.input == item_done.item.input == PATCH
+    [call] = response.output
+    assert call.type == "custom_tool_call" and call.input == PATCH and call.id == done.item_id
+
+
+def test_a_conversation_sent_whole_as_codex_sends_it_is_rendered(endpoint, tokenizer):
+    """Codex stores nothing on the server (store false): every request holds the whole
+    conversation, developer messages, its custom tool calls and their outputs included."""
+    # a scripted reply is picked by the assistant turns already in the conversation: one here
+    episode = episode_for(endpoint, ["Done."] * 2, tokenizer)
+    client = openai.OpenAI(base_url=endpoint.url(episode), api_key="EMPTY", max_retries=0)
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "add notes.txt"}]},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Success."},
+    ]
+    response = client.responses.create(
+        model="m", input=items, tools=[APPLY_PATCH], store=False, include=["reasoning.encrypted_content"]
+    )
+    assert response.output_text == "Done." and response.store is False
+    [step] = episode.steps()
+    roles = [m.role for m in step.model_call.messages]
+    assert roles == ["system", "user", "assistant", "tool"]  # the developer message is the system one
+    assert step.model_call.messages[0].content.startswith("Be brief.")
+    assert "Begin Patch" in step.model_call.messages[2].content and step.model_call.messages[3].content
+
+
+@pytest.mark.parametrize(
+    "arguments, raw",
+    [
+        (json.dumps({"input": PATCH}), PATCH),
+        (json.dumps(PATCH), PATCH),  # the model gave the string itself
+        (json.dumps({"patch": PATCH}), PATCH),  # one string under another name
+        ('{"a": "x", "b": "y"}', '{"a": "x", "b": "y"}'),  # not one string: as written
+        ("not json", "not json"),
+    ],
+)
+def test_a_custom_tools_input_is_read_from_the_arguments_the_format_parsed(arguments, raw):
+    from harnessrl.serve.responses import custom_input
+
+    assert custom_input(arguments) == raw

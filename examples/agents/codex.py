@@ -84,6 +84,8 @@ def config(home: Path, env: dict[str, str], catalog: Path | None) -> str:
         f"model = {toml(env['OPENAI_MODEL'])}",
         f"model_provider = {toml(PROVIDER)}",
         *([f"model_catalog_json = {toml(str(catalog))}"] if catalog else []),
+        # the served model does not reason: no reasoning summary asked for (OpenAI refuses one too)
+        'model_reasoning_summary = "none"',
         # no prompts: harnessrl's sandbox is the isolation, Codex's own one (bubblewrap) is not nested in it
         'approval_policy = "never"',
         'sandbox_mode = "danger-full-access"',

@@ -162,10 +162,7 @@ class ExternalEpisode:
         """Check one request against the limits and turn it into the policy's request. ServeError:
         400 for a request that cannot be served, 429 / 400 for a limit (the episode then ends with
         that termination and the program is stopped)."""
-        tools = tool_schemas(body)
-        # the run's sampling applies, not the request's
-        request, _ = to_generation(body, self.limits.max_new_tokens, tools=True)
-        request = self.prompt_tools.with_tools(request, tools)
+        request, tools = self._request(body)
         self._check_prompt(request)
         self._note_results(body)
         with self._lock:
@@ -193,12 +190,28 @@ class ExternalEpisode:
         request = request.model_copy(update={"max_new_tokens": max_new, "seed": seed})
         return Turn(index=index, request=request, tools=tools)
 
-    def _check_prompt(self, request: GenerationRequest) -> None:
+    def _request(self, body: ChatCompletionRequest) -> tuple[GenerationRequest, list[ToolSchema]]:
+        """The policy's request for `body` (its tools shown as the episode shows them), and the tools."""
+        tools = tool_schemas(body)
+        # the run's sampling applies, not the request's
+        request, _ = to_generation(body, self.limits.max_new_tokens, tools=True)
+        return self.prompt_tools.with_tools(request, tools), tools
+
+    def count_tokens(self, body: ChatCompletionRequest) -> int:
+        """The prompt tokens `body` would take (the Messages API's count_tokens): nothing is
+        admitted, counted against the limits or recorded."""
+        prompt = self._check_prompt(self._request(body)[0])
+        if prompt is None:
+            raise ServeError(400, "count_tokens: this episode's model renders its prompt on its own server, not here")
+        return len(prompt)
+
+    def _check_prompt(self, request: GenerationRequest) -> list[int] | None:
         """A local model renders the prompt here first: messages its chat template cannot render,
-        or a prompt past its context, are the agent's failure (400), not the backend's."""
+        or a prompt past its context, are the agent's failure (400), not the backend's. Returns
+        the prompt's ids (None: the policy renders it elsewhere)."""
         render = getattr(self.policy, "prompt_ids", None)
         if render is None:
-            return
+            return None
         try:
             prompt = render(request)
         except Exception as exc:  # noqa: BLE001 - the template could not render these messages
@@ -213,6 +226,7 @@ class ExternalEpisode:
                 f"This model's maximum context length is {context} tokens; the messages take {len(prompt)}.",
                 param="messages",
             )
+        return prompt
 
     def _note_results(self, body: ChatCompletionRequest) -> None:
         """The results of earlier tool calls, as the agent sends them back in `tool` messages."""

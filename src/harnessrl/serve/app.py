@@ -1,5 +1,6 @@
-"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API over the
-local engine (a Responses request is served as the chat completion it means: serve/responses.py).
+"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API and
+Anthropic's Messages API over the local engine (a Responses or Messages request is served as the
+chat completion it means: serve/responses.py, serve/messages.py).
 With a tool-call parser (ServedModels.tool_call_parser, vLLM's --enable-auto-tool-choice
 --tool-call-parser P) a request's `tools` are shown in the prompt and its reply parsed into
 `tool_calls` the way the recording endpoint does it (serve/tools.py).
@@ -25,8 +26,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harnessrl.serve.models import ServedModels
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body, to_generation
+from harnessrl.serve import messages as ms
+from harnessrl.serve.models import ServedModel, ServedModels
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, to_generation
 from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.serve.tools import offered_tools, reply_message
@@ -69,22 +71,25 @@ def create_app(models: ServedModels) -> FastAPI:
     app.state.models = models
     conversations = app.state.conversations = ConversationStore()  # previous_response_id
 
+    # errors in OpenAI's shape, in Anthropic's on the Messages routes (ms.error_for)
     @app.exception_handler(ServeError)
-    async def serve_error(_: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        return JSONResponse(ms.error_for(request.url.path, exc.status, exc.message, exc.param), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(400, request_error_message(exc)), status_code=400)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(ms.error_for(request.url.path, 400, request_error_message(exc)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = ms.error_for(request.url.path, exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+        body = ms.error_for(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
+        return JSONResponse(body, status_code=500)
 
     @app.get("/health")
     async def health() -> dict:
@@ -105,6 +110,25 @@ def create_app(models: ServedModels) -> FastAPI:
     async def unload_lora_adapter(body: UnloadLoraRequest) -> PlainTextResponse:
         return PlainTextResponse(await asyncio.to_thread(models.unload_adapter, body.lora_name))
 
+    def render(entry: ServedModel, body: ChatCompletionRequest):
+        """(blocking) `body` as the model's request: (request, sampling, tools shown, prompt ids)."""
+        policy = entry.policy
+        assert policy is not None  # acquire() returns a resident model
+        fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
+        request, sampling = to_generation(body, 1, fmt is not None, defaults=models.sampling_defaults())
+        tools = offered_tools(body) if fmt is not None else []
+        if fmt is not None:
+            request = fmt.with_tools(request, tools)
+        try:
+            prompt = policy.prompt_ids(request)
+        except Exception as exc:  # noqa: BLE001 - the template could not render these messages
+            raise ServeError(
+                400,
+                f"cannot render the messages with the chat template: {type(exc).__name__}: {exc}",
+                param="messages",
+            ) from None
+        return request, sampling, tools, prompt
+
     async def admit(body: ChatCompletionRequest) -> Exchange:
         """The served model's answer to `body`, ready to start (ServeError: refused)."""
         # off the event loop: an adapter evicted from the LRU is merged again from its folder first
@@ -112,19 +136,8 @@ def create_app(models: ServedModels) -> FastAPI:
         try:
             policy = entry.policy
             assert policy is not None  # acquire() returns a resident model
-            fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
-            request, sampling = to_generation(body, 1, fmt is not None, defaults=models.sampling_defaults())
-            tools = offered_tools(body) if fmt is not None else []
-            if fmt is not None:
-                request = fmt.with_tools(request, tools)
-            try:
-                prompt = await asyncio.to_thread(policy.prompt_ids, request)
-            except Exception as exc:  # noqa: BLE001 - the template could not render these messages
-                raise ServeError(
-                    400,
-                    f"cannot render the messages with the chat template: {type(exc).__name__}: {exc}",
-                    param="messages",
-                ) from None
+            fmt = models.prompt_tools
+            request, sampling, tools, prompt = await asyncio.to_thread(render, entry, body)
             context = entry.max_context
             if context is not None and len(prompt) >= context:
                 raise ServeError(
@@ -189,5 +202,19 @@ def create_app(models: ServedModels) -> FastAPI:
         exchange = await admit(chat)
         turn = ResponseTurn(body, conversation, conversations, new_id("resp"), time.time())
         return await responses_reply(exchange, turn)
+
+    @app.post("/v1/messages")
+    async def messages(body: ms.MessagesRequest) -> Any:
+        return await ms.messages_reply(await admit(ms.to_chat(body)), body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: ms.MessagesRequest) -> dict:
+        chat = ms.to_chat(body, counting=True)
+        entry = await asyncio.to_thread(models.acquire, chat.model)
+        try:
+            prompt = (await asyncio.to_thread(render, entry, chat))[3]
+        finally:
+            models.release(entry)
+        return {"input_tokens": len(prompt)}
 
     return app

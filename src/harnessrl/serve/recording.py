@@ -1,20 +1,21 @@
-"""The recording endpoint: OpenAI's chat completions and Responses API for external agent
-programs, one route prefix per episode, every request answered by the run's policy and recorded
-as a step.
+"""The recording endpoint: OpenAI's chat completions and Responses API and Anthropic's Messages
+API for external agent programs, one route prefix per episode, every request answered by the
+run's policy and recorded as a step.
 
     http://127.0.0.1:PORT/episodes/<token>/v1/chat/completions
     http://127.0.0.1:PORT/episodes/<token>/v1/responses
+    http://127.0.0.1:PORT/episodes/<token>/v1/messages   (+ /count_tokens, recorded as nothing)
     http://127.0.0.1:PORT/episodes/<token>/v1/models
 
 The token is drawn per episode (`secrets`), so an agent reaches its own episode only; a token
 that names no running episode is a 404. What a request becomes, which limits apply and what is
 recorded is the episode's business (harness/external.py, `RecordedEpisode`): this module only
 routes, awaits the policy and writes the wire format (serve/protocol.py, serve/responses.py,
-serve/replies.py). A Responses request is admitted as the chat completion it means, so it is
-limited and recorded exactly as one; the conversations behind `previous_response_id` are kept
-per episode and dropped with it. Every request the endpoint refuses under a running episode's
-address (an unknown route, a malformed body, a request past a limit) is told to the episode
-(`refused`), which keeps it in the trajectory.
+serve/replies.py, serve/messages.py). A Responses or Messages request is admitted as the chat
+completion it means, so it is limited and recorded exactly as one; the conversations behind
+`previous_response_id` are kept per episode and dropped with it. Every request the endpoint
+refuses under a running episode's address (an unknown route, a malformed body, a request past a
+limit) is told to the episode (`refused`), which keeps it in the trajectory.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.serve.app import request_error_message
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, error_body
+from harnessrl.serve.messages import MessagesRequest, error_for, messages_reply
+from harnessrl.serve.messages import to_chat as to_messages_chat
+from harnessrl.serve.protocol import ChatCompletionRequest, ServeError
 from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.serve.server import BackgroundServer
@@ -44,7 +47,10 @@ from harnessrl.types import ModelCall
 log = logging.getLogger(__name__)
 
 _EPISODE_PATH = re.compile(r"^/episodes/(?P<token>[^/]+)(?P<route>/.*)?$")
-ROUTES_SERVED = "GET /v1/models, POST /v1/chat/completions and POST /v1/responses"
+ROUTES_SERVED = (
+    "GET /v1/models, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages and "
+    "POST /v1/messages/count_tokens"
+)
 
 
 class RecordedEpisode(Protocol):
@@ -58,6 +64,9 @@ class RecordedEpisode(Protocol):
     def admit(self, body: ChatCompletionRequest) -> Any:
         """Check a request and make the turn to submit (`.request`); ServeError to refuse it."""
 
+    def count_tokens(self, body: ChatCompletionRequest) -> int:
+        """The prompt tokens `body` would take, admitting nothing; ServeError when not known here."""
+
     def record(self, turn: Any, call: ModelCall, latency: float) -> dict:
         """Record the reply; returns the response's assistant message."""
 
@@ -68,10 +77,11 @@ class RecordedEpisode(Protocol):
         """The endpoint refused one of the agent's requests (answered `status` with `message`)."""
 
 
-def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
-    # 429 is a limit of the episode, not a busy server: tell OpenAI clients not to retry it
+def _error(request: Request, status: int, message: str, param: str | None = None) -> JSONResponse:
+    # 429 is a limit of the episode, not a busy server: tell OpenAI and Anthropic clients not to retry it
     headers = {"x-should-retry": "false"} if status == 429 else None
-    return JSONResponse(error_body(status, message, param=param), status_code=status, headers=headers)
+    body = error_for(request.url.path, status, message, param)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class RecordingEndpoint:
@@ -175,13 +185,13 @@ class RecordingEndpoint:
         @app.exception_handler(ServeError)
         async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
             self._refused(request, exc.status, exc.message)
-            return _error(exc.status, exc.message, exc.param)
+            return _error(request, exc.status, exc.message, exc.param)
 
         @app.exception_handler(RequestValidationError)
         async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
             message = request_error_message(exc)
             self._refused(request, 400, message)
-            return _error(400, message)
+            return _error(request, 400, message)
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -191,12 +201,12 @@ class RecordingEndpoint:
             elif exc.status_code == 405:
                 message = f"method not allowed: this endpoint serves {ROUTES_SERVED}"
             self._refused(request, exc.status_code, message)
-            return _error(exc.status_code, message)
+            return _error(request, exc.status_code, message)
 
         @app.exception_handler(Exception)
-        async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        async def unexpected(request: Request, exc: Exception) -> JSONResponse:
             log.exception("unexpected error in the recording endpoint")
-            return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+            return _error(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
         @app.get("/episodes/{token}/v1/models")
         async def models(token: str) -> dict:
@@ -219,5 +229,18 @@ class RecordingEndpoint:
             turn = await asyncio.to_thread(episode.admit, chat)  # ServeError: refused (limits, bad input)
             exchange = self._exchange(episode, turn, body.model)
             return await responses_reply(exchange, ResponseTurn(body, conversation, store, new_id("resp"), time.time()))
+
+        @app.post("/episodes/{token}/v1/messages")
+        async def messages(token: str, body: MessagesRequest) -> Any:
+            episode = self._episode(token)
+            chat = to_messages_chat(body)
+            turn = await asyncio.to_thread(episode.admit, chat)  # ServeError: refused (limits, bad input)
+            return await messages_reply(self._exchange(episode, turn, body.model), body)
+
+        @app.post("/episodes/{token}/v1/messages/count_tokens")
+        async def count_tokens(token: str, body: MessagesRequest) -> dict:
+            episode = self._episode(token)
+            chat = to_messages_chat(body, counting=True)
+            return {"input_tokens": await asyncio.to_thread(episode.count_tokens, chat)}
 
         return app

@@ -58,17 +58,18 @@ class Exchange:
     headers: dict[str, str] | None = None
 
 
-def _failure(exc: BaseException) -> str:
+def failure_text(exc: BaseException) -> str:
+    """What a backend failure says, for the error sent to the client."""
     return str(exc) or type(exc).__name__
 
 
-async def _complete(ex: Exchange) -> tuple[ModelCall, dict | None] | str:
+async def complete(ex: Exchange) -> tuple[ModelCall, dict | None] | str:
     """The finished (call, message), or the error message of a backend failure."""
     try:
         future = await asyncio.to_thread(ex.submit, None)
         call = await asyncio.wrap_future(future)
     except (PolicyError, CancelledError) as exc:
-        return ex.failed(_failure(exc))
+        return ex.failed(failure_text(exc))
     return await asyncio.to_thread(ex.finish, call)
 
 
@@ -89,7 +90,7 @@ async def chat_reply(ex: Exchange, body: ChatCompletionRequest, *, request_id: s
             _chat_events(ex, body, request_id, created), media_type="text/event-stream", headers=ex.headers
         )
     try:
-        done = await _complete(ex)
+        done = await complete(ex)
     finally:
         ex.release()
     if isinstance(done, str):
@@ -132,12 +133,12 @@ async def _chat_events(ex: Exchange, body: ChatCompletionRequest, request_id: st
                 if isinstance(item, Done):
                     streamed = item.call
                 elif not ex.buffered:
-                    carry = _join(carry, item)
+                    carry = join_pieces(carry, item)
                     if carry.text:
                         yield _sse(chunk({"content": carry.text}, piece=carry))
                         carry = Piece("")
         except (PolicyError, CancelledError) as exc:
-            yield _sse(error_body(500, ex.failed(_failure(exc))))
+            yield _sse(error_body(500, ex.failed(failure_text(exc))))
             return
         assert streamed is not None
         call, message = await asyncio.to_thread(ex.finish, streamed)
@@ -159,7 +160,7 @@ async def _chat_events(ex: Exchange, body: ChatCompletionRequest, request_id: st
                     yield _sse(chunk({"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]}))
             else:
                 for piece in replay(call, ex.tokenizer):
-                    carry = _join(carry, piece)
+                    carry = join_pieces(carry, piece)
                     if carry.text:
                         yield _sse(chunk({"content": carry.text}, piece=carry))
                         carry = Piece("")
@@ -185,7 +186,8 @@ async def _chat_events(ex: Exchange, body: ChatCompletionRequest, request_id: st
         ex.release()
 
 
-def _join(a: Piece, b: Piece) -> Piece:
+def join_pieces(a: Piece, b: Piece) -> Piece:
+    """Two pieces as one (text, ids and logprobs in order)."""
     return Piece(a.text + b.text, a.ids + b.ids, a.logprobs + b.logprobs)
 
 
@@ -216,7 +218,7 @@ async def responses_reply(ex: Exchange, turn: ResponseTurn) -> Any:
     if turn.body.stream:
         return StreamingResponse(_response_events(ex, turn), media_type="text/event-stream", headers=ex.headers)
     try:
-        done = await _complete(ex)
+        done = await complete(ex)
     finally:
         ex.release()
     if isinstance(done, str):
@@ -295,7 +297,7 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
                 if isinstance(item, Done):
                     streamed = item.call
                 elif not ex.buffered:
-                    carry = _join(carry, item)
+                    carry = join_pieces(carry, item)
                     if carry.text:
                         if not opened:
                             opened = True
@@ -304,7 +306,7 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
                         yield delta(carry)
                         carry = Piece("")
         except (PolicyError, CancelledError) as exc:
-            message = ex.failed(_failure(exc))
+            message = ex.failed(failure_text(exc))
             error = error_body(500, message)["error"]
             yield write("error", code="server_error", message=message, param=None, error=error)
             return

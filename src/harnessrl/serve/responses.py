@@ -94,11 +94,13 @@ def check(body: ResponsesRequest) -> None:
         raise ServeError(400, "prompt: prompt templates are not supported by this server", param="prompt")
     reasoning = {k: v for k, v in (body.reasoning or {}).items() if v is not None}
     if reasoning:
+        # OpenAI's answer for a model without reasoning, naming the first setting
+        first = sorted(reasoning)[0]
         raise ServeError(
             400,
-            f"reasoning: {', '.join(sorted(reasoning))} is not supported: this model does not reason "
+            f"Unsupported parameter: 'reasoning.{first}' is not supported with this model: it does not reason "
             "(send no reasoning settings)",
-            param="reasoning",
+            param=f"reasoning.{first}",
         )
     fmt = ((body.text or {}).get("format") or {}).get("type", "text")
     if fmt != "text":
