@@ -48,8 +48,8 @@ from harnessrl.models.base import PolicyError
 from harnessrl.models.chat import decode
 from harnessrl.serve.protocol import ChatCompletionRequest, ServeError
 from harnessrl.serve.protocol import error_body as openai_error_body
-from harnessrl.serve.replies import Exchange, complete, failure_text, join_pieces
-from harnessrl.serve.streaming import Done, Piece, replay, stream_call
+from harnessrl.serve.replies import Exchange, complete, failure_text, shown_pieces
+from harnessrl.serve.streaming import Done, replay
 from harnessrl.types import ModelCall
 
 # the paths (on `harnessrl serve` and under an episode's prefix) whose errors take Anthropic's shape
@@ -446,20 +446,16 @@ async def _events(ex: Exchange, message_id: str, stop: list[str]):
     try:
         yield _event("message_start", message=message_body(message_id, ex.model, input_tokens=prompt_tokens))
         yield _event("ping")
-        carry = Piece("")
         streamed: ModelCall | None = None
         try:
-            async for item in stream_call(ex.submit, ex.tokenizer, ex.stop, ex.live):
+            async for item in shown_pieces(ex):
                 if isinstance(item, Done):
                     streamed = item.call
-                elif not ex.buffered:
-                    carry = join_pieces(carry, item)
-                    if carry.text:
-                        if not opened:
-                            opened = True
-                            yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                        yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": carry.text})
-                        carry = Piece("")
+                else:
+                    if not opened:
+                        opened = True
+                        yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+                    yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": item.text})
         except (PolicyError, CancelledError) as exc:
             yield _event("error", error=error_body(500, ex.failed(failure_text(exc)))["error"])
             return

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
@@ -191,6 +191,21 @@ def join_pieces(a: Piece, b: Piece) -> Piece:
     return Piece(a.text + b.text, a.ids + b.ids, a.logprobs + b.logprobs)
 
 
+async def shown_pieces(ex: Exchange) -> AsyncIterator[Piece | Done]:
+    """Run the exchange and yield what a stream shows as it comes: pieces that hold text (tokens
+    that showed none ride on the next), nothing of a `buffered` reply; then Done. The policy's
+    failure is raised from the iteration."""
+    carry = Piece("")
+    async for item in stream_call(ex.submit, ex.tokenizer, ex.stop, ex.live):
+        if isinstance(item, Done):
+            yield item
+        elif not ex.buffered:
+            carry = join_pieces(carry, item)
+            if carry.text:
+                yield carry
+                carry = Piece("")
+
+
 def _logprob_entries(tokenizer, piece: Piece, as_ids: bool) -> list[dict]:
     out = []
     for token_id, logprob in zip(piece.ids, piece.logprobs):
@@ -290,21 +305,17 @@ async def _response_events(ex: Exchange, turn: ResponseTurn):
     try:
         yield write("response.created", response=response("in_progress"))
         yield write("response.in_progress", response=response("in_progress"))
-        carry = Piece("")
         streamed: ModelCall | None = None
         try:
-            async for item in stream_call(ex.submit, ex.tokenizer, ex.stop, ex.live):
+            async for item in shown_pieces(ex):
                 if isinstance(item, Done):
                     streamed = item.call
-                elif not ex.buffered:
-                    carry = join_pieces(carry, item)
-                    if carry.text:
-                        if not opened:
-                            opened = True
-                            for event in open_message():
-                                yield event
-                        yield delta(carry)
-                        carry = Piece("")
+                else:
+                    if not opened:
+                        opened = True
+                        for event in open_message():
+                            yield event
+                    yield delta(item)
         except (PolicyError, CancelledError) as exc:
             message = ex.failed(failure_text(exc))
             error = error_body(500, message)["error"]
