@@ -262,7 +262,8 @@ def custom_as_function(tool: dict, where: str) -> dict:
 
 
 def custom_tool_names(body: ResponsesRequest) -> set[str]:
-    return {t.get("name") for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "custom"}
+    tools = [t for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "custom"]
+    return {t["name"] for t in tools if isinstance(t.get("name"), str)}
 
 
 def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
