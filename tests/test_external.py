@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -298,6 +299,42 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
     probe = by["probe"]
     assert probe.termination == Termination.submitted and len(probe.steps) == 1
     assert "other episode: 404 no running episode has this address" in probe.meta["agent"]["stdout"]
+
+
+def test_faults_are_stopped_by_the_spec_limits_and_recorded_while_the_others_finish(tokenizer, isolation):
+    """A program that forks without end, fills the disk, holds the endpoint open or never exits
+    is stopped by its spec's limits and recorded as its episode's outcome; the good episode beside
+    them is graded and nothing is lost."""
+    task = create_file_task()
+    specs = [
+        load_spec(MINIMAL),
+        agent("forkbomb", wall_s=4, processes=16),
+        agent("filldisk", env={"FILL_MB": "16"}, wall_s=60, disk_mb=16),
+        agent("holdopen", wall_s=4),
+        agent("hang", wall_s=4),
+    ]
+    policy = replies_policy([hermes(c) for c in task.solution], tokenizer)
+    t0 = time.monotonic()
+    by = {t.harness: t for t in run(policy, specs, [task], max_in_flight=len(specs))}
+    took = time.monotonic() - t0
+    assert set(by) == {s.name for s in specs} and not any(t.is_infra_error for t in by.values())
+    assert took < 45, f"the faulty programs held the run up: {took:.1f} s"
+
+    good = by["minimal-agent"]
+    assert good.termination == Termination.submitted and good.grade.passed
+
+    for name in ("forkbomb", "holdopen", "hang"):  # each stopped at its wall clock, tree and all
+        traj = by[name]
+        assert traj.termination == Termination.timeout and traj.meta["agent"]["timed_out"], traj.termination_detail
+        assert len(traj.steps) == 1 and traj.duration_s < 20 and traj.grade is not None
+    assert "holding 20 requests" in by["holdopen"].meta["agent"]["stdout"]
+
+    fill = by["filldisk"]
+    detail = fill.termination_detail
+    assert fill.termination == Termination.exited and "disk limit of 16 MB exceeded" in detail, detail
+    assert "SIGKILL" not in detail and fill.meta["agent"]["duration_s"] < 30
+    if isolation == "bwrap":  # its /tmp is a tmpfs of the same size
+        assert "tmp full after" in fill.meta["agent"]["stdout"], fill.meta["agent"]["stdout"]
 
 
 @pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap is missing or does not work here")

@@ -22,6 +22,7 @@ has no finished episode in the database) and records how shell commands were iso
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from harnessrl.harness.spec import AnyHarnessSpec
     from harnessrl.rollout import Job
     from harnessrl.store import RunStore
+
+log = logging.getLogger(__name__)
 
 CONFIG = "config.json"
 LOCK = "LOCKED"
@@ -178,7 +181,10 @@ class RunFolder:
         if external or (offers_shell and any(isinstance(s, HarnessSpec) and s.rules.shell.enabled for s in specs)):
             from harnessrl.tasks.sandbox_exec import isolation_available, isolation_description
 
-            self.record(shell_isolation=isolation_description(isolation_available()))
+            isolation = isolation_available()
+            self.record(shell_isolation=isolation_description(isolation))
+            if isolation != "bwrap":
+                log.warning("isolation of this run: %s", isolation_description(isolation))
 
     # -- the run database -----------------------------------------------------------------------------
     def store(self, meta_config: dict[str, Any] | None = None) -> RunStore:

@@ -374,26 +374,106 @@ def _probe_python(isolation: str) -> tuple[str, dict[str, str]]:
     )
 
 
-def host_paths(argv: list[str]) -> list[Path]:
-    """What a program must see of this machine even where the sandbox gives a fresh, empty
-    folder (/tmp): this Python's environment and import folders, and every absolute path in its
-    command line (e.g. a checkout under /tmp with its virtual environment and the agent's script)."""
-    paths = [Path(sys.prefix), *map(Path, _package_folders())]
-    paths += [Path(word) for word in argv if word.startswith("/") and os.path.exists(word)]
-    return list(dict.fromkeys(paths))
+@dataclass(frozen=True)
+class AgentView:
+    """What of this machine an agent program sees (run_sandboxed's `read_only` and `hidden`)."""
+
+    read_only: list[Path]
+    hidden: list[Path]
+
+
+def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private: tuple[Path, ...] = ()) -> AgentView:
+    """What of this machine an agent program sees read-only besides the system (the rule of
+    docs/external-harness.md, "What the agent sees"): its own installed files.
+
+    - every absolute path of its command line: a folder as it is; a file with its folder (a
+      script's config next to it), or, for a file inside a Python environment (a folder holding
+      `pyvenv.cfg`), that whole environment; a symlink also brings its target the same way;
+    - `extra` (the spec's `read_only`), as given;
+    - with `{python}` in the command: this Python's environment and its package folders, less
+      the folder harnessrl itself is imported from (an agent that could import harnessrl could
+      rebuild its task, grader and answer from the task id): a source folder is left out, the
+      package inside a site-packages folder is hidden.
+
+    A folder holding one of `private` (the task's own folder with its grader, harnessrl's source)
+    is never shown whole: of a command file in it, only the file. A `read_only` path holding one
+    is refused (ValueError), as it would show the agent its grader."""
+    shown: list[Path] = []
+    for word in argv:
+        if not word.startswith("/") or not os.path.exists(word):
+            continue
+        for path in dict.fromkeys([Path(word).absolute(), Path(word).resolve()]):
+            shown.append(_program_folder(path, private))
+    for word in extra:
+        path = Path(word).absolute()
+        holds = [p for p in private if _holds(path, p)]
+        if holds:
+            raise ValueError(
+                f"read_only path {path} holds {holds[0]}, which the agent must not see (its task or grader)"
+            )
+        shown.append(path)
+    # a package folder (or a path a symlink led to) holding the task's folder is not shown
+    shown = [p for p in shown if p.is_file() or not any(_holds(p, q) for q in private)]
+    hidden = []
+    if PYTHON_PLACEHOLDER in argv or any(word.startswith(sys.prefix + os.sep) for word in argv):
+        shown.append(Path(sys.prefix))
+        for folder in map(Path, _package_folders()):
+            if not _holds(folder, _HARNESSRL_SOURCE):
+                shown.append(folder)
+            elif "site-packages" in folder.parts or "dist-packages" in folder.parts:
+                shown.append(folder)
+                hidden.append(_HARNESSRL_SOURCE)
+    if any(_holds(path, _HARNESSRL_SOURCE) for path in shown):
+        hidden.append(_HARNESSRL_SOURCE)
+    return AgentView(read_only=list(dict.fromkeys(shown)), hidden=list(dict.fromkeys(hidden)))
+
+
+_HARNESSRL_SOURCE = Path(__file__).resolve().parents[1]  # the harnessrl package folder
+
+
+def _holds(folder: Path, inner: Path) -> bool:
+    """`folder` is `inner` or one of its parents."""
+    folder, inner = folder.resolve(), inner.resolve()
+    return folder == inner or folder in inner.parents
+
+
+def _program_folder(path: Path, private: tuple[Path, ...]) -> Path:
+    """What a command word naming `path` shows: see host_paths."""
+    if path.is_dir():
+        return path
+    for parent in path.parents:
+        if (parent / "pyvenv.cfg").is_file():
+            return parent
+    folder = path.parent
+    if any(_holds(folder, p) for p in (*private, _HARNESSRL_SOURCE)):
+        return path
+    return folder
+
+
+def agent_private_paths(task: Task) -> tuple[Path, ...]:
+    """Host folders of a task that its agent must never see: the imported task folder (its
+    grader, expected answers, and the other tasks beside it)."""
+    source = task.data.get("source") if isinstance(task.data, dict) else None
+    return (Path(source),) if isinstance(source, str) and os.path.isdir(source) else ()
 
 
 def _package_folders() -> list[str]:
-    """This process's import folders beyond the standard library (site-packages, editable installs)."""
-    stdlib = Path(sys.base_prefix).resolve() / "lib"
-    out = []
-    for entry in sys.path:
-        if not entry or not os.path.isdir(entry):
-            continue
-        real = Path(entry).resolve()
-        if real == stdlib or stdlib in real.parents and "site-packages" not in real.parts:
-            continue
-        out.append(str(real))
+    """This process's folders of installed packages, in import order: its site-packages folders
+    and the folders their .pth files add (editable installs). Not the other entries of sys.path
+    (a test runner's or PYTHONPATH's folders, the current folder): an agent is shown installed
+    packages, not checkouts."""
+    sites = [Path(p) for p in sys.path if p and Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)]
+    installed = {site.resolve() for site in sites}
+    for site in sites:
+        for pth in sorted(site.glob("*.pth")):
+            try:
+                lines = pth.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in map(str.strip, lines):
+                if line and not line.startswith(("#", "import ", "import\t")) and os.path.isdir(site / line):
+                    installed.add((site / line).resolve())
+    out = [str(Path(e).resolve()) for e in sys.path if e and os.path.isdir(e) and Path(e).resolve() in installed]
     return list(dict.fromkeys(out))
 
 
@@ -406,7 +486,8 @@ def _runs(python: str, env: dict[str, str]) -> tuple[bool, str]:
             workdir=folder,
             env=env,
             limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=4096),
-            read_only=host_paths([python]),
+            read_only=(view := host_paths([PYTHON_PLACEHOLDER, python])).read_only,
+            hidden=view.hidden,
         )
     except (OSError, ValueError) as e:
         return False, str(e)
@@ -493,6 +574,10 @@ class ExternalEpisodes:
             workdir.mkdir()
         inside = env.workspace_mount or str(workdir)
         argv = spec.argv()
+        try:
+            shown = host_paths(argv, spec.read_only, agent_private_paths(job.task))
+        except ValueError as e:
+            return f"cannot start the agent program: {e}"
         extra: dict[str, str] = {}
         if PYTHON_PLACEHOLDER in argv:
             try:
@@ -523,6 +608,7 @@ class ExternalEpisodes:
             memory_mb=lim.memory_mb,
             file_size_mb=lim.file_size_mb,
             processes=lim.processes,
+            disk_mb=lim.disk_mb,
             output_bytes=lim.output_bytes,
         )
         done = threading.Event()
@@ -545,7 +631,8 @@ class ExternalEpisodes:
                 network=True,  # the recording endpoint is on the host's loopback
                 cwd_in_sandbox=inside,
                 stop=episode.kill,
-                read_only=host_paths(argv),
+                read_only=shown.read_only,
+                hidden=shown.hidden,
             )
         except (ValueError, OSError) as e:  # the sandbox cannot run it here (a mount point, no free uid)
             return f"cannot start the agent program: {e}"

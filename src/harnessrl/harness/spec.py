@@ -287,6 +287,9 @@ class ExternalLimits(_Spec):
     memory_mb: int = Field(4096, ge=64, le=1_048_576)  # address space per process
     file_size_mb: int = Field(64, ge=1, le=4096)  # largest file it may write
     processes: int = Field(64, ge=4, le=4096)  # processes and threads
+    # what it may add to the disk: its /tmp (a tmpfs this size, under bubblewrap) and its
+    # workspace and home, measured twice a second (past it the program is killed)
+    disk_mb: int = Field(1024, ge=1, le=1_048_576)
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -319,6 +322,10 @@ class ExternalHarnessSpec(_Spec):
     # made absolute when the file is loaded; the word {python} is a Python with harnessrl's packages
     command: list[str] | str
     env: dict[str, str] = Field(default_factory=dict)  # extra environment variables
+    # host files and folders the program needs besides its command's own (an installed agent's
+    # folder, e.g. node_modules): shown read-only at their own path; relative to the spec file.
+    # Nothing else of the machine is visible to it beyond the system (docs/external-harness.md).
+    read_only: list[str] = Field(default_factory=list)
     limits: ExternalLimits = Field(default_factory=ExternalLimits)
     # how the `tools` of the agent's requests are shown to a local model and its replies parsed
     # back into tool_calls: a registered tool-call format (docs/protocols.md)
@@ -338,6 +345,14 @@ class ExternalHarnessSpec(_Spec):
                 raise ValueError("the command must be a non-empty list whose first word is the program")
             if any("\x00" in w for w in v):
                 raise ValueError("a command word contains a NUL byte")
+        return v
+
+    @field_validator("read_only")
+    @classmethod
+    def _read_only(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not path.strip() or "\x00" in path:
+                raise ValueError(f"read_only holds {path!r}, which is not a path")
         return v
 
     @field_validator("env")
@@ -380,7 +395,8 @@ class ExternalHarnessSpec(_Spec):
             )
         else:
             command = [path if (path := resolve(w)) is not None else w for w in self.command]
-        return self.model_copy(update={"command": command})
+        read_only = [os.path.normpath(folder / p) for p in self.read_only]  # absolute ones stay
+        return self.model_copy(update={"command": command, "read_only": read_only})
 
     # -- YAML -------------------------------------------------------------------------------------
     def to_yaml(self) -> str:

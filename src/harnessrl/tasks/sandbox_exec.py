@@ -2,16 +2,19 @@
 
 Two isolation levels, chosen once per process by `isolation_available()`:
 
-- "bwrap": bubblewrap builds a new mount namespace whose root is the host filesystem read-only
-  (every top-level entry bind-mounted read-only, so a mount point such as `/workspace` can be
-  created even where the host has none), a fresh tmpfs `/tmp`, fresh `/dev` and `/proc`, the
-  workspace folder(s) bound read-write, and new user, pid, ipc, uts and (unless network=True)
-  network namespaces. Killing the outer bwrap process tears down the whole pid namespace.
-  A mount point inside an existing home or data folder (`/root/.openclaw/workspace`,
-  `/home/user/app`) gets a fresh tmpfs in place of that top-level folder, like `/tmp`: the host's
-  folder is hidden and the mount is made inside the empty one (see `mount_point_problem`).
+- "bwrap": bubblewrap builds a new mount namespace on an empty root and shows the command only
+  what it is given (isolation by construction; docs/suites.md, "What a sandboxed command sees"):
+  the system folders (SYSTEM_VIEW: /usr, /bin, /sbin, /lib*, /etc, /sys, /nix where they exist)
+  read-only, fresh `/dev`, `/proc` and a fresh tmpfs `/tmp` of `limits.disk_mb`, the `read_only`
+  paths the caller names (a program's own files, a Python environment) read-only at their own
+  path, and the workspace folder(s) read-write at their mount points. Nothing else of the host
+  exists in it: not /home, /root, /opt, /srv, /var, /work, not other tasks or run folders. The
+  rest of the root is read-only, so a mount point such as `/workspace` or
+  `/root/.openclaw/workspace` is made in the empty root. New user, pid, ipc, uts and (unless
+  network=True) network namespaces; killing the outer bwrap process tears down the pid namespace.
 - "rlimits-only": bubblewrap is missing or does not work here. The command runs directly, in its
-  own session, with the same resource limits and no filesystem or network isolation.
+  own session, with the same resource limits and no filesystem or network isolation: it sees
+  every file of the host that its uid may read (`WEAKER_ISOLATION` says so to a run's reader).
 
 Resource limits are rlimits: CPU seconds, address space, file size, and the process count.
 RLIMIT_NPROC is never enforced for uid 0 (the kernel exempts root even inside a user namespace
@@ -77,16 +80,20 @@ _STOP_POLL_S = 0.05  # how often a command with a `stop` event looks at it
 # The command must not be pid 1 itself: the kernel drops signals such as SIGXCPU and SIGTERM
 # sent to a namespace's init that has no handler for them. (`; exit $?` keeps sh from exec'ing.)
 _SANDBOX_INIT = ["sh", "-c", '"$@"; exit $?', "sandbox-init"]
-# Paths bwrap provides itself; they are not bound from the host.
-_FRESH_ROOT_ENTRIES = ("proc", "dev", "tmp")
-# Top-level folders every command runs on (programs, libraries, configuration, kernel views):
-# nothing is mounted at or inside them.
-SYSTEM_TOP_LEVEL = frozenset(
-    {"bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr"}
+# The host's top-level folders every sandboxed command sees, read-only at their own path: the
+# system it runs on (programs, libraries, configuration, the kernel's /sys). Where one is a symlink
+# (/bin -> usr/bin) the sandbox has the same symlink.
+SYSTEM_VIEW = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "sys", "nix")
+# Top-level folders nothing is mounted at or inside: the system's, and those bwrap makes itself.
+SYSTEM_TOP_LEVEL = frozenset({*SYSTEM_VIEW, "boot", "dev", "proc"})
+# What a run says of the isolation when bubblewrap does not work here.
+WEAKER_ISOLATION = (
+    "rlimits-only: bubblewrap is missing or does not work here, so sandboxed commands (the shell tool, "
+    "agent programs, graders) run with resource limits and a uid of their own but see the host's whole "
+    "file system (whatever that uid may read: other tasks, graders, checkouts) and its network; "
+    "install bubblewrap (e.g. `apt-get install bubblewrap`) for isolation by construction"
 )
-# Top-level folders that may hold software or state a command needs: they stay visible, so a
-# mount inside one must be at a folder that already exists there (it hides only that folder).
-KEPT_TOP_LEVEL = frozenset({"nix", "opt", "run", "snap", "var"})
+_DISK_POLL_S = 0.5  # how often the size of a command's writable folders is measured
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,9 @@ class ExecLimits:
     file_size_mb: int = 64  # RLIMIT_FSIZE
     processes: int = 64  # process count limit
     output_bytes: int = 1_000_000  # stdout/stderr kept (each); more is cut and flagged
+    # what the command may add to the disk: its /tmp under bubblewrap (a tmpfs of this size) and,
+    # measured twice a second while it runs, its writable folders (it is killed past the limit)
+    disk_mb: int = 1024
 
 
 @dataclass
@@ -114,7 +124,7 @@ class ExecResult:
 
 def isolation_description(isolation: str) -> str:
     """How a run config states the isolation level to a reader."""
-    return "bwrap" if isolation == "bwrap" else "rlimits-only: no filesystem isolation"
+    return "bwrap" if isolation == "bwrap" else WEAKER_ISOLATION
 
 
 @functools.cache
@@ -154,6 +164,7 @@ def run_sandboxed(
     cwd_in_sandbox: str | None = None,
     stop: threading.Event | None = None,
     read_only: Sequence[Path] = (),
+    hidden: Sequence[Path] = (),
 ) -> ExecResult:
     """Run argv under `limits`, writable only in `workdir` (or the `mounts`), and wait for it.
 
@@ -162,13 +173,16 @@ def run_sandboxed(
     `workdir` appears in the sandbox. Its environment is PATH, HOME (= that folder), LANG, plus
     `env`; nothing is inherited from this process. Setting `stop` (from another thread) kills
     the command's whole tree at once, as the wall clock does; the result then has `stopped`.
-    `read_only`: host paths the command must see although they lie where the sandbox puts a
-    fresh tmpfs (under /tmp, e.g. a checkout and its virtual environment there): bound read-only
-    at their own path. Paths elsewhere are visible anyway (the root is bound read-only).
+    `read_only`: host files and folders the command needs beyond the system (SYSTEM_VIEW): a
+    program's own files, a Python environment. Under bubblewrap they are bound read-only at their
+    own path and nothing else of the host is visible; missing ones are left out. `hidden`:
+    folders inside those that the command must not see, each covered by an empty tmpfs (under
+    bubblewrap only).
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
-    point or one `mount_point_problem` refuses, a folder the sandbox user cannot reach) and, in
-    rlimits-only mode, for mounts at a path other than their host path (they need bubblewrap).
+    point or one `mount_point_problem` refuses, a folder or `read_only` path the sandbox user
+    cannot reach, with what to do about it) and, in rlimits-only mode, for mounts at a path other
+    than their host path (they need bubblewrap).
     """
     return _run(
         argv,
@@ -182,6 +196,7 @@ def run_sandboxed(
         isolation=isolation_available(),
         stop=stop,
         read_only=read_only,
+        hidden=hidden,
     )
 
 
@@ -189,7 +204,19 @@ def run_sandboxed(
 
 
 def _run(
-    argv, *, workdir, mounts, env, limits, network, stdin, cwd_in_sandbox, isolation, stop=None, read_only=()
+    argv,
+    *,
+    workdir,
+    mounts,
+    env,
+    limits,
+    network,
+    stdin,
+    cwd_in_sandbox,
+    isolation,
+    stop=None,
+    read_only=(),
+    hidden=(),
 ) -> ExecResult:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
@@ -201,6 +228,12 @@ def _run(
         if moved:
             raise ValueError(f"mounts at {moved} need bubblewrap, which does not work here (isolation: rlimits-only)")
     child_env = {"PATH": SANDBOX_PATH, "HOME": cwd, "LANG": "C.UTF-8", **(env or {})}
+    visible = [Path(p).absolute() for p in read_only if os.path.exists(p)]
+    if os.geteuid() == 0:  # the command runs as an unprivileged uid (below): it must reach these
+        for path in visible:
+            problem = unreadable_by_others(path)
+            if problem:
+                raise ValueError(problem)
     nproc_in_sandbox = isolation == "bwrap" and shutil.which("prlimit") is not None
     if nproc_in_sandbox:
         identity = _Identity(uid=SANDBOX_UID if os.geteuid() == 0 else None, nproc=None)
@@ -213,7 +246,7 @@ def _run(
                 _hand_over(src, identity.uid)
         if isolation == "bwrap":
             command = (
-                _bwrap_argv(binds, cwd, network, read_only)
+                _bwrap_argv(binds, cwd, network, visible, limits.disk_mb, [p for p in hidden if os.path.isdir(p)])
                 + (["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else [])
                 + _SANDBOX_INIT
                 + list(argv)
@@ -231,6 +264,7 @@ def _run(
             identity=identity,
             isolation=isolation,
             stop=stop,
+            writable=list(dict.fromkeys(binds.values())),
         )
     finally:
         identity.release()
@@ -339,7 +373,7 @@ def _tasks_of(uid: int) -> int:
 
 
 def _launch(
-    command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Identity, isolation, stop=None
+    command, argv, *, env, cwd, stdin, limits: ExecLimits, identity: _Identity, isolation, stop=None, writable=()
 ) -> ExecResult:
     def limit_child() -> None:  # runs in the child between fork and exec
         # The CPU hard limit is one second above the soft one, so a busy command gets SIGXCPU
@@ -381,11 +415,13 @@ def _launch(
     if stdin is not None:
         threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
     timed_out = stopped = False
+    disk = _DiskWatch(writable, limits.disk_mb)
     deadline = start + limits.wall_s
     while True:
         left = deadline - time.monotonic()
+        poll = min(left, _DISK_POLL_S if stop is None else _STOP_POLL_S)
         try:
-            proc.wait(timeout=max(0.0, left if stop is None else min(left, _STOP_POLL_S)))
+            proc.wait(timeout=max(0.0, poll))
             break
         except subprocess.TimeoutExpired:
             if time.monotonic() >= deadline:
@@ -393,6 +429,8 @@ def _launch(
                 break
             if stop is not None and stop.is_set():
                 stopped = True
+                break
+            if disk.exceeded():
                 break
     # Kill what is left either way: at the wall limit the whole tree, after a clean exit any
     # background process that would otherwise keep running and hold the output pipes open.
@@ -403,7 +441,10 @@ def _launch(
         reader.join(timeout=2.0)
     truncated = out.truncated or err.truncated
     returncode = None if timed_out or stopped else proc.returncode
-    reason = _reason(returncode, timed_out, limits, out, err)
+    if disk.over:  # killed for it: not the signal's usual meaning
+        reason = "; ".join([disk.over, *filter(None, [_reason(None, False, limits, out, err)])])
+    else:
+        reason = _reason(returncode, timed_out, limits, out, err)
     if stopped:
         reason = "; ".join(["stopped by the caller", *([reason] if reason else [])])
     return ExecResult(
@@ -420,13 +461,11 @@ def _launch(
 
 
 def mount_point_problem(dst: str) -> str | None:
-    """Why a folder cannot be mounted at the absolute sandbox path `dst` on this machine, or None.
+    """Why a folder cannot be mounted at the absolute sandbox path `dst`, or None.
 
-    Possible: a path under /tmp (fresh in the sandbox), under a top-level folder this machine
-    lacks (/app, /workspace: made in the sandbox), at an existing folder inside /opt, /var, /run
-    (binding over it hides only it), and anywhere at or inside another existing top-level folder
-    (/root/..., /home/..., /srv/..., /mnt/...): a mount strictly inside one gets a fresh tmpfs in
-    place of that folder. Refused: `/` and the system folders (SYSTEM_TOP_LEVEL).
+    The sandbox's root is empty but for the system folders (SYSTEM_VIEW), so any other absolute
+    path can be a mount point (/app, /workspace, /root/..., /opt/..., /tmp/...): bubblewrap makes
+    the folders leading to it. Refused: `/` and the system folders (SYSTEM_TOP_LEVEL).
     """
     if not isinstance(dst, str) or not dst.startswith("/"):
         return f"the mount point must be an absolute path, got {dst!r}"
@@ -439,16 +478,27 @@ def mount_point_problem(dst: str) -> str | None:
             f"cannot mount at {dst}: /{top} holds this machine's system files, which every command "
             "in the sandbox runs on; choose a path such as /app, /workspace, /root/... or /tmp/..."
         )
-    if top == "tmp" or not os.path.lexists("/" + top):
-        return None
-    if not os.path.isdir("/" + top):
-        return f"cannot mount at {dst}: /{top} exists on this machine and is not a folder"
-    if top in KEPT_TOP_LEVEL and (norm == "/" + top or not os.path.isdir(norm)):
-        return (
-            f"cannot mount at {dst}: /{top} stays visible in the sandbox (it may hold software or state "
-            "commands use), so a mount there must be at a folder that exists inside it; choose a path such "
-            "as /app, /workspace, /root/... or /tmp/..."
-        )
+    return None
+
+
+def unreadable_by_others(path: Path) -> str | None:
+    """Why a user other than the owner (the sandbox's unprivileged uid) cannot read `path`, with
+    what to do about it; None when it can (every folder above it searchable by others, the path
+    itself readable by others, and a folder also searchable)."""
+    path = Path(path).absolute()
+    fix = (
+        "we run as root, so the sandbox runs the command as an unprivileged user, which cannot read it. "
+        "Make it readable by others (`chmod -R o+rX {what}`; `mktemp -d` makes mode-0700 folders) "
+        "or put it where other users can read it (not under /root or a private temporary folder)"
+    )
+    for parent in reversed(path.parents):
+        if not os.stat(parent).st_mode & 0o001:
+            shown = oct(os.stat(parent).st_mode & 0o777)[2:]
+            return f"cannot show {path} in the sandbox: {parent} is mode {shown}, and " + fix.format(what=parent)
+    mode = os.stat(path).st_mode
+    needs = 0o005 if stat.S_ISDIR(mode) else 0o004
+    if mode & needs != needs:
+        return f"cannot show {path} in the sandbox: it is mode {oct(mode & 0o777)[2:]}, and " + fix.format(what=path)
     return None
 
 
@@ -466,22 +516,13 @@ def _check_mounts(mounts: dict[str, Path]) -> dict[str, Path]:
     return binds
 
 
-def _shadowed_top_level(binds: dict[str, Path]) -> set[str]:
-    """Existing top-level folders that get a fresh tmpfs because a mount point lies inside one."""
-    tops = set()
-    for dst in binds:
-        top, _, rest = dst.strip("/").partition("/")
-        if rest and top != "tmp" and top not in KEPT_TOP_LEVEL and os.path.lexists("/" + top):
-            tops.add(top)
-    return tops
-
-
 def _hand_over(folder: Path, uid: int) -> None:
     """Give a folder to the sandbox uid (we are root), after checking that uid can reach it."""
     for parent in folder.parents:
         if not os.stat(parent).st_mode & 0o001:
             raise ValueError(
-                f"the sandbox user (uid {uid}) cannot reach {folder}: {parent} is not searchable by others"
+                f"the sandbox user (uid {uid}) cannot reach {folder}: {parent} is not searchable by others "
+                f"(`chmod o+x {parent}`, or use a folder outside /root and private temporary folders)"
             )
     for root, dirs, files in os.walk(folder):
         os.lchown(root, uid, uid)
@@ -497,27 +538,32 @@ def _hand_over(folder: Path, uid: int) -> None:
                 os.lchown(path, uid, uid)
 
 
-def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool, read_only: Sequence[Path] = ()) -> list[str]:
+def _bwrap_argv(
+    binds: dict[str, Path],
+    cwd: str,
+    network: bool,
+    read_only: Sequence[Path] = (),
+    tmp_mb: int = 1024,
+    hidden: Sequence[Path] = (),
+) -> list[str]:
+    """The bubblewrap command line of the view the module docstring describes."""
     args = ["bwrap"]
-    shadowed = _shadowed_top_level(binds)
-    for entry in sorted(os.listdir("/")):
-        if entry in _FRESH_ROOT_ENTRIES or entry in shadowed:
-            continue
+    for entry in SYSTEM_VIEW:
         path = "/" + entry
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
-        else:
+        elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for top in sorted(shadowed):
-        args += ["--tmpfs", "/" + top]
-    fresh = ("tmp", *shadowed)  # top-level folders the sandbox replaces with an empty tmpfs
-    for path in sorted({str(Path(p).absolute()) for p in read_only}):
-        if Path(path).parts[1:2] and Path(path).parts[1] in fresh and os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    # Outer mount points first, so a mount inside another one is not covered by it.
-    for dst, src in sorted(binds.items(), key=lambda item: item[0].count("/")):
-        args += ["--bind", str(src), dst]
+    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_mb * _MB), "--tmpfs", "/tmp"]
+    system = tuple(f"/{entry}/" for entry in SYSTEM_VIEW)
+    mounts = [(str(p), str(p), "--ro-bind") for p in read_only if not (str(p) + "/").startswith(system)]
+    mounts += [(dst, str(src), "--bind") for dst, src in binds.items()]
+    # Outer mount points first, so a mount inside another one is not covered by it (a writable
+    # one after a read-only one at the same path).
+    for dst, src, how in sorted(mounts, key=lambda m: (m[0].rstrip("/").count("/"), m[2] == "--bind")):
+        args += [how, src, dst]
+    for folder in hidden:
+        args += ["--tmpfs", str(folder)]
     args += ["--remount-ro", "/", "--chdir", cwd]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not network:
@@ -527,6 +573,45 @@ def _bwrap_argv(binds: dict[str, Path], cwd: str, network: bool, read_only: Sequ
     # namespace's init is _SANDBOX_INIT instead; its exit tears the namespace down.
     args += ["--die-with-parent", "--new-session", "--as-pid-1", "--"]
     return args
+
+
+class _DiskWatch:
+    """The disk limit of a command's writable folders: their size is measured when it starts and,
+    at each `exceeded()`, again; more than `disk_mb` added is over the limit."""
+
+    def __init__(self, folders: Sequence[Path], disk_mb: int):
+        self.folders = list(folders)
+        self.limit = disk_mb * _MB
+        self.base = _disk_use(self.folders)
+        self.over = ""
+
+    def exceeded(self) -> bool:
+        if not self.folders:
+            return False
+        added = _disk_use(self.folders) - self.base
+        if added > self.limit:
+            self.over = f"disk limit of {self.limit // _MB} MB exceeded: {added // _MB} MB written to its folders"
+        return bool(self.over)
+
+
+def _disk_use(folders: Sequence[Path]) -> int:
+    """Bytes the files under `folders` take on disk (allocated blocks: a sparse file counts what it holds)."""
+    total = 0
+    stack = [str(f) for f in folders]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:  # removed or unreadable meanwhile
+            continue
+    return total
 
 
 class _CappedReader:

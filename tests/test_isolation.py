@@ -1,0 +1,223 @@
+"""What an episode may see: an agent program and the shell tool see their workspace, the system
+and their own installed files, and nothing of the task's grader, other tasks, the user's home or
+checkouts (under bubblewrap); without bubblewrap the run says that isolation is weaker and how;
+a program the sandbox user cannot read is refused with what to do about it.
+
+The searching agent is tests/fixtures/agents/behave.py `search`; the same search without
+bubblewrap (as root: a uid of its own, everything world-readable visible) finds what it looks
+for, so the test can tell isolation from a search that finds nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import replies_policy
+
+from harnessrl.harness.spec import ExternalHarnessSpec, load_spec, parse_spec
+from harnessrl.models.base import SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.rundir import RunFolder
+from harnessrl.tasks import get_suite, sandbox_exec
+from harnessrl.tasks.importers.clawgym import ClawGymSuite
+from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available
+from harnessrl.tasks.shell import shell_tool
+from harnessrl.types import Termination
+
+ROOT = Path(__file__).resolve().parents[1]
+BEHAVE = ROOT / "tests" / "fixtures" / "agents" / "behave.py"
+CLAWGYM = ROOT / "tests" / "fixtures" / "importers" / "clawgym"
+needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap is missing or does not work here")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox changes the uid only when we are root")
+
+
+def search_agent(names: list[str], paths: list[str], walk: bool) -> ExternalHarnessSpec:
+    spec = parse_spec(
+        {
+            "name": "search",
+            "kind": "external",
+            "command": ["{python}", str(BEHAVE), "search"],
+            "env": {"SEARCH_NAMES": ":".join(names), "SEARCH_PATHS": ":".join(paths), "SEARCH_WALK": str(int(walk))},
+            "limits": {"wall_s": 60, "max_model_calls": 2},
+        }
+    )
+    assert isinstance(spec, ExternalHarnessSpec)
+    return spec
+
+
+def run(specs, tasks, tokenizer):
+    runner = Runner(replies_policy(["ok"], tokenizer), SamplingParams(temperature=0.0), max_in_flight=4, progress=False)
+    return runner.run(make_jobs(tasks, specs, 1))
+
+
+@pytest.fixture
+def planted():
+    """Marker files in the user's home and in a world-readable stand-in for another user's home
+    (as root the real home is mode 0700: only bubblewrap's view could hide a readable one)."""
+    name = f"harnessrl-marker-{uuid.uuid4().hex[:8]}"
+    other_home = Path("/home") / f"harnessrl-test-home-{uuid.uuid4().hex[:8]}"
+    made = []
+    try:
+        other_home.mkdir(parents=True)
+        other_home.chmod(0o755)
+        made.append(other_home)
+        (other_home / name).write_text("secret")
+        (other_home / name).chmod(0o644)
+    except OSError:  # /home not writable here: the real home alone
+        pass
+    home_marker = Path.home() / name
+    home_marker.write_text("secret")
+    made.append(home_marker)
+    try:
+        yield name, [other_home / name, home_marker]
+    finally:
+        for path in made:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def task_sum():
+    suite = ClawGymSuite(CLAWGYM)
+    return next(t for t in suite.tasks("dev") if t.data["native_id"] == "task_sum")
+
+
+def search_targets(marker: str, markers: list[Path]) -> tuple[list[str], list[str]]:
+    """(names, absolute paths) an agent looking for its grader would try."""
+    grader = CLAWGYM / "task_sum" / "reward" / "check.py"
+    names = ["reward.sh", "data_entry.json", "task_note", "task_sum", "importers", marker, "test_isolation.py"]
+    paths = [str(grader), str(CLAWGYM / "task_note" / "data_entry.json"), str(ROOT / "pyproject.toml")]
+    return names, paths + [str(m) for m in markers if m.exists()]
+
+
+@needs_bwrap
+def test_an_agent_searching_for_its_grader_other_tasks_and_the_users_home_finds_none(tokenizer, planted):
+    marker, markers = planted
+    names, paths = search_targets(marker, markers)
+    [traj] = run([search_agent(names, paths, walk=True)], [task_sum()], tokenizer)
+    out = traj.meta["agent"]["stdout"]
+    assert traj.termination == Termination.submitted and traj.meta["agent"]["isolation"] == "bwrap", traj.meta["agent"]
+    assert "found" not in out, out  # no grader, no other task, no marker, no checkout file
+    assert "no harnessrl" in out, out  # it cannot rebuild its task from harnessrl's source either
+    # the grader ran after it, in its own sandbox, with its files: the agent wrote nothing, so 0
+    assert traj.grade is not None and not traj.grade.passed
+
+
+@as_root
+def test_without_bubblewrap_the_same_search_finds_them_and_the_run_says_so(tokenizer, planted, monkeypatch, tmp_path):
+    marker, markers = planted
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    names, paths = search_targets(marker, markers)
+    # a built-in task: the ClawGym one's workspace path needs bubblewrap's mounts
+    task = next(t for t in get_suite("workspace").tasks("dev", 4))
+    [traj] = run([search_agent(names, paths, walk=False)], [task], tokenizer)
+    out = traj.meta["agent"]["stdout"]
+    assert traj.meta["agent"]["isolation"] == "rlimits-only"
+    grader = CLAWGYM / "task_sum" / "reward" / "check.py"
+    assert f"found {grader}" in out and f"found {ROOT / 'pyproject.toml'}" in out, out
+    if markers[0].exists():  # the stand-in home is world-readable: only file permissions guard it
+        assert f"found {markers[0]}" in out
+    folder = RunFolder(tmp_path / "run", "eval", {})
+    with caplog_at_warning() as records:
+        folder.record_shell_isolation([search_agent([], [], walk=False)], offers_shell=False)
+    said = folder.config["shell_isolation"]
+    assert said.startswith("rlimits-only") and "see the host's whole file system" in said and "bubblewrap" in said
+    assert any("see the host's whole file system" in r.getMessage() for r in records)
+
+
+class caplog_at_warning:
+    """The warnings logged inside the block (rundir's logger)."""
+
+    def __enter__(self) -> list[logging.LogRecord]:
+        self.records: list[logging.LogRecord] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = self.records.append  # type: ignore[method-assign]
+        logging.getLogger("harnessrl").addHandler(self.handler)
+        return self.records
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("harnessrl").removeHandler(self.handler)
+
+
+@needs_bwrap
+def test_the_shell_tool_sees_its_workspace_and_the_system_only(planted):
+    marker, markers = planted
+    task = task_sum()
+    env = task.make_env()
+    try:
+        shell = shell_tool(ExecLimits(wall_s=20, processes=32), shown_chars=4000)
+        grader = CLAWGYM / "task_sum" / "reward" / "check.py"
+        command = (
+            "pwd; ls input; ls -A /work /home /root /opt /srv 2>&1; "
+            f"cat {grader} {markers[-1]} 2>&1; find / -xdev \\( -name reward.sh -o -name {marker} \\) 2>/dev/null; "
+            "python3 -c 'print(2 + 3)'"
+        )
+        output = shell.fn(env, command=command).full
+    finally:
+        env.close()
+    lines = output.splitlines()
+    assert lines[:2] == ["/root/.openclaw/workspace", "numbers.txt"], output
+    assert (
+        "main" not in lines and "reward.sh" not in output and f"/{marker}" not in output.replace(str(markers[-1]), "")
+    )
+    assert "No such file or directory" in output and "5" in lines  # the system's python3 runs
+
+
+@as_root
+@pytest.mark.parametrize("isolation", ["bwrap", "rlimits-only"])
+def test_a_program_the_sandbox_user_cannot_read_is_refused_with_what_to_do(tokenizer, isolation, monkeypatch):
+    if isolation == "bwrap" and isolation_available() != "bwrap":
+        pytest.skip("bubblewrap is missing or does not work here")
+    if isolation == "rlimits-only":
+        monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    private = Path(tempfile.mkdtemp(prefix="harnessrl-test-private-"))  # mode 0700, as `mktemp -d` makes
+    try:
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700
+        shutil.copy(BEHAVE, private / "agent.py")
+        spec = parse_spec(
+            {"name": "private", "kind": "external", "command": ["{python}", str(private / "agent.py"), "ask"]}
+        )
+        task = task_sum() if isolation == "bwrap" else get_suite("workspace").tasks("dev", 1)[0]
+        [traj] = run([spec], [task], tokenizer)
+    finally:
+        shutil.rmtree(private)
+    assert traj.termination == Termination.error and not traj.steps
+    error = traj.infra_error or ""
+    assert error.startswith("cannot start the agent program: cannot show")
+    assert (
+        f"{private} in the sandbox: it is mode 700" in error
+        and f"chmod -R o+rX {private}" in error
+        and "mktemp -d" in error
+    )
+
+
+def test_an_agents_view_is_its_own_files_and_never_its_task_folder(tmp_path):
+    """host_paths: a script brings its folder, a folder holding the task's folder is not shown
+    whole, a read_only path holding it is refused, harnessrl's own source stays out."""
+    from harnessrl.harness.external import _HARNESSRL_SOURCE, host_paths
+
+    tasks = tmp_path / "tasks"
+    (tasks / "t1").mkdir(parents=True)
+    script = tmp_path / "agent.py"
+    script.write_text("")
+    view = host_paths([str(script)], private=(tasks / "t1",))
+    assert view.read_only == [script]  # tmp_path holds the task folder: the script alone
+    own = tmp_path / "agent"
+    own.mkdir()
+    (own / "agent.py").write_text("")
+    assert host_paths([str(own / "agent.py")], private=(tasks / "t1",)).read_only == [own]
+    with pytest.raises(ValueError, match="holds .*t1, which the agent must not see"):
+        host_paths([], extra=[str(tasks)], private=(tasks / "t1",))
+    python = host_paths(["{python}", "x.py"])
+    assert Path(os.sys.prefix) in python.read_only
+    assert not any(p == _HARNESSRL_SOURCE.parent or p == _HARNESSRL_SOURCE for p in python.read_only)
+
+
+def test_openclaw_example_names_its_installed_files():
+    spec = load_spec(ROOT / "examples" / "agents" / "openclaw.yaml")
+    assert isinstance(spec, ExternalHarnessSpec) and spec.read_only == [str(ROOT / ".agents")]
