@@ -60,6 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-server", default=None, help="the llama-server binary")
     p.add_argument("--no-llama", action="store_true", help="the engine and the weight-read limit only")
     p.add_argument("--llama-threads", default="1,2", help="llama-server thread counts to run, comma-separated")
+    add_workload_arguments(p)
+    add_record_argument(p)
+    return p.parse_args(argv)
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The eval workload's options (this benchmark's and bench/vllm_cpu.py's)."""
     p.add_argument("--suite", default="workspace")
     p.add_argument("--split", default="dev")
     p.add_argument("--harness", default="json-tools")
@@ -69,8 +76,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
-    add_record_argument(p)
-    return p.parse_args(argv)
+
+
+def workload(args: argparse.Namespace):
+    """(jobs, sampling, in-flight levels) of the workload options."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import make_jobs
+    from harnessrl.tasks import get_suite
+
+    data = load_harness(args.harness).to_dict()
+    data["rules"].update(max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, timeout_s=None)
+    spec = HarnessSpec.model_validate(data)
+    jobs = make_jobs(get_suite(args.suite).tasks(args.split, args.episodes), [spec], 1)
+    levels = [int(x) for x in args.in_flight.split(",") if x.strip()]
+    return jobs, SamplingParams(temperature=args.temperature, seed=args.seed), levels
 
 
 def run_eval(policy, jobs, in_flight: int, sampling) -> dict:
@@ -148,20 +169,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(int(os.environ.get("HARNESSRL_THREADS", "1")))
-    from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import HarnessSpec
     from harnessrl.models import load_policy
-    from harnessrl.models.base import SamplingParams
     from harnessrl.models.openai_compat import OpenAIPolicy
-    from harnessrl.rollout import make_jobs
-    from harnessrl.tasks import get_suite
 
-    levels = [int(x) for x in args.in_flight.split(",") if x.strip()]
-    data = load_harness(args.harness).to_dict()
-    data["rules"].update(max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, timeout_s=None)
-    spec = HarnessSpec.model_validate(data)
-    jobs = make_jobs(get_suite(args.suite).tasks(args.split, args.episodes), [spec], 1)
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    jobs, sampling, levels = workload(args)
 
     policy = load_policy(args.model)
     n_bytes = weight_bytes(policy.model)

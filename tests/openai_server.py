@@ -14,6 +14,7 @@ logprob tokens written "token_id:N"). Faults are switched on through `ServerOpti
     no_choices                 200 with {"choices": []}
     no_logprobs                never send logprobs
     reject_logprobs            400 to any request with logprobs=true (like a server without them)
+    reject_token_ids           400 to any request with return_token_ids (like a hosted API)
     tool_call                  (name, arguments) or None: answer with message.tool_calls for it
     delay_s                    sleep before answering (to see concurrency)
 
@@ -45,6 +46,7 @@ class ServerOptions:
     no_choices: bool = False
     no_logprobs: bool = False
     reject_logprobs: bool = False
+    reject_token_ids: bool = False
     tool_call: tuple[str, Any] | None = None
     tool_call_content: str | None = None
     delay_s: float = 0.0
@@ -145,18 +147,11 @@ class OpenAITestServer:
                 o.fail_status, {"error": {"message": f"injected failure {o.fail_status}", "type": "server_error"}}
             )
             return
-        if o.reject_logprobs and body.get("logprobs"):
-            handler._send(
-                400,
-                {
-                    "error": {
-                        "message": "logprobs is not supported by this server",
-                        "type": "invalid_request_error",
-                        "param": "logprobs",
-                    }
-                },
-            )
-            return
+        for refused, name in ((o.reject_logprobs, "logprobs"), (o.reject_token_ids, "return_token_ids")):
+            if refused and body.get(name):
+                error = {"message": f"{name} is not supported by this server", "type": "invalid_request_error"}
+                handler._send(400, {"error": {**error, "param": name}})
+                return
         if o.malformed:
             handler._send(200, None, raw=b'{"id": "x", "choices": [ {"message": ')
             return

@@ -74,6 +74,7 @@ def policy_for(server: OpenAITestServer, **kw) -> OpenAIPolicy:
     sleeps = kw.pop("sleeps", None)
     kw.setdefault("max_retries", 2)
     kw.setdefault("timeout", 10.0)
+    kw.setdefault("return_token_ids", False)  # the tests that want token ids ask for them
     if sleeps is not None:
         kw["sleep"] = sleeps.append
     else:
@@ -224,6 +225,41 @@ def test_server_rejecting_logprobs_is_asked_without_them_once(make_server):
     assert call.logprobs == [] and policy.logprobs is False and policy.describe()["logprobs"] is False
     policy.complete([ask(), ask("again")])
     assert len(server.requests) == 4 and all("logprobs" not in r.body for r in server.requests[2:])
+
+
+def test_a_policy_from_a_spec_records_token_ids(make_server, tiny_policy):
+    """What `harnessrl eval --model openai:...` builds asks for token ids, so vLLM's and serve's
+    prompt and completion ids are recorded (a trajectory is trainable and comparable)."""
+    server = make_server()
+    (call,) = OpenAIPolicy.from_spec(server.spec(), GREEDY).complete([ask()])
+    assert server.requests[-1].body["return_token_ids"] is True
+    assert call.prompt_ids and len(call.completion_ids) == len(call.logprobs) > 0
+
+
+@pytest.mark.parametrize("also_logprobs", [False, True])
+def test_server_rejecting_token_ids_is_asked_without_them_once(make_server, also_logprobs):
+    server = make_server(reject_token_ids=True, reject_logprobs=also_logprobs)
+    policy = policy_for(server, return_token_ids=True)
+    (call,) = policy.complete([ask()])
+    sent = [(r.body.get("return_token_ids"), r.body.get("logprobs")) for r in server.requests]
+    tries = [(True, True), (None, True)] + ([(None, None)] if also_logprobs else [])
+    assert sent == tries
+    assert call.completion_ids == [] and policy.return_token_ids is False
+    assert policy.logprobs is not also_logprobs and (call.logprobs == []) is also_logprobs
+    policy.complete([ask("again")])
+    assert len(server.requests) == len(tries) + 1 and "return_token_ids" not in server.requests[-1].body
+
+
+def test_a_rollout_client_never_drops_token_ids(make_server):
+    """Training needs token ids: a server that refuses them fails the request instead."""
+    from harnessrl.models.base import PolicyError
+    from harnessrl.train.rollout_server import RolloutServers
+
+    server = make_server(reject_token_ids=True)
+    client = RolloutServers([server.base_url], max_retries=0).clients[0]
+    with pytest.raises(PolicyError, match="return_token_ids is not supported"):
+        client.complete([ask()])
+    assert all(r.body.get("return_token_ids") for r in server.requests)
 
 
 # ---------------------------------------------------------------------------------- failures
@@ -524,6 +560,7 @@ def test_eval_through_the_runner(make_server):
         assert t.infra_error is None and t.grade is not None and t.steps
         for step in t.steps:
             mc = step.model_call
-            assert 0 < len(mc.logprobs) <= 8 and mc.completion_ids == []
+            # the spec's policy asks for token ids: recorded, one logprob per token
+            assert 0 < len(mc.logprobs) == len(mc.completion_ids) <= 8 and mc.prompt_ids
     react_stops = [r.body.get("stop") for r in server.requests if "Action Input" in r.body["messages"][0]["content"]]
     assert react_stops and all(s == ["Observation:"] for s in react_stops)

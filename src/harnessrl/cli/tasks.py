@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -80,3 +81,31 @@ def models_list() -> None:
         )
     out.print(table)
     out.print(f"model forms: {SPEC_FORMS}", markup=False, highlight=False)
+
+
+@models_app.command("folder")
+def models_folder(
+    model: Annotated[str, typer.Argument(help="smollm2-135m, tiny-random or hf:PATH")],
+) -> None:
+    """Print the transformers folder of a model (config, weights, tokenizer and chat template), for
+    an engine outside this process, such as vLLM, to serve the same weights: smollm2-135m's
+    converted cache folder, the tiny random model written into the cache, or PATH itself."""
+    from harnessrl.models import ModelSpec
+    from harnessrl.models.embedded import model_folder
+
+    try:
+        spec = ModelSpec.parse(model)
+    except ValueError as e:
+        fail(str(e))
+    if spec.kind == "hf":
+        path = Path(spec.path).expanduser()
+        if not (path / "config.json").is_file():
+            fail(f"{spec.path}: not a transformers model folder (no config.json)")
+        print(path.resolve())
+        return
+    if spec.kind != "named":
+        fail(f"{model!r} is not a local model: give smollm2-135m, tiny-random or hf:PATH")
+    try:
+        print(model_folder(spec.name))
+    except Exception as e:  # noqa: BLE001 - a model that cannot be built is one line, not a traceback
+        fail(f"{model}: {e}")

@@ -269,12 +269,14 @@ def load_smollm2(dtype: torch.dtype = torch.float32):
     )
 
 
-def tiny_random_model(seed: int = 0):
+def tiny_random_model(seed: int = 0, head_dim: int | None = None):
     """A tiny randomly initialised Llama (2 layers, hidden 64) over the real SmolLM2 vocabulary.
 
     Same weights on every call (initialised under torch.manual_seed(seed) inside a forked RNG,
     so the caller's global RNG state is left alone). Its outputs are noise, but prompts,
     masks, padding and logprobs go through exactly the code paths of the real model.
+    `head_dim`: the attention heads' size (default hidden / heads = 16; vLLM's CPU attention
+    takes 32 and up, so the folder written for it uses 32: other weights, same shapes elsewhere).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -291,6 +293,7 @@ def tiny_random_model(seed: int = 0):
         # Larger than Llama's 0.02 so the random model's next-token distributions are peaked
         # and varied (greedy output is not one token repeated; top-2 logit gaps >> float noise).
         initializer_range=0.3,
+        head_dim=head_dim,  # None: hidden / heads
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN),
         pad_token_id=tokenizer.pad_token_id,
@@ -304,3 +307,32 @@ def tiny_random_model(seed: int = 0):
 
 def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+# --------------------------------------------------------------- folders for other engines
+
+
+TINY_RANDOM_DIR = "tiny-random-h32-seed0"
+TINY_RANDOM_HEAD_DIM = 32  # vLLM's CPU attention has no kernel for the in-process model's 16
+
+
+def _write_tiny_random(dest: Path) -> None:
+    tiny_random_model(head_dim=TINY_RANDOM_HEAD_DIM).save_pretrained(str(dest))
+    load_tokenizer().save_pretrained(str(dest))
+
+
+def model_folder(name: str) -> Path:
+    """A transformers folder (config, safetensors, tokenizer with its chat template) of the named
+    model, for an engine in another process or environment to load (vLLM, `hf:FOLDER`):
+    smollm2-135m's converted cache folder, or the tiny random model written once into the cache
+    (`tiny_random_model(head_dim=32)`: heads vLLM's CPU attention can run; the trainer loads the
+    same folder as hf:FOLDER). ValueError for any other name."""
+    if name == "smollm2-135m":
+        load_smollm2()  # converts once; a complete folder is only opened
+        return smollm2_model_dir()
+    if name == "tiny-random":
+        target = cache_dir() / TINY_RANDOM_DIR
+        if not is_complete(target):
+            build_atomically(target, _write_tiny_random)
+        return target
+    raise ValueError(f"no folder for model {name!r}: the named models are smollm2-135m and tiny-random")

@@ -9,8 +9,10 @@ out. This backend never re-tokenizes model text, so unless the server reports to
 - ``logprobs`` holds the server's per-token log-probabilities when it returns them (one float
   per generated token, so ``len(logprobs) != len(completion_ids)``), or ``[]`` when it does not.
 Token ids are used when the server sends them: vLLM's ``return_token_ids`` (``token_ids`` on the
-choice, ``prompt_token_ids`` on the response; ask for it with ``return_token_ids=True``) or
-logprob tokens of the form ``token_id:123`` (vLLM's ``return_tokens_as_token_ids``). Then
+choice, ``prompt_token_ids`` on the response; asked for with ``return_token_ids=True``, which a
+policy made from a model spec sets: a server that answers 400 to it is asked again without it,
+once, and never asked again if that works) or logprob tokens of the form ``token_id:123``
+(vLLM's ``return_tokens_as_token_ids``). Then
 ``completion_ids`` and ``logprobs`` line up as with the hf backend. Training needs token ids:
 use a server that returns them, or the hf backend.
 Note that a server's logprobs need not be the hf backend's: vLLM reports raw logprobs (before
@@ -316,6 +318,7 @@ class OpenAIPolicy(Policy):
     """
 
     native_tool_calls = True
+    token_ids_required = False  # see _without_optional_fields
 
     def __init__(
         self,
@@ -377,10 +380,13 @@ class OpenAIPolicy(Policy):
 
     @classmethod
     def from_spec(cls, spec: str | ModelSpec, sampling: SamplingParams | None = None, **kwargs) -> OpenAIPolicy:
-        """The policy of an ``openai:MODEL@BASE_URL`` model spec; ValueError for another form."""
+        """The policy of an ``openai:MODEL@BASE_URL`` model spec; ValueError for another form.
+        It asks for token ids (``return_token_ids``, unless `kwargs` says otherwise): vLLM and
+        `harnessrl serve` send them, and a server that refuses the field is asked without it."""
         parsed = spec if isinstance(spec, ModelSpec) else ModelSpec.parse(spec)
         if parsed.kind != "openai":
             raise ValueError(f"{parsed.text!r} is not an openai: spec: {OPENAI_FORM}")
+        kwargs.setdefault("return_token_ids", True)
         return cls(parsed.name, parsed.base_url, default_sampling=sampling, **kwargs)
 
     def describe(self) -> dict:
@@ -510,7 +516,9 @@ class OpenAIPolicy(Policy):
             delay = max(delay, retry_after)  # the server said when; believe it (within reason)
         return delay
 
-    def _body(self, request: GenerationRequest, sampling: SamplingParams, seed: int, logprobs: bool) -> dict:
+    def _body(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, logprobs: bool, token_ids: bool = True
+    ) -> dict:
         native = bool(request.native_tools and request.tools)
         kwargs: dict[str, Any] = {
             "model": self.model,
@@ -533,32 +541,57 @@ class OpenAIPolicy(Policy):
             # vLLM's own sampling fields go in the JSON body (the openai client has no parameters
             # for them); top_k 0 is "off" (vLLM 0.33 also takes -1 but prefers 0)
             extra.update(NEUTRAL_VLLM_SAMPLING)
-        if self.return_token_ids:
+        if self.return_token_ids and token_ids:
             extra["return_token_ids"] = True
         if extra:
             kwargs["extra_body"] = extra
         return kwargs
 
     def _request_once(self, request: GenerationRequest, sampling: SamplingParams, seed: int):
-        use_logprobs = self.logprobs
         try:
-            data = self._post(self._body(request, sampling, seed, use_logprobs))
+            data = self._post(self._body(request, sampling, seed, self.logprobs))
         except openai.BadRequestError as exc:
-            if not use_logprobs:
-                raise PolicyError(self._status_message(exc)) from None
-            # maybe the server does not do logprobs: ask once without, and remember if that works
-            try:
-                data = self._post(self._body(request, sampling, seed, False))
-            except openai.BadRequestError:
-                raise PolicyError(self._status_message(exc)) from None
-            if self.logprobs:
-                log.warning("%s rejected logprobs=True (%s); asking without logprobs from now on", self.name, exc)
-            self.logprobs = False
+            data = self._without_optional_fields(request, sampling, seed, exc)
         try:
             read_completion(data)  # validated here so a malformed body is retried like a 5xx
             return data
         except _Malformed as exc:
             raise _Retryable(f"malformed response: {exc}") from None
+
+    def _without_optional_fields(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, refused: openai.BadRequestError
+    ) -> Any:
+        """A 400 to a request asking for token ids or logprobs: maybe the server does not know
+        those fields (a hosted API refuses `return_token_ids`, some servers refuse logprobs).
+        Ask again without `return_token_ids`, then also without logprobs; the first that works
+        is remembered (those fields are never asked for again). None works: the first 400 is
+        the request's PolicyError. A policy whose `token_ids_required` (training's rollout
+        servers) never drops token ids: without them there is nothing to train on."""
+        drop_ids = self.return_token_ids and not self.token_ids_required
+        if drop_ids:
+            try:
+                data = self._post(self._body(request, sampling, seed, self.logprobs, token_ids=False))
+            except openai.BadRequestError:
+                pass
+            else:
+                self._forget("return_token_ids", refused)
+                return data
+        if self.logprobs:
+            try:
+                data = self._post(self._body(request, sampling, seed, False, token_ids=not drop_ids))
+            except openai.BadRequestError:
+                pass
+            else:
+                if drop_ids:
+                    self._forget("return_token_ids", refused)
+                self._forget("logprobs", refused)
+                return data
+        raise PolicyError(self._status_message(refused)) from None
+
+    def _forget(self, field: str, refused: openai.BadRequestError) -> None:
+        if getattr(self, field):
+            log.warning("%s rejected %s=True (%s); asking without it from now on", self.name, field, refused)
+        setattr(self, field, False)
 
     def _post(self, body: dict) -> Any:
         """POST /chat/completions -> the decoded JSON body. Retryable failures raise _Retryable,

@@ -127,6 +127,8 @@ class _ServerClient(OpenAIPolicy):
     request is sent under the version it was stamped with even if a new version is published
     before a pool thread builds its body."""
 
+    token_ids_required = True  # a server that refuses return_token_ids cannot serve rollouts
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._names: dict[int, str] = {}
@@ -146,8 +148,10 @@ class _ServerClient(OpenAIPolicy):
         future.add_done_callback(forget)
         return future
 
-    def _body(self, request: GenerationRequest, sampling: SamplingParams, seed: int, logprobs: bool) -> dict:
-        body = super()._body(request, sampling, seed, logprobs)
+    def _body(
+        self, request: GenerationRequest, sampling: SamplingParams, seed: int, logprobs: bool, token_ids: bool = True
+    ) -> dict:
+        body = super()._body(request, sampling, seed, logprobs, token_ids)
         with self._names_lock:
             body["model"] = self._names.get(id(request), self.model)
         return body
