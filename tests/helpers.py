@@ -99,3 +99,29 @@ def with_template(tokenizer, template: str):
     copied = copy.copy(tokenizer)
     copied.chat_template = template
     return copied
+
+
+def check_recorded_and_triaged(trajectories, run_dir) -> list:
+    """An external agent's episodes on a random model, stored in `run_dir` and read back: each
+    is the agent's own (no infrastructure error, no refused request), made at least one recorded
+    call with token ids and logprobs, failed its grade, and has a first failure signal. Returns
+    the stored trajectories."""
+    from harnessrl.store import RunStore
+    from harnessrl.triage import first_failure_signal
+
+    with RunStore(run_dir) as store:
+        for traj in trajectories:
+            store.add(traj)
+    stored = list(RunStore(run_dir).trajectories())
+    assert len(stored) == len(trajectories)
+    for traj in stored:
+        agent = traj.meta["agent"]
+        assert not traj.is_infra_error and traj.termination != Termination.error, traj.termination_detail
+        assert not traj.refused_requests, traj.refused_requests  # no 400: the prompt fits, the dialect is served
+        assert traj.steps, (traj.termination_detail, agent["stderr"][-3000:])
+        for step in traj.steps:
+            mc = step.model_call
+            assert mc.prompt_ids and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
+        assert traj.grade is not None and not traj.grade.passed  # random text solves nothing
+        assert first_failure_signal(traj) is not None, traj.termination_detail
+    return stored
