@@ -134,3 +134,48 @@ def test_codex_on_a_long_context_tiny_random_model_is_recorded_and_triaged(token
         assert traj.grade is not None and not traj.grade.passed  # random text solves nothing
         signal = first_failure_signal(traj)
         assert signal is not None and signal.kind in ("process", "content"), signal
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_codex_is_served_by_harnessrl_serve_with_a_tool_call_parser(tokenizer, tmp_path):
+    """`harnessrl serve --enable-auto-tool-choice --tool-call-parser hermes` takes Codex's requests
+    (developer messages, its custom apply_patch tool, encrypted reasoning asked for) as the
+    recording endpoint does. Codex sets no output limit, so the random model, which never stops,
+    writes to the end of its context and the response is `incomplete`, which Codex reports as
+    its error: the request was served, not refused. A context just past Codex's first prompt
+    (7,676 tokens here) keeps that reply short."""
+    import os
+    import subprocess
+    import sys
+
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+    from harnessrl.serve import serving
+
+    spec = installed()
+    model = tiny_random_model()
+    model.config.max_position_embeddings = 7800
+    policy = HFPolicy(model, tokenizer, name="tiny-random")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "task.txt").write_text("Say hello.", encoding="utf-8")
+    with serving(policy, enable_auto_tool_choice=True, tool_call_parser="hermes") as url:
+        env = {
+            **{k: v for k, v in os.environ.items() if "proxy" not in k.lower()},
+            **spec.env,
+            "HOME": str(tmp_path / "home"),
+            "OPENAI_BASE_URL": url,
+            "OPENAI_API_KEY": "EMPTY",
+            "OPENAI_MODEL": "tiny-random",
+            "HARNESSRL_TASK_FILE": str(tmp_path / "task.txt"),
+            "HARNESSRL_WORKSPACE": str(tmp_path / "workspace"),
+            "HARNESSRL_ANSWER_FILE": str(tmp_path / "answer.txt"),
+        }
+        ran = subprocess.run(
+            [sys.executable, spec.argv()[1], str(PREFIX)], env=env, capture_output=True, text=True, timeout=240
+        )
+    policy.close()
+    assert "Incomplete response returned, reason: max_output_tokens" in ran.stderr, ran.stderr[-3000:]
+    assert "invalid_request_error" not in ran.stderr and "400" not in ran.stderr
+    assert ran.returncode == 1 and not (tmp_path / "answer.txt").exists()
