@@ -142,7 +142,8 @@ def main() -> int:
     (home / "config.toml").write_text(config(home, env, catalog), encoding="utf-8")
     task = Path(env["HARNESSRL_TASK_FILE"]).read_text(encoding="utf-8")
     last = home / "last_message.txt"
-    argv = [str(codex), "exec", "--skip-git-repo-check", "--ephemeral", "--color", "never"]
+    # --strict-config: a key this Codex does not know is an error, not a setting silently left on
+    argv = [str(codex), "exec", "--strict-config", "--skip-git-repo-check", "--ephemeral", "--color", "never"]
     argv += ["--cd", env["HARNESSRL_WORKSPACE"], "--output-last-message", str(last), task]
     status = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
     # an answer only when the turn succeeded: a failed one ends `exited` with Codex's exit status
