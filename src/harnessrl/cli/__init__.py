@@ -9,6 +9,7 @@ train.py     train grpo, train sft, train distill
 study.py     study
 improve.py   improve
 serve.py     serve
+audit.py     audit (reward-hacking probes against a suite's graders)
 common.py    consoles, `fail`, model-spec checks, options generated from the job configs
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import typer
 
 from harnessrl import __version__
+from harnessrl.cli.audit import audit_cmd
 from harnessrl.cli.common import out
 from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
@@ -47,6 +49,7 @@ app.command("evolve")(evolve_cmd)
 app.command("study")(study_cmd)
 app.command("improve")(improve_cmd)
 app.command("serve")(serve_cmd)
+app.command("audit")(audit_cmd)
 
 
 @app.command("version")

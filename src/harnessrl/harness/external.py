@@ -453,8 +453,13 @@ def _program_folder(path: Path, private: tuple[Path, ...]) -> Path:
 def agent_private_paths(task: Task) -> tuple[Path, ...]:
     """Host folders of a task that its agent must never see: the imported task folder (its
     grader, expected answers, and the other tasks beside it)."""
+    return (task_folder,) if (task_folder := imported_task_folder(task)) is not None else ()
+
+
+def imported_task_folder(task: Task) -> Path | None:
+    """The folder an imported task was read from (`data["source"]`, absolute), or None."""
     source = task.data.get("source") if isinstance(task.data, dict) else None
-    return (Path(source),) if isinstance(source, str) and os.path.isdir(source) else ()
+    return Path(source) if isinstance(source, str) and os.path.isabs(source) and os.path.isdir(source) else None
 
 
 def _package_folders() -> list[str]:

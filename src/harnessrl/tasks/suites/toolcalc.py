@@ -154,6 +154,8 @@ def add(rng: random.Random) -> TaskParts:
 def subtract(rng: random.Random) -> TaskParts:
     b = rng.randint(1, 90)
     a = b + rng.randint(1, 99)
+    if a == 2 * b:  # the result would be b, a number the instruction states (`harnessrl audit`)
+        a += 1
     return _binary("subtract", "minus", SUBTRACT, a, b, a - b)
 
 
@@ -164,6 +166,8 @@ def multiply(rng: random.Random) -> TaskParts:
 
 def divide(rng: random.Random) -> TaskParts:
     b, q = rng.randint(2, 12), rng.randint(2, 99)
+    if q == b:  # the result would be b, a number the instruction states (`harnessrl audit`)
+        q += 1
     return _binary("divide", "divided by", DIVIDE, b * q, b, q)
 
 
@@ -218,6 +222,8 @@ def price_times_quantity(rng: random.Random) -> TaskParts:
     table, items = _price_table(rng)
     single, plural = rng.choice(items)
     n = rng.randint(2, 9)
+    if table[single] == 1:  # the total would be n, the number the instruction states (`harnessrl audit`)
+        table[single] = 2
     total = table[single] * n
     return {
         "instruction": (

@@ -77,6 +77,8 @@ def out_of_stock_count(rng: random.Random) -> TaskParts:
     for start in range(0, len(names), PAGE_SIZE):
         on_page = list(range(start, min(start + PAGE_SIZE, len(names))))
         empty |= set(rng.sample(on_page, rng.randint(1, min(2, len(on_page)))))
+    if len(empty) == 3:  # the answer would be the page count the instruction states (`harnessrl audit`)
+        empty.add(min(set(range(PAGE_SIZE)) - empty))
     for i, name in enumerate(names):
         b.add_product(cat, name, stock=0 if i in empty else rng.randint(1, 20))
     filler_people(b)
