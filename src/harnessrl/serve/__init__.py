@@ -1,8 +1,9 @@
-"""`harnessrl serve`: an OpenAI-compatible HTTP server over the local engine.
+"""`harnessrl serve`: an OpenAI-compatible (and Anthropic Messages) HTTP server over the local engine.
 
     models.py    ServedModels: the base policy and the LoRA adapters loaded at run time
     protocol.py  the chat completions wire format (requests in, responses out, errors)
     responses.py the Responses API as a front of the chat path (requests, items, events)
+    messages.py  Anthropic's Messages API as a front of the chat path (blocks, events, errors)
     streaming.py tokens as the engine samples them -> text deltas
     replies.py   one admitted request answered as JSON or as an event stream (both servers)
     tools.py     native tools: rendered into the prompt through a tool-call format, replies parsed
