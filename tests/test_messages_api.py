@@ -384,3 +384,18 @@ def test_the_endpoint_streams_a_real_model_counts_tokens_and_answers_errors_in_a
     with pytest.raises(anthropic.NotFoundError):
         gone.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}])
     assert json.dumps(raised.value.body)
+
+
+def test_a_backend_failure_is_a_500_in_anthropics_shape_and_an_error_event(endpoint, tokenizer):
+    """The policy fails (its script is exhausted): the request gets Anthropic's api_error, the
+    stream an `error` event, and the episode records a backend failure."""
+    episode, client = episode_for(endpoint, ScriptedPolicy([], tokenizer=tokenizer, name="empty"))
+    with pytest.raises(anthropic.InternalServerError) as raised:
+        client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "x"}])
+    assert raised.value.body["type"] == "error" and raised.value.body["error"]["type"] == "api_error"
+    assert "model backend failed" in raised.value.body["error"]["message"]
+    episode2, client2 = episode_for(endpoint, ScriptedPolicy([], tokenizer=tokenizer, name="empty"))
+    with pytest.raises(anthropic.APIStatusError, match="model backend failed"):
+        with client2.messages.stream(model="m", max_tokens=4, messages=[{"role": "user", "content": "x"}]) as stream:
+            list(stream)
+    assert episode.infra_error and episode2.infra_error
