@@ -19,15 +19,13 @@ import platform
 from pathlib import Path
 
 import pytest
-from helpers import check_solved_step_by_step, solution_policy, workspace_tasks
+from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.store import RunStore
-from harnessrl.triage import first_failure_signal
-from harnessrl.types import Termination, ToolCall
+from harnessrl.types import ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "codex.yaml"
@@ -120,20 +118,9 @@ def test_codex_on_a_long_context_tiny_random_model_is_recorded_and_triaged(token
     runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
     trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
     assert len(trajectories) == 2
-    with RunStore(tmp_path / "run") as store:
-        for traj in trajectories:
-            store.add(traj)
-    for traj in RunStore(tmp_path / "run").trajectories():
-        agent = traj.meta["agent"]
-        assert not traj.is_infra_error and traj.termination != Termination.error, traj.termination_detail
-        assert not traj.refused_requests, traj.refused_requests  # no 400: the prompt fits, the dialect is served
-        assert traj.steps, (traj.termination_detail, agent["stderr"][-3000:])
-        for step in traj.steps:
-            mc = step.model_call
-            assert len(mc.prompt_ids) > 6000 and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
-        assert traj.grade is not None and not traj.grade.passed  # random text solves nothing
-        signal = first_failure_signal(traj)
-        assert signal is not None and signal.kind in ("process", "content"), signal
+    for traj in check_recorded_and_triaged(trajectories, tmp_path / "run"):
+        # Codex's real prompt (measured here: 7,673 tokens) reached the model
+        assert all(len(step.model_call.prompt_ids) > 6000 for step in traj.steps)
 
 
 @pytest.mark.slow
