@@ -428,3 +428,48 @@ def test_the_stop_event_kills_the_whole_tree_at_once(workdir, isolation):
     assert result.stopped and not result.timed_out and result.returncode is None
     assert result.duration_s < 5 and "never" not in result.stdout
     assert result.reason.startswith("stopped by the caller")
+
+
+@needs_bwrap
+def test_only_the_system_and_the_given_paths_are_visible_and_hidden_ones_are_empty(workdir):
+    """Isolation by construction: the host's other folders do not exist in the sandbox; a
+    read_only path is there read-only; a hidden folder inside it is an empty read-only folder."""
+    shown = Path(tempfile.mkdtemp(prefix="harnessrl-test-shown-"))
+    try:
+        shown.chmod(0o755)
+        (shown / "tool.txt").write_text("mine\n")
+        (shown / "secret").mkdir()
+        (shown / "secret" / "answer.txt").write_text("42\n")
+        for path in (shown / "tool.txt", shown / "secret", shown / "secret" / "answer.txt"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        here = Path(__file__).resolve()
+        result = sh(
+            f"cat {shown}/tool.txt; ls -A {shown}/secret | wc -l; ls {here} 2>&1; "
+            f"echo x > {shown}/new 2>&1; echo y > {shown}/secret/new 2>&1; ls /",
+            workdir,
+            read_only=[shown],
+            hidden=[shown / "secret"],
+        )
+    finally:
+        shutil.rmtree(shown)
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["mine", "0"], result.stdout
+    assert "No such file or directory" in lines[2]  # this checkout is not there
+    assert result.stderr.count("Read-only file system") == 2, result.stderr
+    assert set(lines[3:]) <= {*sandbox_exec.SYSTEM_VIEW, "dev", "proc", "tmp"} | {shown.parts[1], workdir.parts[1]}
+
+
+def test_a_read_only_path_the_sandbox_user_cannot_read_is_refused_with_the_fix(workdir):
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox changes the uid only when we are root")
+    private = Path(tempfile.mkdtemp(prefix="harnessrl-test-private-"))  # 0700, as `mktemp -d` makes
+    try:
+        (private / "agent.sh").write_text("echo hi\n")
+        with pytest.raises(ValueError, match=rf"cannot show {private}/agent.sh in the sandbox: {private} is mode 700"):
+            sh("true", workdir, read_only=[private / "agent.sh"])
+        private.chmod(0o755)
+        (private / "agent.sh").chmod(0o600)
+        with pytest.raises(ValueError, match=r"it is mode 600, and .*chmod -R o\+rX"):
+            sh("true", workdir, read_only=[private / "agent.sh"])
+    finally:
+        shutil.rmtree(private)

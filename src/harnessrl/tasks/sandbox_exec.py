@@ -562,8 +562,8 @@ def _bwrap_argv(
     # one after a read-only one at the same path).
     for dst, src, how in sorted(mounts, key=lambda m: (m[0].rstrip("/").count("/"), m[2] == "--bind")):
         args += [how, src, dst]
-    for folder in hidden:
-        args += ["--tmpfs", str(folder)]
+    for folder in hidden:  # an empty, read-only folder in its place
+        args += ["--tmpfs", str(folder), "--remount-ro", str(folder)]
     args += ["--remount-ro", "/", "--chdir", cwd]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not network:
