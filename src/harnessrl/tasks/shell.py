@@ -2,7 +2,9 @@
 
 Offered only when a task says its environment supports it (`Task.offers_shell`) and the harness
 turns it on (`capabilities.shell.enabled`): see docs/suites.md, "Sandboxed shell". The command
-runs through `run_sandboxed`, so it can write only in the workspace and is stopped by the limits.
+runs through `run_sandboxed`, so it sees only the system folders, a fresh /tmp and the workspace
+(no task folder, grader, checkout or home: docs/suites.md, "What a sandboxed command sees"), can
+write only in the workspace and /tmp, and is stopped by the limits.
 The model sees the head and tail of a long output around a "[... N characters cut ...]" marker;
 the run store keeps all of it (up to the runner's per-stream cap) as `ToolResult.full_output`.
 A command killed by a limit is an ordinary failed call whose output says why.
