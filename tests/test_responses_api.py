@@ -150,7 +150,10 @@ def test_responses_logprobs_are_included_when_asked(client):
         ({"tools": [TOOL]}, "native tool calls are not supported"),  # as chat completions on this server
         # what Codex CLI sends unless its config says otherwise (examples/agents/codex.py does)
         ({"reasoning": {"summary": "auto"}}, "'reasoning.summary' is not supported with this model"),
-        ({"tools": [{"type": "namespace", "name": "multi_agent_v1", "tools": [TOOL]}]}, "'namespace' tools"),
+        (
+            {"tools": [{"type": "namespace", "name": "multi_agent_v1", "tools": [TOOL]}]},
+            r"\(multi_agent_v1\): 'namespace'",
+        ),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]}, "a custom tool's format"),
         ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "x"}]}, r"input\[0\].input must be a string"),

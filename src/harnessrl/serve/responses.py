@@ -275,11 +275,13 @@ def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
             tools.append(custom_as_function(tool, f"tools[{k}]"))
             continue
         if kind != "function":
+            name = tool.get("name") if isinstance(tool, dict) else None
+            named = f" ({name})" if isinstance(name, str) else ""
             raise ServeError(
                 400,
-                f"tools[{k}]: {kind or 'untyped'!r} tools are not supported by this server: only function and custom "
-                "tools (built-in tools such as web_search, file_search, code_interpreter or mcp, and tool "
-                "namespaces, are not served)",
+                f"tools[{k}]{named}: {kind or 'untyped'!r} tools are not supported by this server: only function "
+                "and custom tools (built-in tools such as web_search, file_search, code_interpreter or mcp, and "
+                "tool namespaces, are not served)",
                 param="tools",
             )
         fn = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
