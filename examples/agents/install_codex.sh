@@ -12,7 +12,6 @@ prefix=${1:-$here/../../.agents}
 CODEX_VERSION=0.169.1
 mkdir -p "$prefix"
 prefix=$(cd "$prefix" && pwd)
-# shellcheck disable=SC2086
 npm install --no-audit --no-fund --loglevel=error --prefix "$prefix/codex" "@openai/codex@$CODEX_VERSION"
 # readable by the sandbox's user: the installed files and the prefix itself
 chmod -R a+rX "$prefix/codex"
