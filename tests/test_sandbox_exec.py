@@ -473,3 +473,21 @@ def test_a_read_only_path_the_sandbox_user_cannot_read_is_refused_with_the_fix(w
             sh("true", workdir, read_only=[private / "agent.sh"])
     finally:
         shutil.rmtree(private)
+
+
+def test_a_command_filling_the_disk_is_killed_at_the_disk_limit(workdir, isolation):
+    limits = dataclasses.replace(SMALL, wall_s=30.0, cpu_s=30, file_size_mb=2, disk_mb=5)
+    fill_tmp = (
+        "for j in 1 2 3 4 5 6 7 8; do head -c 1000000 /dev/zero > /tmp/f$j || echo tmp-full; done; rm -f /tmp/f*; "
+    )
+    result = sh(
+        (fill_tmp if isolation == "bwrap" else "")
+        + "i=0; while true; do i=$((i+1)); head -c 1000000 /dev/zero > f$i; sleep 0.01; done",
+        workdir,
+        limits=limits,
+    )
+    assert not result.timed_out and result.duration_s < 20
+    # measured twice a second: what it wrote meanwhile is over the limit too
+    assert result.reason.startswith("disk limit of 5 MB exceeded"), result.reason
+    if isolation == "bwrap":  # its /tmp is a tmpfs of disk_mb
+        assert "tmp-full" in result.stdout and "No space left on device" in result.stdout + result.stderr
