@@ -25,7 +25,7 @@ from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.types import ToolCall
+from harnessrl.types import Termination, ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "codex.yaml"
@@ -166,3 +166,16 @@ def test_codex_is_served_by_harnessrl_serve_with_a_tool_call_parser(tokenizer, t
     assert "Incomplete response returned, reason: max_output_tokens" in ran.stderr, ran.stderr[-3000:]
     assert "invalid_request_error" not in ran.stderr and "400" not in ran.stderr
     assert ran.returncode == 1 and not (tmp_path / "answer.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_model_family_codex_does_not_know_ends_the_episode_saying_so():
+    spec = installed()
+    spec = spec.model_copy(update={"env": {**spec.env, "CODEX_MODEL_FAMILY": "gpt-none"}})
+    [task] = workspace_tasks(("answer_from_file",))
+    runner = Runner(solution_policy([task], as_codex), SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    assert traj.termination == Termination.exited and not traj.steps and not traj.is_infra_error
+    assert "CODEX_MODEL_FAMILY 'gpt-none' is not in Codex's bundled catalog: " in traj.termination_detail
+    assert "gpt-5.5" in traj.termination_detail  # the families it has are named

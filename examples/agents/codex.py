@@ -36,11 +36,22 @@ TARGETS = {
     "aarch64": ("linux-arm64", "aarch64-unknown-linux-musl"),
 }
 PROVIDER = "harnessrl"
+# what the episode's contract provides (docs/external-harness.md, "The contract")
+NEEDED = (
+    "HOME",
+    "OPENAI_BASE_URL",
+    "OPENAI_MODEL",
+    "HARNESSRL_TASK_FILE",
+    "HARNESSRL_WORKSPACE",
+    "HARNESSRL_ANSWER_FILE",
+)
 
 
 def binary(prefix: Path) -> Path:
     """The native program inside the npm package (what its `codex` launcher runs)."""
-    package, triple = TARGETS.get(platform.machine(), TARGETS["x86_64"])
+    if platform.machine() not in TARGETS:
+        sys.exit(f"codex.py: no Codex build for this machine ({platform.machine()}); Linux x86_64 and aarch64 have one")
+    package, triple = TARGETS[platform.machine()]
     return prefix / "codex" / "node_modules" / "@openai" / f"codex-{package}" / "vendor" / triple / "bin" / "codex"
 
 
@@ -49,17 +60,19 @@ def toml(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def model_entry(codex: Path, env: dict[str, str], family: str, model: str) -> dict:
+def model_entry(codex: Path, env: dict[str, str], family: str, model: str, window: int) -> dict:
     """The served model's catalog entry, from `family`'s in the installed Codex's bundled catalog."""
     out = subprocess.run(
         [str(codex), "debug", "models", "--bundled"], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True
     )
     if out.returncode != 0:
         sys.exit(f"codex.py: `codex debug models --bundled` failed: {out.stderr.strip()[-2000:]}")
-    entries = {m.get("slug"): m for m in json.loads(out.stdout).get("models", [])}
+    try:
+        entries = {m.get("slug"): m for m in json.loads(out.stdout).get("models", [])}
+    except (ValueError, AttributeError) as e:
+        sys.exit(f"codex.py: `codex debug models --bundled` printed no catalog this script can read: {e}")
     if family not in entries:
         sys.exit(f"codex.py: CODEX_MODEL_FAMILY {family!r} is not in Codex's bundled catalog: {', '.join(entries)}")
-    window = int(env.get("CODEX_CONTEXT_WINDOW", "32768"))
     return {
         **entries[family],
         "slug": model,
@@ -79,7 +92,7 @@ def model_entry(codex: Path, env: dict[str, str], family: str, model: str) -> di
     }
 
 
-def config(home: Path, env: dict[str, str], catalog: Path | None) -> str:
+def config(env: dict[str, str], catalog: Path | None) -> str:
     lines = [
         f"model = {toml(env['OPENAI_MODEL'])}",
         f"model_provider = {toml(PROVIDER)}",
@@ -130,6 +143,12 @@ def main() -> int:
         print(f"codex.py: no Codex at {codex} (run examples/agents/install_codex.sh)", file=sys.stderr)
         return 127
     env = dict(os.environ)
+    missing = [name for name in NEEDED if not env.get(name)]
+    if missing:
+        sys.exit(f"codex.py: {', '.join(missing)} not set: it runs as a harnessrl episode (codex.yaml)")
+    window_text = env.get("CODEX_CONTEXT_WINDOW", "32768")
+    if not window_text.isdigit() or int(window_text) <= 0:
+        sys.exit(f"codex.py: CODEX_CONTEXT_WINDOW must be a positive number of tokens, got {window_text!r}")
     home = Path(env["HOME"]) / "codex-home"
     home.mkdir(parents=True, exist_ok=True)
     env["CODEX_HOME"] = str(home)
@@ -137,9 +156,9 @@ def main() -> int:
     family = env.get("CODEX_MODEL_FAMILY", "")
     if family:
         catalog = home / "models.json"
-        entry = model_entry(codex, env, family, env["OPENAI_MODEL"])
+        entry = model_entry(codex, env, family, env["OPENAI_MODEL"], int(window_text))
         catalog.write_text(json.dumps({"models": [entry]}), encoding="utf-8")
-    (home / "config.toml").write_text(config(home, env, catalog), encoding="utf-8")
+    (home / "config.toml").write_text(config(env, catalog), encoding="utf-8")
     task = Path(env["HARNESSRL_TASK_FILE"]).read_text(encoding="utf-8")
     last = home / "last_message.txt"
     # --strict-config: a key this Codex does not know is an error, not a setting silently left on
