@@ -8,7 +8,8 @@ and libiomp preloaded, LoRA on, processed logprobs), on the same model folder th
 Eval: one workload (default: workspace/dev x json-tools, 16 tasks, 3 steps of up to 64 tokens,
 T=0.7, seed 0) through the Runner, once through the engine in this process and once through vLLM
 (the `openai:` backend), at each `--in-flight` level. Both sample, so completion tokens/s is the
-measure; wall time is printed beside it.
+measure; wall time is printed beside it. Then the same eval through vLLM under an untrained
+LoRA (GRPO's default shape, B = 0: the base model's outputs), which is how rollouts reach it.
 
 GRPO (`--grpo-steps N`, 0 to skip): `harnessrl train grpo --rollout-server URL` for N steps on
 toolcalc (react, 2 tasks x 2 attempts per step), once against vLLM and once against
@@ -109,10 +110,42 @@ def harnessrl_server(model: str) -> Served:
     return Served("harnessrl-serve", argv, port)
 
 
+def load_untrained_adapter(url: str, folder: Path, where: Path) -> str:
+    """A LoRA of GRPO's default shape (r=16 on q/k/v/o) with B = 0 (peft's initialisation: the
+    same outputs as the base model), loaded on the vLLM server at `url`: the eval under it shows
+    what an adapter costs vLLM's CPU path. Returns its name."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from harnessrl.train.config import DEFAULT_LORA_TARGETS
+
+    base = AutoModelForCausalLM.from_pretrained(str(folder))
+    config = LoraConfig(r=16, lora_alpha=32, target_modules=list(DEFAULT_LORA_TARGETS))
+    get_peft_model(base, config).save_pretrained(str(where))
+    body = json.dumps({"lora_name": "untrained", "lora_path": str(where)}).encode()
+    root = url[: -len("/v1")]
+    request = urllib.request.Request(f"{root}/v1/load_lora_adapter", data=body, method="POST")
+    request.add_header("content-type", "application/json")
+    with urllib.request.urlopen(request, timeout=300) as r:
+        r.read()
+    return "untrained"
+
+
 def grpo_steps(trainer_model: str, url: str, steps: int, out: Path) -> list[dict]:
     """`harnessrl train grpo` through the server at `url`; each step's seconds from metrics.jsonl."""
     cmd = [str(HARNESSRL), "train", "grpo", "--model", trainer_model, "--rollout-server", url]
-    cmd += ["--suite", "toolcalc", "--harnesses", "react", "--steps", str(steps), "--tasks-per-step", "2"]
+    cmd += [
+        "--suite",
+        "toolcalc",
+        "--harnesses",
+        "react",
+        "--scheduler",
+        "single:react",
+        "--steps",
+        str(steps),
+        "--tasks-per-step",
+        "2",
+    ]
     cmd += ["--group-size", "2", "--seed", "0", "--eval-every", "0", "--out", str(out), "--no-progress"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -156,6 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
         remote.return_token_ids = True
         vllm = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         vllm_start_s = server.start_s
+        with tempfile.TemporaryDirectory(prefix="vllm-lora-", dir=ROOT) as tmp:
+            remote.model = load_untrained_adapter(server.url, folder, Path(tmp))
+            vllm_lora = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         grpo: dict[str, list[dict]] = {}
         with tempfile.TemporaryDirectory(prefix="vllm-grpo-", dir=ROOT) as tmp:
             if args.grpo_steps > 0:
@@ -170,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
         "vllm_start_s": round(vllm_start_s, 1),
         "engine": engine,
         "vllm": vllm,
+        "vllm_lora": vllm_lora,
         "grpo": grpo,
     }
     print(f"vLLM started in {vllm_start_s:.0f} s")
@@ -179,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'engine':10} {n:9d} {e['tok_s']:8.1f} {e['model_calls']:6d} {e['wall_s']:8.1f}")
         ratio = e["tok_s"] / v["tok_s"]
         print(f"{'vLLM-CPU':10} {n:9d} {v['tok_s']:8.1f} {v['model_calls']:6d} {v['wall_s']:8.1f} {ratio:11.2f}x")
+        w = vllm_lora[n]
+        print(f"{'  + LoRA':10} {n:9d} {w['tok_s']:8.1f} {w['model_calls']:6d} {w['wall_s']:8.1f}")
     for name, rows in grpo.items():
         for r in rows:
             print(f"grpo via {name}: " + json.dumps(r))
@@ -205,6 +244,7 @@ def eval_rows(result: dict) -> list[dict]:
                 "vLLM-CPU tok/s": round(v["tok_s"], 1),
                 "vLLM-CPU wall s": v["wall_s"],
                 "engine / vLLM-CPU": f"{e['tok_s'] / v['tok_s']:.2f}x",
+                "vLLM-CPU with a LoRA tok/s": round(result["vllm_lora"][n]["tok_s"], 1),
             }
         )
     return rows
