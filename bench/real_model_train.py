@@ -47,11 +47,11 @@ def shrunk_specs():
 def train_one(args) -> dict:
     import torch
 
-    from harnessrl.train import trainer as trainer_module
+    from harnessrl.train import step as step_module
     from harnessrl.train.trainer import TrainConfig, Trainer
 
     if args.force_advantages:
-        real = trainer_module.group_advantages
+        real = step_module.group_advantages
 
         def forced(rewards, scale=True, eps=1e-6):
             A = real(rewards, scale=scale, eps=eps)
@@ -59,7 +59,7 @@ def train_one(args) -> dict:
                 A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
             return A
 
-        trainer_module.group_advantages = forced
+        step_module.group_advantages = forced
     config = TrainConfig(
         model="smollm2-135m",
         suite="toolcalc",

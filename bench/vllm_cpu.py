@@ -14,7 +14,10 @@ LoRA (GRPO's default shape, B = 0: the base model's outputs), which is how rollo
 GRPO (`--grpo-steps N`, 0 to skip): `harnessrl train grpo --rollout-server URL` for N steps on
 toolcalc (react, 2 tasks x 2 attempts per step), once against vLLM and once against
 `harnessrl serve` on the same model (its own process, started with the same threads), each step's
-rollout, adapter sync and update seconds read from the run's metrics.jsonl.
+rollout, adapter sync and update seconds read from the run's metrics.jsonl. The embedded model
+rarely completes a toolcalc task, and a step whose groups are all flat makes no update and loads no
+new adapter; `--force-advantages` (timing only, on by default here) gives such groups +-1
+advantages so every step runs its backward pass, optimizer step and adapter sync.
 
 Threads: this process and `harnessrl serve` use HARNESSRL_THREADS torch threads (default 1);
 vLLM binds its compute threads itself (on 2 cores: one; VLLM_CPU_OMP_THREADS_BIND overrides).
@@ -54,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or tiny-random")
     add_workload_arguments(p)
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps through each server (0: none)")
+    p.add_argument(
+        "--force-advantages",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="timing only: +-1 advantages on flat groups, so each step updates and syncs its adapter",
+    )
     add_record_argument(p)
     return p.parse_args(argv)
 
@@ -131,9 +140,33 @@ def load_untrained_adapter(url: str, folder: Path, where: Path) -> str:
     return "untrained"
 
 
-def grpo_steps(trainer_model: str, url: str, steps: int, out: Path) -> list[dict]:
+FORCED_CLI = "--forced-advantages-cli"
+
+
+def forced_advantages_cli(argv: list[str]) -> None:
+    """`harnessrl ARGV` with flat groups' advantages replaced by +-1 (timing only)."""
+    import torch
+
+    from harnessrl import cli
+    from harnessrl.train import step
+
+    real = step.group_advantages
+
+    def forced(rewards, scale=True, eps=1e-6):
+        A = real(rewards, scale=scale, eps=eps)
+        if torch.all(A == 0):
+            A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
+        return A
+
+    step.group_advantages = forced
+    sys.argv = ["harnessrl", *argv]
+    cli.main()
+
+
+def grpo_steps(trainer_model: str, url: str, steps: int, out: Path, force: bool) -> list[dict]:
     """`harnessrl train grpo` through the server at `url`; each step's seconds from metrics.jsonl."""
-    cmd = [str(HARNESSRL), "train", "grpo", "--model", trainer_model, "--rollout-server", url]
+    launcher = [sys.executable, __file__, FORCED_CLI] if force else [str(HARNESSRL)]
+    cmd = [*launcher, "train", "grpo", "--model", trainer_model, "--rollout-server", url]
     cmd += [
         "--suite",
         "toolcalc",
@@ -189,16 +222,20 @@ def main(argv: list[str] | None = None) -> dict:
         remote.return_token_ids = True
         vllm = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         vllm_start_s = server.start_s
-        with tempfile.TemporaryDirectory(prefix="vllm-lora-", dir=ROOT) as tmp:
+        with tempfile.TemporaryDirectory(prefix="vllm-lora-") as tmp:
             remote.model = load_untrained_adapter(server.url, folder, Path(tmp))
             vllm_lora = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         grpo: dict[str, list[dict]] = {}
-        with tempfile.TemporaryDirectory(prefix="vllm-grpo-", dir=ROOT) as tmp:
+        with tempfile.TemporaryDirectory(prefix="vllm-grpo-") as tmp:
             if args.grpo_steps > 0:
-                grpo["vllm"] = grpo_steps(f"hf:{folder}", server.url, args.grpo_steps, Path(tmp) / "vllm")
+                grpo["vllm"] = grpo_steps(
+                    f"hf:{folder}", server.url, args.grpo_steps, Path(tmp) / "vllm", args.force_advantages
+                )
     if args.grpo_steps > 0:
-        with harnessrl_server(f"hf:{folder}") as served, tempfile.TemporaryDirectory(dir=ROOT) as tmp:
-            grpo["harnessrl serve"] = grpo_steps(f"hf:{folder}", served.url, args.grpo_steps, Path(tmp) / "serve")
+        with harnessrl_server(f"hf:{folder}") as served, tempfile.TemporaryDirectory(prefix="serve-grpo-") as tmp:
+            grpo["harnessrl serve"] = grpo_steps(
+                f"hf:{folder}", served.url, args.grpo_steps, Path(tmp) / "serve", args.force_advantages
+            )
 
     result = {
         "args": vars(args),
@@ -259,4 +296,7 @@ def grpo_rows(result: dict) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == [FORCED_CLI]:
+        forced_advantages_cli(sys.argv[2:])
+    else:
+        main()
