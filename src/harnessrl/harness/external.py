@@ -86,7 +86,7 @@ MAX_REFUSED_RECORDED = 100  # refused requests kept per episode (a program may l
 REFUSAL_DETAIL_CHARS = 200  # of the first refusal's message, in the termination detail
 
 
-class Job(Interface):
+class ExternalJob(Interface):
     """What an external episode needs of the runner's job (rollout.Job, whose harness the runner
     has checked is external)."""
 
@@ -98,7 +98,7 @@ class Job(Interface):
     def harness(self) -> AnyHarnessSpec: ...
 
 
-def external_spec(job: Job) -> ExternalHarnessSpec:
+def external_spec(job: ExternalJob) -> ExternalHarnessSpec:
     """The job's harness, which the runner hands here only when it is an agent program."""
     spec = job.harness
     if not isinstance(spec, ExternalHarnessSpec):
@@ -129,7 +129,11 @@ class ExternalEpisode:
     method may be called from several threads at once (an agent may send requests in parallel)."""
 
     def __init__(
-        self, job: Job, policy: Policy, sampling: SamplingParams, count: Callable[[float, ModelCall | None], None]
+        self,
+        job: ExternalJob,
+        policy: Policy,
+        sampling: SamplingParams,
+        count: Callable[[float, ModelCall | None], None],
     ):
         spec = external_spec(job)
         self.job = job
@@ -534,7 +538,9 @@ class ExternalEpisodes:
                 self._endpoint.stop()
                 self._endpoint = None
 
-    def play(self, job: Job, policy: Policy, sampling: SamplingParams, stop: threading.Event) -> Trajectory | None:
+    def play(
+        self, job: ExternalJob, policy: Policy, sampling: SamplingParams, stop: threading.Event
+    ) -> Trajectory | None:
         """One episode answered by `policy`, in the calling (worker) thread; None when the run
         was interrupted."""
         started, t0 = time.time(), time.monotonic()
@@ -566,7 +572,13 @@ class ExternalEpisodes:
             shutil.rmtree(control, ignore_errors=True)
 
     def _run_program(
-        self, job: Job, env: Environment, episode: ExternalEpisode, url: str, control: Path, stop: threading.Event
+        self,
+        job: ExternalJob,
+        env: Environment,
+        episode: ExternalEpisode,
+        url: str,
+        control: Path,
+        stop: threading.Event,
     ) -> ExecResult | str:
         """Run the agent program to its end; the ExecResult, or why it could not be started."""
         spec = external_spec(job)
@@ -649,7 +661,7 @@ class ExternalEpisodes:
 class _Record:
     """Builds the trajectory of one external episode."""
 
-    job: Job
+    job: ExternalJob
     started: float
     t0: float
 

@@ -26,7 +26,10 @@ LOG = "evolution.jsonl"
 
 
 @dataclass
-class Evolution:
+class EvolutionHistory:
+    """What an evolve run folder records, as read for the report (the search itself is
+    evolve/loop.py's `Evolution`)."""
+
     records: list[dict[str, Any]]
     final: dict[str, Any] | None
     noise: dict[str, Any] | None
@@ -63,7 +66,7 @@ def is_evolution_folder(folder: Path) -> bool:
     return (Path(folder) / LOG).is_file()
 
 
-def load_evolution(folder: Path) -> Evolution:
+def load_evolution(folder: Path) -> EvolutionHistory:
     folder = Path(folder)
     records, skipped = [], 0
     for line in (folder / LOG).read_text(encoding="utf-8").splitlines():
@@ -78,7 +81,7 @@ def load_evolution(folder: Path) -> Evolution:
             records.append(record)
         else:
             skipped += 1
-    return Evolution(
+    return EvolutionHistory(
         records=records,
         final=_read_json(folder / "final.json"),
         noise=_read_json(folder / "noise.json"),
@@ -90,7 +93,7 @@ def load_evolution(folder: Path) -> Evolution:
 # ---------------------------------------------------------------------------------------- figures
 
 
-def progress_chart(evo: Evolution, path: Path) -> Path:
+def progress_chart(evo: EvolutionHistory, path: Path) -> Path:
     """Left: dev score per iteration (re-measured incumbent with CI; candidates as dots, accepted
     ones as stars). Right: each candidate's paired delta vs the incumbent, with the threshold."""
     with matplotlib.rc_context(PLOT_STYLE):
@@ -183,7 +186,7 @@ def triage_shares_chart(final: dict, path: Path) -> Path:
         return save_figure(fig, path)
 
 
-def write_figures(evo: Evolution, plots_dir: Path, root: Path) -> None:
+def write_figures(evo: EvolutionHistory, plots_dir: Path, root: Path) -> None:
     if evo.records:
         evo.figures["progress"] = progress_chart(evo, plots_dir / "evolution.svg").relative_to(root).as_posix()
     if evo.final:
@@ -276,7 +279,7 @@ def _final_table(final: dict) -> str:
     )
 
 
-def render_section(evo: Evolution) -> str:
+def render_section(evo: EvolutionHistory) -> str:
     state, final = evo.state or {}, evo.final
     n_meas = sum(1 for r in evo.records if r.get("status") == "measured")
     n_acc = sum(1 for r in evo.records if r.get("accepted"))

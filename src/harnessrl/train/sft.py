@@ -49,8 +49,8 @@ from harnessrl.train.progress import StepProgress
 from harnessrl.train.sft_data import (
     OWN,
     ChatRenderer,
+    EpisodeSelection,
     ExampleSet,
-    Selection,
     SFTError,
     SourceEpisode,
     build_examples,
@@ -155,7 +155,7 @@ class SFTRun:
                 "(or sample new ones with --sample N)"
             )
         lora.check_local_model(config.model, SFTError)
-        self.selection: Selection | None = None
+        self.selection: EpisodeSelection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
         self.specs: dict[str, Any] | None = None  # --as-harness own: harness name -> spec
@@ -251,14 +251,14 @@ class SFTRun:
             self.examples = build_examples(self.selection, self.spec, self.renderer, **options)
         return self.examples
 
-    def sample(self) -> Selection:
+    def sample(self) -> EpisodeSelection:
         """--sample: the attempts (those OUT/samples lacks), then the selection with each task's
         kept attempt added; per task, what was kept or why nothing was, in the stats."""
         plan, cfg = self.plan, self.config
         assert plan is not None
         trajectories = run_samples(plan, self.sample_policy or self.policy, self.progress, self._say)
         kept, per_task = best_attempts(trajectories, plan.tasks, cfg.min_score)
-        base = self.selection or Selection(
+        base = self.selection or EpisodeSelection(
             [], plan.tasks[0].suite, {"episodes": 0, "infra_errors": 0, "not_selected": 0, "selected": 0}
         )
         episodes = base.episodes + [SourceEpisode(t, str(plan.path), plan.spec.protocol.format) for t in kept]
@@ -282,7 +282,7 @@ class SFTRun:
                 "per_task": per_task,
             },
         }
-        return Selection(episodes, base.suite, stats, base.task_ids)
+        return EpisodeSelection(episodes, base.suite, stats, base.task_ids)
 
     def export(self, path: str | os.PathLike) -> Path:
         """The examples as JSONL in the chat `messages` format (one model call per line)."""

@@ -66,7 +66,9 @@ class SourceEpisode:
 
 
 @dataclass
-class Selection:
+class EpisodeSelection:
+    """The stored episodes `--from` selected for fine-tuning, and what their runs say about them."""
+
     episodes: list[SourceEpisode]
     suite: str
     stats: dict[str, Any]
@@ -123,7 +125,7 @@ def _builtin_protocol(harness: str) -> str | None:
 
 def select_episodes(
     runs: Sequence[str | Path], min_score: float | None = None, *, allow_empty: bool = False
-) -> Selection:
+) -> EpisodeSelection:
     """The episodes to learn from: passing ones (`min_score` None) or those scoring >= min_score,
     infrastructure errors skipped, over every run folder (in the order given). All must be of
     one suite; an empty selection is an error, unless `allow_empty` (sampling will add episodes:
@@ -177,7 +179,7 @@ def select_episodes(
                 + ("no episode there" if not names else f"episodes of different suites ({', '.join(sorted(names))})")
             )
         stats["selected"] = len(episodes)
-        return Selection(episodes, next(iter(names)), stats, list(task_ids), sorted(harnesses), recorded)
+        return EpisodeSelection(episodes, next(iter(names)), stats, list(task_ids), sorted(harnesses), recorded)
     if not episodes:
         what = "passing" if min_score is None else f"scoring >= {min_score:g}"
         raise SFTError(
@@ -186,7 +188,7 @@ def select_episodes(
             + ("; lower it with --min-score" if min_score is None else "")
         )
     stats["selected"] = len(episodes)
-    return Selection(episodes, next(iter(suites)), stats, list(task_ids), sorted(harnesses), recorded)
+    return EpisodeSelection(episodes, next(iter(suites)), stats, list(task_ids), sorted(harnesses), recorded)
 
 
 # -------------------------------------------------------------------------------------- actions
@@ -511,7 +513,7 @@ def shuffled_answers(replays: list[Replay], seed: int) -> dict[str, dict[str, An
     return out
 
 
-def own_specs(selection: Selection) -> dict[str, HarnessSpec]:
+def own_specs(selection: EpisodeSelection) -> dict[str, HarnessSpec]:
     """--as-harness own: every selected episode's own harness, as its run recorded it (a built-in
     harness by name when the run recorded no spec). SFTError for one that cannot be loaded."""
     from harnessrl.harness.registry import load_harness
@@ -529,7 +531,7 @@ def own_specs(selection: Selection) -> dict[str, HarnessSpec]:
 
 
 def build_examples_own(
-    selection: Selection,
+    selection: EpisodeSelection,
     specs: dict[str, HarnessSpec],
     renderer: ChatRenderer,
     **options: Any,
@@ -538,7 +540,7 @@ def build_examples_own(
     harness), in one example set; the stats are kept per harness."""
     sets = {}
     for name, spec in specs.items():
-        part = Selection([e for e in selection.episodes if e.trajectory.harness == name], selection.suite, {})
+        part = EpisodeSelection([e for e in selection.episodes if e.trajectory.harness == name], selection.suite, {})
         sets[name] = build_examples(part, spec, renderer, **options)
     stats: dict[str, Any] = {
         **selection.stats,
@@ -552,7 +554,7 @@ def build_examples_own(
 
 
 def build_examples(
-    selection: Selection,
+    selection: EpisodeSelection,
     spec: HarnessSpec,
     renderer: ChatRenderer,
     *,

@@ -26,7 +26,7 @@ from typing import Any
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.rundir import RunFolder, RunFolderError, holds_run
 from harnessrl.train.config import SFTConfig
-from harnessrl.train.sft_data import Selection, SFTError
+from harnessrl.train.sft_data import EpisodeSelection, SFTError
 from harnessrl.types import Trajectory
 
 SAMPLES_DIR = "samples"
@@ -52,7 +52,7 @@ def sampling_options_given(config: SFTConfig) -> list[str]:
     return ["--" + f.replace("_", "-") for f in fields if getattr(config, f) is not None]
 
 
-def sampling_suite(config: SFTConfig, selection: Selection | None) -> str:
+def sampling_suite(config: SFTConfig, selection: EpisodeSelection | None) -> str:
     """The suite whose tasks are sampled: the --from runs', else --sample-suite."""
     if selection is not None:
         if config.sample_suite is not None and config.sample_suite != selection.suite:
@@ -101,7 +101,7 @@ def check_sampling_harness(tasks: list, sampler: HarnessSpec, target: HarnessSpe
 
 
 def plan_sampling(
-    config: SFTConfig, selection: Selection | None, target: HarnessSpec, out: str | os.PathLike[str]
+    config: SFTConfig, selection: EpisodeSelection | None, target: HarnessSpec, out: str | os.PathLike[str]
 ) -> SamplingPlan:
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
     from harnessrl.evaluate import evaluation_record

@@ -33,9 +33,9 @@ from harnessrl.tasks.suites.planning_world import (
     WEEKDAYS,
     Attraction,
     Hotel,
-    Request,
     Restaurant,
     Service,
+    TripRequest,
     World,
     build_trip,
     hhmm,
@@ -240,7 +240,7 @@ def _kind_ok(world: World, item_id: str, kind: type) -> Any:
     return item if isinstance(item, kind) else None
 
 
-def _commonsense(plan: Itinerary, world: World, request: Request) -> tuple[dict[str, list[str]], float]:
+def _commonsense(plan: Itinerary, world: World, request: TripRequest) -> tuple[dict[str, list[str]], float]:
     v: dict[str, list[str]] = {k: [] for k in COMMONSENSE_WEIGHTS}
     cost = 0.0
     numbers = [d.day for d in plan.days]
@@ -333,7 +333,7 @@ def _hotels(plan: Itinerary, world: World) -> list[tuple[int, Hotel]]:
     return [(d.day, h) for d in plan.days if d.hotel and (h := _kind_ok(world, d.hotel, Hotel))]
 
 
-def _check_stops(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_stops(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     out = []
     if request.days == 1:
         city = request.stops[0][0]
@@ -347,48 +347,48 @@ def _check_stops(plan: Itinerary, world: World, request: Request, value: Any) ->
     return out
 
 
-def _check_depart_after(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_depart_after(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [f"{s.id} departs at {hhmm(s.depart)}, before {hhmm(value)}" for s in _legs(plan, world) if s.depart < value]
 
 
-def _check_mode(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_mode(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [f"{s.id} is a {s.mode}, not a {value}" for s in _legs(plan, world) if s.mode != value]
 
 
-def _check_hotel_rating(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_hotel_rating(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [f"{h.id} is rated {h.rating}, below {value}" for _, h in _hotels(plan, world) if h.rating < value]
 
 
-def _check_hotel_price(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_hotel_price(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [f"{h.id} costs {h.price} a night, over {value}" for _, h in _hotels(plan, world) if h.price > value]
 
 
-def _check_veg_dinner(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_veg_dinner(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     lo, hi = DINNER_WINDOW
     ok = {day for day, r, t in _meal_venues(plan, world) if r.vegetarian and lo <= t <= hi}
     return [f"day {d}: no vegetarian dinner" for d in range(1, request.days) if d not in ok]
 
 
-def _check_must_visit(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_must_visit(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     names = {a.name for d in plan.days for b in d.visits if (a := _kind_ok(world, b.id, Attraction))}
     return [] if value in names else [f"{value} is not visited"]
 
 
-def _check_cuisine(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_cuisine(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [] if any(r.cuisine == value for _, r, _ in _meal_venues(plan, world)) else [f"no {value} meal"]
 
 
-def _check_restaurant_rating(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_restaurant_rating(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     return [f"{r.id} is rated {r.rating}, below {value}" for _, r, _ in _meal_venues(plan, world) if r.rating < value]
 
 
-def _check_visit_each_day(plan: Itinerary, world: World, request: Request, value: Any) -> list[str]:
+def _check_visit_each_day(plan: Itinerary, world: World, request: TripRequest, value: Any) -> list[str]:
     seen = {d.day for d in plan.days for b in d.visits if _kind_ok(world, b.id, Attraction)}
     return [f"day {d}: no attraction" for d in range(1, request.days + 1) if d not in seen]
 
 
 # requirement kind -> (how the request words it, check returning violations)
-Check = Callable[[Itinerary, World, Request, Any], list[str]]
+Check = Callable[[Itinerary, World, TripRequest, Any], list[str]]
 CONSTRAINT_CHECKS: dict[str, tuple[Callable[[Any], str], Check]] = {
     "stops": (lambda v: "", _check_stops),
     "depart_after": (lambda v: f"no flight or train departing before {hhmm(v)}", _check_depart_after),
@@ -406,7 +406,7 @@ CONSTRAINT_CHECKS: dict[str, tuple[Callable[[Any], str], Check]] = {
 }
 
 
-def grade_plan(plan: Itinerary | None, world: World, request: Request, error: str | None = None) -> PlanReport:
+def grade_plan(plan: Itinerary | None, world: World, request: TripRequest, error: str | None = None) -> PlanReport:
     """Commonsense dimensions, personal requirements and the composite (see module docstring)."""
     if plan is None:
         return PlanReport(
@@ -440,7 +440,7 @@ class PlanGrader:
     `report` gives the full breakdown that `PlanningTask.grade` puts in the Grade.
     """
 
-    def __init__(self, world: World, request: Request):
+    def __init__(self, world: World, request: TripRequest):
         self.world, self.request = world, request
 
     def report(self, env: Environment) -> PlanReport:
@@ -632,7 +632,7 @@ TOOLS = [
 # -- families ------------------------------------------------------------------------------------------
 
 
-def _instruction(request: Request) -> str:
+def _instruction(request: TripRequest) -> str:
     start = request.date_of(1)
     if start is None:
         raise ValueError(f"a trip request of {request.days} days has no day 1")

@@ -104,7 +104,9 @@ class Constraint:
 
 
 @dataclass
-class Request:
+class TripRequest:
+    """The trip a planning task asks for: where from, when, the stops, the budget, the constraints."""
+
     home: str
     start: str  # ISO date of day 1
     days: int
@@ -209,7 +211,7 @@ NEEDS_A_NIGHT = ("hotel_rating", "hotel_price", "veg_dinner")
 @dataclass
 class Trip:
     world: World
-    request: Request
+    request: TripRequest
     plan: list[PlannedDay]
 
 
@@ -485,7 +487,7 @@ class _Builder:
 
         self._assign_ids()
         budget = int(math.ceil(plan_cost(plan) * rng.uniform(1.04, 1.12) / 10.0) * 10)
-        request = Request(self.home, self.start.isoformat(), self.days, self.stops, budget, self.constraints)
+        request = TripRequest(self.home, self.start.isoformat(), self.days, self.stops, budget, self.constraints)
         world = World(
             [self.home] + [c for c, _ in self.stops], self.services, self.hotels, self.restaurants, self.attractions
         )
