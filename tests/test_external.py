@@ -402,7 +402,7 @@ def test_an_interrupted_run_stops_the_program_and_records_nothing(tokenizer):
 
 def test_another_episodes_address_is_a_404_and_its_own_answers(tokenizer):
     from harnessrl.harness.external import ExternalEpisode
-    from harnessrl.serve.recording import RecordingEndpoint
+    from harnessrl.harness.recording import RecordingEndpoint
 
     policy = replies_policy(["hello"], tokenizer)
     job = Job(create_file_task(), agent("ask"), 0)
@@ -443,7 +443,7 @@ def test_the_openai_client_reads_tool_calls_streamed_and_not(tokenizer):
     import openai
 
     from harnessrl.harness.external import ExternalEpisode
-    from harnessrl.serve.recording import RecordingEndpoint
+    from harnessrl.harness.recording import RecordingEndpoint
 
     call = {"name": "read_file", "arguments": {"path": "a.txt"}}
     policy = replies_policy(["Let me look.\n" + hermes(call), "plain"], tokenizer)
@@ -486,8 +486,8 @@ def test_an_openai_model_gets_the_agents_tools_natively(tiny_policy):
     from openai_server import OpenAITestServer, ServerOptions
 
     from harnessrl.harness.external import ExternalEpisode
+    from harnessrl.harness.recording import RecordingEndpoint
     from harnessrl.models.openai_compat import OpenAIPolicy
-    from harnessrl.serve.recording import RecordingEndpoint
 
     options = ServerOptions(tool_call=("read_file", {"path": "a.txt"}), tool_call_content="Looking.")
     with OpenAITestServer(tiny_policy, options=options) as upstream:

@@ -23,11 +23,15 @@ import harnessrl
 PACKAGE_DIR = Path(harnessrl.__file__).parent
 PACKAGE = PACKAGE_DIR.name
 
-# The layering rule: modules under these packages import nothing from the packages named (any
+# The layering rules: modules under these packages import nothing from the packages named (any
 # import, deferred or type-only included). Models are a door to a model: they know nothing of the
-# harnesses that prompt them or the tasks those harnesses run.
+# harnesses that prompt them or the tasks those harnesses run. Harnesses know nothing of
+# `harnessrl serve`: the HTTP formats both answer with (chat completions, Responses, Messages) are
+# the wire package below them, which knows neither.
 FORBIDDEN_IMPORTS: dict[str, tuple[str, ...]] = {
     f"{PACKAGE}.models": (f"{PACKAGE}.harness", f"{PACKAGE}.tasks"),
+    f"{PACKAGE}.harness": (f"{PACKAGE}.serve",),
+    f"{PACKAGE}.wire": (f"{PACKAGE}.serve", f"{PACKAGE}.harness"),
 }
 
 # Private names (`_name`) one module imports from another, tolerated for now (none left), each with why it
@@ -245,7 +249,7 @@ def layering_violations(graph: dict[str, list[Edge]], rules: dict[str, tuple[str
     return found
 
 
-def test_models_import_nothing_of_harnesses_or_tasks():
+def test_no_import_the_layering_rules_forbid():
     found = layering_violations(import_graph(PACKAGE_DIR), FORBIDDEN_IMPORTS)
     assert not found, "imports the layering rule forbids:\n" + "\n".join(f"  {v}" for v in found)
 
@@ -338,10 +342,14 @@ def test_layering_rule_sees_every_kind_of_forbidden_import(tmp_path):
             "models/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..tasks import base\n",
             "models/sub/__init__.py": "from harnessrl import harness\n",
             "harness/loops.py": "from harnessrl.models import plain\n",  # the other direction is allowed
+            "serve/__init__.py": "",
+            "serve/app.py": "from harnessrl.harness import loops\n",  # allowed: serve builds on harness
+            "harness/external.py": "def f():\n    from harnessrl.serve import app\n",
         },
     )
     found = layering_violations(import_graph(pkg), FORBIDDEN_IMPORTS)
     assert found == [
+        "harnessrl.harness.external -> harnessrl.serve.app (harnessrl/harness/external.py:2)",
         "harnessrl.models.deferred -> harnessrl.tasks.base (harnessrl/models/deferred.py:2)",
         "harnessrl.models.plain -> harnessrl.harness.protocols (harnessrl/models/plain.py:1)",
         "harnessrl.models.sub -> harnessrl.harness (harnessrl/models/sub/__init__.py:1)",

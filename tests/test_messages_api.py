@@ -25,6 +25,7 @@ from test_serve_tools import CALL_TEXT, ScriptedHF
 
 from harnessrl.harness.external import ExternalEpisode
 from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import parse_spec
 from harnessrl.models import SamplingParams
 from harnessrl.models.embedded import tiny_random_model
@@ -32,7 +33,6 @@ from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Job
 from harnessrl.serve import serving
-from harnessrl.serve.recording import RecordingEndpoint
 from harnessrl.tasks import get_suite
 from harnessrl.types import ActionKind, ToolCall
 

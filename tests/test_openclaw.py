@@ -226,8 +226,8 @@ def test_tool_results_are_recorded_when_the_agent_strips_the_underscores_from_ca
     import openai
 
     from harnessrl.harness.external import ExternalEpisode
+    from harnessrl.harness.recording import RecordingEndpoint
     from harnessrl.rollout import Job
-    from harnessrl.serve.recording import RecordingEndpoint
 
     task = workspace_tasks()[0]
     two = "".join(as_openclaw({"name": "read_file", "arguments": {"path": p}}) for p in ("a.txt", "b.txt"))

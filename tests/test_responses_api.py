@@ -21,6 +21,7 @@ import pytest
 
 from harnessrl.harness.external import ExternalEpisode
 from harnessrl.harness.protocols import get_protocol
+from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import ExternalHarnessSpec, parse_spec
 from harnessrl.models import GenerationRequest, SamplingParams
 from harnessrl.models.embedded import tiny_random_model
@@ -28,10 +29,9 @@ from harnessrl.models.hf import HFPolicy
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Job, Runner, make_jobs
 from harnessrl.serve import serving
-from harnessrl.serve.recording import RecordingEndpoint
-from harnessrl.serve.streaming import TextDeltas
 from harnessrl.tasks import get_suite
 from harnessrl.types import ActionKind, Message, Termination, ToolCall
+from harnessrl.wire.streaming import TextDeltas
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = ROOT / "tests" / "fixtures" / "agents" / "responses_agent.py"
@@ -442,6 +442,6 @@ def test_a_conversation_sent_whole_as_codex_sends_it_is_rendered(endpoint, token
     ],
 )
 def test_a_custom_tools_input_is_read_from_the_arguments_the_format_parsed(arguments, raw):
-    from harnessrl.serve.responses import custom_input
+    from harnessrl.wire.responses import custom_input
 
     assert custom_input(arguments) == raw

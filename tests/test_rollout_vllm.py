@@ -390,8 +390,8 @@ def served_run(tmp_path_factory):
     from harnessrl.models.embedded import load_tokenizer, tiny_random_model
     from harnessrl.models.hf import HFPolicy
     from harnessrl.serve import ServedModels, create_app
-    from harnessrl.serve.server import BackgroundServer
     from harnessrl.train.trainer import Trainer
+    from harnessrl.wire.http import BackgroundServer
 
     out = tmp_path_factory.mktemp("vllm-like") / "run"
     models = ServedModels(HFPolicy(tiny_random_model(), load_tokenizer(), name="tiny-random"), max_loras=2)

@@ -4,7 +4,7 @@ makes through the run's recording endpoint is a step of the trajectory.
 A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For each episode:
 
 1. the task's environment is set up as for any harness (its workspace, its files);
-2. the episode opens its route on the run's recording endpoint (serve/recording.py, started the
+2. the episode opens its route on the run's recording endpoint (harness/recording.py, started the
    first time an external episode runs, stopped when the run ends) under an unguessable token;
 3. the command runs through `run_sandboxed` with the workspace writable (at the task's mount
    point, where it has one), a control folder holding the task file and the answer file, the
@@ -50,12 +50,11 @@ from typing import TYPE_CHECKING, Any
 from typing import Protocol as Interface
 
 from harnessrl.harness.loops import check_tool_call, episode_id, short_traceback
+from harnessrl.harness.prompt_tools import PromptTools, reply_message
 from harnessrl.harness.protocols import Protocol, get_protocol
+from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, content_text, to_generation, tool_schemas
-from harnessrl.serve.recording import RecordingEndpoint
-from harnessrl.serve.tools import PromptTools, reply_message
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, ExecResult, isolation_available, run_sandboxed
 from harnessrl.types import (
@@ -69,6 +68,7 @@ from harnessrl.types import (
     ToolSchema,
     Trajectory,
 )
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError, content_text, to_generation, tool_schemas
 
 if TYPE_CHECKING:
     from harnessrl.tasks.base import Task

@@ -1,9 +1,9 @@
 """The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API and
 Anthropic's Messages API over the local engine (a Responses or Messages request is served as the
-chat completion it means: serve/responses.py, serve/messages.py).
+chat completion it means: wire/responses.py, wire/messages.py).
 With a tool-call parser (ServedModels.tool_call_parser, vLLM's --enable-auto-tool-choice
 --tool-call-parser P) a request's `tools` are shown in the prompt and its reply parsed into
-`tool_calls` the way the recording endpoint does it (serve/tools.py).
+`tool_calls` the way the recording endpoint does it (harness/prompt_tools.py).
 
 Every completion route is async and awaits the policy's `submit` future, so the requests in
 flight together join the engine's running batch (continuous batching), and a request the
@@ -26,13 +26,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harnessrl.serve import messages as ms
+from harnessrl.harness.prompt_tools import reply_message
 from harnessrl.serve.models import ServedModel, ServedModels
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, to_generation
-from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
-from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
-from harnessrl.serve.tools import offered_tools, reply_message
+from harnessrl.serve.tools import offered_tools
 from harnessrl.types import ModelCall
+from harnessrl.wire import messages as ms
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError, to_generation
+from harnessrl.wire.http import request_error_message
+from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
+from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +51,6 @@ class LoadLoraRequest(BaseModel):
 class UnloadLoraRequest(BaseModel):
     lora_name: str
     lora_int_id: int | None = None  # sent by some vLLM clients; names are what count here
-
-
-def request_error_message(exc: RequestValidationError) -> str:
-    """One line saying what is wrong with a request body that fails validation (invalid JSON, or
-    each field and its problem), for the 400 answer."""
-    parts = []
-    for error in exc.errors():
-        if error.get("type") == "json_invalid":
-            detail = (error.get("ctx") or {}).get("error", "")
-            return f"the body is not valid JSON{f' ({detail})' if detail else ''}"
-        loc = [str(x) for x in error.get("loc", ()) if x != "body"]
-        where = ".".join(loc)
-        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid")))
-    return "invalid request body: " + "; ".join(parts) if parts else "invalid request body"
 
 
 def create_app(models: ServedModels) -> FastAPI:

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.harness.prompt_tools import PromptTools
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.spec import LOCAL_FORMS
-from harnessrl.serve.protocol import ServeError
-from harnessrl.serve.tools import PromptTools, check_tool_parser
+from harnessrl.serve.tools import check_tool_parser
+from harnessrl.wire.chat import ServeError
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class ServedModels:
     the base model's generation_config, as vLLM's default does; see `sampling_defaults`).
     `logprobs_mode`: "processed_logprobs" (log softmax(z / T), what is sampled from) or
     "raw_logprobs" (log softmax(z), vLLM's default). `tool_call_parser`: a registered tool-call
-    format (hermes, json, ...): requests with `tools` are served through it (serve/tools.py), as
+    format (hermes, json, ...): requests with `tools` are served through it (harness/prompt_tools.py), as
     vLLM's --enable-auto-tool-choice --tool-call-parser; None (the default) refuses them as vLLM
     does without those flags.
     """

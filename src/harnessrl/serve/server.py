@@ -1,25 +1,15 @@
-"""Running the app: `serving(...)`, a server in a background thread for code and tests,
-`run_server(...)`, the blocking server of the command line, and `BackgroundServer`, any ASGI app
-on a background thread (`serving` and the recording endpoint of external harnesses use it)."""
+"""Running the app: `serving(...)`, a server in a background thread for code and tests (on
+wire/http.py's `BackgroundServer`), and `run_server(...)`, the blocking server of the command line."""
 
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from harnessrl.models.hf import HFPolicy
 from harnessrl.serve.models import ServedModels
 from harnessrl.serve.tools import check_tool_parser
-
-if TYPE_CHECKING:
-    import uvicorn
-
-STARTUP_TIMEOUT_S = 60.0
-GRACEFUL_SHUTDOWN_S = 5
+from harnessrl.wire.http import GRACEFUL_SHUTDOWN_S, BackgroundServer, bind_socket, url_host
 
 
 def _served_models(
@@ -40,84 +30,6 @@ def _served_models(
             model, served_model_name=served_model_name, max_loras=max_loras, dtype=dtype, **options
         ), True
     raise TypeError(f"serving() takes a model spec, an HFPolicy or ServedModels, not a {type(model).__name__}")
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-class BackgroundServer:
-    """An ASGI app served by uvicorn from a daemon thread: `start()` binds (port 0: a free one)
-    and returns once the server answers; `stop()` stops accepting connections, gives requests in
-    flight up to GRACEFUL_SHUTDOWN_S, and joins the thread."""
-
-    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", name: str = "serve"):
-        self.app = app
-        self.host = host
-        self.port = port
-        self.log_level = log_level
-        self.name = name
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-
-    def start(self) -> str:
-        """Start serving; returns the root URL, e.g. ``http://127.0.0.1:41234``."""
-        import uvicorn
-
-        self._sock = _bind(self.host, self.port)
-        try:
-            config = uvicorn.Config(
-                self.app,
-                log_config=None,  # leave the process's logging as it is
-                log_level=self.log_level,
-                access_log=False,
-                lifespan="off",
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-            )
-            server = self._server = uvicorn.Server(config)
-            thread = self._thread = threading.Thread(
-                target=server.run, kwargs={"sockets": [self._sock]}, name=f"harnessrl-{self.name}", daemon=True
-            )
-            thread.start()
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while not server.started:
-                if not thread.is_alive():
-                    raise RuntimeError("the server stopped while starting (see the log above)")
-                if time.monotonic() > deadline:
-                    server.should_exit = True
-                    raise RuntimeError(f"the server did not start within {STARTUP_TIMEOUT_S:g} s")
-                time.sleep(0.01)
-        except BaseException:
-            self.stop()
-            raise
-        return f"http://{_url_host(self.host)}:{self._sock.getsockname()[1]}"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(GRACEFUL_SHUTDOWN_S + 10)
-        if self._sock is not None:
-            self._sock.close()
-        self._server = self._thread = self._sock = None
 
 
 @contextlib.contextmanager
@@ -150,7 +62,7 @@ def serving(
     are closed on exit. `max_lora_rank`, `generation_config` ("vllm" or "auto") and
     `logprobs_mode` ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names,
     and so are `enable_auto_tool_choice` with `tool_call_parser` (both or neither: native tool
-    calls through that tool-call format, serve/tools.py) (ServedModels; ignored when `model` is a
+    calls through that tool-call format, harness/prompt_tools.py) (ServedModels; ignored when `model` is a
     ServedModels, which has its own).
 
     The server stops when the block ends: it stops accepting connections, gives requests in
@@ -199,13 +111,13 @@ def run_server(
 
     from harnessrl.serve.app import create_app
 
-    sock = _bind(host, port)
+    sock = bind_socket(host, port)
     try:
         config = uvicorn.Config(
             create_app(models), log_level=log_level, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
         )
         if announce is not None:
-            announce(f"http://{_url_host(host)}:{sock.getsockname()[1]}/v1")
+            announce(f"http://{url_host(host)}:{sock.getsockname()[1]}/v1")
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -36,8 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError, logprobs_content
 from harnessrl.types import ModelCall
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError, logprobs_content
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # `include` values with nothing to include here (no reasoning, no tools that run on the server):

@@ -46,11 +46,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.models.base import PolicyError
 from harnessrl.models.chat import decode
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError
-from harnessrl.serve.protocol import error_body as openai_error_body
-from harnessrl.serve.replies import Exchange, complete, failure_text, shown_pieces
-from harnessrl.serve.streaming import Done, replay
 from harnessrl.types import ModelCall
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError
+from harnessrl.wire.chat import error_body as openai_error_body
+from harnessrl.wire.replies import Exchange, complete, failure_text, shown_pieces
+from harnessrl.wire.streaming import Done, replay
 
 # the paths (on `harnessrl serve` and under an episode's prefix) whose errors take Anthropic's shape
 MESSAGES_PATH = re.compile(r"/v1/messages(/count_tokens)?/?$")

@@ -10,8 +10,8 @@ run's policy and recorded as a step.
 The token is drawn per episode (`secrets`), so an agent reaches its own episode only; a token
 that names no running episode is a 404. What a request becomes, which limits apply and what is
 recorded is the episode's business (harness/external.py, `RecordedEpisode`): this module only
-routes, awaits the policy and writes the wire format (serve/protocol.py, serve/responses.py,
-serve/replies.py, serve/messages.py). A Responses or Messages request is admitted as the chat
+routes, awaits the policy and writes the wire format (wire/chat.py, wire/responses.py,
+wire/replies.py, wire/messages.py). A Responses or Messages request is admitted as the chat
 completion it means, so it is limited and recorded exactly as one; the conversations behind
 `previous_response_id` are kept per episode and dropped with it. Every request the endpoint
 refuses under a running episode's address (an unknown route, a malformed body, a request past a
@@ -34,15 +34,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.models.base import Policy, SamplingParams
-from harnessrl.serve.app import request_error_message
-from harnessrl.serve.messages import MessagesRequest, error_for, messages_reply
-from harnessrl.serve.messages import to_chat as to_messages_chat
-from harnessrl.serve.protocol import ChatCompletionRequest, ServeError
-from harnessrl.serve.replies import Exchange, ResponseTurn, chat_reply, responses_reply
-from harnessrl.serve.responses import ConversationStore, ResponsesRequest, new_id, to_chat
-from harnessrl.serve.server import BackgroundServer
-from harnessrl.serve.streaming import token_streaming
 from harnessrl.types import ModelCall
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError
+from harnessrl.wire.http import BackgroundServer, request_error_message
+from harnessrl.wire.messages import MessagesRequest, error_for, messages_reply
+from harnessrl.wire.messages import to_chat as to_messages_chat
+from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
+from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
+from harnessrl.wire.streaming import token_streaming
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
-"""Answering one admitted request on the wire, for both servers (`harnessrl serve`'s app.py and
-the recording endpoint of external harnesses, recording.py): chat completions and Responses,
+"""Answering one admitted request on the wire, for both servers (`harnessrl serve`'s serve/app.py
+and the recording endpoint of external harnesses, harness/recording.py): chat completions and Responses,
 each as one JSON body or as a server-sent event stream.
 
 A server admits a request its own way (a served model and its checks; an episode's limits) and
 hands over an `Exchange`: how to start the generation, what to do with the finished call (the
 recording endpoint records it and parses tool calls), and how to report a backend failure.
 
-Streams carry the tokens as the engine samples them (serve/streaming.py) when the policy hands
+Streams carry the tokens as the engine samples them (wire/streaming.py) when the policy hands
 them out one by one and nothing needs the whole reply first. Two cases wait for the whole reply
 and then send it token by token: a request that offered tools (on the recording endpoint, or on
 `harnessrl serve` with a tool-call parser: the text may turn out to be a tool call, which must
@@ -27,10 +27,10 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from harnessrl.models.base import PolicyError
-from harnessrl.serve import responses as rs
-from harnessrl.serve.protocol import ChatCompletionRequest, completion_body, error_body, token_string, usage
-from harnessrl.serve.streaming import Done, OnToken, Piece, replay, stream_call
 from harnessrl.types import ModelCall
+from harnessrl.wire import responses as rs
+from harnessrl.wire.chat import ChatCompletionRequest, completion_body, error_body, token_string, usage
+from harnessrl.wire.streaming import Done, OnToken, Piece, replay, stream_call
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Requests are validated here and turned into our GenerationRequest + SamplingPara
 asking for something the local engine cannot do exactly (n > 1, penalties, top_logprobs, ...)
 is refused with a 400 naming the parameter, never silently served differently. Native tools are
 taken when the caller says it takes them (`tools=True`: the recording endpoint of external
-harnesses, and `harnessrl serve` with --enable-auto-tool-choice; serve/tools.py then shows them to
+harnesses, and `harnessrl serve` with --enable-auto-tool-choice; harness/prompt_tools.py then shows them to
 the model); the conversation's tool turns are then kept as data on the Messages. Without, they
 are refused as vLLM refuses them without its auto tool choice.
 Fields neither OpenAI nor vLLM defines are ignored, as vLLM 0.33 does (its request models allow
@@ -273,7 +273,7 @@ def to_generation(
     served exactly). `max_new_tokens` applies when the body sets neither max token field.
     With `tools`, `tools` and `tool_choice` are accepted and the conversation's tool turns kept
     as data on its Messages (the caller shows the tools to the model and writes those turns as
-    the model reads them: serve/tools.py). `defaults`: the values of fields the body does not
+    the model reads them: harness/prompt_tools.py). `defaults`: the values of fields the body does not
     send (vLLM's --generation-config auto; ServedModels's `sampling_defaults`), else OpenAI's."""
     defaults = defaults or {}
     _refuse_unless_neutral(body, tools=tools)

@@ -1,0 +1,112 @@
+"""HTTP plumbing both servers share: `BackgroundServer` (any ASGI app served by uvicorn from a
+daemon thread: `harnessrl serve`'s `serving` and the recording endpoint of external harnesses),
+the socket and URL helpers of `run_server`, and the one-line message of a request body that fails
+validation."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi.exceptions import RequestValidationError
+
+STARTUP_TIMEOUT_S = 60.0
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) (port 0: a free one), inheritable, not yet listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_host(host: str) -> str:
+    """How a URL names the host a server bound: a wildcard address as the loopback one, IPv6 in brackets."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class BackgroundServer:
+    """An ASGI app served by uvicorn from a daemon thread: `start()` binds (port 0: a free one)
+    and returns once the server answers; `stop()` stops accepting connections, gives requests in
+    flight up to GRACEFUL_SHUTDOWN_S, and joins the thread."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", name: str = "serve"):
+        self.app = app
+        self.host = host
+        self.port = port
+        self.log_level = log_level
+        self.name = name
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    def start(self) -> str:
+        """Start serving; returns the root URL, e.g. ``http://127.0.0.1:41234``."""
+        import uvicorn
+
+        self._sock = bind_socket(self.host, self.port)
+        try:
+            config = uvicorn.Config(
+                self.app,
+                log_config=None,  # leave the process's logging as it is
+                log_level=self.log_level,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+            server = self._server = uvicorn.Server(config)
+            thread = self._thread = threading.Thread(
+                target=server.run, kwargs={"sockets": [self._sock]}, name=f"harnessrl-{self.name}", daemon=True
+            )
+            thread.start()
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError("the server stopped while starting (see the log above)")
+                if time.monotonic() > deadline:
+                    server.should_exit = True
+                    raise RuntimeError(f"the server did not start within {STARTUP_TIMEOUT_S:g} s")
+                time.sleep(0.01)
+        except BaseException:
+            self.stop()
+            raise
+        return f"http://{url_host(self.host)}:{self._sock.getsockname()[1]}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(GRACEFUL_SHUTDOWN_S + 10)
+        if self._sock is not None:
+            self._sock.close()
+        self._server = self._thread = self._sock = None
+
+
+def request_error_message(exc: RequestValidationError) -> str:
+    """One line saying what is wrong with a request body that fails validation (invalid JSON, or
+    each field and its problem), for the 400 answer."""
+    parts = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            detail = (error.get("ctx") or {}).get("error", "")
+            return f"the body is not valid JSON{f' ({detail})' if detail else ''}"
+        loc = [str(x) for x in error.get("loc", ()) if x != "body"]
+        where = ".".join(loc)
+        parts.append(f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg", "invalid")))
+    return "invalid request body: " + "; ".join(parts) if parts else "invalid request body"
