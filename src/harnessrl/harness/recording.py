@@ -26,7 +26,8 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol as Interface
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,7 +53,7 @@ ROUTES_SERVED = (
 )
 
 
-class RecordedEpisode(Protocol):
+class RecordedEpisode(Interface):
     """What the endpoint needs of an episode (harness/external.py's ExternalEpisode)."""
 
     token: str  # the secret part of its address
