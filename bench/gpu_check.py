@@ -752,7 +752,7 @@ def part_grpo(args, rec: Recorder) -> None:
 
 def part_sft(args, rec: Recorder) -> None:
     from harnessrl.config import EvalConfig, RunOptions
-    from harnessrl.evaluate import run_eval
+    from harnessrl.jobs.evaluate import run_eval
     from harnessrl.train.config import SFTConfig
     from harnessrl.train.sft import SFTRun
 

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _eval(out: Path, progress: bool = True, **fields) -> dict:
     from harnessrl.config import EvalConfig, RunOptions
-    from harnessrl.evaluate import run_eval
+    from harnessrl.jobs.evaluate import run_eval
 
     summary = out / "summary.json"  # written when every episode is in
     if summary.is_file():

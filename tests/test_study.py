@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from harnessrl.cli import app
 from harnessrl.harness.registry import load_harness
 from harnessrl.store import RunStore
-from harnessrl.study import CELLS, COMPARISONS, Study, StudyConfig, StudyError, recommend, run_study, verdict
+from harnessrl.jobs.study import CELLS, COMPARISONS, Study, StudyConfig, StudyError, recommend, run_study, verdict
 from harnessrl.tasks import get_suite
 
 N_COLLECT = 3
@@ -370,7 +370,7 @@ def _analyses(scores: dict[str, list[float]], rates: dict[str, dict[str, list[fl
 
 def test_the_recommendation_follows_the_intervals():
     from harnessrl.metrics import paired_difference
-    from harnessrl.study import class_effects
+    from harnessrl.jobs.study import class_effects
 
     n = 12
     ones, zeros = [1.0] * n, [0.0] * n
@@ -453,7 +453,7 @@ def test_a_content_failure_counts_once_in_the_per_task_rates(tokenizer):
     from harnessrl.harness.protocols import get_protocol
     from harnessrl.models.base import SamplingParams
     from harnessrl.rollout import Runner, make_jobs
-    from harnessrl.study import cell_analysis
+    from harnessrl.jobs.study import cell_analysis
     from harnessrl.types import ToolCall
 
     spec = load_harness("json-tools")

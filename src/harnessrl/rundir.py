@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 CONFIG = "config.json"
 LOCK = "LOCKED"
 DB = "run.db"
+# A multi-stage job's folder (`harnessrl study`, `harnessrl improve`): the stages that finished,
+# with their facts (written by jobs/stages.py, read by the report).
+STAGES_JSON = "stages.json"
+# The study's result (written by jobs/study.py, read by the report).
+STUDY_JSON = "study.json"
 # Recorded in every config, never compared on resume: they describe the machine (and where the
 # episodes ran: `executor`, see executors.py; what the rollout servers answered the trainer's
 # start-up probe: `rollout_probe`, probed again by a resumed run), not what the run computes.

@@ -1,4 +1,5 @@
-"""What every command of the command line shares: the consoles, `fail`, model-spec checks, and
+"""What every command of the command line shares: the consoles, `fail`, `job_errors` (errors and
+Ctrl-C around a long job), model-spec checks, and
 `config_command`, which builds a command's options from its pydantic config (every option is
 declared once, as a field with its bounds and help text)."""
 
@@ -6,7 +7,9 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Annotated, Any, Callable, NoReturn
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -22,6 +25,32 @@ def fail(message: str, code: int = 2) -> NoReturn:
     err.print("[bold red]error:[/] ", end="")
     err.print(message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def job_errors(
+    out: str | Path,
+    saved: str,
+    errors: tuple[type[BaseException], ...] = (),
+    failures: tuple[type[BaseException], ...] = (),
+    *,
+    say: bool = True,
+) -> Iterator[None]:
+    """Around a long-running command's job: a user error (one of `errors`) is one line on stderr
+    and exit 2, a failure of the run itself (one of `failures`, e.g. training diverged) exit 1,
+    never a traceback; Ctrl-C says what is kept (`saved`) and how to continue in `out`, and exits
+    130. `say=False` (a process other than rank 0 under torchrun) exits the same, silently."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if say:
+            err.print(f"interrupted: {saved}; continue with --resume --out {out}", highlight=False)
+        raise typer.Exit(130) from None
+    except (*errors, *failures) as e:
+        code = 2 if isinstance(e, errors) else 1
+        if say:
+            fail(str(e), code)
+        raise typer.Exit(code) from None
 
 
 def executor_for(run: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.cli.common import config_command, err, executor_for, fail, job_errors, out
 from harnessrl.config import EvalConfig, ExecutorOptions, run_options
 
 EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions)
@@ -55,26 +55,21 @@ def print_summary_table(summary: dict[str, Any]) -> None:
 @config_command(EvalConfig, EvalRun)
 def eval_cmd(config: EvalConfig, run: Any) -> None:
     """Evaluate a model on a suite through one or more harnesses."""
-    from harnessrl.evaluate import EvalError, run_eval
     from harnessrl.executors import ExecutorError
+    from harnessrl.jobs.evaluate import EvalError, run_eval
 
-    try:
+    with job_errors(run.out, "finished episodes are saved", (EvalError, ExecutorError)):
         with executor_for(run) as executor:
             summary = run_eval(
                 config, run, log=lambda m: err.print(m, highlight=False, markup=False), executor=executor
             )
-    except (EvalError, ExecutorError) as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        err.print(f"interrupted: finished episodes are saved; continue with --resume --out {run.out}", highlight=False)
-        raise typer.Exit(130)
     print_summary_table(summary)
     out.print(f"run folder: {run.out}  (summary.json, run.db)", highlight=False)
 
 
 def summary_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:
     """Recompute and print the per-harness table of a run folder."""
-    from harnessrl.evaluate import write_summary
+    from harnessrl.jobs.evaluate import write_summary
     from harnessrl.store import RunStore
 
     if not RunStore.exists(run):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, fail, given_on_command_line, out
+from harnessrl.cli.common import config_command, err, executor_for, given_on_command_line, job_errors, out
 from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
 
@@ -28,7 +27,8 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
     from harnessrl.evolve.run import run_evolve, stored_config
     from harnessrl.executors import ExecutorError
 
-    try:
+    saved = "the incumbent, the log and finished episodes are saved"
+    with job_errors(run.out, saved, (EvolveError, ExecutorError)):
         if run.resume:
             stored = stored_config(run.out)
             err.print(f"resuming {run.out} with its stored configuration", highlight=False)
@@ -52,15 +52,6 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
                 log=lambda m: err.print(m, highlight=False, markup=False),
                 executor=executor,
             )
-    except (EvolveError, ExecutorError) as e:
-        fail(str(e))
-    except KeyboardInterrupt:
-        err.print(
-            "interrupted: the incumbent, the log and finished episodes are saved; "
-            f"continue with --resume --out {run.out}",
-            highlight=False,
-        )
-        raise typer.Exit(130)
     print_final(final, config)
     out.print(f"run folder: {run.out} (evolution.jsonl, best_harness.yaml, final.json)", highlight=False)
 

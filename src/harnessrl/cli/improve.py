@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import typer
 from pydantic import Field
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, fail, out
+from harnessrl.cli.common import config_command, err, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.improve import ImproveConfig
 
@@ -32,7 +31,8 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
     from harnessrl.improve import ImproveError, run_improve
     from harnessrl.train.update import TrainingDiverged
 
-    try:
+    saved = "finished stages, episodes and decisions are saved"
+    with job_errors(run.out, saved, (ImproveError,), (TrainingDiverged,)):
         result = run_improve(
             config,
             run.out,
@@ -42,16 +42,6 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
             log=lambda m: err.print(m, highlight=False, markup=False),
             console=err,
         )
-    except ImproveError as e:
-        fail(str(e), 2)
-    except TrainingDiverged as e:
-        fail(str(e), 1)
-    except KeyboardInterrupt:
-        err.print(
-            f"interrupted: finished stages, episodes and decisions are saved; continue with --resume --out {run.out}",
-            highlight=False,
-        )
-        raise typer.Exit(130)
     for d in result["decisions"]:
         out.print(f"{d['phase']}: {d['key']} = {d['choice']}", highlight=False, markup=False, soft_wrap=True)
     if "stopped_after" in result:

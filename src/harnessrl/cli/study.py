@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, fail, out
+from harnessrl.cli.common import config_command, err, job_errors, out
 from harnessrl.config import run_options
-from harnessrl.study import StudyConfig
+from harnessrl.jobs.study import StudyConfig
 
 StudyRun = run_options(
     "runs/study",
@@ -21,10 +20,10 @@ StudyRun = run_options(
 def study_cmd(config: StudyConfig, run: Any) -> None:
     """Harness x weights: evolve a harness, distil its passing episodes into the seed harness's
     weights (and a placebo), and compare the 5 cells on held-out tasks."""
-    from harnessrl.study import StudyError, run_study
+    from harnessrl.jobs.study import StudyError, run_study
     from harnessrl.train.trainer import TrainingDiverged
 
-    try:
+    with job_errors(run.out, "finished stages and episodes are saved", (StudyError,), (TrainingDiverged,)):
         result = run_study(
             config,
             run.out,
@@ -33,16 +32,6 @@ def study_cmd(config: StudyConfig, run: Any) -> None:
             log=lambda m: err.print(m, highlight=False, markup=False),
             console=err,
         )
-    except StudyError as e:
-        fail(str(e), 2)
-    except TrainingDiverged as e:
-        fail(str(e), 1)
-    except KeyboardInterrupt:
-        err.print(
-            f"interrupted: finished stages and episodes are saved; continue with --resume --out {run.out}",
-            highlight=False,
-        )
-        raise typer.Exit(130)
     print_study(result)
     out.print(f"study folder: {run.out} (study.json, stages.json, one run folder per stage)", highlight=False)
 

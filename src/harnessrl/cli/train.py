@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, fail, out
+from harnessrl.cli.common import config_command, err, executor_for, job_errors, out
 from harnessrl.config import ExecutorOptions, cli, run_options
 from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
 
@@ -47,11 +47,8 @@ SFTRunOptions = run_options(
 )
 
 
-def _interrupted(folder: Path, say: bool = True) -> typer.Exit:
-    """Ctrl-C during training: how to continue (said by rank 0 alone), and the exit code 130."""
-    if say:
-        err.print(f"interrupted: continue from the last checkpoint with --resume --out {folder}", highlight=False)
-    return typer.Exit(130)
+# What a training run keeps when it is interrupted.
+CHECKPOINT_SAVED = "the last checkpoint is saved"
 
 
 @train_app.command("grpo")
@@ -64,23 +61,11 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
 
     # Under torchrun / accelerate launch every process runs this command; rank 0 alone speaks.
     main = process_rank() == 0
-
-    def stop(message: str, code: int) -> None:
-        if main:
-            fail(message, code)
-        raise typer.Exit(code)
-
-    try:
+    with job_errors(run.out, CHECKPOINT_SAVED, (TrainError, ExecutorError), (TrainingDiverged,), say=main):
         with executor_for(run) as executor:
             trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
             executor.start()  # connect before the model loads
             summary = trainer.run()
-    except (TrainError, ExecutorError) as e:
-        stop(str(e), 2)
-    except TrainingDiverged as e:
-        stop(str(e), 1)
-    except KeyboardInterrupt:
-        raise _interrupted(run.out, say=main) from None
     if not main:
         return
     out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
@@ -99,7 +84,7 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
     samples N attempts per task with the model and adds each task's best passing one."""
     from harnessrl.train.sft import SFTError, TrainingDiverged, run_sft
 
-    try:
+    with job_errors(run.out, CHECKPOINT_SAVED, (SFTError,), (TrainingDiverged,)):
         summary = run_sft(
             config,
             run.out,
@@ -110,12 +95,6 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             progress=run.progress,
             console=err,
         )
-    except SFTError as e:
-        fail(str(e), 2)
-    except TrainingDiverged as e:
-        fail(str(e), 1)
-    except KeyboardInterrupt:
-        raise _interrupted(run.out) from None
     data = summary["data"]
     sampled = data.get("sampling")
     if sampled:
@@ -153,17 +132,11 @@ def distill_cmd(config: DistillConfig, run: Any) -> None:
     from harnessrl.executors import ExecutorError
     from harnessrl.train.distill import DistillError, DistillRun, TrainingDiverged
 
-    try:
+    with job_errors(run.out, CHECKPOINT_SAVED, (DistillError, ExecutorError), (TrainingDiverged,)):
         with executor_for(run) as executor:
             job = DistillRun(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
             executor.start()  # connect before the model loads
             summary = job.run()
-    except (DistillError, ExecutorError) as e:
-        fail(str(e), 2)
-    except TrainingDiverged as e:
-        fail(str(e), 1)
-    except KeyboardInterrupt:
-        raise _interrupted(run.out) from None
     out.print(f"distilled {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
     out.print(
         f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {config.suite} "

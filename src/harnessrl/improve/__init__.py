@@ -14,7 +14,7 @@ with GRPO on the tasks that fail that way.
     weights   the evolved harness distilled into LoRA weights that run under the SEED harness, two
               ways at the same number of optimizer steps: imitation (`train sft` on the evolved
               harness's passing train episodes, weights/collect -> weights/sft, with its placebo
-              weights/placebo: `harnessrl.stages`, as in `harnessrl study`) and on-policy
+              weights/placebo: `harnessrl.jobs.stages`, as in `harnessrl study`) and on-policy
               distillation (`train distill`, weights/distill);
               each adapter evaluated under the seed harness on the dev tasks; the one with the
               higher dev mean is kept (weights.choice); skipped when the evolved harness is the seed

@@ -3,13 +3,11 @@ content (delivered, wrong)."""
 
 from __future__ import annotations
 
-import gc
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.improve.config import ImproveError
 from harnessrl.improve.record import JobBase
-from harnessrl.rundir import holds_run
 
 if TYPE_CHECKING:
     from harnessrl.tasks.base import Suite, Task
@@ -111,26 +109,24 @@ class ContentPhase(JobBase):
             retries=c.retries,
             seed=c.seed,
         )
-        self._release()
-        self.log(f"{stage}: GRPO on {len(tasks)} content-failure tasks over {', '.join(s.name for s in specs)}")
         path = self.out / stage
-        try:
+
+        def train(path: Path, resume: bool):
             trainer = Trainer(
                 config,
                 path,
-                resume=holds_run(path),
+                resume=resume,
                 suite=TrainSubset(self.suite, tasks),
                 specs=specs,
                 progress=self.progress,
                 console=self.console,
             )
-            summary = trainer.run()
-        except TrainError as e:
-            raise ImproveError(f"{stage}: {e}") from None
-        finally:
-            gc.collect()
-        updates = sum(
-            1 for line in (path / "metrics.jsonl").read_text().splitlines() if json.loads(line).get("optimizer_step")
-        )
-        self.runner.done(stage, steps=summary["steps"], optimizer_steps=updates, harnesses=[s.name for s in specs])
-        return self.runner.stages[stage]
+            return trainer.run()
+
+        def facts(summary) -> dict[str, Any]:
+            metrics = (path / "metrics.jsonl").read_text().splitlines()
+            updates = sum(1 for line in metrics if json.loads(line).get("optimizer_step"))
+            return {"steps": summary["steps"], "optimizer_steps": updates, "harnesses": [s.name for s in specs]}
+
+        what = f"GRPO on {len(tasks)} content-failure tasks over {', '.join(s.name for s in specs)}"
+        return self.runner.trained(stage, what, train, TrainError, facts)

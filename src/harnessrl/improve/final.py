@@ -15,8 +15,8 @@ class FinalPhase(JobBase):
     """The final phase of the job (Improve)."""
 
     def _final(self, evolved, weights: dict[str, Any], content: dict[str, Any]) -> dict[str, Any]:
+        from harnessrl.jobs.study_analysis import verdict
         from harnessrl.metrics import paired_difference
-        from harnessrl.study_analysis import verdict
 
         c = self.config
         cells_spec = {

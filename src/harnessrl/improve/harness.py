@@ -9,7 +9,6 @@ from typing import Any
 
 from harnessrl.improve.config import ImproveError
 from harnessrl.improve.record import JobBase
-from harnessrl.rundir import LOCK, holds_run
 
 
 def process_rate(trajectories: list) -> float | None:
@@ -75,31 +74,14 @@ class HarnessPhase(JobBase):
     def _evolve(self, seed_rate: float):
         """`run_evolve` from the seed, its `stop_when` asking after every iteration which ceiling
         fires (`_ceiling`); the search ends at the first, its held-out phase runs at that iteration."""
-        from harnessrl.evolve.loop import BEST, FINAL, EvolveError
-        from harnessrl.evolve.run import run_evolve
-        from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import SpecError
-
         path = self.out / "harness" / "evolve"
-        finished = (path / FINAL).is_file() and (path / LOCK).is_file()
         self._release()  # evolution loads its own copy of the model
-        if not finished:
-            try:
-                run_evolve(
-                    self._evolve_config(),
-                    path,
-                    resume=holds_run(path),
-                    progress=self.progress,
-                    log=lambda message: self.log(f"evolve: {message}"),
-                    stop_when=lambda done: self._ceiling(path, done, seed_rate)[0],
-                )
-            except EvolveError as e:
-                raise ImproveError(f"harness/evolve: {e}") from None
-        try:
-            final = json.loads((path / FINAL).read_text(encoding="utf-8"))
-            spec = load_harness(str(path / BEST))
-        except (OSError, ValueError, SpecError) as e:
-            raise ImproveError(f"harness/evolve: {path} holds no finished evolution ({e})") from None
+        final, spec = self.runner.evolved(
+            "harness/evolve",
+            self._evolve_config(),
+            log=lambda message: self.log(f"evolve: {message}"),
+            stop_when=lambda done: self._ceiling(path, done, seed_rate)[0],
+        )
         done = int(final["iterations_run"])
         which, trail = self._ceiling(path, done, seed_rate)
         if which is None:

@@ -12,8 +12,8 @@ from harnessrl.improve.content import ContentPhase
 from harnessrl.improve.final import FinalPhase
 from harnessrl.improve.harness import HarnessPhase
 from harnessrl.improve.weights import WeightsPhase
+from harnessrl.jobs.stages import StageError
 from harnessrl.rundir import RunFolder, RunFolderError
-from harnessrl.stages import StageError
 
 
 class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
@@ -88,7 +88,7 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
             self.folder = RunFolder.open(self.out, "improvement", self.record, resume=resume, may_differ=("device",))
         except RunFolderError as e:
             raise ImproveError(str(e)) from None
-        self.runner = None  # the stages (`harnessrl.stages.Stages`), made by run()
+        self.runner = None  # the stages (`harnessrl.jobs.stages.Stages`), made by run()
         self.recorded: dict[str, dict[str, Any]] = {}
         self.decisions: list[dict[str, Any]] = []
 

@@ -1,5 +1,5 @@
 """What every phase of the job shares: the decisions (decisions.jsonl, checked again on resume),
-the evaluation stages (`harnessrl.stages`, which `harnessrl study` runs too) and the attributes the job sets up."""
+the evaluation stages (`harnessrl.jobs.stages`, which `harnessrl study` runs too) and the attributes the job sets up."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class JobBase:
     # -- evaluation stages ----------------------------------------------------------------------------
     def _stages(self, root: Path, evolved: str | None = None):
         """The stage runner rooted at `root`, `evolved` the evolved harness's spec file."""
-        from harnessrl.study import StudyConfig
+        from harnessrl.jobs.study import StudyConfig
 
         c = self.config
         study = StudyConfig(
@@ -80,7 +80,7 @@ class JobBase:
             max_in_flight=c.max_in_flight,
             retries=c.retries,
         )
-        from harnessrl.stages import Stages
+        from harnessrl.jobs.stages import Stages
 
         return Stages(
             study,
@@ -99,7 +99,7 @@ class JobBase:
 
     def _cell(self, stage: str, split: str, tasks: list, spec, model: str) -> dict[str, Any]:
         """An evaluation stage and its analysis (study_analysis.cell_analysis)."""
-        from harnessrl.study_analysis import cell_analysis
+        from harnessrl.jobs.study_analysis import cell_analysis
 
         trajectories = self.runner.measured(stage, split, tasks, spec, model, self.config.attempts)
         analysis = cell_analysis(trajectories, self.config.attempts)

@@ -3,12 +3,10 @@ harness, by imitation and by on-policy distillation; the adapter with the higher
 
 from __future__ import annotations
 
-import gc
+from pathlib import Path
 from typing import Any
 
-from harnessrl.improve.config import ImproveError
 from harnessrl.improve.record import JobBase
-from harnessrl.rundir import holds_run
 
 
 class WeightsPhase(JobBase):
@@ -24,10 +22,10 @@ class WeightsPhase(JobBase):
                 {"reason": "the evolved harness is the seed harness: there is no harness behaviour to distil"},
             )
             return {"variant": "base", "adapter": None, "model": self.config.model}
-        from harnessrl.stages import NothingToDistil
+        from harnessrl.jobs.stages import NothingToDistil
 
         c = self.config
-        # the collection and imitation stages (`harnessrl.stages`), rooted at OUT/weights (its stages.json there)
+        # the collection and imitation stages (`harnessrl.jobs.stages`), rooted at OUT/weights (its stages.json there)
         imitation = self._stages(self.out.resolve() / "weights", str(self.out.resolve() / "harness" / "evolved.yaml"))
         variants: dict[str, dict[str, Any]] = {}
         steps = c.distill_steps
@@ -66,8 +64,8 @@ class WeightsPhase(JobBase):
         else:
             self._distill("weights/distill", evolved, steps)
             variants["on-policy"] = {"adapter": "weights/distill/adapter", "steps": steps}
+        from harnessrl.jobs.study_analysis import verdict
         from harnessrl.metrics import paired_difference
-        from harnessrl.study_analysis import verdict
 
         evidence: dict[str, Any] = {"base": {"folder": "harness/seed-dev", **base["record"]}}
         for name, v in variants.items():
@@ -124,24 +122,20 @@ class WeightsPhase(JobBase):
             max_in_flight=c.max_in_flight,
             retries=c.retries,
         )
-        self._release()
-        self.log(f"{stage}: on-policy distillation, {steps} steps")
-        path = self.out / stage
-        try:
-            summary = run_distill(
+
+        def train(path: Path, resume: bool):
+            return run_distill(
                 config,
                 path,
-                resume=holds_run(path),
+                resume=resume,
                 progress=self.progress,
                 console=self.console,
                 suite=self.suite,
                 teacher=evolved,
                 student=self.seed_spec,
             )
-        except DistillError as e:
-            raise ImproveError(f"{stage}: {e}") from None
-        finally:
-            gc.collect()
-        last = summary["last"] or {}
-        self.runner.done(stage, steps=summary["steps"], final_kl=last.get("kl"))
-        return self.runner.stages[stage]
+
+        def facts(summary) -> dict[str, Any]:
+            return {"steps": summary["steps"], "final_kl": (summary["last"] or {}).get("kl")}
+
+        return self.runner.trained(stage, f"on-policy distillation, {steps} steps", train, DistillError, facts)

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.report.page import page_shell
-from harnessrl.stages import STAGES_JSON
+from harnessrl.rundir import STAGES_JSON, STUDY_JSON
 
-STUDY_JSON = "study.json"
 # the evaluation stages whose folders get a report of their own (relative to the study folder)
 EVAL_STAGES = ("seed-eval", "collect")
 CELL_ORDER = ("seed-base", "evolved-base", "seed-distilled", "evolved-distilled", "seed-placebo")
@@ -117,7 +116,7 @@ def _verdict_cell(diff: dict[str, Any]) -> str:
 
 
 def _differences_table(study: dict[str, Any]) -> str:
-    from harnessrl.study_analysis import LABELS
+    from harnessrl.jobs.study_analysis import LABELS
 
     rows = []
     for name, d in (study.get("paired_differences") or {}).items():

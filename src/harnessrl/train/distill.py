@@ -80,7 +80,7 @@ from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_j
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import DistillConfig
 from harnessrl.train.grpo import TrainingUnit, checkpointing_forward, plain_output_head
-from harnessrl.train.progress import StepProgress, mean
+from harnessrl.train.progress import DISTILL_VIEW, StepProgress, mean
 from harnessrl.train.step import sampling_seed
 from harnessrl.train.update import TrainingDiverged, micro_batches, padded_batch
 
@@ -388,12 +388,14 @@ def step_tasks(train_tasks: list, n: int, seed: int, step: int) -> list:
 # ------------------------------------------------------------------------------------------ the run
 
 
-class DistillRun:
+class DistillRun(lora.WritesAdapter):
     """`DistillRun(config, out, resume=...)` checks everything cheap (options, harnesses, suite,
     model spec, the run folder) and raises DistillError; `run()` loads the model and trains.
 
     `suite`, `teacher`, `student` may be given as objects instead of names (tests shrink harness
     rules this way); the recorded config then holds their names and the specs' full content."""
+
+    trained_by = "harnessrl train distill"
 
     def __init__(
         self,
@@ -534,18 +536,9 @@ class DistillRun:
         self.step = int(state["step"])
         return True
 
-    def save_adapter(self) -> Path:
-        cfg = self.config
-        return lora.write_adapter(
-            self.out,
-            self.peft_model,
-            cfg.model,
-            "harnessrl train distill",
-            steps=self.step,
-            suite=cfg.suite,
-            harness=self.student.name,
-            teacher_harness=self.teacher.name,
-        )
+    def adapter_facts(self) -> dict[str, Any]:
+        """harnessrl.json of OUT/adapter also names the suite, the student and the teacher harness."""
+        return {"suite": self.config.suite, "harness": self.student.name, "teacher_harness": self.teacher.name}
 
     # -- one step --------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, Any]:
@@ -636,7 +629,7 @@ class DistillRun:
             truncate_jsonl(metrics_path, self.step)
         self._open_store()
         last: dict[str, Any] = {}
-        with _Progress(self.console, cfg.steps, self.step, self.progress) as bar:
+        with StepProgress(DISTILL_VIEW, self.console, cfg.steps, self.step, self.progress) as bar:
             while self.step < cfg.steps:
                 try:
                     record = self.train_step()
@@ -677,21 +670,3 @@ def run_distill(
     return DistillRun(
         config, out, resume=resume, progress=progress, console=console, executor=executor, **objects
     ).run()
-
-
-class _Progress(StepProgress):
-    title = "distill step"
-    columns = {"kl": "kl {task.fields[kl]}", "reward": "reward {task.fields[reward]}"}
-
-    def shown(self, r: dict[str, Any]) -> dict[str, str]:
-        return {"kl": _num(r["kl"]), "reward": _num(r["reward_mean"])}
-
-    def line(self, r: dict[str, Any]) -> str:
-        return (
-            f"step {r['step']}/{self.total}  kl {_num(r['kl'])}  reward {_num(r['reward_mean'])}  "
-            f"tokens {r['completion_tokens']}  {r['time']['total']:.1f} s"
-        )
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4f}"

@@ -11,6 +11,7 @@ and save the same way.
     adapter_state         a CPU copy of the adapter's weights as they are
     holding_weights       the model holds other adapter weights inside a block, then its own again
     write_adapter         OUT/adapter: a peft adapter folder + harnessrl.json naming the base model
+    WritesAdapter         save_adapter for every trainer (GRPO, SFT, distill): write_adapter with its facts
 
 The checks take the exception class of their caller (TrainError, SFTError), so each command
 reports a bad model or checkpoint as its own error.
@@ -265,3 +266,25 @@ def write_adapter(out: Path, peft_model, model: str, trained_by: str, **facts: A
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+class WritesAdapter:
+    """A training run that saves its LoRA weights as OUT/adapter (GRPO's Trainer, SFTRun,
+    DistillRun): `save_adapter` writes them with the command that trained them (`trained_by`) and
+    the run's own facts (`adapter_facts`) in harnessrl.json."""
+
+    trained_by: str
+    out: Any
+    peft_model: Any
+    config: Any
+    step: int
+
+    def adapter_facts(self) -> dict[str, Any]:
+        """What harnessrl.json says of this run besides the base model, the command and the steps."""
+        raise NotImplementedError
+
+    def save_adapter(self) -> Path:
+        """OUT/adapter (write_adapter), with `adapter_facts` in harnessrl.json."""
+        assert self.out is not None  # a run that trains
+        facts = self.adapter_facts()
+        return write_adapter(self.out, self.peft_model, self.config.model, self.trained_by, steps=self.step, **facts)

@@ -3,7 +3,8 @@ bar on a terminal, a plain line per step otherwise (CI logs, `| tee`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -13,24 +14,27 @@ def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+@dataclass(frozen=True)
+class StepView:
+    """What a training job shows of a step's record: the bar's title, its own columns (field ->
+    column text) and what fills them (`shown`), and the plain line (`line(record, total)`)."""
+
+    title: str
+    columns: dict[str, str]
+    shown: Callable[[dict[str, Any]], dict[str, str]]
+    line: Callable[[dict[str, Any], int], str]
+
+
 class StepProgress:
     """A rich bar over the optimizer steps on a terminal; a plain line per step otherwise (CI logs,
-    `| tee`). A subclass names the bar's own columns (`columns`: field -> column text), what a
-    step's record shows in them (`shown`) and as a line (`line`)."""
+    `| tee`), as `view` says (GRPO_VIEW, SFT_VIEW, DISTILL_VIEW)."""
 
-    title = "step"
-    columns: dict[str, str] = {}
-
-    def __init__(self, console, total: int, done: int, enabled: bool):
+    def __init__(self, view: StepView, console, total: int, done: int, enabled: bool):
+        self.view = view
+        self.title, self.columns = view.title, view.columns
         self.console, self.total, self.done, self.enabled = console, total, done, enabled
         self.bar: Progress | None = None
         self.task: TaskID | None = None
-
-    def shown(self, r: dict[str, Any]) -> dict[str, str]:
-        raise NotImplementedError
-
-    def line(self, r: dict[str, Any]) -> str:
-        raise NotImplementedError
 
     def __enter__(self):
         if self.enabled and self.console.is_terminal:
@@ -59,10 +63,10 @@ class StepProgress:
 
     def update(self, r: dict[str, Any]) -> None:
         if self.bar is not None and self.task is not None:
-            fields: dict[str, Any] = self.shown(r)
+            fields: dict[str, Any] = self.view.shown(r)
             self.bar.update(self.task, completed=r["step"], **fields)
         elif self.enabled:
-            self.console.print(self.line(r), highlight=False, markup=False)
+            self.console.print(self.view.line(r, self.total), highlight=False, markup=False)
 
     def __exit__(self, *exc):
         if self.bar is not None:
@@ -70,21 +74,40 @@ class StepProgress:
         return False
 
 
-class GRPOProgress(StepProgress):
-    """`harnessrl train grpo`: the harness of the step and its mean reward."""
-
-    columns = {"harness": "{task.fields[harness]}", "reward": "reward {task.fields[reward]}"}
-
-    def shown(self, r: dict[str, Any]) -> dict[str, str]:
-        return {"harness": r["harness"], "reward": shown_value(r["reward_mean"], ".3f")}
-
-    def line(self, r: dict[str, Any]) -> str:
-        return (
-            f"step {r['step']}/{self.total}  {r['harness']}  reward {shown_value(r['reward_mean'], '.3f')}  "
-            f"|A| {shown_value(r['adv_abs_mean'], '.3f')}  loss {shown_value(r['loss'], '.4f')}  "
-            f"{'update' if r['optimizer_step'] else 'skipped'}  {r['time']['total']:.1f} s"
-        )
-
-
 def shown_value(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+# `harnessrl train grpo`: the harness of the step and its mean reward.
+GRPO_VIEW = StepView(
+    title="step",
+    columns={"harness": "{task.fields[harness]}", "reward": "reward {task.fields[reward]}"},
+    shown=lambda r: {"harness": r["harness"], "reward": shown_value(r["reward_mean"], ".3f")},
+    line=lambda r, total: (
+        f"step {r['step']}/{total}  {r['harness']}  reward {shown_value(r['reward_mean'], '.3f')}  "
+        f"|A| {shown_value(r['adv_abs_mean'], '.3f')}  loss {shown_value(r['loss'], '.4f')}  "
+        f"{'update' if r['optimizer_step'] else 'skipped'}  {r['time']['total']:.1f} s"
+    ),
+)
+
+# `harnessrl train sft`: the loss of each logged step.
+SFT_VIEW = StepView(
+    title="sft step",
+    columns={"loss": "loss {task.fields[loss]}"},
+    shown=lambda r: {"loss": f"{r['loss']:.4f}"},
+    line=lambda r, total: (
+        f"step {r['step']}/{total}  epoch {r['epoch']}  loss {r['loss']:.4f}  "
+        f"tokens {r['tokens']}  lr {r['lr']:.2e}  {r['seconds']:.1f} s"
+    ),
+)
+
+# `harnessrl train distill`: the student's KL to the teacher and its reward.
+DISTILL_VIEW = StepView(
+    title="distill step",
+    columns={"kl": "kl {task.fields[kl]}", "reward": "reward {task.fields[reward]}"},
+    shown=lambda r: {"kl": shown_value(r["kl"], ".4f"), "reward": shown_value(r["reward_mean"], ".4f")},
+    line=lambda r, total: (
+        f"step {r['step']}/{total}  kl {shown_value(r['kl'], '.4f')}  "
+        f"reward {shown_value(r['reward_mean'], '.4f')}  tokens {r['completion_tokens']}  {r['time']['total']:.1f} s"
+    ),
+)

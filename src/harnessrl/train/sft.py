@@ -45,7 +45,7 @@ from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_j
 from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
-from harnessrl.train.progress import StepProgress
+from harnessrl.train.progress import SFT_VIEW, StepProgress
 from harnessrl.train.sft_data import (
     OWN,
     ChatRenderer,
@@ -121,7 +121,7 @@ def sft_loss(model, units: list[TrainingUnit], pad_id: int, micro_batch: int) ->
     return loss_sum / total, total, padded
 
 
-class SFTRun:
+class SFTRun(lora.WritesAdapter):
     """`SFTRun(config, out, resume=...)` checks everything cheap (options, harness, model spec,
     run folders) and raises SFTError; `prepare()` loads the model, samples (--sample: into
     `samples_root`/samples) and builds the examples (SFTError on bad data; nothing written but
@@ -129,6 +129,8 @@ class SFTRun:
 
     `out` None: no run folder (an export only). `sample_policy`: the policy that makes the
     --sample attempts instead of the model being trained (tests: a scripted one)."""
+
+    trained_by = "harnessrl train sft"
 
     def __init__(
         self,
@@ -334,7 +336,7 @@ class SFTRun:
         pad_id = self.policy.pad_id
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         last: dict[str, Any] = {}
-        with _Progress(self.console, total, self.step, self.progress) as bar:
+        with StepProgress(SFT_VIEW, self.console, total, self.step, self.progress) as bar:
             while self.step < total:
                 t0 = time.perf_counter()
                 epoch, k = divmod(self.step, per_epoch)
@@ -409,21 +411,15 @@ class SFTRun:
         self.step = int(state["step"])
         return True
 
-    def save_adapter(self) -> Path:
-        """OUT/adapter (lora.write_adapter); harnessrl.json also names the harness, the placebo and the examples."""
-        cfg = self.config
-        assert self.out is not None and self.examples is not None  # a run that trains, prepared
-        return lora.write_adapter(
-            self.out,
-            self.peft_model,
-            cfg.model,
-            "harnessrl train sft",
-            steps=self.step,
-            suite=self.examples.suite,
-            harness=self.harness_name,
-            placebo=cfg.placebo,
-            examples=len(self.examples.examples),
-        )
+    def adapter_facts(self) -> dict[str, Any]:
+        """harnessrl.json of OUT/adapter also names the harness, the placebo and the examples."""
+        assert self.examples is not None  # a run that trains, prepared
+        return {
+            "suite": self.examples.suite,
+            "harness": self.harness_name,
+            "placebo": self.config.placebo,
+            "examples": len(self.examples.examples),
+        }
 
     def _say(self, text: str) -> None:
         if self.progress:
@@ -473,17 +469,3 @@ def run_sft(
     if export_only:
         return summary
     return {**summary, **run.train()}
-
-
-class _Progress(StepProgress):
-    title = "sft step"
-    columns = {"loss": "loss {task.fields[loss]}"}
-
-    def shown(self, r: dict[str, Any]) -> dict[str, str]:
-        return {"loss": f"{r['loss']:.4f}"}
-
-    def line(self, r: dict[str, Any]) -> str:
-        return (
-            f"step {r['step']}/{self.total}  epoch {r['epoch']}  loss {r['loss']:.4f}  "
-            f"tokens {r['tokens']}  lr {r['lr']:.2e}  {r['seconds']:.1f} s"
-        )

@@ -104,9 +104,9 @@ def plan_sampling(
     config: SFTConfig, selection: EpisodeSelection | None, target: HarnessSpec, out: str | os.PathLike[str]
 ) -> SamplingPlan:
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
-    from harnessrl.evaluate import evaluation_record
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
+    from harnessrl.jobs.evaluate import evaluation_record
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
@@ -153,7 +153,7 @@ def plan_sampling(
 def run_samples(plan: SamplingPlan, policy, progress: bool = True, say=lambda text: None) -> list[Trajectory]:
     """The attempts of the plan still missing from its folder, through the runner; returns
     every attempt in the folder. Writes summary.json as `harnessrl eval` does."""
-    from harnessrl.evaluate import run_into_store, write_summary
+    from harnessrl.jobs.evaluate import run_into_store, write_summary
     from harnessrl.rollout import make_jobs
 
     folder = plan.folder

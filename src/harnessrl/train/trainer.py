@@ -103,7 +103,7 @@ from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError
 from harnessrl.train.grpo import TrainingUnit
 from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
-from harnessrl.train.progress import GRPOProgress, mean
+from harnessrl.train.progress import GRPO_VIEW, StepProgress, mean
 from harnessrl.train.schedulers import make_scheduler, random_state_json, set_random_state_json
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import (
@@ -159,13 +159,15 @@ class TrainError(ValueError):
 # ------------------------------------------------------------------------------------- the trainer
 
 
-class Trainer:
+class Trainer(lora.WritesAdapter):
     """`Trainer(config, out, resume=...)` checks everything cheap (options, harnesses, suite,
     scheduler, the run folder) and raises TrainError; `run()` loads the model and trains.
 
     `suite` and `specs` may be given as objects instead of names (tests shrink harness rules
     this way); the recorded config then holds their names and the specs' full content.
     """
+
+    trained_by = "harnessrl train grpo"
 
     def __init__(
         self,
@@ -394,19 +396,10 @@ class Trainer:
         self.pipeline.restore(state, saved.pinned, self.step)
         return True
 
-    def save_adapter(self) -> Path:
-        """OUT/adapter (lora.write_adapter); harnessrl.json also names the suite, harnesses and scheduler."""
+    def adapter_facts(self) -> dict[str, Any]:
+        """harnessrl.json of OUT/adapter also names the suite, harnesses and scheduler."""
         cfg = self.config
-        return lora.write_adapter(
-            self.out,
-            self.peft_model,
-            cfg.model,
-            "harnessrl train grpo",
-            steps=self.step,
-            suite=cfg.suite,
-            harnesses=cfg.harnesses,
-            scheduler=cfg.scheduler,
-        )
+        return {"suite": cfg.suite, "harnesses": cfg.harnesses, "scheduler": cfg.scheduler}
 
     # -- one step: plan -> collect -> advantages -> update -> observe ---------------------------------
     def update_context(self) -> UpdateContext:
@@ -678,7 +671,7 @@ class Trainer:
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
         last: dict[str, Any] = {}
-        with GRPOProgress(self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
+        with StepProgress(GRPO_VIEW, self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
             while self.step < cfg.steps:
                 try:
                     record = self.train_step()

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-from harnessrl.rundir import RunFolder, RunFolderError, as_json, holds_run, write_json
-
-STAGES_JSON = "stages.json"
+from harnessrl.rundir import STAGES_JSON, RunFolder, RunFolderError, as_json, holds_run, write_json
 
 # A factory for tests and embedding: (stage, model spec) -> the policy to run that evaluation
 # stage with, or None to load the model spec as usual. Stages: seed-eval, collect, cells/<cell>.
 PolicyFactory = Callable[[str, str], Optional[Any]]
+
+
+R = TypeVar("R")
 
 
 class StageError(ValueError):
@@ -88,6 +89,75 @@ class Stages:
         self.stages[stage] = as_json(facts)
         write_json(self.out / STAGES_JSON, self.stages)
 
+    def trained(
+        self,
+        stage: str,
+        what: str,
+        train: Callable[[Path, bool], R],
+        errors: type[Exception] | tuple[type[Exception], ...],
+        facts: Callable[[R], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A training stage (its adapter in OUT/<stage>): its recorded facts once it finished;
+        otherwise the kept model is released (training loads its own), `train(path, resume)` runs
+        (resumed when the folder holds a run), its `errors` become a StageError naming the stage,
+        and `facts(result)` is recorded in stages.json."""
+        if stage in self.stages:
+            return self.stages[stage]
+        self.release()
+        self.log(f"{stage}: {what}")
+        path = self.out / stage
+        try:
+            result = train(path, holds_run(path))
+        except errors as e:
+            raise StageError(f"{stage}: {e}") from None
+        finally:
+            gc.collect()
+        self.done(stage, **facts(result))
+        return self.stages[stage]
+
+    def evolved(
+        self,
+        stage: str,
+        config: Any,
+        *,
+        run: bool = True,
+        log: Callable[[str], None] | None = None,
+        stop_when: Callable[[int], str | None] | None = None,
+    ) -> tuple[dict[str, Any], Any]:
+        """An evolution stage (OUT/<stage>, `run_evolve` with `config`): run, or resumed, unless it
+        finished (or `run` is False), then read: its final.json and its best spec. `log` and
+        `stop_when` go to run_evolve."""
+        import json
+
+        from harnessrl.evolve.loop import BEST, FINAL, EvolveError
+        from harnessrl.harness.registry import load_harness
+        from harnessrl.harness.spec import SpecError
+        from harnessrl.rundir import LOCK
+
+        path = self.out / stage
+        finished = (path / FINAL).is_file() and (path / LOCK).is_file()
+        if run and not finished:
+            from harnessrl.evolve.run import run_evolve
+
+            self.release()  # evolution loads its own copy of the model
+            try:
+                run_evolve(
+                    config,
+                    path,
+                    resume=holds_run(path),
+                    progress=self.progress,
+                    log=log or self.log,
+                    stop_when=stop_when,
+                )
+            except EvolveError as e:
+                raise StageError(f"{stage}: {e}") from None
+        try:
+            final = json.loads((path / FINAL).read_text(encoding="utf-8"))
+            spec = load_harness(str(path / BEST))
+        except (OSError, ValueError, SpecError) as e:
+            raise StageError(f"{stage}: {path} holds no finished evolution ({e})") from None
+        return final, spec
+
     # -- policies ----------------------------------------------------------------------------------
     def load(self, stage: str, model: str):
         """`model` loaded once (the last one loaded is kept for the next stage that needs it); the
@@ -118,7 +188,7 @@ class Stages:
     def measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
         """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
         ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.evaluate import evaluation_record, run_into_store, run_oracle, write_summary
+        from harnessrl.jobs.evaluate import evaluation_record, run_into_store, run_oracle, write_summary
         from harnessrl.models import ORACLE
         from harnessrl.models.base import SamplingParams
         from harnessrl.rollout import make_jobs
@@ -240,34 +310,26 @@ class Stages:
             lr=c.lr,
             seed=c.seed,
         )
-        self.release()
-        self.log(f"{stage}: training the {'placebo' if stage == 'placebo' else 'distilled'} adapter")
-        path = self.out / stage
-        try:
-            summary = run_sft(
-                sft_config,
-                path,
-                resume=holds_run(path),
-                spec=self.seed_spec,
-                progress=self.progress,
-                console=self.console,
+
+        def train(path: Path, resume: bool):
+            return run_sft(
+                sft_config, path, resume=resume, spec=self.seed_spec, progress=self.progress, console=self.console
             )
-        except SFTError as e:
-            raise StageError(f"{stage}: {e}") from None
-        finally:
-            gc.collect()
-        data = summary["data"]
-        facts = {
-            "folder": stage,
-            "adapter": f"{stage}/adapter",
-            "steps": summary["steps"],
-            "examples": data["examples"],
-            "episodes_replayed": data["replayed"],
-            "episodes_dropped": sum(data["dropped"].values()),
-            "final_loss": (summary.get("last") or {}).get("loss"),
-        }
-        self.done(stage, **facts)
-        return facts
+
+        def facts(summary) -> dict[str, Any]:
+            data = summary["data"]
+            return {
+                "folder": stage,
+                "adapter": f"{stage}/adapter",
+                "steps": summary["steps"],
+                "examples": data["examples"],
+                "episodes_replayed": data["replayed"],
+                "episodes_dropped": sum(data["dropped"].values()),
+                "final_loss": (summary.get("last") or {}).get("loss"),
+            }
+
+        what = f"training the {'placebo' if stage == 'placebo' else 'distilled'} adapter"
+        return self.trained(stage, what, train, SFTError, facts)
 
     def adapter_model(self, weights: str) -> str:
         """The model spec of `weights`: base (the configured model), distilled (the sft stage's

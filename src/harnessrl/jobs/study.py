@@ -15,7 +15,7 @@ the weights trained on them run under the seed harness again).
     cells       TEST tasks x --attempts in 5 cells: {seed, evolved} x {base, distilled} and
                 seed x placebo
     study.json  the cells, paired differences by task, failure-class effects, the recommendation
-                (computed in harnessrl.study_analysis, which this module re-exports)
+                (computed in harnessrl.jobs.study_analysis, which this module re-exports)
 
 Every stage is a run folder of its own under OUT (OUT/seed-eval, OUT/evolve, OUT/collect, OUT/sft,
 OUT/placebo, OUT/cells/<cell>); the evaluation stages are ordinary evaluation run folders
@@ -35,11 +35,17 @@ from typing import Any, Callable, Optional
 from pydantic import Field, model_validator
 
 from harnessrl.config import Device, FloatDtype, Options, cli
-from harnessrl.rundir import RunFolder, RunFolderError, holds_run, write_json
-from harnessrl.stages import PolicyFactory, StageError, Stages
-from harnessrl.study_analysis import CELLS, COMPARISONS, cell_analysis, class_effects, compare_cells, recommend, verdict
-
-STUDY_JSON = "study.json"
+from harnessrl.jobs.stages import PolicyFactory, StageError, Stages
+from harnessrl.jobs.study_analysis import (
+    CELLS,
+    COMPARISONS,
+    cell_analysis,
+    class_effects,
+    compare_cells,
+    recommend,
+    verdict,
+)
+from harnessrl.rundir import STUDY_JSON, RunFolder, RunFolderError, holds_run, write_json
 
 # The options only the evolution stage uses.
 EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
@@ -281,30 +287,10 @@ class Study:
 
     def _evolve(self):
         """The evolved harness (the given one, or evolution's best) and evolution's summary."""
-        import json
-
-        from harnessrl.evolve.loop import BEST, FINAL, EvolveError
-        from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import SpecError
-        from harnessrl.rundir import LOCK
-
         if self.given_evolved is not None:
             return self.given_evolved, {"given": self.config.evolved}
-        path = self.out / "evolve"
-        finished = (path / FINAL).is_file() and (path / LOCK).is_file()
-        if "evolve" not in self.runner.stages and not finished:
-            from harnessrl.evolve.run import run_evolve
-
-            self.runner.release()  # evolution loads its own copy of the model
-            try:
-                run_evolve(self.evolve_config, path, resume=holds_run(path), progress=self.progress, log=self.log)
-            except EvolveError as e:
-                raise StudyError(f"evolve: {e}") from None
-        try:
-            final = json.loads((path / FINAL).read_text(encoding="utf-8"))
-            spec = load_harness(str(path / BEST))
-        except (OSError, ValueError, SpecError) as e:
-            raise StudyError(f"evolve: {path} holds no finished evolution ({e})") from None
+        run = "evolve" not in self.runner.stages
+        final, spec = self.runner.evolved("evolve", self.evolve_config, run=run)
         evolution = {
             "folder": "evolve",
             "best": final["best"],

@@ -2,7 +2,7 @@
 (`cell_analysis`), the paired differences of the score between cells and of the content-failure
 rate before and after distillation, the failure-class effects (`class_effects`), and the
 recommendation (`recommend`) that reads them. Pure functions of their inputs: the stages that
-produce the trajectories are in harnessrl.study.
+produce the trajectories are in harnessrl.jobs.study.
 """
 
 from __future__ import annotations
