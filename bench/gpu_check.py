@@ -785,11 +785,11 @@ def part_sft(args, rec: Recorder) -> None:
     t0 = time.perf_counter()
     summary = run.train()
     sync(args)
-    last = summary["last"]
+    last = summary.last
     rec.set(
         examples_available=len(examples.examples),
         examples=len(run.examples.examples),
-        steps=summary["steps"],
+        steps=summary.steps,
         step_s=round(last["seconds"], 3),
         train_s=round(time.perf_counter() - t0, 3),
         tokens=last["tokens"],

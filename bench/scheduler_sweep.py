@@ -56,7 +56,7 @@ import torch
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.metrics import summarize_harness
+from harnessrl.metrics import harness_summary
 from harnessrl.models.base import SamplingParams
 from harnessrl.models.embedded import END_OF_TURN, load_tokenizer
 from harnessrl.models.hf import HFPolicy
@@ -283,12 +283,12 @@ def evaluate(model, tok, suite: Suite, specs: list[HarnessSpec], args, seed: int
     policy = HFPolicy(model, tok, name="sweep-eval", default_sampling=sampling)
     runner = Runner(policy, sampling, max_in_flight=64, progress=False)
     trajectories = runner.run(make_jobs(suite.tasks("test", n_tasks), specs, attempts))
-    summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], attempts) for s in specs}
-    scores = {h: s["mean_score"] or 0.0 for h, s in summaries.items()}
+    summaries = {s.name: harness_summary([t for t in trajectories if t.harness == s.name], attempts) for s in specs}
+    scores = {h: s.mean_score or 0.0 for h, s in summaries.items()}
     return {
         "scores": scores,
-        "pass_at_k": {h: s["pass_at_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
-        "pass_hat_k": {h: s["pass_hat_k"].get(str(attempts)) or 0.0 for h, s in summaries.items()},
+        "pass_at_k": {h: s.pass_at_k.get(str(attempts)) or 0.0 for h, s in summaries.items()},
+        "pass_hat_k": {h: s.pass_hat_k.get(str(attempts)) or 0.0 for h, s in summaries.items()},
         "train_mean": statistics.mean(scores[h] for h in train),
         "held_out": {h: scores[h] for h in HELD_OUT_HARNESSES},
     }

@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "ci95": list(bootstrap_ci(scores, seed=args.seed)) if scores else None,
                 "tasks": len(scores),
             }
-        row["tuned_minus_base"] = paired_difference(evals["base"].get(h, {}), evals["tuned"].get(h, {}), seed=args.seed)
+        row["tuned_minus_base"] = paired_difference(
+            evals["base"].get(h, {}), evals["tuned"].get(h, {}), seed=args.seed
+        ).model_dump()
         result["harnesses"][h] = row
 
     if args.grpo_steps:

@@ -193,8 +193,8 @@ def test_noise_estimate_and_threshold_formula():
     assert noise.sd_paired_difference == pytest.approx(sd_d / 2)
     assert acceptance_threshold(noise) == pytest.approx(2 * sd_d / 2)
     assert acceptance_threshold(noise, 2.0, floor=0.9) == 0.9
-    assert compare(b, {k: v + 0.5 for k, v in b.items()}, 0.4)["accepted"]
-    assert not compare(b, {k: v + 0.3 for k, v in b.items()}, 0.4)["accepted"]
+    assert compare(b, {k: v + 0.5 for k, v in b.items()}, 0.4).accepted
+    assert not compare(b, {k: v + 0.3 for k, v in b.items()}, 0.4).accepted
     with pytest.raises(ValueError, match="at least 2 tasks"):
         estimate_noise({"t1": 1.0}, {"t1": 0.0})
     assert noise.sd_paired_difference_within_tasks is None
@@ -301,15 +301,17 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
     assert {h for h in labels if h.startswith("test.")} == {"test.seed", "test.best"}
     assert per_label["test.seed"] == per_label["test.best"] == 6 * 8
 
-    assert final["best"] == "i01.c1"
-    assert final["best_harness"]["mean_score"] > final["seed"]["mean_score"]
-    assert final["paired_difference"]["mean_difference"] > 0.4
+    assert final.best == "i01.c1"
+    assert final.best_harness.mean_score > final.seed.mean_score
+    assert final.paired_difference.mean_difference > 0.4
+    on_disk = (folder / "final.json").read_text()
+    assert on_disk == json.dumps(final.model_dump(), indent=1) + "\n"  # final.json is the model's dump, in order
     best = parse_spec(__import__("yaml").safe_load((folder / "best_harness.yaml").read_text()))
     assert best.capabilities.experiences and best.name == "one-shot-evolved"
     for side in ("seed", "best_harness"):
-        assert set(final[side]["triage"]) == {"n_failed", "counts", "rates", "process_share", "content_share"}
-        assert 0 <= final[side]["delivery_rate"] <= 1
-    assert final["wall_time_s"] > 0
+        assert set(getattr(final, side).triage) == {"n_failed", "counts", "rates", "process_share", "content_share"}
+        assert 0 <= getattr(final, side).delivery_rate <= 1
+    assert final.wall_time_s > 0
 
     # a finished folder is locked
     with pytest.raises(EvolveError, match="finished and locked"):
@@ -386,7 +388,7 @@ def test_killed_loop_resumes_without_losing_work(tmp_path, tokenizer):
         total = store.count()
     assert again.calls == total - stored_at_kill  # nothing finished before the kill ran again
     assert [ln["iteration"] for ln in log_lines(folder)].count(1) == 2
-    assert final["best"] != "seed" or final["accepted_edits"] == []
+    assert final.best != "seed" or final.accepted_edits == []
     with pytest.raises(EvolveError, match="finished and locked"):
         evolution(folder, again).run()
 
@@ -404,7 +406,7 @@ def test_a_resume_may_shorten_the_search_and_goes_on_to_the_test(tmp_path, token
     with pytest.raises(KeyboardInterrupt):  # call 300 is inside iteration 1's first candidate
         evolution(folder, SpecDependentAgent(tokenizer, kill_at=300), iterations=3).run()
     final = evolution(folder, SpecDependentAgent(tokenizer, seed=1), iterations=1).run()
-    assert final["iterations_run"] == 1
+    assert final.iterations_run == 1
     assert {ln["iteration"] for ln in log_lines(folder)} == {1}
     assert json.loads((folder / "config.json").read_text())["iterations"] == 1
     with RunStore(folder) as store:
@@ -436,7 +438,7 @@ def test_a_callers_stop_when_ends_the_search_and_a_kill_before_its_answer_change
 
     final = Evolution(folder, cfg, SEED, dev, test, agent.policy, RulesProposer(), stop_when=ceiling).run()
     assert asked == [1, 1]
-    assert final["iterations_run"] == 1 and final["stopped_by"] == "enough"
+    assert final.iterations_run == 1 and final.stopped_by == "enough"
     assert {ln["iteration"] for ln in log_lines(folder)} == {1}  # no second iteration ran
     with RunStore(folder) as store:
         assert "test.seed" in store.harnesses()  # the held-out phase ran at iteration 1
@@ -444,7 +446,7 @@ def test_a_callers_stop_when_ends_the_search_and_a_kill_before_its_answer_change
     assert agent.calls > calls_at_kill  # only the held-out episodes were added
     # without a stop_when the search runs its budget, and says nothing stopped it
     other = evolution(tmp_path / "budget", SpecDependentAgent(tokenizer), iterations=1).run()
-    assert other["stopped_by"] is None and other["iterations_run"] == 1
+    assert other.stopped_by is None and other.iterations_run == 1
 
 
 class FixedProposer:
@@ -467,7 +469,7 @@ def test_a_candidate_that_crashes_the_runner_is_recorded_and_skipped(tmp_path, t
     crashed, helped = log_lines(folder)
     assert crashed["status"] == "crashed" and "backend crashed" in crashed["error"] and not crashed["accepted"]
     assert helped["status"] == "measured" and helped["accepted"]
-    assert final["crashed_candidates"] == 1 and final["best"] == "i01.c2"
+    assert final.crashed_candidates == 1 and final.best == "i01.c2"
 
 
 def test_llm_garbage_is_counted_and_skipped(tmp_path, tokenizer):
@@ -493,7 +495,7 @@ def test_llm_garbage_is_counted_and_skipped(tmp_path, tokenizer):
     assert "bogus_field" in lines[1]["error"]
     assert lines[2]["target"] == "content" and lines[2]["hypothesis"] == "lessons fix wrong answers"
     assert lines[2]["accepted"]
-    assert final["invalid_proposals"] == 2
+    assert final.invalid_proposals == 2
     # the model saw the spec, and full failing trajectories (every reply and the grade)
     prompt = asked[0][-1].content
     assert "system_prompt:" in prompt and "## Failing trajectories (full)" in prompt
@@ -907,8 +909,8 @@ def test_a_candidate_that_was_lucky_once_is_not_confirmed(tmp_path, tokenizer):
     conf = line["confirmation"]
     assert conf["dev"]["label"] == "i01.c1.confirm" and conf["incumbent_dev"]["label"] == "i01.incumbent.confirm"
     assert not conf["beats_threshold"] and conf["delta"] <= line["threshold"]
-    assert not line["accepted"] and final["best"] == "seed" and final["accepted_edits"] == []
-    assert final["unconfirmed_candidates"] == 1
+    assert not line["accepted"] and final.best == "seed" and final.accepted_edits == []
+    assert final.unconfirmed_candidates == 1
     assert json.loads((tmp_path / "evo" / "state.json").read_text())["unconfirmed_candidates"] == 1
     assert any("not confirmed" in s for s in said)
 

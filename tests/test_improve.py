@@ -115,18 +115,19 @@ def test_every_phase_decides_with_its_evidence_and_the_held_out_cells_are_report
     content = by_key["content.tasks"]
     if content["choice"] != "skip":
         assert content["choice"] == content["evidence"]["selected"] and (out / "content" / "grpo" / "adapter").is_dir()
-    assert set(result["cells"]) == {"seed-base", "harness", "weights", "content"}
-    for cell in result["cells"].values():
+    assert set(result.cells) == {"seed-base", "harness", "weights", "content"}
+    assert json.loads((out / "improve.json").read_text()) == result.model_dump()  # improve.json holds the model's dump
+    for cell in result.cells.values():
         for key in ("mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k", "triage"):
             assert key in cell
         assert cell["n_tasks"] == 2
-    assert set(result["paired_differences"]) == {
+    assert set(result.paired_differences) == {
         "harness_vs_seed_base",
         "weights_vs_seed_base",
         "content_vs_seed_base",
         "harness_vs_weights",
     }
-    assert result["runtime_only"]["text"]
+    assert result.runtime_only["text"]
     assert json.loads((out / "improve.json").read_text())["decisions"] == lines
     report = (out / "report.md").read_text()
     assert "weights.choice" in report and "Held-out test tasks" in report
@@ -139,7 +140,7 @@ def test_a_run_stopped_after_each_phase_resumes_to_the_same_decisions(full, spec
     reference, _ = full
     out = tmp_path / "stopped"
     first = run_improve(config(specs), out, stop_after="harness", progress=False)
-    assert first["stopped_after"] == "harness" and [d["key"] for d in decisions(out)] == ["harness.evolve"]
+    assert first.stopped_after == "harness" and [d["key"] for d in decisions(out)] == ["harness.evolve"]
     assert not (out / "weights").exists()
     run_improve(config(specs), out, resume=True, stop_after="weights", progress=False)
     assert [d["key"] for d in decisions(out)][-1] == "weights.choice" and not (out / "content").exists()
@@ -160,7 +161,7 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
     # process floor 0: the seed's rate is never below it, so the evolution runs; patience 1
     cfg = config(specs, evolved=None, process_floor=0.0, patience=1, iterations=2, candidates=1, rollouts=1)
     result = run_improve(cfg, out, stop_after="harness", progress=False)
-    by_key = {d["key"]: d for d in result["decisions"]}
+    by_key = {d["key"]: d for d in result.decisions}
     assert by_key["harness.evolve"]["choice"] == "evolve"
     ceiling = by_key["harness.ceiling"]
     assert ceiling["choice"] in ("patience", "no_process_gain", "budget", "proposer_exhausted")
@@ -176,7 +177,7 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
         assert trail[-1]["accepted"] is None and final["iterations_run"] == 1
     assert (out / "harness" / "evolved.yaml").is_file()
     again = run_improve(cfg, out, resume=True, stop_after="harness", progress=False)
-    assert again["decisions"] == result["decisions"]
+    assert again.decisions == result.decisions
 
 
 def test_triage_helpers_count_process_failures_and_pick_the_content_tasks(full):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
+import pydantic
 import pytest
 
 from harnessrl.metrics import (
@@ -15,7 +15,6 @@ from harnessrl.metrics import (
     paired_difference,
     pass_at_k,
     pass_hat_k,
-    summarize_harness,
     task_scores,
 )
 from harnessrl.types import Grade, Termination, Trajectory
@@ -108,7 +107,7 @@ def test_bootstrap_edge_cases():
         bootstrap_ci([])
 
 
-# ---------------------------------------------------------------- summarize_harness
+# ---------------------------------------------------------------- harness_summary
 
 
 def _traj(task, attempt, score=None, passed=None, *, termination=Termination.submitted, submitted=True, harness="h"):
@@ -150,7 +149,7 @@ def _three_tasks():
 
 
 def test_summarize_hand_values():
-    s = summarize_harness(_three_tasks(), attempts=3)
+    s = harness_summary(_three_tasks(), attempts=3)
     assert set(s) == {
         "n_tasks",
         "attempts",
@@ -165,92 +164,92 @@ def test_summarize_hand_values():
         "k_notes",
         "model_time_s",
     }
-    assert s["n_tasks"] == 3
-    assert s["attempts"] == 3
-    assert s["n_episodes"] == 9
-    assert s["n_infra_errors"] == 0
-    assert s["mean_score"] == pytest.approx((2.5 / 3 + 0.5 / 3 + 1.0) / 3)
-    lo, hi = s["mean_score_ci95"]
-    assert lo <= s["mean_score"] <= hi
+    assert s.n_tasks == 3
+    assert s.attempts == 3
+    assert s.n_episodes == 9
+    assert s.n_infra_errors == 0
+    assert s.mean_score == pytest.approx((2.5 / 3 + 0.5 / 3 + 1.0) / 3)
+    lo, hi = s.mean_score_ci95
+    assert lo <= s.mean_score <= hi
     # (n, c) per task: a (3, 2), b (3, 0), c (3, 3)
     # pass@1 = (2/3 + 0 + 1) / 3; pass@2 = (1 + 0 + 1) / 3  (a: 1 - C(1,2)/C(3,2) = 1)
-    assert s["pass_at_k"]["1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
-    assert s["pass_at_k"]["2"] == pytest.approx(2 / 3)
-    assert s["pass_at_k"]["3"] == pytest.approx(2 / 3)
+    assert s.pass_at_k["1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+    assert s.pass_at_k["2"] == pytest.approx(2 / 3)
+    assert s.pass_at_k["3"] == pytest.approx(2 / 3)
     # pass^2: a C(2,2)/C(3,2) = 1/3, b 0, c 1 -> 4/9; pass^3: a 0, b 0, c 1 -> 1/3
-    assert s["pass_hat_k"]["1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
-    assert s["pass_hat_k"]["2"] == pytest.approx((1 / 3 + 0 + 1) / 3)
-    assert s["pass_hat_k"]["3"] == pytest.approx(1 / 3)
-    assert s["delivery_rate"] == pytest.approx(8 / 9)
-    assert s["k_notes"] == {}
+    assert s.pass_hat_k["1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+    assert s.pass_hat_k["2"] == pytest.approx((1 / 3 + 0 + 1) / 3)
+    assert s.pass_hat_k["3"] == pytest.approx(1 / 3)
+    assert s.delivery_rate == pytest.approx(8 / 9)
+    assert s.k_notes == {}
 
 
 def test_summarize_excludes_infra_errors():
-    base = summarize_harness(_three_tasks(), attempts=3)
+    base = harness_summary(_three_tasks(), attempts=3)
     # One extra infra-error episode per task changes nothing but the counter.
     trajs = _three_tasks() + [_infra("a", 3), _infra("b", 3), _infra("c", 3)]
-    s = summarize_harness(trajs, attempts=3)
-    assert s["n_infra_errors"] == 3
-    assert s["n_episodes"] == 9
+    s = harness_summary(trajs, attempts=3)
+    assert s.n_infra_errors == 3
+    assert s.n_episodes == 9
     for key in ("n_tasks", "mean_score", "mean_score_ci95", "pass_at_k", "pass_hat_k", "delivery_rate", "k_notes"):
-        assert s[key] == base[key], key
+        assert getattr(s, key) == getattr(base, key), key
 
 
 def test_summarize_infra_error_replaces_an_attempt():
     # Task a's third attempt crashed: a has n=2, c=2 (its 0.5 episode is gone).
     trajs = [t for t in _three_tasks() if t.episode_id != "a-h-2"] + [_infra("a", 2)]
-    s = summarize_harness(trajs, attempts=3)
-    assert s["n_episodes"] == 8
-    assert s["n_infra_errors"] == 1
-    assert s["mean_score"] == pytest.approx((1.0 + 0.5 / 3 + 1.0) / 3)
-    assert s["pass_at_k"]["1"] == pytest.approx((1 + 0 + 1) / 3)
-    assert s["pass_hat_k"]["2"] == pytest.approx((1 + 0 + 1) / 3)
-    assert s["pass_at_k"]["3"] is None
-    assert s["pass_hat_k"]["3"] is None
-    assert s["k_notes"] == {"3": "1 of 3 tasks has fewer than 3 valid attempts"}
-    assert s["delivery_rate"] == pytest.approx(7 / 8)
+    s = harness_summary(trajs, attempts=3)
+    assert s.n_episodes == 8
+    assert s.n_infra_errors == 1
+    assert s.mean_score == pytest.approx((1.0 + 0.5 / 3 + 1.0) / 3)
+    assert s.pass_at_k["1"] == pytest.approx((1 + 0 + 1) / 3)
+    assert s.pass_hat_k["2"] == pytest.approx((1 + 0 + 1) / 3)
+    assert s.pass_at_k["3"] is None
+    assert s.pass_hat_k["3"] is None
+    assert s.k_notes == {"3": "1 of 3 tasks has fewer than 3 valid attempts"}
+    assert s.delivery_rate == pytest.approx(7 / 8)
 
 
 def test_summarize_refuses_k_beyond_attempts_run():
     trajs = [_traj(task, i, 1.0, True) for task in "abc" for i in range(2)]
-    s = summarize_harness(trajs, attempts=4)
-    assert list(s["pass_at_k"]) == ["1", "2", "3", "4"]
-    assert s["pass_at_k"]["2"] == 1.0
-    assert s["pass_at_k"]["3"] is None and s["pass_at_k"]["4"] is None
-    assert s["pass_hat_k"]["3"] is None and s["pass_hat_k"]["4"] is None
-    assert s["k_notes"] == {
+    s = harness_summary(trajs, attempts=4)
+    assert list(s.pass_at_k) == ["1", "2", "3", "4"]
+    assert s.pass_at_k["2"] == 1.0
+    assert s.pass_at_k["3"] is None and s.pass_at_k["4"] is None
+    assert s.pass_hat_k["3"] is None and s.pass_hat_k["4"] is None
+    assert s.k_notes == {
         "3": "3 of 3 tasks have fewer than 3 valid attempts",
         "4": "3 of 3 tasks have fewer than 4 valid attempts",
     }
 
 
 def test_summarize_no_valid_episodes():
-    s = summarize_harness([_infra("a", 0), _infra("b", 0)], attempts=2)
-    assert s["n_tasks"] == 0
-    assert s["n_episodes"] == 0
-    assert s["n_infra_errors"] == 2
-    assert s["mean_score"] is None and s["mean_score_ci95"] is None
-    assert s["delivery_rate"] is None
-    assert s["pass_at_k"] == {"1": None, "2": None}
-    assert s["pass_hat_k"] == {"1": None, "2": None}
-    assert set(s["k_notes"]) == {"1", "2"}
-    assert summarize_harness([], attempts=1)["mean_score"] is None
+    s = harness_summary([_infra("a", 0), _infra("b", 0)], attempts=2)
+    assert s.n_tasks == 0
+    assert s.n_episodes == 0
+    assert s.n_infra_errors == 2
+    assert s.mean_score is None and s.mean_score_ci95 is None
+    assert s.delivery_rate is None
+    assert s.pass_at_k == {"1": None, "2": None}
+    assert s.pass_hat_k == {"1": None, "2": None}
+    assert set(s.k_notes) == {"1", "2"}
+    assert harness_summary([], attempts=1).mean_score is None
 
 
 def test_summarize_single_task_and_bad_input():
-    s = summarize_harness([_traj("a", 0, 0.25, False)], attempts=1)
-    assert s["mean_score"] == 0.25
-    assert s["mean_score_ci95"] == [0.25, 0.25]
-    assert s["pass_at_k"] == {"1": 0.0}
+    s = harness_summary([_traj("a", 0, 0.25, False)], attempts=1)
+    assert s.mean_score == 0.25
+    assert s.mean_score_ci95 == [0.25, 0.25]
+    assert s.pass_at_k == {"1": 0.0}
     with pytest.raises(ValueError):
-        summarize_harness([_traj("a", 0, 1.0, True)], attempts=0)
+        harness_summary([_traj("a", 0, 1.0, True)], attempts=0)
     with pytest.raises(ValueError):
-        summarize_harness([_traj("a", 0, 1.0, True), _traj("a", 1, 1.0, True, harness="g")], 1)
+        harness_summary([_traj("a", 0, 1.0, True), _traj("a", 1, 1.0, True, harness="g")], 1)
 
 
 def test_summary_is_independent_of_trajectory_order():
     trajs = _three_tasks()
-    assert summarize_harness(trajs[::-1], 3) == summarize_harness(trajs, 3)
+    assert harness_summary(trajs[::-1], 3) == harness_summary(trajs, 3)
 
 
 # The keys of one harness in summary.json, in their order (README.md documents them).
@@ -274,19 +273,18 @@ def test_harness_summary_record_is_the_summary_json_entry():
     trajs = _three_tasks()
     record = harness_summary(trajs, 3)
     assert isinstance(record, HarnessSummary)
-    assert [f.name for f in dataclasses.fields(HarnessSummary)] == SUMMARY_KEYS
-    entry = record.to_json()
+    assert list(HarnessSummary.model_fields) == SUMMARY_KEYS
+    entry = record.model_dump()
     assert list(entry) == SUMMARY_KEYS
-    assert entry == summarize_harness(trajs, 3)
     assert json.loads(json.dumps(entry)) == entry  # plain JSON types only
     assert record.mean_score == entry["mean_score"] and record.pass_hat_k["2"] == pytest.approx(4 / 9)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(pydantic.ValidationError):
         record.n_tasks = 0  # type: ignore[misc]
 
 
 def test_harness_summary_without_valid_episodes_has_the_same_keys():
     record = harness_summary([_infra("a", 0)], 2)
-    assert list(record.to_json()) == SUMMARY_KEYS
+    assert list(record.model_dump()) == SUMMARY_KEYS
     assert record == HarnessSummary(
         n_tasks=0,
         attempts=2,
@@ -317,20 +315,20 @@ def test_paired_difference_sign_and_value():
     a = {"t1": 0.0, "t2": 0.5, "t3": 1.0, "t4": 0.25, "only_a": 1.0}
     b = {"t1": 0.5, "t2": 0.5, "t3": 1.0, "t4": 0.75, "only_b": 0.0}
     d = paired_difference(a, b)
-    assert d["n_tasks"] == 4
-    assert d["n_only_a"] == 1 and d["n_only_b"] == 1
-    assert d["mean_difference"] == pytest.approx((0.5 + 0 + 0 + 0.5) / 4)
-    lo, hi = d["ci95"]
-    assert lo <= d["mean_difference"] <= hi
+    assert d.n_tasks == 4
+    assert d.n_only_a == 1 and d.n_only_b == 1
+    assert d.mean_difference == pytest.approx((0.5 + 0 + 0 + 0.5) / 4)
+    lo, hi = d.ci95
+    assert lo <= d.mean_difference <= hi
     assert lo >= 0.0  # every difference is >= 0
     flipped = paired_difference(b, a)
-    assert flipped["mean_difference"] == pytest.approx(-0.25)
+    assert flipped.mean_difference == pytest.approx(-0.25)
     assert paired_difference(a, b, seed=0) == d
 
 
 def test_paired_difference_no_shared_tasks():
     d = paired_difference({"x": 1.0}, {"y": 0.0})
-    assert d["n_tasks"] == 0 and d["mean_difference"] is None and d["ci95"] is None
+    assert d.n_tasks == 0 and d.mean_difference is None and d.ci95 is None
 
 
 def test_paired_difference_removes_task_difficulty():
@@ -339,11 +337,11 @@ def test_paired_difference_removes_task_difficulty():
     a = {f"t{i}": i / 20 for i in range(10)}
     b = {t: s + 0.1 for t, s in a.items()}
     d = paired_difference(a, b)
-    assert d["mean_difference"] == pytest.approx(0.1)
-    assert d["ci95"] == pytest.approx([0.1, 0.1])
+    assert d.mean_difference == pytest.approx(0.1)
+    assert d.ci95 == pytest.approx([0.1, 0.1])
     lo, hi = bootstrap_ci(list(a.values()))
     assert hi - lo > 0.1
-    assert math.isfinite(d["ci95"][0])
+    assert math.isfinite(d.ci95[0])
 
 
 def test_grader_can_mark_a_submission_undelivered_and_shared_subscores_are_averaged():
@@ -359,8 +357,8 @@ def test_grader_can_mark_a_submission_undelivered_and_shared_subscores_are_avera
         graded("b", 0, {"commonsense": 0.0, "personalised": 0.0, "delivered": 0.0}, 0.0),
         graded("b", 1, {"commonsense": 0.75, "personalised": 1.0, "delivered": 1.0}, 0.875),
     ]
-    s = summarize_harness(trajs, 2)
-    assert s["delivery_rate"] == pytest.approx(3 / 4)
-    assert s["mean_subscores"] == pytest.approx({"commonsense": 2.25 / 4, "personalised": 0.5, "delivered": 0.75})
+    s = harness_summary(trajs, 2)
+    assert s.delivery_rate == pytest.approx(3 / 4)
+    assert s.mean_subscores == pytest.approx({"commonsense": 2.25 / 4, "personalised": 0.5, "delivered": 0.75})
     # no `delivered` sub-score: submitting is delivering
-    assert summarize_harness([_traj("a", 0, 0.0, False)], 1)["delivery_rate"] == 1.0
+    assert harness_summary([_traj("a", 0, 0.0, False)], 1)["delivery_rate"] == 1.0

@@ -11,7 +11,7 @@ from helpers import oracle_policy, replies_policy
 
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.metrics import summarize_harness
+from harnessrl.metrics import harness_summary
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.tasks import get_suite
@@ -470,8 +470,8 @@ def test_oracle_passes_every_family_through_every_harness(harness, suite, tokeni
         assert t.termination == Termination.submitted and t.submitted, (t.family, t.termination)
         assert t.grade.score == 1.0 and t.grade.passed, (t.family, t.grade.details)
         assert t.grade.subscores["commonsense.route"] == 1.0
-    m = summarize_harness(trajs, 1)
-    assert m["mean_score"] == 1.0 and m["delivery_rate"] == 1.0
+    m = harness_summary(trajs, 1)
+    assert m.mean_score == 1.0 and m.delivery_rate == 1.0
 
 
 def test_malformed_submit_is_a_recorded_failure_not_a_crash(suite, tokenizer):
@@ -491,7 +491,7 @@ def test_malformed_submit_is_a_recorded_failure_not_a_crash(suite, tokenizer):
     assert not third.ok and "unknown city" in third.output
     assert "not a time" in t.steps[2].model_call.messages[-1].content  # the model is told why
     assert not t.submitted and t.grade.score == 0.0 and t.grade.subscores["delivered"] == 0.0
-    assert summarize_harness([t], 1)["delivery_rate"] == 0.0
+    assert harness_summary([t], 1).delivery_rate == 0.0
 
 
 def test_tiny_random_model_episodes_end_cleanly(suite, tiny_policy):

@@ -14,7 +14,7 @@ from helpers import oracle_policy, replies_policy
 from harnessrl.harness.oracle import Oracle
 from harnessrl.harness.registry import builtin_names, load_harness
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.metrics import summarize_harness
+from harnessrl.metrics import harness_summary
 from harnessrl.models.base import SamplingParams, request_seed
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
@@ -57,8 +57,8 @@ def test_oracle_passes_every_family_through_every_harness(harness, suite, tokeni
             mc = step.model_call
             assert len(mc.completion_ids) == len(mc.logprobs) > 0
             assert mc.prompt_ids and mc.messages[0].role == "system"
-    m = summarize_harness(trajs, 1)
-    assert m["mean_score"] == 1.0 and m["delivery_rate"] == 1.0
+    m = harness_summary(trajs, 1)
+    assert m.mean_score == 1.0 and m.delivery_rate == 1.0
 
 
 def test_the_oracle_plays_each_episode_from_the_task_it_is_handed(tokenizer):
@@ -295,8 +295,8 @@ def test_tool_crash_is_retried_then_recorded_as_infra(tokenizer):
     (t,) = run(policy, [spec], suite.tasks("dev", 1), max_retries=2)
     assert t.termination == Termination.error and t.retries == 2 and "ZeroDivisionError" in t.infra_error
     assert suite.calls == 3
-    m = summarize_harness([t], 1)
-    assert m["n_infra_errors"] == 1 and m["n_episodes"] == 0
+    m = harness_summary([t], 1)
+    assert m.n_infra_errors == 1 and m.n_episodes == 0
 
 
 def test_grader_crash_is_infra(tokenizer):

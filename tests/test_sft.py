@@ -258,7 +258,7 @@ def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_adapter(source_run, tmp_
     assert {"loss", "tokens", "lr", "epoch", "grad_norm"} <= set(lines[0])
     meta = json.loads((out / "adapter" / "harnessrl.json").read_text())
     assert meta["base_model"] == "tiny-random" and meta["harness"] == "react"
-    assert json.loads((out / "config.json").read_text())["data"]["examples"] == summary["examples"]
+    assert json.loads((out / "config.json").read_text())["data"]["examples"] == summary.examples
 
     policy = load_policy(f"hf:{out / 'adapter'}")
     request = GenerationRequest(
@@ -269,7 +269,7 @@ def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_adapter(source_run, tmp_
 
     # the export: one model call per line, the chat messages whose template gives the prompt ids
     rows = [json.loads(x) for x in export.read_text().splitlines()]
-    assert len(rows) == summary["examples"]
+    assert len(rows) == summary.examples
     assert all(set(r) == {"messages"} and r["messages"][-1]["role"] == "assistant" for r in rows)
     assert {m["role"] for r in rows for m in r["messages"]} <= {"system", "user", "assistant"}
 
@@ -592,7 +592,7 @@ def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts
     }
     assert per_task[t1]["kept"] is None and per_task[t1]["why"] == "no attempt passes (best score 0.00)"
     assert per_task[t2]["kept"] == episode_id(t2, "json-tools", 0)
-    assert data["selected"] == data["replayed"] == 2 and summary["steps"] == 1
+    assert data["selected"] == data["replayed"] == 2 and summary.steps == 1
     rows = datasets.load_from_disk(str(hf))
     assert set(rows["source_episode"]) == {per_task[t0]["kept"], per_task[t2]["kept"]}
     assert set(rows["source_run"]) == {str(out / "samples")}
@@ -608,7 +608,7 @@ def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts
     idle = AttemptPolicy(tasks, spec, tokenizer, set(), attempts=3)
     config.epochs = 2
     again = run_sft(config, out, resume=True, sample_policy=idle, progress=False)
-    assert idle.calls == 0 and again["steps"] == 2
+    assert idle.calls == 0 and again.steps == 2
     assert json.loads((out / "config.json").read_text())["data"]["sampling"]["per_task"] == per_task
 
 
@@ -642,9 +642,9 @@ def test_sampling_with_from_samples_the_tasks_its_runs_name(
     samples = json.loads((out / "samples" / "config.json").read_text())
     assert samples["task_ids"] == named and list(samples["harnesses"]) == ["json-tools"]
     assert not (out / "config.json").exists()  # --export-only: no fine-tuning run folder
-    data = summaries[0]["data"]
-    assert data["not_selected"] == 2 and data["selected"] == data["replayed"] == 2  # the --from ones all failed
-    assert summaries[0]["harness"] == "json-tools" and len(export.read_text().splitlines()) == data["examples"]
+    data = summaries[0].data
+    assert data.not_selected == 2 and data.selected == data.replayed == 2  # the --from ones all failed
+    assert summaries[0].harness == "json-tools" and len(export.read_text().splitlines()) == data.examples
 
 
 def test_nothing_passing_after_sampling_exits_2_and_keeps_the_attempts_for_the_next_start(tmp_path):
@@ -699,18 +699,16 @@ def test_as_harness_own_keeps_each_episode_in_the_harness_it_ran_in(tmp_path, to
 
     out = tmp_path / "own"
     summary = run_sft(_config(source, as_harness="own"), out, export_jsonl=tmp_path / "own.jsonl", progress=False)
-    assert summary["harness"] == "own"
-    assert set(summary["data"]["by_harness"]) == {"json-tools", "code-act"}
+    assert summary.harness == "own"
+    assert set(summary.data.by_harness) == {"json-tools", "code-act"}
     lines = [json.loads(line) for line in (tmp_path / "own.jsonl").read_text().splitlines()]
-    assert (
-        summary["data"]["examples"] == len(lines) == sum(x["examples"] for x in summary["data"]["by_harness"].values())
-    )
+    assert summary.data.examples == len(lines) == sum(x["examples"] for x in summary.data.by_harness.values())
     json_tools = load_harness("json-tools").system_prompt.split("\n")[0]
     code_act = load_harness("code-act").system_prompt.split("\n")[0]
     systems = [line["messages"][0]["content"] for line in lines]
     assert any(json_tools in s for s in systems) and any(code_act in s for s in systems)
     assert json.loads((out / "adapter" / "harnessrl.json").read_text())["harness"] == "own"
-    assert summary["data"]["dropped"] == {}  # the keys of one harness's stats, summed over the harnesses
+    assert summary.data.dropped == {}  # the keys of one harness's stats, summed over the harnesses
 
     # the command line's summary of such a run (it read the one-harness keys and died on them)
     both = tmp_path / "both"
@@ -720,4 +718,4 @@ def test_as_harness_own_keeps_each_episode_in_the_harness_it_ran_in(tmp_path, to
         + ["--export-only", "--export-jsonl", str(tmp_path / "cli.jsonl"), "--export-hf", str(tmp_path / "hf")],
     )
     assert r.exit_code == 0, r.output
-    assert f"{summary['data']['examples']} examples from" in r.output and "exported:" in r.output
+    assert f"{summary.data.examples} examples from" in r.output and "exported:" in r.output

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from harnessrl.cli import app
 from harnessrl.harness.registry import load_harness
-from harnessrl.store import RunStore
 from harnessrl.jobs.study import CELLS, COMPARISONS, Study, StudyConfig, StudyError, recommend, run_study, verdict
+from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 
 N_COLLECT = 3
@@ -115,9 +115,9 @@ def finished(tmp_path_factory, specs, tokenizer) -> dict:
 def test_the_study_writes_five_cells_with_every_field(finished):
     result = finished["result"]
     on_disk = json.loads((finished["out"] / "study.json").read_text())
-    assert on_disk == json.loads(json.dumps(result))
-    assert set(result["cells"]) == set(CELLS) and len(CELLS) == 5
-    for name, cell in result["cells"].items():
+    assert on_disk == json.loads(json.dumps(result.model_dump()))  # study.json holds the model's dump
+    assert set(result.cells) == set(CELLS) and len(CELLS) == 5
+    for name, cell in result.cells.items():
         side, weights = CELLS[name]
         assert cell["harness"] == side and cell["weights"] == weights
         assert cell["harness_name"] == ("react-small" if side == "seed" else "json-small")
@@ -129,36 +129,36 @@ def test_the_study_writes_five_cells_with_every_field(finished):
         assert {"process_share", "content_share", "process_rate", "content_rate", "counts"} <= set(tri)
         if tri["n_failed"]:
             assert tri["process_share"] + tri["content_share"] == pytest.approx(1.0)
-    assert result["cells"]["seed-distilled"]["model"].endswith("sft/adapter")
-    assert result["cells"]["seed-placebo"]["model"].endswith("placebo/adapter")
-    assert result["cells"]["evolved-base"]["model"] == "tiny-random"
-    assert result["evolution"] == {"given": finished["config"].evolved} and result["evolved_is_seed"] is False
-    assert result["collect"]["passed"] == N_COLLECT and result["collect"]["passed_tasks"] == N_COLLECT
-    assert result["training"]["sft"]["examples"] > 0 and result["training"]["placebo"]["steps"] >= 1
-    assert result["seed_eval"]["n_episodes"] == 2
+    assert result.cells["seed-distilled"]["model"].endswith("sft/adapter")
+    assert result.cells["seed-placebo"]["model"].endswith("placebo/adapter")
+    assert result.cells["evolved-base"]["model"] == "tiny-random"
+    assert result.evolution == {"given": finished["config"].evolved} and result.evolved_is_seed is False
+    assert result.collect["passed"] == N_COLLECT and result.collect["passed_tasks"] == N_COLLECT
+    assert result.training["sft"]["examples"] > 0 and result.training["placebo"]["steps"] >= 1
+    assert result.seed_eval["n_episodes"] == 2
 
 
 def test_paired_differences_content_shares_and_recommendation(finished):
     result = finished["result"]
-    diffs = result["paired_differences"]
+    diffs = result.paired_differences
     assert set(diffs) == set(COMPARISONS)
     for name, (a, b) in COMPARISONS.items():
         d = diffs[name]
         assert (d["a"], d["b"]) == (a, b) and d["n_tasks"] == 2
         assert d["verdict"] == verdict(d)
-        expected = result["cells"][b]["mean_score"] - result["cells"][a]["mean_score"]
+        expected = result.cells[b]["mean_score"] - result.cells[a]["mean_score"]
         assert d["mean_difference"] == pytest.approx(expected)  # same tasks on both sides
-    content = result["content_failures"]
+    content = result.content_failures
     assert content["before"]["cell"] == "seed-base" and content["after"]["cell"] == "seed-distilled"
-    assert content["before"]["content_rate"] == result["cells"]["seed-base"]["triage"]["content_rate"]
+    assert content["before"]["content_rate"] == result.cells["seed-base"]["triage"]["content_rate"]
     assert "ci95" in content["rate_difference"] and "verdict" in content["rate_difference"]
-    rec = result["recommendation"]
+    rec = result.recommendation
     assert {"fix_in_harness", "train_into_weights", "distils", "runtime_only", "score", "no_claim", "text"} <= set(rec)
-    assert rec["text"] and all(isinstance(line, str) for line in rec["text"])
-    assert any(line.startswith("Content failures, as a share of episodes") for line in rec["text"])
+    assert rec.text and all(isinstance(line, str) for line in rec.text)
+    assert any(line.startswith("Content failures, as a share of episodes") for line in rec.text)
     # the tiny model passes nothing on test tasks: every score difference is 0 [0, 0], so no claim is made
     assert all(d["verdict"] == "no claim" for d in diffs.values())
-    assert sum("no claim" in line for line in rec["text"]) >= len(COMPARISONS)
+    assert sum("no claim" in line for line in rec.text) >= len(COMPARISONS)
 
 
 def test_the_killed_stage_resumes_and_finished_stages_are_not_run_again(finished):
@@ -191,7 +191,7 @@ def test_a_resume_after_the_end_runs_nothing(finished, specs, tokenizer, monkeyp
     result = run_study(finished["config"], out, resume=True, policy_factory=again, progress=False)
     assert again.asked == []
     assert (stage_counts(out), sft_steps(out), (out / "stages.json").read_text()) == before
-    assert result["cells"] == finished["result"]["cells"]
+    assert result.cells == finished["result"].cells
 
 
 def test_the_report_of_a_study_folder_shows_its_cells_differences_and_recommendation(finished, tmp_path):
@@ -215,11 +215,11 @@ def test_the_report_of_a_study_folder_shows_its_cells_differences_and_recommenda
     for cell in CELLS:
         href = next(h for h in parser.hrefs if f"cells/{cell}/report" in h)
         assert (tmp_path / "study-report" / href).resolve().is_file(), href
-    for line in result["recommendation"]["text"]:
+    for line in result.recommendation.text:
         assert line.replace("'", "&#x27;") in page, line
-    for name, diff in result["paired_differences"].items():
+    for name, diff in result.paired_differences.items():
         assert f"{diff['mean_difference']:+.3f}" in page, name
-    assert f"{result['cells']['seed-placebo']['mean_score']:.3f}" in page
+    assert f"{result.cells['seed-placebo']['mean_score']:.3f}" in page
     # a study folder cannot be one side of a comparison, and says what to do instead
     r = CliRunner().invoke(app, ["report", str(out), str(out / "cells" / "seed-base")])
     assert r.exit_code == 2 and "is a study folder" in r.output and "cells/seed-base" in r.output, r.output
@@ -346,9 +346,9 @@ def test_a_one_iteration_evolution_feeds_the_study(tmp_path, specs, tokenizer):
 
     result = run_study(config, out, policy_factory=factory, progress=False)
     final = json.loads((out / "evolve" / "final.json").read_text())
-    assert result["evolution"]["best"] == final["best"] and result["evolution"]["iterations_run"] == 1
-    assert result["evolved_harness"] == load_harness(str(out / "evolve" / "best_harness.yaml")).name
-    assert (out / "evolve" / "LOCKED").is_file() and set(result["cells"]) == set(CELLS)
+    assert result.evolution["best"] == final["best"] and result.evolution["iterations_run"] == 1
+    assert result.evolved_harness == load_harness(str(out / "evolve" / "best_harness.yaml")).name
+    assert (out / "evolve" / "LOCKED").is_file() and set(result.cells) == set(CELLS)
     assert json.loads((out / "stages.json").read_text())["evolve"]["best"] == final["best"]
 
 
@@ -369,8 +369,8 @@ def _analyses(scores: dict[str, list[float]], rates: dict[str, dict[str, list[fl
 
 
 def test_the_recommendation_follows_the_intervals():
-    from harnessrl.metrics import paired_difference
     from harnessrl.jobs.study import class_effects
+    from harnessrl.metrics import paired_difference
 
     n = 12
     ones, zeros = [1.0] * n, [0.0] * n
@@ -397,7 +397,7 @@ def test_the_recommendation_follows_the_intervals():
     diffs = {}
     for name, (a, b) in COMPARISONS.items():
         d = paired_difference(analyses[a]["scores"], analyses[b]["scores"])
-        diffs[name] = {"a": a, "b": b, **d, "verdict": verdict(d)}
+        diffs[name] = {"a": a, "b": b, **d.model_dump(), "verdict": verdict(d)}
     effects = class_effects(analyses)
     assert set(effects) == {"malformed_call", "loop", "blocked_call", "content"}
     content = {
@@ -406,35 +406,39 @@ def test_the_recommendation_follows_the_intervals():
         "rate_difference": {"mean_difference": -0.5, "ci95": [-0.8, -0.2], "verdict": "lower"},
     }
     rec = recommend(diffs, effects, content=content)
-    assert [x["class"] for x in rec["fix_in_harness"]] == ["malformed_call", "loop"]
-    assert [x["class"] for x in rec["runtime_only"]] == ["malformed_call"]
-    assert [x["class"] for x in rec["distils"]] == ["loop"]
-    assert [x["class"] for x in rec["train_into_weights"]] == ["content"]
-    assert rec["score"]["harness"] == "higher" and rec["score"]["weights"] == "higher"
-    assert rec["score"]["runtime_only"] is False  # the weights carry part of the gain
+    assert [x["class"] for x in rec.fix_in_harness] == ["malformed_call", "loop"]
+    assert [x["class"] for x in rec.runtime_only] == ["malformed_call"]
+    assert [x["class"] for x in rec.distils] == ["loop"]
+    assert [x["class"] for x in rec.train_into_weights] == ["content"]
+    assert rec.score["harness"] == "higher" and rec.score["weights"] == "higher"
+    assert rec.score["runtime_only"] is False  # the weights carry part of the gain
     # the harness leaves content failures as they are: [0, 0] includes 0, no claim
-    assert any(x["what"] == "content rate, evolved vs seed under base" for x in rec["no_claim"])
-    assert any("Runtime-only" in line and "malformed_call" in line for line in rec["text"])
+    assert any(x["what"] == "content rate, evolved vs seed under base" for x in rec.no_claim)
+    assert any("Runtime-only" in line and "malformed_call" in line for line in rec.text)
     # blocked calls: only the weights remove them (not a harness fix, said in the text)
-    assert "blocked_call" not in [x["class"] for x in rec["fix_in_harness"] + rec["distils"]]
-    assert any("also make these process failures rarer" in line and "blocked_call" in line for line in rec["text"])
-    assert any(line.startswith("Content failures") and "100% with the base" in line for line in rec["text"])
+    assert "blocked_call" not in [x["class"] for x in rec.fix_in_harness + rec.distils]
+    assert any("also make these process failures rarer" in line and "blocked_call" in line for line in rec.text)
+    assert any(line.startswith("Content failures") and "100% with the base" in line for line in rec.text)
 
     # a placebo that helps as much: the content gain is not claimed for the weights
     rates["seed-placebo"] = {"malformed_call": ones, "loop": ones, "content": [0.0, 1.0] * (n // 2)}
     rec = recommend(diffs, class_effects(_analyses(scores, rates)))
-    assert rec["train_into_weights"] == []
-    assert any("placebo adapter reduces it too" in x["why"] for x in rec["no_claim"])
+    assert rec.train_into_weights == []
+    assert any("placebo adapter reduces it too" in x["why"] for x in rec.no_claim)
 
     # weights that gain nothing: the harness's score gain is runtime-only
     scores["seed-distilled"] = zeros
     d = paired_difference(
         _analyses(scores, rates)["seed-base"]["scores"], _analyses(scores, rates)["seed-distilled"]["scores"]
     )
-    diffs["distilled_vs_base_under_seed"] = {**diffs["distilled_vs_base_under_seed"], **d, "verdict": verdict(d)}
+    diffs["distilled_vs_base_under_seed"] = {
+        **diffs["distilled_vs_base_under_seed"],
+        **d.model_dump(),
+        "verdict": verdict(d),
+    }
     rec = recommend(diffs, class_effects(_analyses(scores, rates)))
-    assert rec["score"]["runtime_only"] is True
-    assert any("score gain" in line and "runtime-only" in line for line in rec["text"])
+    assert rec.score["runtime_only"] is True
+    assert any("score gain" in line and "runtime-only" in line for line in rec.text)
 
 
 def test_verdict_names_an_interval_that_includes_zero():
@@ -451,9 +455,9 @@ def test_a_content_failure_counts_once_in_the_per_task_rates(tokenizer):
     from helpers import replies_policy
 
     from harnessrl.harness.protocols import get_protocol
+    from harnessrl.jobs.study import cell_analysis
     from harnessrl.models.base import SamplingParams
     from harnessrl.rollout import Runner, make_jobs
-    from harnessrl.jobs.study import cell_analysis
     from harnessrl.types import ToolCall
 
     spec = load_harness("json-tools")

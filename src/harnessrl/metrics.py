@@ -16,11 +16,11 @@ from the n that were run. See docs/metrics.md for a worked example.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
 from math import comb, fsum
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.types import Trajectory
 
@@ -124,14 +124,15 @@ def episode_delivered(t: Trajectory) -> bool:
     return t.submitted and not (t.grade is not None and t.grade.subscores.get("delivered") == 0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class HarnessSummary:
+class HarnessSummary(BaseModel):
     """Headline numbers for one harness on one set of tasks (see `harness_summary` for the formulas).
 
-    The fields, in this order, are the keys of one harness's entry in summary.json (`to_json`).
+    The fields, in this order, are the keys of one harness's entry in summary.json (`model_dump`).
     Rates are None when nothing could be measured; `pass_at_k`, `pass_hat_k` and `k_notes` are
     keyed by k as a string ("1", "2", ...), the way JSON keys are.
     """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     n_tasks: int = 0
     attempts: int
@@ -140,16 +141,12 @@ class HarnessSummary:
     pass_at_k: dict[str, float | None]
     pass_hat_k: dict[str, float | None]
     delivery_rate: float | None = None
-    mean_subscores: dict[str, float] = field(default_factory=dict)
+    mean_subscores: dict[str, float] = Field(default_factory=dict)
     n_episodes: int = 0
     n_infra_errors: int = 0
-    k_notes: dict[str, str] = field(default_factory=dict)  # why a k is refused (its rates are None)
+    k_notes: dict[str, str] = Field(default_factory=dict)  # why a k is refused (its rates are None)
     # where the model calls' time went (`model_time`): part -> {sum, mean_per_episode, n_episodes}
-    model_time_s: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict with the fields as keys, in field order (what summary.json holds)."""
-        return asdict(self)
+    model_time_s: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 TIME_PARTS = ("queue", "prefill", "decode", "latency")
@@ -273,12 +270,20 @@ def harness_summary(trajectories: list[Trajectory], attempts: int) -> HarnessSum
     )
 
 
-def summarize_harness(trajectories: list[Trajectory], attempts: int) -> dict[str, Any]:
-    """`harness_summary` as the plain dict summary.json holds (`HarnessSummary.to_json`)."""
-    return harness_summary(trajectories, attempts).to_json()
+class PairedDifference(BaseModel):
+    """A paired comparison of two sides (a, b) over the tasks both were scored on
+    (`paired_difference`); its `model_dump` is what the JSON files hold."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mean_difference: float | None  # b - a, averaged over the shared tasks; None without one
+    ci95: list[float] | None  # [lo, hi] of the bootstrap interval; None without a shared task
+    n_tasks: int  # the shared tasks
+    n_only_a: int  # tasks left out because only a has them
+    n_only_b: int  # ... only b
 
 
-def paired_difference(scores_a: dict[str, float], scores_b: dict[str, float], seed: int = 0) -> dict:
+def paired_difference(scores_a: dict[str, float], scores_b: dict[str, float], seed: int = 0) -> PairedDifference:
     """Paired comparison of two harnesses over the tasks both were scored on.
 
         d_t = score_b(t) - score_a(t)        for t in tasks(a) & tasks(b)
@@ -289,16 +294,15 @@ def paired_difference(scores_a: dict[str, float], scores_b: dict[str, float], se
     because only one side has them). With no shared task, mean_difference and ci95 are None.
     """
     shared = sorted(set(scores_a) & set(scores_b))
-    result: dict[str, Any] = {
-        "mean_difference": None,
-        "ci95": None,
-        "n_tasks": len(shared),
-        "n_only_a": len(set(scores_a) - set(scores_b)),
-        "n_only_b": len(set(scores_b) - set(scores_a)),
-    }
+    mean, ci = None, None
     if shared:
         diffs = [scores_b[t] - scores_a[t] for t in shared]
         lo, hi = bootstrap_ci(diffs, seed=seed)
-        result["mean_difference"] = fsum(diffs) / len(diffs)
-        result["ci95"] = [lo, hi]
-    return result
+        mean, ci = fsum(diffs) / len(diffs), [lo, hi]
+    return PairedDifference(
+        mean_difference=mean,
+        ci95=ci,
+        n_tasks=len(shared),
+        n_only_a=len(set(scores_a) - set(scores_b)),
+        n_only_b=len(set(scores_b) - set(scores_a)),
+    )

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.table import Table
 
 from harnessrl.cli.common import config_command, err, executor_for, fail, job_errors, out
 from harnessrl.config import EvalConfig, ExecutorOptions, run_options
+
+if TYPE_CHECKING:
+    from harnessrl.results import EvalSummary
 
 EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions)
 
@@ -19,8 +22,8 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def print_summary_table(summary: dict[str, Any]) -> None:
-    table = Table(title=f"{summary['suite']} / {summary['split']} / {summary['model']}")
+def print_summary_table(summary: EvalSummary) -> None:
+    table = Table(title=f"{summary.suite} / {summary.split} / {summary.model}")
     for col in (
         "harness",
         "tasks",
@@ -34,20 +37,20 @@ def print_summary_table(summary: dict[str, Any]) -> None:
         "infra",
     ):
         table.add_column(col, justify="left" if col == "harness" else "right", no_wrap=col == "harness")
-    for name, m in summary["harnesses"].items():
-        k = str(m["attempts"])
-        ci = m.get("mean_score_ci95")
+    for name, m in summary.harnesses.items():
+        k = str(m.attempts)
+        ci = m.mean_score_ci95
         table.add_row(
             name,
-            str(m["n_tasks"]),
-            str(m["n_episodes"]),
-            _fmt(m["mean_score"]),
+            str(m.n_tasks),
+            str(m.n_episodes),
+            _fmt(m.mean_score),
             "-" if not ci else f"[{ci[0]:.3f}, {ci[1]:.3f}]",
-            _fmt((m.get("pass_at_k") or {}).get("1")),
-            _fmt((m.get("pass_at_k") or {}).get(k)) + f" (k={k})",
-            _fmt((m.get("pass_hat_k") or {}).get(k)),
-            _fmt(m["delivery_rate"]),
-            str(m["n_infra_errors"]),
+            _fmt(m.pass_at_k.get("1")),
+            _fmt(m.pass_at_k.get(k)) + f" (k={k})",
+            _fmt(m.pass_hat_k.get(k)),
+            _fmt(m.delivery_rate),
+            str(m.n_infra_errors),
         )
     out.print(table)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
 from harnessrl.cli.common import config_command, err, executor_for, given_on_command_line, job_errors, out
 from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
+
+if TYPE_CHECKING:
+    from harnessrl.results import EvolveResult
 
 EvolveRun = run_options(
     "runs/evo",
@@ -60,21 +63,21 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def print_final(final: dict[str, Any], config: EvolveConfig) -> None:
-    s, b, d = final["seed"], final["best_harness"], final["paired_difference"]
-    out.print(f"held-out ({config.suite}/test, {s['n_tasks']} tasks x {config.rollouts}):", highlight=False)
+def print_final(final: EvolveResult, config: EvolveConfig) -> None:
+    s, b, d = final.seed, final.best_harness, final.paired_difference
+    out.print(f"held-out ({config.suite}/test, {s.n_tasks} tasks x {config.rollouts}):", highlight=False)
     for name, r in (("seed", s), ("best", b)):
-        ci = r["mean_score_ci95"] or [None, None]
+        ci = r.mean_score_ci95 or [None, None]
         out.print(
-            f"  {name:5s} mean {_fmt(r['mean_score'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]  "
-            f"pass@1 {_fmt(r['pass_at_k'].get('1'))}  delivery {_fmt(r['delivery_rate'])}  "
-            f"process share {_fmt(r['triage']['process_share'])}",
+            f"  {name:5s} mean {_fmt(r.mean_score)} [{_fmt(ci[0])}, {_fmt(ci[1])}]  "
+            f"pass@1 {_fmt(r.pass_at_k.get('1'))}  delivery {_fmt(r.delivery_rate)}  "
+            f"process share {_fmt(r.triage['process_share'])}",
             highlight=False,
         )
-    ci = d["ci95"] or [None, None]
+    ci = d.ci95 or [None, None]
     out.print(
-        f"  best - seed {_fmt(d['mean_difference'])} [{_fmt(ci[0])}, {_fmt(ci[1])}]; accepted edits: "
-        f"{len(final['accepted_edits'])} ({final['unconfirmed_candidates']} more beat the threshold once, "
+        f"  best - seed {_fmt(d.mean_difference)} [{_fmt(ci[0])}, {_fmt(ci[1])}]; accepted edits: "
+        f"{len(final.accepted_edits)} ({final.unconfirmed_candidates} more beat the threshold once, "
         "not on confirmation)",
         highlight=False,
     )

@@ -29,6 +29,7 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
     on-policy, the better on dev kept), GRPO on the content failures, then one held-out comparison.
     Every decision and its evidence is in OUT/decisions.jsonl."""
     from harnessrl.improve import ImproveError, run_improve
+    from harnessrl.results import ImproveStopped
     from harnessrl.train.update import TrainingDiverged
 
     saved = "finished stages, episodes and decisions are saved"
@@ -42,15 +43,15 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
             log=lambda m: err.print(m, highlight=False, markup=False),
             console=err,
         )
-    for d in result["decisions"]:
+    for d in result.decisions:
         out.print(f"{d['phase']}: {d['key']} = {d['choice']}", highlight=False, markup=False, soft_wrap=True)
-    if "stopped_after" in result:
-        out.print(f"stopped after the {result['stopped_after']} phase; continue with --resume --out {run.out}")
+    if isinstance(result, ImproveStopped):
+        out.print(f"stopped after the {result.stopped_after} phase; continue with --resume --out {run.out}")
         return
-    table = Table(title=f"{result['suite']} / test / {result['model']}: held out, once")
+    table = Table(title=f"{result.suite} / test / {result.model}: held out, once")
     for col in ("cell", "what", "mean score", "95% CI", "process fail", "content fail"):
         table.add_column(col, justify="left" if col in ("cell", "what") else "right")
-    for name, c in result["cells"].items():
+    for name, c in result.cells.items():
         ci = c["mean_score_ci95"]
         table.add_row(
             name,
@@ -61,7 +62,7 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
             "-" if c["triage"]["content_rate"] is None else f"{c['triage']['content_rate']:.0%}",
         )
     out.print(table)
-    out.print(f"runtime-only: {result['runtime_only']['text']}", highlight=False, soft_wrap=True)
+    out.print(f"runtime-only: {result.runtime_only['text']}", highlight=False, soft_wrap=True)
     out.print(
         f"folder: {run.out} (improve.json, report.md, decisions.jsonl, one run folder per stage)", highlight=False
     )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from harnessrl.cli.common import config_command, err, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.jobs.study import StudyConfig
+
+if TYPE_CHECKING:
+    from harnessrl.results import StudyResult
 
 StudyRun = run_options(
     "runs/study",
@@ -44,11 +47,11 @@ def _share(x: Any) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def print_study(result: dict[str, Any]) -> None:
+def print_study(result: StudyResult) -> None:
     """The cells, the paired differences and the recommendation's sentences."""
-    cells = result["cells"]
+    cells = result.cells
     k = str(next(iter(cells.values()))["attempts"])
-    table = Table(title=f"{result['suite']} / test / {result['model']}: harness x weights")
+    table = Table(title=f"{result.suite} / test / {result.model}: harness x weights")
     for col in ("cell", "harness", "weights", "tasks", "mean score", "95% CI", "pass@1", f"pass@{k}", f"pass^{k}"):
         table.add_column(col, justify="left" if col in ("cell", "harness", "weights") else "right", no_wrap=True)
     for col in ("delivery", "process fail", "content fail"):
@@ -73,7 +76,7 @@ def print_study(result: dict[str, Any]) -> None:
     diffs = Table(title="paired differences by task (b - a)")
     for col in ("comparison", "a", "b", "difference", "95% CI", "claim"):
         diffs.add_column(col, justify="right" if col in ("difference", "95% CI") else "left", no_wrap=True)
-    for name, d in result["paired_differences"].items():
+    for name, d in result.paired_differences.items():
         ci = d["ci95"]
         diffs.add_row(
             name,
@@ -85,5 +88,5 @@ def print_study(result: dict[str, Any]) -> None:
         )
     out.print(diffs)
     out.print("recommendation:", highlight=False)
-    for line in result["recommendation"]["text"]:
+    for line in result.recommendation.text:
         out.print(f"  - {line}", highlight=False, markup=False, soft_wrap=True)

@@ -68,9 +68,9 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
             summary = trainer.run()
     if not main:
         return
-    out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
+    out.print(f"trained {summary.steps} steps; adapter: {summary.adapter}", highlight=False)
     out.print(
-        f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {config.suite}",
+        f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {config.suite}",
         highlight=False,
         soft_wrap=True,
     )
@@ -95,29 +95,29 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             progress=run.progress,
             console=err,
         )
-    data = summary["data"]
-    sampled = data.get("sampling")
+    data = summary.data
+    sampled = data.sampling
     if sampled:
         out.print(
-            f"sampled {sampled['attempts']} attempts of each of {sampled['tasks']} tasks in {sampled['harness']}: "
-            f"{sampled['kept']} tasks kept their best one ({sampled['run']})",
+            f"sampled {sampled.attempts} attempts of each of {sampled.tasks} tasks in {sampled.harness}: "
+            f"{sampled.kept} tasks kept their best one ({sampled.run})",
             highlight=False,
             soft_wrap=True,
         )
-    dropped = sum(data["dropped"].values())
+    dropped = sum(data.dropped.values())
     out.print(
-        f"{data['examples']} examples from {data['replayed']} of {data['selected']} selected episodes, "
-        f"as {summary['harness']}" + (f" ({dropped} could not be replayed there)" if dropped else ""),
+        f"{data.examples} examples from {data.replayed} of {data.selected} selected episodes, "
+        f"as {summary.harness}" + (f" ({dropped} could not be replayed there)" if dropped else ""),
         highlight=False,
     )
-    for key in ("exported", "exported_hf"):
-        if key in summary:
-            out.print(f"exported: {summary[key]}", highlight=False)
-    if "adapter" in summary:
-        out.print(f"trained {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
+    for exported in (summary.exported, summary.exported_hf):
+        if exported is not None:
+            out.print(f"exported: {exported}", highlight=False)
+    if summary.adapter is not None:
+        out.print(f"trained {summary.steps} steps; adapter: {summary.adapter}", highlight=False)
         out.print(
-            f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {summary['suite']} "
-            f"--harness {summary['harness']}",
+            f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {summary.suite} "
+            f"--harness {summary.harness}",
             highlight=False,
             soft_wrap=True,
         )
@@ -137,9 +137,9 @@ def distill_cmd(config: DistillConfig, run: Any) -> None:
             job = DistillRun(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
             executor.start()  # connect before the model loads
             summary = job.run()
-    out.print(f"distilled {summary['steps']} steps; adapter: {summary['adapter']}", highlight=False)
+    out.print(f"distilled {summary.steps} steps; adapter: {summary.adapter}", highlight=False)
     out.print(
-        f"evaluate it with: harnessrl eval --model hf:{summary['adapter']} --suite {config.suite} "
+        f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {config.suite} "
         f"--harness {config.student_harness}",
         highlight=False,
         soft_wrap=True,

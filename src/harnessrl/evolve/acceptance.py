@@ -45,6 +45,8 @@ import math
 from dataclasses import asdict, dataclass
 from math import fsum
 
+from pydantic import BaseModel, ConfigDict
+
 from harnessrl.metrics import paired_difference
 
 THRESHOLD_MULTIPLE = 2.0
@@ -162,17 +164,29 @@ def beats(delta: float | None, threshold: float) -> bool:
     return delta is not None and delta > threshold
 
 
-def compare(incumbent: dict[str, float], candidate: dict[str, float], threshold: float, seed: int = 0) -> dict:
+class Comparison(BaseModel):
+    """A candidate against the incumbent over their shared tasks (`compare`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    delta: float | None  # mean score difference, candidate - incumbent; None without a shared task
+    delta_ci95: list[float] | None  # its 95% bootstrap interval
+    n_tasks: int  # the shared tasks
+    threshold: float
+    accepted: bool  # the delta beats the threshold
+
+
+def compare(incumbent: dict[str, float], candidate: dict[str, float], threshold: float, seed: int = 0) -> Comparison:
     """Paired comparison over the shared tasks; `accepted` iff the mean improvement > threshold."""
     diff = paired_difference(incumbent, candidate, seed=seed)
-    delta = diff["mean_difference"]
-    return {
-        "delta": delta,
-        "delta_ci95": diff["ci95"],
-        "n_tasks": diff["n_tasks"],
-        "threshold": threshold,
-        "accepted": beats(delta, threshold),
-    }
+    delta = diff.mean_difference
+    return Comparison(
+        delta=delta,
+        delta_ci95=diff.ci95,
+        n_tasks=diff.n_tasks,
+        threshold=threshold,
+        accepted=beats(delta, threshold),
+    )
 
 
 def screening_winners(deltas: dict[str, float | None], threshold: float) -> list[str]:

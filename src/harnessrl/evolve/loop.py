@@ -53,8 +53,9 @@ from harnessrl.evolve.edits import renamed, spec_diff, spec_fingerprint
 from harnessrl.evolve.proposers import Proposal, ProposalContext, Proposer, worked_example
 from harnessrl.executors import Executor, ExecutorError, LocalExecutor
 from harnessrl.harness.spec import HarnessSpec, parse_spec, require_loop_harness
-from harnessrl.metrics import paired_difference, summarize_harness, task_scores
+from harnessrl.metrics import HarnessSummary, harness_summary, paired_difference, task_scores
 from harnessrl.models.base import Policy, SamplingParams
+from harnessrl.results import EvolveResult, HeldOutRecord
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.tasks.base import Task
@@ -140,17 +141,17 @@ class Measurement:
     seed: int  # the sampling seed it ran with (from its stream)
     trajectories: list[Trajectory]
     scores: dict[str, float]  # per-task mean score
-    summary: dict[str, Any]
+    summary: HarnessSummary
 
     def dev_record(self) -> dict[str, Any]:
         s = self.summary
         return {
             "label": self.label,
-            "mean": s["mean_score"],
-            "ci95": s["mean_score_ci95"],
-            "n_episodes": s["n_episodes"],
-            "delivery_rate": s["delivery_rate"],
-            "n_infra_errors": s["n_infra_errors"],
+            "mean": s.mean_score,
+            "ci95": s.mean_score_ci95,
+            "n_episodes": s.n_episodes,
+            "delivery_rate": s.delivery_rate,
+            "n_infra_errors": s.n_infra_errors,
             "seed": self.seed,
         }
 
@@ -276,9 +277,9 @@ class Evolution:
             )
             runner.run(todo)
         trajs = list(self.store.trajectories(harness=label, with_tokens=False))
-        return Measurement(label, seed, trajs, task_scores(trajs), summarize_harness(trajs, self.config.rollouts))
+        return Measurement(label, seed, trajs, task_scores(trajs), harness_summary(trajs, self.config.rollouts))
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> EvolveResult:
         self._mark = time.monotonic()
         # a folder with a state holds a run that this start continues (the CLI's --resume)
         resume = self._path(STATE).is_file()
@@ -412,7 +413,7 @@ class Evolution:
         state.iterations_done = it
         self._save_state(state)
         verdicts = ", ".join(self._verdict_text(line) for line in lines)
-        self.log(f"iteration {it}: incumbent {inc.summary['mean_score']}, {verdicts}")
+        self.log(f"iteration {it}: incumbent {inc.summary.mean_score}, {verdicts}")
 
     @staticmethod
     def _verdict_text(line: CandidateLine) -> str:
@@ -448,10 +449,10 @@ class Evolution:
                 conf.error = by_label[label].error = f"{type(e).__name__}: {e}"
                 continue
             verdict = compare(inc.scores, cand.scores, threshold)
-            conf.dev, conf.delta = cand.dev_record(), verdict["delta"]
-            conf.delta_ci95, conf.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
-            deltas[label] = verdict["delta"]
-            if not verdict["accepted"]:
+            conf.dev, conf.delta = cand.dev_record(), verdict.delta
+            conf.delta_ci95, conf.beats_threshold = verdict.delta_ci95, verdict.accepted
+            deltas[label] = verdict.delta
+            if not verdict.accepted:
                 state.unconfirmed_candidates += 1
         return confirmed_choice(deltas, threshold)
 
@@ -495,12 +496,12 @@ class Evolution:
             line.error = f"{type(e).__name__}: {e}"
             return line
         verdict = compare(inc.scores, cand.scores, _threshold(state))
-        line.dev, line.delta = cand.dev_record(), verdict["delta"]
-        line.delta_ci95, line.beats_threshold = verdict["delta_ci95"], verdict["accepted"]
+        line.dev, line.delta = cand.dev_record(), verdict.delta
+        line.delta_ci95, line.beats_threshold = verdict.delta_ci95, verdict.accepted
         return line
 
     # -- held-out, once -------------------------------------------------------------------------------
-    def _final(self, state: State) -> dict[str, Any]:
+    def _final(self, state: State) -> EvolveResult:
         seed_spec = self._load_spec(SEED_LABEL)
         best_spec = self._load_spec(state.incumbent)
         # one stream for both sides: the held-out comparison is paired like an iteration's
@@ -511,56 +512,56 @@ class Evolution:
             if state.incumbent == SEED_LABEL
             else self.measure(best_spec, "test.best", self.test_tasks, "test", "final")
         )
-        final = {
-            "suite": self.config.suite,
-            "model": self.config.model,
-            "seed_harness": self.seed_spec.name,
-            "best": state.incumbent,
-            "accepted_edits": state.accepted,
-            "best_diff_vs_seed": spec_diff(seed_spec, best_spec),
-            "iterations_run": state.iterations_done,
-            "proposer_exhausted": state.exhausted,
-            "stopped_by": state.stopped_by,
-            "threshold": state.threshold,
-            "noise": state.noise,
-            "invalid_proposals": state.invalid_proposals,
-            "crashed_candidates": state.crashed_candidates,
-            "unconfirmed_candidates": state.unconfirmed_candidates,
-            "seed": self._held_out_record(seed_run),
-            "best_harness": self._held_out_record(best_run),
-            "paired_difference": paired_difference(seed_run.scores, best_run.scores),
-            "config": self.config.to_json(),
-        }
         self._save_state(state)  # brings elapsed_s up to date
-        final["wall_time_s"] = state.elapsed_s
+        final = EvolveResult(
+            suite=self.config.suite,
+            model=self.config.model,
+            seed_harness=self.seed_spec.name,
+            best=state.incumbent,
+            accepted_edits=state.accepted,
+            best_diff_vs_seed=spec_diff(seed_spec, best_spec),
+            iterations_run=state.iterations_done,
+            proposer_exhausted=state.exhausted,
+            stopped_by=state.stopped_by,
+            threshold=state.threshold,
+            noise=state.noise,
+            invalid_proposals=state.invalid_proposals,
+            crashed_candidates=state.crashed_candidates,
+            unconfirmed_candidates=state.unconfirmed_candidates,
+            seed=self._held_out_record(seed_run),
+            best_harness=self._held_out_record(best_run),
+            paired_difference=paired_difference(seed_run.scores, best_run.scores),
+            config=self.config.to_json(),
+            wall_time_s=state.elapsed_s,
+        )
         self._write(BEST, renamed(best_spec, self._best_name() if state.accepted else self.seed_spec.name).to_yaml())
-        self._write(FINAL, json.dumps(final, indent=1) + "\n")
+        self._write(FINAL, json.dumps(final.model_dump(), indent=1) + "\n")
         state.phase = "finished"
         self._save_state(state)
         self.run_folder.lock(f"{FINAL} is written")  # written last, after final.json
         return final
 
-    def _held_out_record(self, m: Measurement) -> dict[str, Any]:
+    def _held_out_record(self, m: Measurement) -> HeldOutRecord:
         s = m.summary
         t = triage_by_harness(m.trajectories).get(m.label) or HarnessTriage.empty()
-        return {
-            "label": m.label,
-            "mean_score": s["mean_score"],
-            "mean_score_ci95": s["mean_score_ci95"],
-            "pass_at_k": s["pass_at_k"],
-            "pass_hat_k": s["pass_hat_k"],
-            "delivery_rate": s["delivery_rate"],
-            "n_tasks": s["n_tasks"],
-            "n_episodes": s["n_episodes"],
-            "n_infra_errors": s["n_infra_errors"],
-            "triage": {
+        return HeldOutRecord(
+            label=m.label,
+            mean_score=s.mean_score,
+            mean_score_ci95=s.mean_score_ci95,
+            pass_at_k=s.pass_at_k,
+            pass_hat_k=s.pass_hat_k,
+            delivery_rate=s.delivery_rate,
+            n_tasks=s.n_tasks,
+            n_episodes=s.n_episodes,
+            n_infra_errors=s.n_infra_errors,
+            triage={
                 "n_failed": t.n_failed,
                 "counts": t.counts,
                 "rates": t.rates,
                 "process_share": t.process_share,
                 "content_share": t.content_share,
             },
-        }
+        )
 
 
 def _threshold(state: State) -> float:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.loop import RESUMABLE_CHANGES, Evolution, EvolveError
+from harnessrl.results import EvolveResult
 from harnessrl.rundir import CONFIG, RunFolder, holds_run
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def run_evolve(
     log: Callable[[str], None] = lambda message: None,
     executor: Executor | None = None,
     stop_when: Callable[[int], str | None] | None = None,
-) -> dict[str, Any]:
+) -> EvolveResult:
     """Evolve `config.seed_harness` on the suite's dev tasks, confirm on its test tasks; returns
     final.json's content. `resume`: continue the run in `out` (its configuration must be
     `config`; `stored_config(out)` reads it). `executor`: where the episodes run (default: this

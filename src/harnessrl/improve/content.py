@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from harnessrl.improve.record import JobBase
 
 if TYPE_CHECKING:
+    from harnessrl.results import GRPOFacts
     from harnessrl.tasks.base import Suite, Task
 
 
@@ -77,14 +78,15 @@ class ContentPhase(JobBase):
             "variant": "grpo",
             "adapter": "content/grpo/adapter",
             "model": self._adapter_model("content/grpo/adapter"),
-            "grpo": summary,
+            "grpo": summary.model_dump(),
         }
 
-    def _grpo(self, stage: str, evolved, model: str, tasks: list[str]) -> dict[str, Any]:
+    def _grpo(self, stage: str, evolved, model: str, tasks: list[str]) -> GRPOFacts:
+        from harnessrl.results import GRPOFacts, TrainResult
         from harnessrl.train.trainer import Trainer, TrainError
 
         if stage in self.runner.stages:
-            return self.runner.stages[stage]
+            return GRPOFacts.model_validate(self.runner.stages[stage])
         c = self.config
         specs = [self.seed_spec] if self.evolved_is_seed else [self.seed_spec, evolved]
         if len({s.name for s in specs}) < len(specs):  # a given evolved spec may carry the seed's name
@@ -111,7 +113,7 @@ class ContentPhase(JobBase):
         )
         path = self.out / stage
 
-        def train(path: Path, resume: bool):
+        def train(path: Path, resume: bool) -> TrainResult:
             trainer = Trainer(
                 config,
                 path,
@@ -123,10 +125,10 @@ class ContentPhase(JobBase):
             )
             return trainer.run()
 
-        def facts(summary) -> dict[str, Any]:
+        def facts(summary: TrainResult) -> GRPOFacts:
             metrics = (path / "metrics.jsonl").read_text().splitlines()
             updates = sum(1 for line in metrics if json.loads(line).get("optimizer_step"))
-            return {"steps": summary["steps"], "optimizer_steps": updates, "harnesses": [s.name for s in specs]}
+            return GRPOFacts(steps=summary.steps, optimizer_steps=updates, harnesses=[s.name for s in specs])
 
         what = f"GRPO on {len(tasks)} content-failure tasks over {', '.join(s.name for s in specs)}"
-        return self.runner.trained(stage, what, train, TrainError, facts)
+        return self.runner.trained(stage, what, train, TrainError, facts, GRPOFacts)

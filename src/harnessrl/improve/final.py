@@ -8,13 +8,14 @@ from typing import Any
 
 from harnessrl.improve.config import REPORT, RESULT
 from harnessrl.improve.record import JobBase
+from harnessrl.results import ImproveResult
 from harnessrl.rundir import as_json, write_json
 
 
 class FinalPhase(JobBase):
     """The final phase of the job (Improve)."""
 
-    def _final(self, evolved, weights: dict[str, Any], content: dict[str, Any]) -> dict[str, Any]:
+    def _final(self, evolved, weights: dict[str, Any], content: dict[str, Any]) -> ImproveResult:
         from harnessrl.jobs.study_analysis import verdict
         from harnessrl.metrics import paired_difference
 
@@ -42,9 +43,9 @@ class FinalPhase(JobBase):
         differences = {}
         for name in ("harness", "weights", "content"):
             diff = paired_difference(base, cells[name]["scores"], seed=c.seed)
-            differences[f"{name}_vs_seed_base"] = {**diff, "verdict": verdict(diff)}
+            differences[f"{name}_vs_seed_base"] = {**diff.model_dump(), "verdict": verdict(diff)}
         runtime = paired_difference(cells["weights"]["scores"], cells["harness"]["scores"], seed=c.seed)
-        differences["harness_vs_weights"] = {**runtime, "verdict": verdict(runtime)}
+        differences["harness_vs_weights"] = {**runtime.model_dump(), "verdict": verdict(runtime)}
         result = {
             "suite": c.suite,
             "model": c.model,
@@ -69,11 +70,11 @@ class FinalPhase(JobBase):
             "decisions": self.decisions,
             "config": c.model_dump(),
         }
-        result = as_json(result)
-        write_json(self.out / RESULT, result)
-        (self.out / REPORT).write_text(report_markdown(result), encoding="utf-8")
+        record = as_json(result)
+        write_json(self.out / RESULT, record)
+        (self.out / REPORT).write_text(report_markdown(record), encoding="utf-8")
         self.folder.lock(f"{RESULT} is written: the held-out comparison is final")
-        return result
+        return ImproveResult.model_validate(record)
 
 
 def _runtime_only(differences: dict[str, dict[str, Any]]) -> dict[str, Any]:

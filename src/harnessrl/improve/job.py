@@ -13,6 +13,7 @@ from harnessrl.improve.final import FinalPhase
 from harnessrl.improve.harness import HarnessPhase
 from harnessrl.improve.weights import WeightsPhase
 from harnessrl.jobs.stages import StageError
+from harnessrl.results import ImproveResult, ImproveStopped
 from harnessrl.rundir import RunFolder, RunFolderError
 
 
@@ -93,7 +94,7 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         self.decisions: list[dict[str, Any]] = []
 
     # -- the phases -----------------------------------------------------------------------------------
-    def run(self, stop_after: str | None = None) -> dict[str, Any]:
+    def run(self, stop_after: str | None = None) -> ImproveResult | ImproveStopped:
         if stop_after is not None and stop_after not in PHASES[:-1]:
             raise ImproveError(f"--stop-after must be one of {', '.join(PHASES[:-1])}, got {stop_after!r}")
         try:
@@ -126,8 +127,8 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         finally:
             self._release()
 
-    def _partial(self, phase: str) -> dict[str, Any]:
-        return {"stopped_after": phase, "decisions": self.decisions, "folder": str(self.out)}
+    def _partial(self, phase: str) -> ImproveStopped:
+        return ImproveStopped(stopped_after=phase, decisions=self.decisions, folder=str(self.out))
 
 
 def run_improve(
@@ -139,7 +140,7 @@ def run_improve(
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
     console=None,
-) -> dict[str, Any]:
+) -> ImproveResult | ImproveStopped:
     """`harnessrl improve` as a library call; returns improve.json's content (or the decisions so
     far, with `stop_after`)."""
     job = Improve(config, out, resume=resume, progress=progress, log=log, console=console)

@@ -4,9 +4,12 @@ harness, by imitation and by on-policy distillation; the adapter with the higher
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.improve.record import JobBase
+
+if TYPE_CHECKING:
+    from harnessrl.results import CollectFacts, DistillFacts
 
 
 class WeightsPhase(JobBase):
@@ -29,7 +32,8 @@ class WeightsPhase(JobBase):
         imitation = self._stages(self.out.resolve() / "weights", str(self.out.resolve() / "harness" / "evolved.yaml"))
         variants: dict[str, dict[str, Any]] = {}
         steps = c.distill_steps
-        reason, collect = None, {}
+        reason: str | None = None
+        collect: CollectFacts | None = None
         self._release()
         try:
             collect = imitation.collect(evolved)
@@ -38,7 +42,7 @@ class WeightsPhase(JobBase):
         except NothingToDistil as e:  # nothing to imitate: recorded, the on-policy variant goes on alone
             reason = str(e)
         else:
-            steps = int(sft["steps"])
+            steps = int(sft.steps or 0)
             variants["imitation"] = {"adapter": "weights/sft/adapter", "steps": steps}
             variants["placebo"] = {"adapter": "weights/placebo/adapter", "steps": steps}
         finally:
@@ -49,7 +53,7 @@ class WeightsPhase(JobBase):
             "skip" if reason else "train",
             {
                 "collector": c.collect_model or c.model,
-                **{k: collect.get(k) for k in ("episodes", "passed", "passed_tasks")},
+                **{k: getattr(collect, k, None) for k in ("episodes", "passed", "passed_tasks")},
                 "reason": reason,
                 "steps": steps,
                 "folder": "weights/collect",
@@ -79,7 +83,7 @@ class WeightsPhase(JobBase):
                 "adapter": v["adapter"],
                 "steps": v["steps"],
                 **cell["record"],
-                "vs_base": {**diff, "verdict": verdict(diff)},
+                "vs_base": {**diff.model_dump(), "verdict": verdict(diff)},
             }
         candidates = [n for n in ("imitation", "on-policy") if n in variants]
         if not candidates:
@@ -87,7 +91,7 @@ class WeightsPhase(JobBase):
             return {"variant": "base", "adapter": None, "model": c.model}
         if len(candidates) == 2:
             diff = paired_difference(variants["imitation"]["cell"]["scores"], variants["on-policy"]["cell"]["scores"])
-            evidence["on_policy_vs_imitation"] = {**diff, "verdict": verdict(diff)}
+            evidence["on_policy_vs_imitation"] = {**diff.model_dump(), "verdict": verdict(diff)}
         means = {n: variants[n]["cell"]["record"]["mean_score"] or 0.0 for n in candidates}
         # the higher dev mean; a tie keeps on-policy distillation (trained on the student's own states)
         choice = max(candidates, key=lambda n: (means[n], n == "on-policy"))
@@ -99,12 +103,13 @@ class WeightsPhase(JobBase):
             "model": self._adapter_model(variants[choice]["adapter"]),
         }
 
-    def _distill(self, stage: str, evolved, steps: int) -> dict[str, Any]:
+    def _distill(self, stage: str, evolved, steps: int) -> DistillFacts:
+        from harnessrl.results import DistillFacts, TrainResult
         from harnessrl.train.config import DistillConfig
         from harnessrl.train.distill import DistillError, run_distill
 
         if stage in self.runner.stages:
-            return self.runner.stages[stage]
+            return DistillFacts.model_validate(self.runner.stages[stage])
         c = self.config
         config = DistillConfig(
             teacher_harness=evolved.name,
@@ -123,7 +128,7 @@ class WeightsPhase(JobBase):
             retries=c.retries,
         )
 
-        def train(path: Path, resume: bool):
+        def train(path: Path, resume: bool) -> TrainResult:
             return run_distill(
                 config,
                 path,
@@ -135,7 +140,8 @@ class WeightsPhase(JobBase):
                 student=self.seed_spec,
             )
 
-        def facts(summary) -> dict[str, Any]:
-            return {"steps": summary["steps"], "final_kl": (summary["last"] or {}).get("kl")}
+        def facts(summary: TrainResult) -> DistillFacts:
+            return DistillFacts(steps=summary.steps, final_kl=summary.last.get("kl"))
 
-        return self.runner.trained(stage, f"on-policy distillation, {steps} steps", train, DistillError, facts)
+        what = f"on-policy distillation, {steps} steps"
+        return self.runner.trained(stage, what, train, DistillError, facts, DistillFacts)

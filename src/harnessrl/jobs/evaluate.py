@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from harnessrl.config import EvalConfig, RunOptions
-from harnessrl.metrics import summarize_harness
+from harnessrl.metrics import HarnessSummary, harness_summary
 from harnessrl.models import LOCAL_FORMS
+from harnessrl.results import EvalSummary
 from harnessrl.rundir import RunFolder, RunFolderError
 from harnessrl.store import RunStore
 
@@ -29,24 +30,23 @@ class EvalError(ValueError):
     """A configuration or run-folder problem, reported before any episode runs."""
 
 
-def summaries(store: RunStore, attempts: int) -> dict[str, Any]:
+def summaries(store: RunStore, attempts: int) -> dict[str, HarnessSummary]:
     """The per-harness summary of every harness in a run database."""
     return {
-        h: summarize_harness(list(store.trajectories(harness=h, with_tokens=False)), attempts)
-        for h in store.harnesses()
+        h: harness_summary(list(store.trajectories(harness=h, with_tokens=False)), attempts) for h in store.harnesses()
     }
 
 
-def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> dict[str, Any]:
+def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> EvalSummary:
     """summary.json of an evaluation run (its recorded `config`), recomputed from the database."""
-    summary = {
-        "suite": config["suite"],
-        "split": config["split"],
-        "model": config["model"],
-        "seed": config["seed"],
-        "harnesses": summaries(store, config["attempts"]),
-    }
-    (Path(folder) / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    summary = EvalSummary(
+        suite=config["suite"],
+        split=config["split"],
+        model=config["model"],
+        seed=config["seed"],
+        harnesses=summaries(store, config["attempts"]),
+    )
+    (Path(folder) / SUMMARY).write_text(json.dumps(summary.model_dump(), indent=2) + "\n", encoding="utf-8")
     return summary
 
 
@@ -116,7 +116,7 @@ def run_eval(
     run: RunOptions,
     log: Callable[[str], None] = lambda message: None,
     executor: Executor | None = None,
-) -> dict[str, Any]:
+) -> EvalSummary:
     """Evaluate `config.model` on the suite through every harness; returns the summary.
     `executor`: where the episodes run (default: this process); the caller closes it."""
     from harnessrl.executors import ExecutorError, LocalExecutor

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from pydantic import BaseModel
 
 from harnessrl.rundir import STAGES_JSON, RunFolder, RunFolderError, as_json, holds_run, write_json
 
@@ -23,6 +25,10 @@ PolicyFactory = Callable[[str, str], Optional[Any]]
 
 
 R = TypeVar("R")
+F = TypeVar("F", bound=BaseModel)
+
+if TYPE_CHECKING:
+    from harnessrl.results import AdapterFacts, CollectFacts
 
 
 class StageError(ValueError):
@@ -95,14 +101,15 @@ class Stages:
         what: str,
         train: Callable[[Path, bool], R],
         errors: type[Exception] | tuple[type[Exception], ...],
-        facts: Callable[[R], dict[str, Any]],
-    ) -> dict[str, Any]:
-        """A training stage (its adapter in OUT/<stage>): its recorded facts once it finished;
-        otherwise the kept model is released (training loads its own), `train(path, resume)` runs
-        (resumed when the folder holds a run), its `errors` become a StageError naming the stage,
-        and `facts(result)` is recorded in stages.json."""
+        facts: Callable[[R], F],
+        kind: type[F],
+    ) -> F:
+        """A training stage (its adapter in OUT/<stage>): its recorded facts (a `kind`) once it
+        finished; otherwise the kept model is released (training loads its own), `train(path,
+        resume)` runs (resumed when the folder holds a run), its `errors` become a StageError
+        naming the stage, and `facts(result)` is recorded in stages.json."""
         if stage in self.stages:
-            return self.stages[stage]
+            return kind.model_validate(self.stages[stage])
         self.release()
         self.log(f"{stage}: {what}")
         path = self.out / stage
@@ -112,8 +119,8 @@ class Stages:
             raise StageError(f"{stage}: {e}") from None
         finally:
             gc.collect()
-        self.done(stage, **facts(result))
-        return self.stages[stage]
+        self.done(stage, **facts(result).model_dump())
+        return kind.model_validate(self.stages[stage])
 
     def evolved(
         self,
@@ -239,13 +246,15 @@ class Stages:
         self.done(stage, episodes=len(trajectories))
         return trajectories
 
-    def collect(self, evolved) -> dict[str, Any]:
+    def collect(self, evolved) -> CollectFacts:
         """The evolved harness's episodes on the train tasks; refuses to go on when fewer than two
         tasks have a passing one (nothing to distil, or no placebo: it swaps answers across tasks)."""
+        from harnessrl.results import CollectFacts
+
         c = self.config
         grown = self.stages.get("collect", {})
         if grown.get("tasks") == c.collect_tasks and grown.get("attempts") == c.collect_attempts:
-            return grown
+            return CollectFacts.model_validate(grown)
         collector = c.collect_model or c.model
         from harnessrl.tasks import get_suite
 
@@ -264,13 +273,13 @@ class Stages:
         )
         passed = [t for t in trajs if not t.is_infra_error and t.grade is not None and t.grade.passed]
         tasks = sorted({t.task_id for t in passed})
-        facts = {
-            "tasks": c.collect_tasks,
-            "attempts": c.collect_attempts,
-            "episodes": len(trajs),
-            "passed": len(passed),
-            "passed_tasks": len(tasks),
-        }
+        facts = CollectFacts(
+            tasks=c.collect_tasks,
+            attempts=c.collect_attempts,
+            episodes=len(trajs),
+            passed=len(passed),
+            passed_tasks=len(tasks),
+        )
         more = (
             f"resume with more attempts or tasks to collect more (the finished episodes are kept): --resume "
             f"--collect-attempts {c.collect_attempts * 2} or --collect-tasks {c.collect_tasks * 2}; or use a model "
@@ -287,17 +296,18 @@ class Stages:
                 f"only one task ({tasks[0]}) has a passing episode among the {where}; the placebo adapter swaps "
                 f"answers across tasks and needs two; {more}"
             )
-        self.done("collect", **facts)
+        self.done("collect", **facts.model_dump())
         return facts
 
-    def sft(self, stage: str) -> dict[str, Any]:
+    def sft(self, stage: str) -> AdapterFacts:
         """The distilled (stage sft) or placebo adapter: SFT on the collected episodes, re-rendered
         into the seed harness."""
+        from harnessrl.results import AdapterFacts, SFTResult
         from harnessrl.train.config import SFTConfig
         from harnessrl.train.sft import SFTError, run_sft
 
         if stage in self.stages:
-            return self.stages[stage]
+            return AdapterFacts.model_validate(self.stages[stage])
         c = self.config
         sft_config = SFTConfig(
             from_runs=[str(self.out / "collect")],
@@ -311,25 +321,25 @@ class Stages:
             seed=c.seed,
         )
 
-        def train(path: Path, resume: bool):
+        def train(path: Path, resume: bool) -> SFTResult:
             return run_sft(
                 sft_config, path, resume=resume, spec=self.seed_spec, progress=self.progress, console=self.console
             )
 
-        def facts(summary) -> dict[str, Any]:
-            data = summary["data"]
-            return {
-                "folder": stage,
-                "adapter": f"{stage}/adapter",
-                "steps": summary["steps"],
-                "examples": data["examples"],
-                "episodes_replayed": data["replayed"],
-                "episodes_dropped": sum(data["dropped"].values()),
-                "final_loss": (summary.get("last") or {}).get("loss"),
-            }
+        def facts(summary: SFTResult) -> AdapterFacts:
+            data = summary.data
+            return AdapterFacts(
+                folder=stage,
+                adapter=f"{stage}/adapter",
+                steps=summary.steps,
+                examples=data.examples,
+                episodes_replayed=data.replayed,
+                episodes_dropped=sum(data.dropped.values()),
+                final_loss=(summary.last or {}).get("loss"),
+            )
 
         what = f"training the {'placebo' if stage == 'placebo' else 'distilled'} adapter"
-        return self.trained(stage, what, train, SFTError, facts)
+        return self.trained(stage, what, train, SFTError, facts, AdapterFacts)
 
     def adapter_model(self, weights: str) -> str:
         """The model spec of `weights`: base (the configured model), distilled (the sft stage's

@@ -45,6 +45,7 @@ from harnessrl.jobs.study_analysis import (
     recommend,
     verdict,
 )
+from harnessrl.results import StudyResult
 from harnessrl.rundir import STUDY_JSON, RunFolder, RunFolderError, holds_run, write_json
 
 # The options only the evolution stage uses.
@@ -119,18 +120,18 @@ def study_result(
     analyses: dict[str, dict[str, Any]],
     cells_meta: dict[str, dict[str, Any]],
     context: dict[str, Any],
-) -> dict[str, Any]:
+) -> StudyResult:
     """study.json: the study's configuration and context, the cells, and their analysis
     (`compare_cells`: the paired differences, the content-failure share before and after, the
     failure-class effects and the recommendation)."""
-    return {
-        "suite": config.suite,
-        "model": config.model,
-        "config": config.model_dump(),
+    return StudyResult(
+        suite=config.suite,
+        model=config.model,
+        config=config.model_dump(),
         **context,
-        "cells": {name: {**cells_meta[name], **analyses[name]["record"]} for name in CELLS},
-        **compare_cells(analyses, seed=config.seed, evolved_is_seed=context.get("evolved_is_seed", False)),
-    }
+        cells={name: {**cells_meta[name], **analyses[name]["record"]} for name in CELLS},
+        **dict(compare_cells(analyses, seed=config.seed, evolved_is_seed=context.get("evolved_is_seed", False))),
+    )
 
 
 # ------------------------------------------------------------------------------------ the job
@@ -238,13 +239,13 @@ class Study:
             raise StudyError(str(e)) from None
 
     # -- the stages ----------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> StudyResult:
         try:
             return self._run()
         except StageError as e:  # a stage's run folder, model or training refused to go on
             raise StudyError(str(e)) from None
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> StudyResult:
         c, runner = self.config, self.runner
         try:
             self.folder.start()
@@ -282,7 +283,7 @@ class Study:
             else None
         )
         result = study_result(c, analyses, meta, context)
-        write_json(self.out / STUDY_JSON, result)
+        write_json(self.out / STUDY_JSON, result.model_dump())
         return result
 
     def _evolve(self):
@@ -320,7 +321,7 @@ def run_study(
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
     console=None,
-) -> dict[str, Any]:
+) -> StudyResult:
     """`harnessrl study` as a library call; returns study.json's content."""
     study = Study(
         config, out, resume=resume, policy_factory=policy_factory, progress=progress, log=log, console=console

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from harnessrl.metrics import PairedDifference
+from harnessrl.results import CellComparison, Recommendation
+
 # cell -> (harness side, weights)
 CELLS: dict[str, tuple[str, str]] = {
     "seed-base": ("seed", "base"),
@@ -36,10 +39,11 @@ LABELS: dict[str, str] = {
 }
 
 
-def verdict(diff: dict[str, Any] | None) -> str:
-    """What a paired difference allows to claim: "lower" or "higher" when its 95% interval
-    excludes 0, "no claim" when the interval includes 0, "no data" without one."""
-    ci = (diff or {}).get("ci95")
+def verdict(diff: PairedDifference | dict[str, Any] | None) -> str:
+    """What a paired difference (as computed, or as a JSON file holds it) allows to claim: "lower"
+    or "higher" when its 95% interval excludes 0, "no claim" when the interval includes 0, "no
+    data" without one."""
+    ci = diff.ci95 if isinstance(diff, PairedDifference) else (diff or {}).get("ci95")
     if not ci or ci[0] is None or ci[1] is None:
         return "no data"
     if ci[1] < 0:
@@ -53,25 +57,25 @@ def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
     """One cell's record (summary metrics and triage) and, kept apart for the paired comparisons,
     its per-task score and per-task share of valid episodes ending in each failure class. A cell
     is one harness's episodes."""
-    from harnessrl.metrics import summarize_harness, task_scores
+    from harnessrl.metrics import harness_summary, task_scores
     from harnessrl.triage import CONTENT, PROCESS, HarnessTriage, triage_by_harness
 
-    summary = summarize_harness(trajectories, attempts)
+    summary = harness_summary(trajectories, attempts)
     tri = next(iter(triage_by_harness(trajectories).values()), None) or HarnessTriage.empty()
     n_valid, counts = tri.n_valid, tri.counts
     process = sum(counts[c] for c in PROCESS)
     content = sum(counts[c] for c in CONTENT)
     record = {
-        "n_tasks": summary["n_tasks"],
-        "n_episodes": summary["n_episodes"],
-        "n_infra_errors": summary["n_infra_errors"],
+        "n_tasks": summary.n_tasks,
+        "n_episodes": summary.n_episodes,
+        "n_infra_errors": summary.n_infra_errors,
         "attempts": attempts,
-        "mean_score": summary["mean_score"],
-        "mean_score_ci95": summary["mean_score_ci95"],
-        "pass_at_k": summary["pass_at_k"],
-        "pass_hat_k": summary["pass_hat_k"],
-        "k_notes": summary["k_notes"],
-        "delivery_rate": summary["delivery_rate"],
+        "mean_score": summary.mean_score,
+        "mean_score_ci95": summary.mean_score_ci95,
+        "pass_at_k": summary.pass_at_k,
+        "pass_hat_k": summary.pass_hat_k,
+        "k_notes": summary.k_notes,
+        "delivery_rate": summary.delivery_rate,
         "triage": {
             "n_valid": n_valid,
             "n_failed": tri.n_failed,
@@ -99,7 +103,7 @@ def cell_analysis(trajectories: list, attempts: int) -> dict[str, Any]:
     return {"record": record, "scores": task_scores(trajectories), "rates": rates}
 
 
-def class_effects(analyses: dict[str, dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+def class_effects(analyses: dict[str, dict[str, Any]], seed: int = 0) -> dict[str, dict[str, Any]]:
     """Per failure class seen in any cell: the paired difference (by task) of its rate (share of
     valid episodes) between seed-base and evolved-base (`harness`), seed-distilled (`weights`)
     and seed-placebo (`placebo`). Negative = the class is rarer."""
@@ -114,7 +118,7 @@ def class_effects(analyses: dict[str, dict[str, Any]], seed: int = 0) -> dict[st
         entry: dict[str, Any] = {"kind": "process" if cls in PROCESS else "content"}
         for name, cell in (("harness", "evolved-base"), ("weights", "seed-distilled"), ("placebo", "seed-placebo")):
             diff = paired_difference(base[cls], analyses[cell]["rates"][cls], seed=seed)
-            entry[name] = {**diff, "verdict": verdict(diff)}
+            entry[name] = {**diff.model_dump(), "verdict": verdict(diff)}
         effects[cls] = entry
     return effects
 
@@ -138,7 +142,7 @@ def recommend(
     effects: dict[str, Any],
     evolved_is_seed: bool = False,
     content: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Recommendation:
     """The recommendation, computed from the paired differences and the failure-class effects.
 
     fix_in_harness       process classes the evolved harness makes rarer (interval below 0)
@@ -169,12 +173,12 @@ def recommend(
         *([_content_sentence(content)] if content is not None else []),
         *_score_sentences(differences, score),
     ]
-    return {
+    return Recommendation(
         **sorted_classes,
-        "score": score,
-        "no_claim": no_claim + _score_no_claims(differences),
-        "text": text,
-    }
+        score=score,
+        no_claim=no_claim + _score_no_claims(differences),
+        text=text,
+    )
 
 
 def _sort_classes(effects: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
@@ -319,7 +323,7 @@ def _score_sentences(differences: dict[str, dict[str, Any]], score: dict[str, An
 # ------------------------------------------------------------------------------ study.json's analysis
 
 
-def compare_cells(analyses: dict[str, dict[str, Any]], seed: int = 0, evolved_is_seed: bool = False) -> dict[str, Any]:
+def compare_cells(analyses: dict[str, dict[str, Any]], seed: int = 0, evolved_is_seed: bool = False) -> CellComparison:
     """study.json's analysis of the cells (`cell_analysis` of each, by name): the paired score
     differences, the content-failure share before and after, the failure-class effects and the
     recommendation; `seed` seeds the bootstrap intervals."""
@@ -328,21 +332,21 @@ def compare_cells(analyses: dict[str, dict[str, Any]], seed: int = 0, evolved_is
     differences = {}
     for name, (a, b) in COMPARISONS.items():
         diff = paired_difference(analyses[a]["scores"], analyses[b]["scores"], seed=seed)
-        differences[name] = {"a": a, "b": b, **diff, "verdict": verdict(diff)}
+        differences[name] = {"a": a, "b": b, **diff.model_dump(), "verdict": verdict(diff)}
     before, after = analyses["seed-base"], analyses["seed-distilled"]
     content_diff = paired_difference(before["rates"]["content"], after["rates"]["content"], seed=seed)
     content = {
         "before": {"cell": "seed-base", **_shares(before["record"])},
         "after": {"cell": "seed-distilled", **_shares(after["record"])},
-        "rate_difference": {**content_diff, "verdict": verdict(content_diff)},
+        "rate_difference": {**content_diff.model_dump(), "verdict": verdict(content_diff)},
     }
     effects = class_effects(analyses, seed=seed)
-    return {
-        "paired_differences": differences,
-        "content_failures": content,
-        "class_effects": effects,
-        "recommendation": recommend(differences, effects, evolved_is_seed, content),
-    }
+    return CellComparison(
+        paired_differences=differences,
+        content_failures=content,
+        class_effects=effects,
+        recommendation=recommend(differences, effects, evolved_is_seed, content),
+    )
 
 
 def _shares(record: dict[str, Any]) -> dict[str, Any]:
@@ -350,4 +354,15 @@ def _shares(record: dict[str, Any]) -> dict[str, Any]:
     return {"content_rate": t["content_rate"], "content_share": t["content_share"]}
 
 
-__all__ = ["CELLS", "COMPARISONS", "LABELS", "cell_analysis", "class_effects", "compare_cells", "recommend", "verdict"]
+__all__ = [
+    "CELLS",
+    "COMPARISONS",
+    "LABELS",
+    "CellComparison",
+    "Recommendation",
+    "cell_analysis",
+    "class_effects",
+    "compare_cells",
+    "recommend",
+    "verdict",
+]

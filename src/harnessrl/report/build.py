@@ -128,7 +128,7 @@ def _comparison(a: RunData, b: RunData) -> dict:
                 "score_a": sum(sa[t] for t in shared) / len(shared) if shared else None,
                 "score_b": sum(sb[t] for t in shared) / len(shared) if shared else None,
                 "differences": [sb[t] - sa[t] for t in shared],
-                **pd,
+                **pd.model_dump(),
             }
         )
     if all(r["n_tasks"] == 0 for r in rows):

@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from harnessrl.results import TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import DistillConfig
@@ -602,7 +603,7 @@ class DistillRun(lora.WritesAdapter):
         }
 
     # -- the loop --------------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainResult:
         """Train until --steps; returns a short summary. Raises TrainingDiverged on NaN."""
         try:
             self._setup()
@@ -649,7 +650,7 @@ class DistillRun(lora.WritesAdapter):
         if not (self.out / "checkpoint").exists():
             self.save_checkpoint()
         adapter = self.save_adapter()
-        return {"steps": self.step, "adapter": str(adapter), "last": last}
+        return TrainResult(steps=self.step, adapter=str(adapter), last=last)
 
     def _say(self, text: str) -> None:
         if self.progress:
@@ -665,7 +666,7 @@ def run_distill(
     console=None,
     executor=None,
     **objects: Any,
-) -> dict[str, Any]:
+) -> TrainResult:
     """`harnessrl train distill` as a library call (`objects`: suite, teacher, student, see DistillRun)."""
     return DistillRun(
         config, out, resume=resume, progress=progress, console=console, executor=executor, **objects

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from harnessrl.results import SFTData, SFTResult, SFTTrained
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
@@ -310,7 +311,7 @@ class SFTRun(lora.WritesAdapter):
         return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else cfg.lr
 
     # -- the loop ---------------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
+    def train(self) -> SFTTrained:
         """Train for --epochs over the examples; returns a short summary."""
         assert self.examples is not None and self.folder is not None and self.out is not None
         cfg = self.config
@@ -380,7 +381,7 @@ class SFTRun(lora.WritesAdapter):
         if not (self.out / "checkpoint").exists():
             self.save_checkpoint(fingerprint)
         adapter = self.save_adapter()
-        return {"steps": self.step, "adapter": str(adapter), "examples": len(units), "last": last}
+        return SFTTrained(steps=self.step, adapter=str(adapter), examples=len(units), last=last)
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(self, fingerprint: str) -> Path:
@@ -438,7 +439,7 @@ def run_sft(
     console=None,
     export_hf: str | os.PathLike | None = None,
     sample_policy=None,
-) -> dict[str, Any]:
+) -> SFTResult:
     """`harnessrl train sft` as a library call: (sample,) select, replay, (export), train.
 
     Every bad input raises SFTError before anything is written (--sample: but its attempts,
@@ -461,11 +462,13 @@ def run_sft(
         sample_policy=sample_policy,
     )
     examples = run.prepare()
-    summary: dict[str, Any] = {"data": examples.stats, "harness": run.harness_name, "suite": examples.suite}
-    if export_jsonl is not None:
-        summary["exported"] = str(run.export(export_jsonl))
-    if export_hf is not None:
-        summary["exported_hf"] = str(run.export_hf(export_hf))
+    summary = SFTResult(
+        data=SFTData.model_validate(examples.stats),
+        harness=run.harness_name,
+        suite=examples.suite,
+        exported=None if export_jsonl is None else str(run.export(export_jsonl)),
+        exported_hf=None if export_hf is None else str(run.export_hf(export_hf)),
+    )
     if export_only:
         return summary
-    return {**summary, **run.train()}
+    return summary.model_copy(update=run.train().model_dump())

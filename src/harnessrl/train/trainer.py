@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harnessrl.harness.spec import HarnessSpec
+from harnessrl.results import TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
@@ -598,7 +599,7 @@ class Trainer(lora.WritesAdapter):
 
         Several processes: each runs a contiguous share of the episodes and rank 0 gets them all
         and returns the record; the others return None."""
-        from harnessrl.metrics import summarize_harness
+        from harnessrl.metrics import harness_summary
         from harnessrl.rollout import Runner, make_jobs
 
         cfg = self.config
@@ -619,8 +620,8 @@ class Trainer(lora.WritesAdapter):
         if gathered is None:
             return None
         trajectories = [t for part in gathered for t in part]
-        summaries = {s.name: summarize_harness([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
-        scores = {h: m["mean_score"] for h, m in summaries.items()}
+        summaries = {s.name: harness_summary([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
+        scores = {h: m.mean_score for h, m in summaries.items()}
         known = [v for v in scores.values() if v is not None]
         return {
             "step": self.step,
@@ -628,14 +629,14 @@ class Trainer(lora.WritesAdapter):
             "sampling_seed": self.eval_sampling.seed,
             "tasks": len(tasks),
             "mean_score": scores,
-            "pass_at_1": {h: (m["pass_at_k"] or {}).get("1") for h, m in summaries.items()},
-            "delivery_rate": {h: m["delivery_rate"] for h, m in summaries.items()},
+            "pass_at_1": {h: (m.pass_at_k or {}).get("1") for h, m in summaries.items()},
+            "delivery_rate": {h: m.delivery_rate for h, m in summaries.items()},
             "average": mean(known),
             "seconds": time.perf_counter() - t0,
         }
 
     # -- the loop -------------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> TrainResult:
         """Train until config.steps; returns a short summary. Raises TrainingDiverged on NaN."""
         cfg = self.config
         self._setup()
@@ -708,7 +709,7 @@ class Trainer(lora.WritesAdapter):
             self.store.close()
         self.dist.barrier()  # the others finish when rank 0 has written everything
         self.dist.close()
-        return {"steps": self.step, "adapter": str(adapter), "last": last}
+        return TrainResult(steps=self.step, adapter=str(adapter), last=last)
 
     def _log_eval(self, path: Path, record: dict[str, Any] | None) -> None:
         if record is None:  # another process's share of a shared evaluation
