@@ -20,28 +20,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict
 
 from harnessrl.metrics import HarnessSummary, PairedDifference
+from harnessrl.types import OmitsWhenNone
 
 
 class _Result(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class _OmitsUnset(_Result):
-    """A result whose optional fields (`_omit_when_none`) are left out of its dump while they are
-    None: the keys a job adds only when it did the thing (an export, a training run)."""
-
-    _omit_when_none: ClassVar[tuple[str, ...]] = ()
-
-    @model_serializer(mode="wrap")
-    def _serialise(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        for key in self._omit_when_none:
-            if data.get(key, 0) is None:
-                del data[key]
-        return data
 
 
 # ------------------------------------------------------------------------------------------------ eval
@@ -85,7 +71,7 @@ class SFTSampling(_Result):
     per_task: dict[str, Any]  # task -> what was kept or why nothing was
 
 
-class SFTData(_OmitsUnset):
+class SFTData(OmitsWhenNone):
     """Where the SFT examples came from: the episodes selected, replayed into the target harness,
     dropped (by reason) and the examples they gave."""
 
@@ -102,7 +88,7 @@ class SFTData(_OmitsUnset):
     sampling: SFTSampling | None = None
 
 
-class SFTResult(_OmitsUnset):
+class SFTResult(OmitsWhenNone):
     """`train sft`: the data, the exports asked for, and (unless --export-only) the training run."""
 
     _omit_when_none: ClassVar[tuple[str, ...]] = ("exported", "exported_hf", "steps", "adapter", "examples", "last")

@@ -16,9 +16,11 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class _OmitsUnsetNative(_Record):
-    """A record whose native tool-call fields are left out of its serialised form while they are
-    None, so that what is recorded without native tool calls reads exactly as it did before them."""
+class OmitsWhenNone(_Record):
+    """A record whose fields named in `_omit_when_none` are left out of its serialised form while
+    they are None: here the native tool-call fields, so that what is recorded without native tool
+    calls reads exactly as it did before them (results.py: the keys a job adds only when it did
+    the thing)."""
 
     _omit_when_none: ClassVar[tuple[str, ...]] = ()
 
@@ -31,7 +33,7 @@ class _OmitsUnsetNative(_Record):
         return data
 
 
-class Message(_OmitsUnsetNative):
+class Message(OmitsWhenNone):
     """One chat message as the model sees it.
 
     Native tool calls (a backend with function calling, docs/protocols.md "Native tool calls"):
@@ -57,7 +59,7 @@ class ToolSchema(_Record):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-class ToolCall(_OmitsUnsetNative):
+class ToolCall(OmitsWhenNone):
     """One action of a model reply: parsed from its text by a protocol, or returned as data by a
     backend with native function calling."""
 
@@ -100,7 +102,7 @@ ToolResult.model_rebuild()
 Message.model_rebuild()
 
 
-class ModelCall(_OmitsUnsetNative):
+class ModelCall(OmitsWhenNone):
     """One generation: token in, token out. Never re-tokenize the text the model produced."""
 
     _omit_when_none: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_error")
