@@ -161,7 +161,7 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
     # process floor 0: the seed's rate is never below it, so the evolution runs; patience 1
     cfg = config(specs, evolved=None, process_floor=0.0, patience=1, iterations=2, candidates=1, rollouts=1)
     result = run_improve(cfg, out, stop_after="harness", progress=False)
-    by_key = {d["key"]: d for d in result.decisions}
+    by_key = {d.key: d.model_dump() for d in result.decisions}
     assert by_key["harness.evolve"]["choice"] == "evolve"
     ceiling = by_key["harness.ceiling"]
     assert ceiling["choice"] in ("patience", "no_process_gain", "budget", "proposer_exhausted")

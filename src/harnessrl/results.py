@@ -9,11 +9,13 @@ plain JSON values here; their fields are documented where they are computed.
     EvalSummary     run_eval, write_summary: summary.json
     CollectFacts, AdapterFacts, DistillFacts, GRPOFacts
                     the facts of a finished stage (stages.json) of `study` and `improve`
-    TrainResult     `train grpo` (Trainer.run) and `train distill` (run_distill)
+    TrainResult     `train grpo` (Trainer.run) and `train distill` (run_distill); TrainEval: a
+                    line of `train grpo`'s eval.jsonl
     SFTResult       `train sft` (run_sft), with SFTData and SFTSampling
     EvolveResult    run_evolve: final.json
     StudyResult     run_study: study.json (CellComparison, Recommendation: its analysis)
-    ImproveResult   run_improve: improve.json (ImproveStopped when stopped after a phase)
+    ImproveResult   run_improve: improve.json (ImproveStopped when stopped after a phase; Decision:
+                    a line of decisions.jsonl)
 """
 
 from __future__ import annotations
@@ -52,6 +54,21 @@ class TrainResult(_Result):
     steps: int  # the steps done (all of --steps)
     adapter: str  # the folder of the saved LoRA adapter (OUT/adapter)
     last: dict[str, Any]  # the last step's metrics record (a line of metrics.jsonl; {} without a step)
+
+
+class TrainEval(_Result):
+    """One periodic evaluation of `train grpo` on dev tasks (a line of eval.jsonl, keys in this
+    order): each harness's mean score, pass@1 and delivery rate at one attempt per task."""
+
+    step: int
+    temperature: float
+    sampling_seed: int | None
+    tasks: int
+    mean_score: dict[str, float | None]
+    pass_at_1: dict[str, float | None]
+    delivery_rate: dict[str, float | None]
+    average: float | None  # over the harnesses with a score
+    seconds: float
 
 
 class SFTTrained(TrainResult):
@@ -232,6 +249,15 @@ class StudyResult(_Result):
     recommendation: Recommendation
 
 
+class Decision(_Result):
+    """One decision of `harnessrl improve` (a line of decisions.jsonl, keys in this order)."""
+
+    key: str  # e.g. weights.choice
+    phase: str  # harness, weights, content
+    choice: Any
+    evidence: dict[str, Any]
+
+
 class ImproveResult(_Result):
     """improve.json: the held-out cells, their paired differences, what stayed runtime-only and
     every decision."""
@@ -246,7 +272,7 @@ class ImproveResult(_Result):
     cells: dict[str, dict[str, Any]]
     paired_differences: dict[str, dict[str, Any]]
     runtime_only: dict[str, Any]
-    decisions: list[dict[str, Any]]
+    decisions: list[Decision]
     config: dict[str, Any]
 
 
@@ -254,5 +280,5 @@ class ImproveStopped(_Result):
     """`harnessrl improve --stop-after PHASE`: the decisions so far."""
 
     stopped_after: str
-    decisions: list[dict[str, Any]]
+    decisions: list[Decision]
     folder: str

@@ -44,7 +44,7 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
             console=err,
         )
     for d in result.decisions:
-        out.print(f"{d['phase']}: {d['key']} = {d['choice']}", highlight=False, markup=False, soft_wrap=True)
+        out.print(f"{d.phase}: {d.key} = {d.choice}", highlight=False, markup=False, soft_wrap=True)
     if isinstance(result, ImproveStopped):
         out.print(f"stopped after the {result.stopped_after} phase; continue with --resume --out {run.out}")
         return

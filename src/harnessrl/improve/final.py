@@ -67,7 +67,7 @@ class FinalPhase(JobBase):
             },
             "paired_differences": differences,
             "runtime_only": _runtime_only(differences),
-            "decisions": self.decisions,
+            "decisions": [d.model_dump() for d in self.decisions],
             "config": c.model_dump(),
         }
         record = as_json(result)

@@ -13,7 +13,7 @@ from harnessrl.improve.final import FinalPhase
 from harnessrl.improve.harness import HarnessPhase
 from harnessrl.improve.weights import WeightsPhase
 from harnessrl.jobs.stages import StageError
-from harnessrl.results import ImproveResult, ImproveStopped
+from harnessrl.results import Decision, ImproveResult, ImproveStopped
 from harnessrl.rundir import RunFolder, RunFolderError
 
 
@@ -91,7 +91,7 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
             raise ImproveError(str(e)) from None
         self.runner = None  # the stages (`harnessrl.jobs.stages.Stages`), made by run()
         self.recorded: dict[str, dict[str, Any]] = {}
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[Decision] = []
 
     # -- the phases -----------------------------------------------------------------------------------
     def run(self, stop_after: str | None = None) -> ImproveResult | ImproveStopped:

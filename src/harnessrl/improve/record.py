@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harnessrl.improve.config import DECISIONS, ImproveConfig, ImproveError
+from harnessrl.results import Decision
 from harnessrl.rundir import RunFolder, append_jsonl, as_json
 
 
@@ -31,11 +32,11 @@ class JobBase:
     folder: RunFolder
     runner: Any
     recorded: dict[str, dict[str, Any]]
-    decisions: list[dict[str, Any]]
+    decisions: list[Decision]
     evolved_is_seed: bool
 
     # -- the folder: stages and decisions --------------------------------------------------------------
-    def decide(self, key: str, phase: str, choice: Any, evidence: dict[str, Any]) -> dict[str, Any]:
+    def decide(self, key: str, phase: str, choice: Any, evidence: dict[str, Any]) -> Decision:
         """Record a decision (one line of decisions.jsonl); on resume, the recorded one, which the
         recomputed choice must equal."""
         line = as_json({"key": key, "phase": phase, "choice": choice, "evidence": evidence})
@@ -50,9 +51,10 @@ class JobBase:
         else:
             append_jsonl(self.out / DECISIONS, line)
             self.recorded[key] = line
-        self.decisions.append(line)
-        self.log(f"{phase}: {key} = {line['choice']}")
-        return line
+        decision = Decision.model_validate(line)
+        self.decisions.append(decision)
+        self.log(f"{phase}: {key} = {decision.choice}")
+        return decision
 
     # -- evaluation stages ----------------------------------------------------------------------------
     def _stages(self, root: Path, evolved: str | None = None):

@@ -614,7 +614,7 @@ class DistillRun(lora.WritesAdapter):
             if self.store is not None:
                 self.store.close()
 
-    def _loop(self) -> dict[str, Any]:
+    def _loop(self) -> TrainResult:
         cfg = self.config
         if self.resume and self.load_checkpoint():
             self._say(f"resuming {self.out} from step {self.step}")
