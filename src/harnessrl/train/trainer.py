@@ -97,7 +97,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.results import TrainResult
+from harnessrl.results import TrainEval, TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
@@ -594,7 +594,7 @@ class Trainer(lora.WritesAdapter):
             raise TrainError(error)
 
     # -- evaluation -----------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, Any] | None:
+    def evaluate(self) -> TrainEval | None:
         """Mean score of every harness on the first eval_tasks dev tasks (one attempt each).
 
         Several processes: each runs a contiguous share of the episodes and rank 0 gets them all
@@ -623,17 +623,17 @@ class Trainer(lora.WritesAdapter):
         summaries = {s.name: harness_summary([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
         scores = {h: m.mean_score for h, m in summaries.items()}
         known = [v for v in scores.values() if v is not None]
-        return {
-            "step": self.step,
-            "temperature": cfg.eval_temperature,
-            "sampling_seed": self.eval_sampling.seed,
-            "tasks": len(tasks),
-            "mean_score": scores,
-            "pass_at_1": {h: (m.pass_at_k or {}).get("1") for h, m in summaries.items()},
-            "delivery_rate": {h: m.delivery_rate for h, m in summaries.items()},
-            "average": mean(known),
-            "seconds": time.perf_counter() - t0,
-        }
+        return TrainEval(
+            step=self.step,
+            temperature=cfg.eval_temperature,
+            sampling_seed=self.eval_sampling.seed,
+            tasks=len(tasks),
+            mean_score=scores,
+            pass_at_1={h: (m.pass_at_k or {}).get("1") for h, m in summaries.items()},
+            delivery_rate={h: m.delivery_rate for h, m in summaries.items()},
+            average=mean(known),
+            seconds=time.perf_counter() - t0,
+        )
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -664,7 +664,7 @@ class Trainer(lora.WritesAdapter):
         finally:
             self.pipeline.close()  # a stopped run: the collection under way ends, no other starts
 
-    def _loop(self, metrics_path: Path, eval_path: Path) -> dict[str, Any]:
+    def _loop(self, metrics_path: Path, eval_path: Path) -> TrainResult:
         cfg = self.config
         main = self.dist.is_main
         self.pipeline.resume()  # a resumed asynchronous run: its plans' collections start again
@@ -711,16 +711,16 @@ class Trainer(lora.WritesAdapter):
         self.dist.close()
         return TrainResult(steps=self.step, adapter=str(adapter), last=last)
 
-    def _log_eval(self, path: Path, record: dict[str, Any] | None) -> None:
+    def _log_eval(self, path: Path, record: TrainEval | None) -> None:
         if record is None:  # another process's share of a shared evaluation
             return
-        append_jsonl(path, record)
+        append_jsonl(path, record.model_dump())
         if self.tb is not None:
-            for h, v in record["mean_score"].items():
+            for h, v in record.mean_score.items():
                 if v is not None:
-                    self.tb.add_scalar(f"eval/{h}", v, record["step"])
-        scores = "  ".join(f"{h} {v:.3f}" for h, v in record["mean_score"].items() if v is not None)
-        self._say(f"eval at step {record['step']}: {scores}")
+                    self.tb.add_scalar(f"eval/{h}", v, record.step)
+        scores = "  ".join(f"{h} {v:.3f}" for h, v in record.mean_score.items() if v is not None)
+        self._say(f"eval at step {record.step}: {scores}")
 
     def _tensorboard(self, r: dict[str, Any]) -> None:
         if self.tb is None:
