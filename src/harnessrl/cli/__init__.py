@@ -2,7 +2,8 @@
 
 harness.py   harness list / show / validate / schema
 tasks.py     tasks list / show, models list
-eval.py      eval, summary, export
+eval.py      eval, summary
+export.py    export (JSONL, Inspect AI logs, Harbor ATIF)
 report.py    triage, report, view
 evolve.py    evolve
 train.py     train grpo, train sft, train distill
@@ -20,8 +21,9 @@ import typer
 from harnessrl import __version__
 from harnessrl.cli.audit import audit_cmd
 from harnessrl.cli.common import out
-from harnessrl.cli.eval import eval_cmd, export_cmd, summary_cmd
+from harnessrl.cli.eval import eval_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
+from harnessrl.cli.export import export_cmd
 from harnessrl.cli.harness import harness_app
 from harnessrl.cli.improve import improve_cmd
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
