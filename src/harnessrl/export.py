@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, TextIO
 
 from harnessrl import __version__
+from harnessrl.metrics import HarnessSummary, harness_summary
 from harnessrl.store import DB_NAME, RunStore, StoreError
 from harnessrl.triage import first_failure_signal
 from harnessrl.types import BlockReason, Message, Step, ToolCall, ToolResult, Trajectory
@@ -338,13 +339,11 @@ def inspect_sample(t: Trajectory, model: str, run_name: str) -> EvalSample:
     )
 
 
-def _inspect_metrics(trajectories: list[Trajectory], attempts: int) -> dict[str, Any]:
-    """The harness's summary numbers (metrics.py, the same as `harnessrl summary`) as Inspect metrics."""
+def _inspect_metrics(s: HarnessSummary, attempts: int) -> dict[str, Any]:
+    """The harness's summary numbers (metrics.py, the same as `harnessrl summary`) as Inspect
+    metrics; a rate the summary refuses (None: see its k_notes) is left out."""
     from inspect_ai.log import EvalMetric
 
-    from harnessrl.metrics import harness_summary
-
-    s = harness_summary(trajectories, attempts)
     values: dict[str, float | None] = {"mean": s.mean_score}
     if s.mean_score_ci95:
         values["ci95_low"], values["ci95_high"] = s.mean_score_ci95
@@ -376,6 +375,7 @@ def inspect_log(trajectories: list[Trajectory], config: dict[str, Any], run: Pat
     attempts = _attempts(config, trajectories)
     run_name = run.resolve().name
     samples = [inspect_sample(t, model, run_name) for t in trajectories]
+    summary = harness_summary(trajectories, attempts)
 
     task_ids = sorted({t.task_id for t in trajectories})
     expected = config.get("task_ids")
@@ -435,7 +435,8 @@ def inspect_log(trajectories: list[Trajectory], config: dict[str, Any], run: Pat
                     scorer=SCORER,
                     scored_samples=valid,
                     unscored_samples=len(samples) - valid,
-                    metrics=_inspect_metrics(trajectories, attempts),
+                    metrics=_inspect_metrics(summary, attempts),
+                    metadata={"k_notes": summary.k_notes} if summary.k_notes else None,
                 )
             ],
         ),
