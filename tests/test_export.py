@@ -241,6 +241,56 @@ def test_inspect_view_lists_and_opens_the_logs(run, tmp_path):
         server.wait(timeout=30)
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+def test_inspect_view_shows_the_logs_in_a_browser(run, tmp_path):
+    """Inspect's own web viewer (headless Chromium) opens each log: its task, the metrics, the
+    samples, and the crashed episode among the errors."""
+    _needs_inspect()
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("chromium not installed: apt-get install chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed: pip install playwright")
+    out = tmp_path / "logs"
+    files = {f.name: f for f in export_inspect(run, out)}
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(INSPECT), "view", "--log-dir", str(out), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tasks = get_suite("toolcalc").tasks("dev", N_TASKS)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _get(f"http://127.0.0.1:{port}/api/logs")
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.5)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1200})
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                for name in files:
+                    harness = GOOD if name.endswith(f"_{GOOD}.eval") else BAD
+                    page.goto(f"http://127.0.0.1:{port}/#/tasks/{name}")
+                    page.get_by_text(tasks[-1].instruction).first.wait_for(timeout=30_000)
+                    text = page.inner_text("body")
+                    assert f"toolcalc/{harness}" in text and "grade" in text and "scripted" in text
+                    assert all(t.instruction in text for t in tasks)
+                    assert ("model backend down" in text) == (harness == BAD)
+                assert errors == []
+            finally:
+                browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_inspect_without_the_package_names_the_extra(run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "inspect_ai", None)  # `import inspect_ai` now raises ImportError
     with pytest.raises(ExportError, match=r"pip install 'harnessrl\[export\]'"):
