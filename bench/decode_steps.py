@@ -71,7 +71,7 @@ def measure(args: argparse.Namespace, model, tokenizer, rows: int) -> dict:
         prompt = prefix + torch.randint(low, high, (own,), generator=gen).tolist()
         engine.submit_request(EngineRequest(prompt, max_new_tokens=budget, temperature=0.7, seed=i, stop_ids=[]))
     default_cost = attention.plan_runs.__defaults__
-    fast = engine.executor.fast
+    fast = engine.runner.fast
 
     def setting(on: bool) -> None:
         if args.option == "kernel":
@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace, model, tokenizer, rows: int) -> dict:
             engine.compiled_attention = False
             attention.plan_runs.__defaults__ = default_cost if on else (10**12,)
         elif args.option == "fast":
-            engine.executor.fast = fast if on else None
+            engine.runner.fast = fast if on else None
         else:
             engine.shared_prefix_attention = on
 

@@ -196,9 +196,10 @@ def run_engine(policy, work: Workload, args, cache_budget: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from harnessrl.models import load_policy
+    from harnessrl.models.engine_config import EngineConfig
     from harnessrl.models.hf import configure_threads
 
-    threads = configure_threads()
+    threads = configure_threads(EngineConfig.from_env().threads)  # $HARNESSRL_THREADS, as the policy's
     policy = load_policy(args.model)
     work = Workload(policy, args)
     # warm-up: first-call allocations and kernel selection, outside every clock

@@ -90,7 +90,7 @@ def make_engine(model, tokenizer, fast: bool):
 
     engine = Engine(model, tokenizer, max_batch=1, cache_budget_tokens=0, overlap_prefill=False)
     if not fast:
-        engine.executor.fast = None
+        engine.runner.fast = None
     return engine
 
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         int8_bytes = weight_bytes(int8_policy.model)
         variants["int8-fast"] = make_engine(int8_policy.model, tokenizer, True)
         variants["int8-model"] = make_engine(int8_policy.model, tokenizer, False)
-    fast_used = {name: e.executor.fast is not None for name, e in variants.items()}
+    fast_used = {name: e.runner.fast is not None for name, e in variants.items()}
     gen = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().num_embeddings
     prompt = torch.randint(100, vocab, (args.prompt,), generator=gen).tolist()

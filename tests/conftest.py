@@ -31,9 +31,10 @@ def one_torch_thread():
     multi-process test the same arithmetic."""
     import torch
 
+    from harnessrl.models.engine_config import EngineConfig
     from harnessrl.models.hf import configure_threads
 
-    before = configure_threads()  # HFPolicy would otherwise reset the count on first use
+    before = configure_threads(EngineConfig.from_env().threads)  # HFPolicy would otherwise reset the count on first use
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)

@@ -558,7 +558,7 @@ def test_a_bad_request_fails_only_itself(model, tokenizer):
         EngineRequest(good[1], 5),
     ]
     results = engine.generate(requests, return_exceptions=True)
-    assert [type(r).__name__ for r in results] == ["Completion"] + ["ValueError"] * 6 + ["Completion"]
+    assert [type(r).__name__ for r in results] == ["EngineCompletion"] + ["ValueError"] * 6 + ["EngineCompletion"]
     assert "empty prompt" in str(results[1])
     assert "context" in str(results[2])
     assert "vocabulary" in str(results[3])
@@ -581,14 +581,14 @@ def test_a_request_stops_at_the_model_context(model, tokenizer):
 def test_failing_prefill_fails_only_that_request(model, tokenizer, monkeypatch, overlap):
     engine = Engine(model, tokenizer, overlap_prefill=overlap, max_batch=4, cache_budget_tokens=0)
     prompts = _prompts(tokenizer, 3, base="Boom")
-    real_forward = engine.executor.forward
+    real_forward = engine.runner.forward
 
     def forward(input_ids, positions, mask, cache):
         if input_ids.shape[1] == len(prompts[1]):
             raise RuntimeError("out of memory")
         return real_forward(input_ids, positions, mask, cache)
 
-    monkeypatch.setattr(engine.executor, "forward", forward)
+    monkeypatch.setattr(engine.runner, "forward", forward)
     results = engine.generate([EngineRequest(p, 4) for p in prompts], return_exceptions=True)
     assert isinstance(results[1], RuntimeError) and "out of memory" in str(results[1])
     assert [len(r.ids) for r in (results[0], results[2])] == [4, 4]

@@ -13,7 +13,7 @@ from test_engine import _generate_alone, _prompts, _teacher_forced
 
 from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.engine import Engine, EngineRequest
-from harnessrl.models.executor import PREFILL_CHUNK_TOKENS, chunk_by_default
+from harnessrl.models.engine_config import PREFILL_CHUNK_TOKENS, EngineConfig
 
 CHUNK = 16
 ROWS = 5  # running rows: more than the scheduler's few_rows (4), below which prompts are prefilled whole
@@ -151,14 +151,14 @@ def test_a_failing_chunk_fails_only_its_request(model, tokenizer, monkeypatch):
     running = _running(engine, tokenizer, 10)
     long = engine.submit(_long_prompt(tokenizer), 6)
     engine.step()
-    real = engine.executor.prefill_chunk
+    real = engine.runner.prefill_chunk
 
     def broken(job, tokens, *, borrow):
         if job.chunks >= 2:
             raise RuntimeError("out of memory")
         return real(job, tokens, borrow=borrow)
 
-    monkeypatch.setattr(engine.executor, "prefill_chunk", broken)
+    monkeypatch.setattr(engine.runner, "prefill_chunk", broken)
     engine.run_until_done()
     with pytest.raises(Exception, match="prefill failed: RuntimeError: out of memory"):
         long.result()
@@ -167,7 +167,7 @@ def test_a_failing_chunk_fails_only_its_request(model, tokenizer, monkeypatch):
 
 def test_chunks_are_off_unless_asked_for(monkeypatch, model, tokenizer):
     monkeypatch.delenv("HARNESSRL_PREFILL_CHUNK", raising=False)
-    assert chunk_by_default() == 0
+    assert EngineConfig.from_env().prefill_chunk_tokens == 0
     assert Engine(model, tokenizer, overlap_prefill=False).prefill_chunk_tokens == 0
     monkeypatch.setenv("HARNESSRL_PREFILL_CHUNK", "on")
     assert Engine(model, tokenizer, overlap_prefill=False).prefill_chunk_tokens == PREFILL_CHUNK_TOKENS

@@ -47,7 +47,7 @@ def _teacher_forced(model, prompt: list[int], completion: list[int], temperature
 def test_a_llama_model_on_the_cpu_decodes_through_the_engines_own_forward(model, tokenizer):
     assert llama_forward.supports(model)
     engine = Engine(model, tokenizer, max_batch=3)
-    assert engine.executor.fast is not None
+    assert engine.runner.fast is not None
     prompts = _prompts(tokenizer, 5)
     results = engine.generate(_requests(prompts, 0.0))
     for prompt, result in zip(prompts, results):
@@ -98,7 +98,7 @@ def test_an_int8_model_decodes_through_its_int8_layers_in_the_fast_forward(token
     model = tiny_random_model()
     quantize_int8(model, [tokenizer.encode("calibrate on a short sentence about apples")])
     engine = Engine(model, tokenizer, max_batch=3)
-    assert engine.executor.fast is not None
+    assert engine.runner.fast is not None
     prompts = _prompts(tokenizer, 4)
     fast = engine.generate(_requests(prompts, 0.0))
     own = Engine(model, tokenizer, max_batch=3, fast_decode=False).generate(_requests(prompts, 0.0))
@@ -122,7 +122,7 @@ def test_a_model_that_is_not_llama_falls_back_to_its_own_forward(tokenizer):
     qwen = Qwen2ForCausalLM(config).eval()
     assert not llama_forward.supports(qwen)
     engine = Engine(qwen, tokenizer, max_batch=2)
-    assert engine.executor.fast is None
+    assert engine.runner.fast is None
     prompts = _prompts(tokenizer, 2)
     results = engine.generate(_requests(prompts, 0.0, max_new=6))
     for prompt, result in zip(prompts, results):
@@ -146,8 +146,8 @@ def test_a_hook_on_the_model_sees_every_decode_step(model, tokenizer):
 
 def test_the_environment_can_turn_it_off_for_comparisons(model, tokenizer, monkeypatch):
     monkeypatch.setenv("HARNESSRL_FAST_DECODE", "0")
-    assert Engine(model, tokenizer).executor.fast is None
-    assert Engine(model, tokenizer, fast_decode=True).executor.fast is not None
+    assert Engine(model, tokenizer).runner.fast is None
+    assert Engine(model, tokenizer, fast_decode=True).runner.fast is not None
     monkeypatch.setenv("HARNESSRL_FAST_DECODE", "yes")
     with pytest.raises(ValueError, match="HARNESSRL_FAST_DECODE must be 0 or 1"):
         Engine(model, tokenizer)

@@ -36,6 +36,7 @@ from harnessrl.models.spec import (
 )
 
 if TYPE_CHECKING:
+    from harnessrl.models.engine_config import EngineConfig
     from harnessrl.models.hf import HFPolicy
     from harnessrl.models.openai_compat import OpenAIPolicy
     from harnessrl.models.scripted import ScriptedPolicy
@@ -96,6 +97,7 @@ def load_policy(
     api_key_env: str | None = None,
     dtype: str = "auto",
     device: str = "auto",
+    engine: EngineConfig | None = None,
 ) -> Policy:
     """The policy named by the model spec `spec` (ModelSpec; ValueError for one of no known form,
     or the oracle, which is no model). `sampling` becomes the policy's default SamplingParams
@@ -111,7 +113,8 @@ def load_policy(
     the rest float32, CPU only; generation only, see harnessrl.models.int8). Int8Unavailable (a
     RuntimeError) when torch cannot run int8 here; DeviceUnavailable (a ValueError, one line) for
     a device this machine lacks or a model that will not fit in a GPU's free memory (checked
-    before loading)."""
+    before loading). `engine`: a local model's engine switches (harnessrl.models.engine_config;
+    default `EngineConfig.from_env()`); other backends ignore it."""
     parsed = ModelSpec.parse(spec)
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be {dtype_choices()} or auto, got {dtype!r}")
@@ -123,10 +126,10 @@ def load_policy(
         precision = resolve_dtype(dtype, where)
         check_fits(parsed.text, where, precision, cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS)
         if precision == "int8":
-            policy = load_local(parsed.text, sampling)
+            policy = load_local(parsed.text, sampling, engine=engine)
             policy.quantize_int8()  # restarts the engine too
             return policy
-        return load_local(parsed.text, sampling, device=where, dtype=precision)
+        return load_local(parsed.text, sampling, device=where, dtype=precision, engine=engine)
     if dtype not in ("auto", "float32"):
         raise ValueError(f"--dtype {dtype} applies to local models ({LOCAL_FORMS}), not {parsed.text!r}")
     if device != "auto":

@@ -8,33 +8,35 @@ callers just wait on their futures (`asyncio.wrap_future` turns one into an awai
 
 The engine is three parts (docs/engine.md, "Layout"):
 
-- harnessrl.models.scheduler decides each step from counts alone (no torch): which rows leave,
-  whether the request on the prefill thread joins, how the next waiting requests are admitted,
-  whether a decode step runs, and when a sampled token ends a request;
-- harnessrl.models.executor runs that on the model: the batch cache of keys and values, the
-  copies from and into the prefix cache, the prefills (inline, on the prefill thread, or in
-  chunks between decode steps) and the batched decode forward;
+- harnessrl.models.batch_planner (`BatchPlanner`) decides each step from counts alone (no
+  torch): which rows leave, whether the request on the prefill thread joins, how the next waiting
+  requests are admitted, whether a decode step runs, and when a sampled token ends a request;
+- harnessrl.models.forward_runner (`ForwardRunner`) runs that on the model: the batch cache of
+  keys and values, the copies from and into the prefix cache, the prefills (inline, on the
+  prefill thread, or in chunks between decode steps) and the batched decode forward;
 - harnessrl.models.sampling draws each token from its request's own generator and records its
   log-probability.
 
 This module holds the requests' life cycle between them: the waiting queue and the running rows
 (row i of the batch cache is request `_rows[i]`; a leaving row is replaced by the last one), the
 prefix cache inserts (a prompt when it is prefilled, prompt + completion when it finishes, which
-is what an episode's next turn starts with), the futures, the counters and the timings.
+is what an episode's next turn starts with), the futures, the counters and the timings. What goes
+in and out is in harnessrl.models.engine_api, the engine's switches in
+harnessrl.models.engine_config (`EngineConfig`).
 
 Prefix cache and weights. Cached keys/values are only valid for the weights that computed
-them. Each step compares a fingerprint of the parameters (their identities and in-place
-version counters, which optimizer steps and `load_state_dict` bump) and drops the whole prefix
-cache when it changed; a request running across such a change finishes on its old prefix and
-is not put back into the cache. Anything else that changes what the model computes without
-touching parameters in place (a peft adapter switched off, `.data` assignments) needs
-`clear_cache()`.
+them. Each step asks harnessrl.models.weights_watch whether the parameters changed (their
+identities and in-place version counters, which optimizer steps and `load_state_dict` bump) and
+drops the whole prefix cache when they did; a request running across such a change finishes on
+its old prefix and is not put back into the cache. Anything else that changes what the model
+computes without touching parameters in place (a peft adapter switched off, `.data` assignments)
+needs `clear_cache()`.
 
-Timings. Every Completion says where its wall time went (docs/engine.md, "Timings"): queue_s
-(submitted -> taken off the waiting queue), prefill_s (-> its first token sampled, its row in the
-batch), decode_s (the batched decode steps it took part in: each step's whole wall time counts
-for every row in it, so a row's decode_s is the sum of the steps from its joining to its last
-token) and ttft_s. They cost a few perf_counter() calls per request and one per decode step.
+Timings. Every EngineCompletion says where its wall time went (docs/engine.md, "Timings"):
+queue_s (submitted -> taken off the waiting queue), prefill_s (-> its first token sampled, its row
+in the batch), decode_s (the batched decode steps it took part in: each step's whole wall time
+counts for every row in it, so a row's decode_s is the sum of the steps from its joining to its
+last token) and ttft_s. They cost a few perf_counter() calls per request and one per decode step.
 
 Only causal LMs whose every layer is full attention, with the `sdpa` or `eager` attention
 implementation (the default of transformers' Llama, Qwen2, Mistral without sliding window, ...).
@@ -49,45 +51,46 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
-from dataclasses import asdict, dataclass, field
-from functools import partial
-from itertools import chain
-from operator import attrgetter, is_not
+from dataclasses import asdict
+from typing import Any
 
 import torch
 
 from harnessrl.models import packed, sampling
-from harnessrl.models.executor import (
-    ChunkedPrefill,
-    Executor,
-    Prefill,
-    check_model,
-    chunk_by_default,
-    overlap_by_default,
-    usable_cpus,
-)
-from harnessrl.models.prefix_cache import PrefixCache
-from harnessrl.models.scheduler import (
+from harnessrl.models.batch_planner import (
     CHUNKED,
     FINISH_LENGTH,
     FINISH_STOP,
     INLINE,
     OVERLAP_TOKENS_PER_PACKED_STEP,
     OVERLAP_TOKENS_PER_STEP,
+    BatchPlanner,
     BatchView,
-    Request,
-    Scheduler,
+    RequestState,
     check_request,
     finish_reason,
     shared_prefix,
 )
+from harnessrl.models.engine_api import EngineClosed, EngineCompletion, EngineError, EngineRequest, EngineStats
+from harnessrl.models.engine_config import EngineConfig
+from harnessrl.models.forward_runner import (
+    ChunkedPrefill,
+    ForwardRunner,
+    Prefill,
+    check_model,
+    overlap_by_default,
+    usable_cpus,
+)
+from harnessrl.models.prefix_cache import PrefixCache
+from harnessrl.models.weights_watch import WeightsWatch
 
 __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
-    "Completion",
     "Engine",
     "EngineClosed",
+    "EngineCompletion",
+    "EngineConfig",
     "EngineError",
     "EngineRequest",
     "EngineStats",
@@ -95,82 +98,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class EngineClosed(RuntimeError):
-    """The engine was closed before the request finished."""
-
-
-class EngineError(RuntimeError):
-    """The model failed while the request was running (the request, not the engine, ends)."""
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """One completion to generate. `stop_ids=None`: the engine's default stop ids."""
-
-    prompt_ids: Sequence[int]
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop_ids: Sequence[int] | None = None
-    # called from the engine's thread with (token id, logprob) as each token is sampled (a
-    # server streams them); it must be quick and must not block: it runs inside the decode step
-    on_token: Callable[[int, float], None] | None = None
-
-
-@dataclass
-class Completion:
-    """What a request produced. `ids` keeps the stop token when finish_reason is "stop"."""
-
-    ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" or "length"
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose keys/values came from the prefix cache
-    # Where its time went, in seconds of wall clock (docs/engine.md, "Timings"):
-    queue_s: float = 0.0  # submitted -> taken off the waiting queue to be prefilled
-    # taken off the queue -> its first token sampled and its row in the batch: the prefix-cache
-    # copy and its prompt's forward (each prompt is prefilled alone, never batched with others),
-    # and on the prefill thread also the wait for the decode step it joins at
-    prefill_s: float = 0.0
-    # the sum of the wall time (forward and sampling) of every batched decode step it took part
-    # in: a step of n rows counts whole for each of them, so the rows' decode_s add up to n times
-    # the step. 0 for a completion of one token (the prefill samples the first)
-    decode_s: float = 0.0
-    ttft_s: float = 0.0  # submitted -> its first token sampled (= queue_s + prefill_s)
-
-
-@dataclass
-class EngineStats:
-    """Counters since the engine was built (a snapshot: `Engine.stats()`)."""
-
-    max_batch: int = 0
-    requests: int = 0  # submitted
-    finished: int = 0
-    failed: int = 0  # rejected at submit or failed while running
-    cancelled: int = 0
-    prompt_tokens: int = 0  # of admitted requests = prefilled_tokens + cached_tokens
-    prefilled_tokens: int = 0  # prompt tokens run through the model
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    completion_tokens: int = 0
-    decode_steps: int = 0  # batched forwards of one token per running row
-    decode_rows: int = 0  # rows summed over decode steps
-    peak_batch: int = 0
-    prefill_seconds: float = 0.0  # spent in prefill forwards (overlapped ones included)
-    prefills_overlapped: int = 0  # prefills that ran on the prefill thread beside decode steps
-    prefills_chunked: int = 0  # prefills run in chunks between decode steps (more than one chunk)
-    prefill_chunks: int = 0  # the chunks of those prefills
-    decode_seconds: float = 0.0
-    cache_budget_tokens: int = 0
-    cache_tokens: int = 0  # tokens held by the prefix cache now
-    cache_nodes: int = 0
-    evictions: int = 0  # prefix cache nodes evicted
-    evicted_tokens: int = 0
-    cache_clears: int = 0  # weights changed (or clear_cache)
-    kv_bytes_per_token: int = 0
-    mean_batch: float = field(default=0.0)  # decode_rows / decode_steps
 
 
 class Engine:
@@ -181,31 +108,16 @@ class Engine:
     `cache_budget_tokens`: how many tokens of keys/values the prefix cache may hold (0 turns it
     off); `kv_bytes_per_token` in `stats()` converts it to bytes. `max_context`: the longest
     prompt + completion, by default the model's max_position_embeddings.
-    `shared_prefix_attention`: in a decode step, read the keys/values of a prefix every running
-    row shares once instead of once per row (harnessrl.models.attention; equal up to float
-    rounding, so off only for comparisons). None: on for a model on the CPU; on any other device
-    the model's own attention runs every forward. `overlap_prefill`: prefill an admitted request on a
-    second thread while the running rows keep decoding (one such prefill at a time; the request
-    joins the batch after one decode step per 64 new prompt tokens, 32 with `packed_decode`,
-    waiting for the prefill if it is slower, so the schedule never depends on timing; while no
-    prefill runs there, the engine thread's forwards borrow its core as a second intra-op
-    thread). None: on when torch runs one intra-op thread and the machine has a second core
-    (harnessrl leaves one free; two forwards of several threads each would only fight over the
-    cores); $HARNESSRL_PREFILL_THREAD=1 or 0 decides instead when set; off for a model that is
-    not on the CPU. `packed_decode`: the engine's forwards (decode steps and its prefills) use
-    oneDNN-prepacked copies of the float32 linear weights (harnessrl.models.packed; as many
-    bytes again as those weights; equal up to float rounding). None: $HARNESSRL_PACKED_DECODE (0
-    or 1) when set, else on for a float32 CPU model whose linear weights take at most 2 GiB, on a
-    torch with oneDNN. `fast_decode`: decode steps run the engine's own forward for Llama models
-    (harnessrl.models.llama_forward; the same floats). None: on where it applies (a float32 Llama
-    model on the CPU) unless $HARNESSRL_FAST_DECODE=0, the model's own forward elsewhere; True
-    where it does not apply is a ValueError. `prefill_chunk_tokens`: a request admitted on the
-    engine thread while more than 4 rows decode is prefilled this many prompt tokens per step,
-    one chunk between two decode steps, into a cache row of its own, and joins the batch when its
-    last chunk ran (one such prefill at a time), so a long prompt holds the running rows for one
-    chunk's forward per step instead of its whole prefill. 0: off. None: $HARNESSRL_PREFILL_CHUNK (a
-    number of tokens, or `on` for 128) when set, else off: on the rollout workloads measured here
-    chunks cost a few percent of throughput for a shorter longest wait of the running rows.
+    `config`: the engine's switches (EngineConfig; default `EngineConfig.from_env()`, the defaults
+    with their environment overrides); keyword `switches` replace its fields
+    (`Engine(model, stops, overlap_prefill=False)`; a switch given so is not read from the
+    environment). None in a field is decided here from the model
+    and the machine. The CPU-only parts (the prefill thread, the shared-prefix attention, the
+    packed weights, the engine's own Llama decode forward) are off by default for a model on any
+    other device; the prefill thread is never used there, and `fast_decode=True` is a ValueError. A request on the
+    prefill thread joins the batch after one decode step per 64 new prompt tokens, 32 with
+    `packed_decode` (waiting for the prefill if it is slower, so the schedule never depends on
+    timing); while no prefill runs there, the engine thread's forwards borrow its core.
     """
 
     def __init__(
@@ -216,18 +128,14 @@ class Engine:
         max_batch: int = 8,
         cache_budget_tokens: int = 16384,
         max_context: int | None = None,
-        shared_prefix_attention: bool | None = None,
-        overlap_prefill: bool | None = None,
-        packed_decode: bool | None = None,
-        fast_decode: bool | None = None,
-        prefill_chunk_tokens: int | None = None,
+        config: EngineConfig | None = None,
+        **switches: Any,
     ):
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
-        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 0:
-            raise ValueError("prefill_chunk_tokens must be >= 0 (0: off)")
+        config = EngineConfig.from_env(**switches) if config is None else config.with_(**switches)
+        self.config = config
         check_model(model)
-        config = model.config
         if isinstance(tokenizer_or_stop_ids, Sequence) and not isinstance(tokenizer_or_stop_ids, str):
             stops = [int(s) for s in tokenizer_or_stop_ids]
         else:
@@ -237,7 +145,7 @@ class Engine:
         self.model = model
         self.stop_ids = frozenset(stops)
         self.max_batch = max_batch
-        self.max_context = max_context or getattr(config, "max_position_embeddings", None)
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         on_cpu = next(model.parameters()).device.type == "cpu"
         # The CPU-only machinery (the shared-prefix decode attention with its fused and compiled
@@ -245,30 +153,29 @@ class Engine:
         # chosen here from the model's device. On a GPU the model's own attention (SDPA, which
         # dispatches to flash / memory-efficient kernels) reads the cache at the device's
         # bandwidth and one CUDA stream serialises the forwards anyway, so none of it is used.
+        shared_prefix_attention = config.shared_prefix_attention
         if shared_prefix_attention is None:
             shared_prefix_attention = on_cpu
-        if overlap_prefill is None:
-            overlap_prefill = on_cpu and overlap_by_default()
-        self.overlap_prefill = overlap_prefill
-        if prefill_chunk_tokens is None:
-            prefill_chunk_tokens = chunk_by_default()
-        self.prefill_chunk_tokens = prefill_chunk_tokens
+        overlap = config.overlap_prefill
+        self.overlap_prefill = on_cpu and (overlap_by_default() if overlap is None else overlap)
+        self.prefill_chunk_tokens = prefill_chunk_tokens = config.prefill_chunk_tokens
+        packed_decode = config.packed_decode
         if packed_decode is None:
-            packed_decode = packed.default_on(model)
+            packed_decode = packed.default_on(model, any_size=config.packed_any_size)
         elif packed_decode and not packed.available():
             raise ValueError("packed_decode needs a torch build with oneDNN (torch.backends.mkldnn)")
         self.prefix_cache = PrefixCache(cache_budget_tokens)
-        self.executor = Executor(
+        self.runner = ForwardRunner(
             model,
             max_batch,
             self.prefix_cache,
             shared_prefix_attention=shared_prefix_attention,
             packed_decode=packed_decode,
-            fast_decode=fast_decode,
+            fast_decode=config.fast_decode,
         )
-        self.device = self.executor.device
+        self.device = self.runner.device
         per_step = OVERLAP_TOKENS_PER_STEP if not packed_decode else OVERLAP_TOKENS_PER_PACKED_STEP
-        self.scheduler = Scheduler(max_batch, tokens_per_step=per_step, chunks=prefill_chunk_tokens > 0)
+        self.planner = BatchPlanner(max_batch, tokens_per_step=per_step, chunks=prefill_chunk_tokens > 0)
         self._inflight: Prefill | None = None
         self._chunked: ChunkedPrefill | None = None  # the request being prefilled in chunks
         self._may_overlap = False  # this step: overlap allowed (not while the model is in train mode)
@@ -277,17 +184,14 @@ class Engine:
         self._stats = EngineStats(
             max_batch=max_batch,
             cache_budget_tokens=cache_budget_tokens,
-            kv_bytes_per_token=self.executor.kv_bytes_per_token,
+            kv_bytes_per_token=self.runner.kv_bytes_per_token,
         )
         self._generation = 0  # bumped when the weights change: older prefixes are stale
-        self._module_dicts: list[dict] = []  # the module tree as last walked (_weights_fingerprint)
-        self._param_dicts: list[dict] = []
-        self._structure: int | None = None
-        self._weights = self._weights_fingerprint()
-        self._rows: list[Request] = []  # running, row i = self._rows[i]
-        self._waiting: deque[Request] = deque()
-        self._by_future: dict[Future, Request] = {}
-        self._finished: list[tuple[Future, Completion]] = []  # completions of the running step (step())
+        self._weights = WeightsWatch(model)
+        self._rows: list[RequestState] = []  # running, row i = self._rows[i]
+        self._waiting: deque[RequestState] = deque()
+        self._by_future: dict[Future, RequestState] = {}
+        self._finished: list[tuple[Future, EngineCompletion]] = []  # completions of the running step (step())
         self._next_id = 0
         self._lock = threading.Lock()  # waiting queue, cancel flags, closed flag
         self._work = threading.Condition(self._lock)  # signalled on submit, close and idle
@@ -300,37 +204,37 @@ class Engine:
         # and one per step, never a loop over the rows to add a step's time to each.
         self._decode_clock = 0.0
         self._decode_t0: float | None = None
-        self._step_finished: list[tuple[Completion, float]] = []  # (completion, its decode mark)
+        self._step_finished: list[tuple[EngineCompletion, float]] = []  # (completion, its decode mark)
 
-    # the executor's settings, read and set on the engine (benchmarks compare them on and off)
+    # the forward runner's settings, read and set on the engine (benchmarks compare them on and off)
     @property
     def shared_prefix_attention(self) -> bool:
-        return self.executor.shared_prefix_attention
+        return self.runner.shared_prefix_attention
 
     @shared_prefix_attention.setter
     def shared_prefix_attention(self, on: bool) -> None:
-        self.executor.shared_prefix_attention = on
+        self.runner.shared_prefix_attention = on
 
-    # (the executor's parts, as tests read them on the engine)
+    # (the forward runner's parts, as tests read them on the engine)
     @property
     def _kv(self):
-        return self.executor.kv
+        return self.runner.kv
 
     @property
     def _packed(self):
-        return self.executor.packed
+        return self.runner.packed
 
     @property
     def _cache_arg(self) -> str:
-        return self.executor.cache_arg
+        return self.runner.cache_arg
 
     @property
     def compiled_attention(self) -> bool:
-        return self.executor.compiled_attention
+        return self.runner.compiled_attention
 
     @compiled_attention.setter
     def compiled_attention(self, on: bool) -> None:
-        self.executor.compiled_attention = on
+        self.runner.compiled_attention = on
 
     # ----------------------------------------------------------------------------- public
 
@@ -345,7 +249,7 @@ class Engine:
         stop_ids: Sequence[int] | None = None,
         on_token: Callable[[int, float], None] | None = None,
     ) -> Future:
-        """Queue one request; its Future resolves to a Completion. Never raises for a bad
+        """Queue one request; its Future resolves to an EngineCompletion. Never raises for a bad
         request: the Future carries the ValueError (or EngineClosed) instead. `on_token`: see
         EngineRequest."""
         return self.submit_request(
@@ -366,7 +270,7 @@ class Engine:
                 self._stats.failed += 1
                 future.set_exception(exc)
                 return future
-            req = Request(
+            req = RequestState(
                 self._next_id,
                 prompt,
                 max_new=request.max_new_tokens,
@@ -420,7 +324,7 @@ class Engine:
                 for future, completion in finished:
                     future.set_result(completion)
             if not self._rows and self._inflight is None and self._chunked is None:
-                self.executor.kv.release()
+                self.runner.kv.release()
             with self._lock:
                 if not self._busy():
                     self._work.notify_all()
@@ -439,7 +343,7 @@ class Engine:
     def generate(
         self, requests: Sequence[EngineRequest], *, timeout: float | None = None, return_exceptions: bool = False
     ) -> list:
-        """Submit every request and wait for all of them; Completions in order. A failed request
+        """Submit every request and wait for all of them; EngineCompletions in order. A failed request
         raises its exception (after all finished), or stands in the list with return_exceptions."""
         futures = [self.submit_request(r) for r in requests]
         if not self._driver_alive():
@@ -477,7 +381,7 @@ class Engine:
             for req in self._drop_all():
                 self._fail(req, EngineClosed("the engine was closed before the request finished"))
             self.prefix_cache.clear()
-            self.executor.close()
+            self.runner.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -489,7 +393,7 @@ class Engine:
         """Forget every cached prefix (call it after changing what the model computes)."""
         with self._step_lock:
             self._invalidate()
-            self.executor.clear()
+            self.runner.clear()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -519,7 +423,7 @@ class Engine:
     def _busy(self) -> bool:
         return bool(self._waiting or self._rows or self._inflight is not None or self._chunked is not None)
 
-    def _drop_all(self) -> list[Request]:
+    def _drop_all(self) -> list[RequestState]:
         """Take every waiting, prefilling and running request out of the engine (their prefill
         finished first); returns them, for failing."""
         inflight, self._inflight = self._inflight, None
@@ -535,7 +439,7 @@ class Engine:
             pending += [chunked.req] if chunked is not None else []
             self._waiting.clear()
         self._rows.clear()
-        self.executor.kv.release()
+        self.runner.kv.release()
         return pending
 
     def _drive(self) -> None:
@@ -552,33 +456,14 @@ class Engine:
                     for req in self._drop_all():
                         self._fail(req, EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
 
-    def _weights_fingerprint(self) -> tuple[int, int, int]:
-        """(count, sum of identities, sum of in-place versions) of every parameter. The module
-        tree's parameter and child dicts are kept from the last walk and summed with C-level
-        loops (`model.parameters()` builds every module's dotted name: a few percent of a one-row
-        decode step); a child added, removed or replaced anywhere changes the sum of the children's
-        identities, and then the tree is walked again."""
-        structure = sum(map(id, chain.from_iterable(map(dict.values, self._module_dicts))))
-        if structure != self._structure:
-            modules, stack = [], [self.model]
-            while stack:
-                module = stack.pop()
-                modules.append(module)
-                stack.extend(m for m in module._modules.values() if m is not None)
-            self._module_dicts = [m._modules for m in modules]
-            self._param_dicts = [m._parameters for m in modules]
-            self._structure = sum(map(id, chain.from_iterable(map(dict.values, self._module_dicts))))
-        params = list(filter(partial(is_not, None), chain.from_iterable(map(dict.values, self._param_dicts))))
-        return len(params), sum(map(id, params)), sum(map(attrgetter("_version"), params))
-
     def _invalidate(self) -> None:
         self._generation += 1
         self.prefix_cache.clear()
         self._stats.cache_clears += 1
-        self.executor.weights_changed()
+        self.runner.weights_changed()
 
     def _view(self) -> BatchView:
-        """What the scheduler decides from."""
+        """What the batch planner decides from."""
         inflight = self._inflight
         return BatchView(
             running=len(self._rows),
@@ -591,11 +476,9 @@ class Engine:
         )
 
     def _step(self) -> bool:
-        weights = self._weights_fingerprint()
-        if weights != self._weights:
-            self._weights = weights
+        if self._weights.changed():
             self._invalidate()
-        plan = self.scheduler.plan(self._view())
+        plan = self.planner.plan(self._view())
         for req in [self._rows[row] for row in plan.cancel]:
             self._stats.cancelled += 1
             self._release(req, insert=False)
@@ -610,13 +493,13 @@ class Engine:
         if self._rows:
             self._decode()
             worked = True
-        if self.scheduler.lands_after_decode(self._view()):
+        if self.planner.lands_after_decode(self._view()):
             self._land()  # it joins the next decode step
         return worked
 
     def _admit_waiting(self, modes: list[str]) -> bool:
         """Admit the next waiting requests as planned; when one fails to start, or requests came
-        in meanwhile, the scheduler plans the rest from what the engine holds then."""
+        in meanwhile, the batch planner plans the rest from what the engine holds then."""
         worked = False
         while modes:
             with self._lock:
@@ -637,20 +520,20 @@ class Engine:
                 started = self._launch(req)
             worked = True
             if not started or not modes:
-                modes = list(self.scheduler.admissions(self._view()))
+                modes = list(self.planner.admissions(self._view()))
         return worked
 
     def _borrow(self) -> bool:
         """A forward on the engine thread may take the prefill thread's core (it is idle)."""
         return self._may_overlap and self._inflight is None
 
-    def _admit(self, req: Request) -> bool:
+    def _admit(self, req: RequestState) -> bool:
         """Prefill `req` here and now, straight into the next free row of the batch cache."""
         t0 = time.perf_counter()
         row = len(self._rows)
         req.generation = self._generation
         try:
-            cached, logits = self.executor.prefill(req, row, borrow=self._borrow())
+            cached, logits = self.runner.prefill(req, row, borrow=self._borrow())
         except Exception as exc:
             self._prefill_failed(req, exc)
             return False
@@ -658,25 +541,25 @@ class Engine:
         self._join(req, row, cached, logits)
         return True
 
-    def _launch(self, req: Request) -> bool:
+    def _launch(self, req: RequestState) -> bool:
         """Start prefilling `req` on the prefill thread; `_land` brings it into the batch."""
         req.generation = self._generation
         try:
-            job = self.executor.launch(req)
+            job = self.runner.launch(req)
         except Exception as exc:
             self._prefill_failed(req, exc)
             return False
-        job.due = self.scheduler.join_step(self._stats.decode_steps, len(req.prompt) - job.cached)
+        job.due = self.planner.join_step(self._stats.decode_steps, len(req.prompt) - job.cached)
         self._inflight = job
         self._stats.prefills_overlapped += 1
         return True
 
-    def _begin_chunked(self, req: Request) -> bool:
+    def _begin_chunked(self, req: RequestState) -> bool:
         """Start a chunked prefill of `req` and run its first chunk; a prompt that fits in one
         joins the batch at once."""
         req.generation = self._generation
         try:
-            self._chunked = self.executor.begin_chunked(req)
+            self._chunked = self.runner.begin_chunked(req)
         except Exception as exc:
             self._prefill_failed(req, exc)
             return False
@@ -698,9 +581,9 @@ class Engine:
             if req.generation != self._generation:  # the weights changed between two chunks: start again
                 self._unlock(req)
                 req.generation = self._generation
-                job = self._chunked = self.executor.begin_chunked(req)
+                job = self._chunked = self.runner.begin_chunked(req)
             while True:  # one chunk; all that are left when no row decodes beside them
-                self.executor.prefill_chunk(job, self.prefill_chunk_tokens, borrow=self._borrow())
+                self.runner.prefill_chunk(job, self.prefill_chunk_tokens, borrow=self._borrow())
                 if job.finished or self._rows:
                     break
         except Exception as exc:
@@ -718,7 +601,7 @@ class Engine:
         row = len(self._rows)
         assert job.logits is not None
         try:
-            self.executor.land(job, row)
+            self.runner.land(job, row)
         except Exception as exc:
             self._prefill_failed(req, exc)
             return False
@@ -737,13 +620,13 @@ class Engine:
                 self._cancel_unjoined(req)
                 return
             row = len(self._rows)
-            self.executor.land(job, row)
+            self.runner.land(job, row)
         except Exception as exc:
             self._prefill_failed(req, exc)
             return
         self._join(req, row, job.cached, logits[0])
 
-    def _cancel_unjoined(self, req: Request) -> None:
+    def _cancel_unjoined(self, req: RequestState) -> None:
         """A request cancelled while it was being prefilled (on the prefill thread or in chunks)
         ends before it ever joined the batch."""
         self._unlock(req)
@@ -752,17 +635,17 @@ class Engine:
             self._by_future.pop(req.future, None)
         req.future.set_exception(CancelledError())
 
-    def _unlock(self, req: Request) -> None:
+    def _unlock(self, req: RequestState) -> None:
         """Let go of the prefix-cache node the request holds (if any)."""
         if req.lock is not None:
             self.prefix_cache.unlock(req.lock)
             req.lock = None
 
-    def _prefill_failed(self, req: Request, exc: BaseException) -> None:
+    def _prefill_failed(self, req: RequestState, exc: BaseException) -> None:
         self._unlock(req)
         self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
 
-    def _join(self, req: Request, row: int, cached: int, logits: torch.Tensor) -> None:
+    def _join(self, req: RequestState, row: int, cached: int, logits: torch.Tensor) -> None:
         """A prefilled request (its keys/values in `row`) takes its place in the batch, its
         prompt goes into the prefix cache, and its first token is sampled."""
         prompt = req.prompt
@@ -773,7 +656,7 @@ class Engine:
         self._stats.cached_tokens += cached
         self._stats.peak_batch = max(self._stats.peak_batch, len(self._rows))
         if self.prefix_cache.budget_tokens > 0 and req.generation == self._generation:
-            node = self.prefix_cache.insert(prompt, self.executor.kv.row(row, len(prompt)))
+            node = self.prefix_cache.insert(prompt, self.runner.kv.row(row, len(prompt)))
             if node is not self.prefix_cache.root:
                 self.prefix_cache.lock(node)
             self._unlock(req)
@@ -788,7 +671,7 @@ class Engine:
         rows = self._rows
         n = len(rows)
         try:
-            logits = self.executor.decode(
+            logits = self.runner.decode(
                 [r.length for r in rows], [r.out_ids[-1] for r in rows], self._shared_prefix(), borrow=self._borrow()
             )
         except Exception as exc:
@@ -822,7 +705,7 @@ class Engine:
             self._shared_len = shared_prefix([r.prompt for r in self._rows], [r.generation for r in self._rows])
         return self._shared_len
 
-    def _accept(self, req: Request, token: int, logprob: float) -> None:
+    def _accept(self, req: RequestState, token: int, logprob: float) -> None:
         """Record a sampled token; finish the request when it stops."""
         req.out_ids.append(token)
         req.out_logprobs.append(logprob)
@@ -837,12 +720,12 @@ class Engine:
         if reason is not None:
             self._finish(req, reason)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: RequestState, reason: str) -> None:
         self._release(req, insert=True)
         self._stats.finished += 1
         with self._lock:
             self._by_future.pop(req.future, None)
-        completion = Completion(
+        completion = EngineCompletion(
             list(req.out_ids),
             list(req.out_logprobs),
             reason,
@@ -857,24 +740,24 @@ class Engine:
             self._step_finished.append((completion, req.decode_mark))
         self._finished.append((req.future, completion))
 
-    def _release(self, req: Request, *, insert: bool) -> None:
+    def _release(self, req: RequestState, *, insert: bool) -> None:
         """Take the request's row out of the batch (the last row moves into it); before that,
         remember its prompt + fed completion tokens in the prefix cache."""
         cache = self.prefix_cache
         if insert and cache.budget_tokens > 0 and req.generation == self._generation:
             fed = req.prompt + tuple(req.out_ids[:-1])
             assert len(fed) == req.length, (len(fed), req.length)
-            cache.insert(fed, self.executor.kv.row(req.row, req.length))
+            cache.insert(fed, self.runner.kv.row(req.row, req.length))
         self._unlock(req)
         last = self._rows[-1]
         if last is not req:
-            self.executor.kv.move(last.row, req.row, last.length)
+            self.runner.kv.move(last.row, req.row, last.length)
             self._rows[req.row] = last
             last.row = req.row
         self._rows.pop()
         req.row = -1
 
-    def _fail(self, req: Request, exc: BaseException) -> None:
+    def _fail(self, req: RequestState, exc: BaseException) -> None:
         with self._lock:
             self._by_future.pop(req.future, None)
         if req.future.done():

@@ -59,7 +59,7 @@ from harnessrl.models.base import (  # noqa: E402
     PolicyError,
     SamplingParams,
 )
-from harnessrl.models.engine import Completion, Engine, usable_cpus  # noqa: E402
+from harnessrl.models.engine import Engine, EngineCompletion, EngineConfig, usable_cpus  # noqa: E402
 from harnessrl.types import ModelCall  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,9 @@ log = logging.getLogger(__name__)
 _threads_configured = False
 
 
-def configure_threads() -> int:
-    """Set torch's intra-op threads once per process: $HARNESSRL_THREADS, else every CPU this
-    process may run on but one.
+def configure_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op threads once per process: `threads` (EngineConfig.threads, whose
+    environment override is $HARNESSRL_THREADS), else every CPU this process may run on but one.
 
     One core is left to the episodes themselves: while the engine thread runs a step, the
     episodes' own threads render prompts, decode completions, run tools and grade, and torch
@@ -81,11 +81,7 @@ def configure_threads() -> int:
     """
     global _threads_configured
     if not _threads_configured:
-        wanted = os.environ.get("HARNESSRL_THREADS")
-        if wanted:
-            n = int(wanted)
-        else:
-            n = usable_cpus() - 1
+        n = threads if threads is not None else usable_cpus() - 1
         torch.set_num_threads(max(1, n))
         _threads_configured = True
     return torch.get_num_threads()
@@ -106,15 +102,22 @@ class _EngineSlot:
     """The engine of a model, shared by the policies over it (`HFPolicy.with_sampling`): built
     when the policy is, its thread started by the first request, rebuilt after `close`."""
 
-    def __init__(self, model, stop_ids: Sequence[int], max_batch: int, cache_budget_tokens: int):
+    def __init__(self, model, stop_ids: Sequence[int], max_batch: int, cache_budget_tokens: int, config: EngineConfig):
         self.model, self.stop_ids = model, list(stop_ids)
         self.max_batch, self.cache_budget_tokens = max_batch, cache_budget_tokens
+        self.config = config
         self.lock = threading.Lock()
         self.engine: Engine | None = self._build()
         self.started = False
 
     def _build(self) -> Engine:
-        return Engine(self.model, self.stop_ids, max_batch=self.max_batch, cache_budget_tokens=self.cache_budget_tokens)
+        return Engine(
+            self.model,
+            self.stop_ids,
+            max_batch=self.max_batch,
+            cache_budget_tokens=self.cache_budget_tokens,
+            config=self.config,
+        )
 
     def running(self) -> Engine:
         with self.lock:
@@ -137,7 +140,9 @@ class HFPolicy(Policy):
 
     `max_batch`: how many requests decode together (the engine's batch rows; more wait in its
     queue); also this policy's `max_concurrency`. `cache_budget_tokens`: how many tokens of keys
-    and values the prefix cache may hold (0 turns prefix reuse off). Steps run the model in eval
+    and values the prefix cache may hold (0 turns prefix reuse off). `engine`: the engine's switches
+    (default `EngineConfig.from_env()`); its `threads` sets torch's threads if no policy did yet
+    (`configure_threads`). Steps run the model in eval
     mode and restore its mode afterwards; generation_config is never read (SamplingParams are the
     whole story), so the model may be shared with a trainer.
     """
@@ -154,8 +159,10 @@ class HFPolicy(Policy):
         default_sampling: SamplingParams | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         cache_budget_tokens: int = DEFAULT_CACHE_BUDGET_TOKENS,
+        engine: EngineConfig | None = None,
     ):
-        configure_threads()
+        engine = engine if engine is not None else EngineConfig.from_env()
+        configure_threads(engine.threads)
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if cache_budget_tokens < 0:
@@ -172,7 +179,7 @@ class HFPolicy(Policy):
         self._calls_lock = threading.Lock()
         self.max_concurrency = max_batch
         self.quantization: dict | None = None  # what `quantize_int8` did, if it ran
-        self._slot = _EngineSlot(model, self.stop_ids, max_batch, cache_budget_tokens)
+        self._slot = _EngineSlot(model, self.stop_ids, max_batch, cache_budget_tokens, engine)
 
     @property
     def max_batch(self) -> int:
@@ -181,6 +188,10 @@ class HFPolicy(Policy):
     @property
     def cache_budget_tokens(self) -> int:
         return self._slot.cache_budget_tokens
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self._slot.config
 
     def with_sampling(self, sampling: SamplingParams, name: str | None = None) -> HFPolicy:
         """Another policy over the same model AND the same engine (one batch, one prefix cache),
@@ -198,15 +209,21 @@ class HFPolicy(Policy):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, *, name: str | None = None, dtype: torch.dtype = torch.float32, device=None
+        cls,
+        path: str | os.PathLike,
+        *,
+        name: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        engine: EngineConfig | None = None,
     ) -> HFPolicy:
         """Any local transformers causal LM folder (config.json, weights, tokenizer), or a
-        local .gguf file (dequantized on every load). Never downloads."""
+        local .gguf file (dequantized on every load). Never downloads. `engine`: as HFPolicy's."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         p = Path(path).expanduser()
         if p.is_dir() and (p / "adapter_config.json").is_file():
-            return cls.from_adapter(p, name=name, dtype=dtype, device=device)
+            return cls.from_adapter(p, name=name, dtype=dtype, device=device, engine=engine)
         if p.is_file() and p.suffix == ".gguf":
             folder, extra = p.parent, {"gguf_file": p.name}
         elif p.is_dir() and (p / "config.json").is_file():
@@ -228,13 +245,19 @@ class HFPolicy(Policy):
         if device is not None:
             model = model.to(device)
         try:
-            return cls(model, tokenizer, name=name or f"hf:{p}")
+            return cls(model, tokenizer, name=name or f"hf:{p}", engine=engine)
         except ValueError as exc:  # the engine cannot serve this architecture
             raise ModelUnavailable(f"{p}: {exc}") from exc
 
     @classmethod
     def from_adapter(
-        cls, folder: str | os.PathLike, *, name: str | None = None, dtype: torch.dtype = torch.float32, device=None
+        cls,
+        folder: str | os.PathLike,
+        *,
+        name: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        engine: EngineConfig | None = None,
     ) -> HFPolicy:
         """A peft (LoRA) adapter folder: load its base model (in `dtype`, on `device`), apply the
         adapter, merge it.
@@ -271,7 +294,9 @@ class HFPolicy(Policy):
         from peft import PeftModel
 
         try:
-            base = load_local(base_spec, device=device, dtype="bfloat16" if dtype == torch.bfloat16 else "float32")
+            base = load_local(
+                base_spec, device=device, dtype="bfloat16" if dtype == torch.bfloat16 else "float32", engine=engine
+            )
         except ValueError as exc:
             raise ModelUnavailable(
                 f"{p}: the base model {base_spec!r} is not a local transformers model ({exc})"
@@ -282,7 +307,7 @@ class HFPolicy(Policy):
             raise ModelUnavailable(f"cannot apply the adapter {p} to {base_spec}: {type(exc).__name__}: {exc}") from exc
         model.eval()
         base.close()  # its engine was over the unmerged model
-        return cls(model, base.tokenizer, name=name or f"hf:{p}", tool_role=base.tool_role)
+        return cls(model, base.tokenizer, name=name or f"hf:{p}", tool_role=base.tool_role, engine=engine)
 
     def quantize_int8(self) -> dict:
         """Make every linear layer of this policy's float32 model int8 (`harnessrl.models.int8`),
@@ -379,11 +404,11 @@ class HFPolicy(Policy):
         seed: int,
         stop_ids: Sequence[int],
         on_token: Callable[[int, float], None] | None = None,
-    ) -> Future[Completion]:
+    ) -> Future[EngineCompletion]:
         try:
             engine = self._slot.running()
         except Exception as exc:  # noqa: BLE001 - e.g. the engine cannot serve this model
-            failed: Future[Completion] = Future()
+            failed: Future[EngineCompletion] = Future()
             failed.set_exception(exc)
             return failed
         return engine.submit(
@@ -431,7 +456,7 @@ class HFPolicy(Policy):
         inner = self._submit_ids(prompt, request.max_new_tokens, sampling, seed, self.stop_ids, on_token)
         engine = self._slot.engine
 
-        def resolve(done: Future[Completion]) -> None:
+        def resolve(done: Future[EngineCompletion]) -> None:
             if out.cancelled():
                 return
             try:
@@ -502,8 +527,8 @@ class HFPolicy(Policy):
         sampling: SamplingParams | None,
         stop_ids: Sequence[int] | None,
         seeds: Sequence[int | None] | None,
-    ) -> list[tuple[Completion, float]]:
-        """`generate_ids`' work: the engine's Completion of each prompt, and the perf_counter
+    ) -> list[tuple[EngineCompletion, float]]:
+        """`generate_ids`' work: the engine's EngineCompletion of each prompt, and the perf_counter
         time its future resolved (each request's own end, not the batch's)."""
         if not prompt_ids_batch:
             return []
@@ -546,7 +571,7 @@ class HFPolicy(Policy):
 
 
 def _timed(
-    call: ModelCall, completion: Completion, got_at: float, submitted_at: float, done_at: float | None = None
+    call: ModelCall, completion: EngineCompletion, got_at: float, submitted_at: float, done_at: float | None = None
 ) -> ModelCall:
     """`call` with its timings: the engine's queue, prefill and decode seconds; ttft and latency
     from when the policy got the request (the prompt's rendering included) to its first token
@@ -572,9 +597,17 @@ def _settle(future: Future, *, result=None, exception: BaseException | None = No
 LOCAL_FORMS = "tiny-random, smollm2-135m, hf:PATH"
 
 
-def load_local(spec: str, sampling: SamplingParams | None = None, *, device=None, dtype: str = "float32") -> HFPolicy:
+def load_local(
+    spec: str,
+    sampling: SamplingParams | None = None,
+    *,
+    device=None,
+    dtype: str = "float32",
+    engine: EngineConfig | None = None,
+) -> HFPolicy:
     """A local model spec (tiny-random, smollm2-135m, hf:PATH) as an HFPolicy; ValueError for
-    any other form. `sampling` becomes the policy's default SamplingParams. `device` (a
+    any other form. `sampling` becomes the policy's default SamplingParams; `engine` its engine's
+    switches (HFPolicy). `device` (a
     torch.device, default the CPU) and `dtype` ("float32" or "bfloat16"): where the weights go,
     and in what precision, BEFORE the policy (and its engine, whose key/value cache takes the
     model's device and dtype) is built. A float32 CPU model is never moved or cast."""
@@ -591,16 +624,18 @@ def load_local(spec: str, sampling: SamplingParams | None = None, *, device=None
     if spec == "tiny-random":
         from harnessrl.models.embedded import load_tokenizer, tiny_random_model
 
-        return HFPolicy(placed(tiny_random_model()), load_tokenizer(), name=spec, default_sampling=sampling)
+        return HFPolicy(
+            placed(tiny_random_model()), load_tokenizer(), name=spec, default_sampling=sampling, engine=engine
+        )
     if spec == "smollm2-135m":
         from harnessrl.models.embedded import load_smollm2, load_tokenizer
 
-        return HFPolicy(placed(load_smollm2()), load_tokenizer(), name=spec, default_sampling=sampling)
+        return HFPolicy(placed(load_smollm2()), load_tokenizer(), name=spec, default_sampling=sampling, engine=engine)
     if spec.startswith("hf:"):
         if not spec[3:]:
             raise ValueError("hf:PATH needs a path, e.g. hf:./my-model")
         # read in the target precision straight away: a 9B model never exists in float32 here
-        policy = HFPolicy.from_pretrained(spec[3:], dtype=target, device=device)
+        policy = HFPolicy.from_pretrained(spec[3:], dtype=target, device=device, engine=engine)
         if sampling is not None:
             policy.default_sampling = sampling
         return policy

@@ -24,7 +24,6 @@ device other than the CPU, runs the model's own forward as before.
 
 from __future__ import annotations
 
-import os
 from typing import cast
 
 import numpy as np
@@ -58,15 +57,6 @@ def supports(model) -> bool:
         if not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj")):
             return False
     return True
-
-
-def default_on(model) -> bool:
-    """Whether an engine uses it when not told: `supports(model)`, unless $HARNESSRL_FAST_DECODE
-    is 0 (1 or unset: where it applies)."""
-    value = os.environ.get("HARNESSRL_FAST_DECODE", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"HARNESSRL_FAST_DECODE must be 0 or 1, got {value!r}")
-    return value != "0" and supports(model)
 
 
 def _has_hooks(model) -> bool:

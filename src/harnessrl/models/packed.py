@@ -19,8 +19,8 @@ and the plain product in any other forward (a training pass on another thread). 
 sees the packed forwards come or go midway, so its floats never depend on timing.
 
 On by default where it pays and the copy is affordable (`default_on`): a float32 CPU model whose
-linear weights take at most DEFAULT_MAX_BYTES. `HARNESSRL_PACKED_DECODE=0` or
-`Engine(packed_decode=False)` turn it off, `=1` / `True` on for a larger model too. Batching
+linear weights take at most DEFAULT_MAX_BYTES. `EngineConfig(packed_decode=False)` turns it off,
+`True` (or `packed_any_size`) on for a larger model too (harnessrl.models.engine_config). Batching
 changes the floats no more than the plain product does: a row's product no longer depends on how
 many rows share the step for most matrices (the plain product takes another kernel for one row
 than for several), though not for all (smollm2's 1536-wide down projections still do).
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import os
 import threading
 from collections.abc import Iterator
 
@@ -46,16 +45,12 @@ DEFAULT_MAX_BYTES = 2 * 1024**3
 parameter float32 model)."""
 
 
-def default_on(model) -> bool:
-    """Whether an engine over `model` packs its decode weights when not told: $HARNESSRL_PACKED_DECODE
-    (0 off, 1 on wherever `packable`), unset: `packable` and the linear weights take at most
-    DEFAULT_MAX_BYTES."""
-    value = os.environ.get("HARNESSRL_PACKED_DECODE", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"HARNESSRL_PACKED_DECODE must be 0 or 1, got {value!r}")
-    if value == "0" or not packable(model):
+def default_on(model, *, any_size: bool = False) -> bool:
+    """Whether an engine over `model` packs its decode weights when not told: `packable` and the
+    linear weights take at most DEFAULT_MAX_BYTES (any size with `any_size`)."""
+    if not packable(model):
         return False
-    return value == "1" or linear_bytes(model) <= DEFAULT_MAX_BYTES
+    return any_size or linear_bytes(model) <= DEFAULT_MAX_BYTES
 
 
 def linear_bytes(model) -> int:

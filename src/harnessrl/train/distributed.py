@@ -28,11 +28,13 @@ launcher asks for them (`unsupported_launch`), rather than silently ignored.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Mapping, Sequence, TypeVar
 
 import torch
+
+from harnessrl.models.engine_config import EngineConfig
 
 T = TypeVar("T")
 
@@ -99,6 +101,9 @@ class Distributed:
     world_size: int = 1
     local_rank: int = 0
     owns_group: bool = False  # this object initialised the process group (and destroys it in close())
+    # the CPUs each of this machine's training processes may use (set when this object started
+    # several processes' group; None: the process has the machine to itself, or a caller set it up)
+    cpus_per_process: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -108,6 +113,22 @@ class Distributed:
     def is_main(self) -> bool:
         """Rank 0: the one process that writes the run folder, the store, the logs and the checkpoints."""
         return self.rank == 0
+
+    def engine_config(self, config: EngineConfig) -> EngineConfig:
+        """`config` with this process's share of the machine where it leaves the choice open
+        (None): the processes on one machine share its CPUs, each taking its share but one for
+        its torch threads (harnessrl.models.hf.configure_threads would otherwise give every
+        process every CPU but one), and the engine's prefill thread, which takes a core of its
+        own, only where each process has two."""
+        per_process = self.cpus_per_process
+        if per_process is None:
+            return config
+        changes: dict[str, Any] = {}
+        if config.threads is None:
+            changes["threads"] = max(1, per_process - 1)
+        if config.overlap_prefill is None:
+            changes["overlap_prefill"] = per_process >= 2
+        return replace(config, **changes)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Distributed:
@@ -139,14 +160,7 @@ class Distributed:
         local_world = int(env.get("LOCAL_WORLD_SIZE", world) or world)
         from harnessrl.models.engine import usable_cpus
 
-        per_process = usable_cpus() // local_world
-        if "HARNESSRL_THREADS" not in os.environ:
-            # Each process would otherwise take every CPU but one for its torch threads
-            # (models.hf.configure_threads): N processes on one machine share them instead.
-            os.environ["HARNESSRL_THREADS"] = str(max(1, per_process - 1))
-        if "HARNESSRL_PREFILL_THREAD" not in os.environ:
-            # the engine's prefill thread takes a core of its own: only where each process has two
-            os.environ["HARNESSRL_PREFILL_THREAD"] = "1" if per_process >= 2 else "0"
+        per_process = usable_cpus() // local_world  # their engines share the CPUs: engine_config
         backend = "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -154,7 +168,7 @@ class Distributed:
         elif not dist.is_gloo_available():
             raise DistributedError("torch.distributed has no gloo backend: several CPU processes cannot train")
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=TIMEOUT)
-        return cls(rank, world, local_rank, owns_group=True)
+        return cls(rank, world, local_rank, owns_group=True, cpus_per_process=per_process)
 
     # -- dealing out work -----------------------------------------------------------------------------
     def shard(self, n: int) -> range:

@@ -49,14 +49,21 @@ def check_local_model(model: str, error: type[Exception]) -> None:
 
 
 def load_local_policy(
-    model: str, error: type[Exception], *, device: str = "auto", dtype: str = "auto", training: Any = None
+    model: str,
+    error: type[Exception],
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    training: Any = None,
+    engine: Any = None,
 ):
     """The model as an HFPolicy (its tokenizer, its torch model, its engine) on `device` in
     `dtype` ("auto": float32 on a CPU, bfloat16 on CUDA; harnessrl.models.device). `training`:
     the run's TrainConfig or SFTConfig, whose micro-batch, LoRA and gradient checkpointing size
     the memory check made before loading (without it only the weights and the engine's cache
-    are counted). A device this machine lacks, int8, or a model that will not fit is `error`,
-    in one line."""
+    are counted). `engine`: the engine's switches (harnessrl.models.engine_config.EngineConfig;
+    default from the environment). A device this machine lacks, int8, or a model that will not
+    fit is `error`, in one line."""
     from harnessrl.models import LOCAL_FORMS, load_policy
     from harnessrl.models.base import ModelUnavailable
     from harnessrl.models.device import DeviceUnavailable, check_fits, resolve_device, resolve_dtype
@@ -81,7 +88,7 @@ def load_local_policy(
     except DeviceUnavailable as e:
         raise error(str(e)) from None
     try:
-        policy = load_policy(model, device=str(where), dtype=precision)
+        policy = load_policy(model, device=str(where), dtype=precision, engine=engine)
     except (ValueError, ModelUnavailable, OSError) as e:
         raise error(f"cannot load model '{model}': {e}") from None
     if not isinstance(policy, HFPolicy):

@@ -273,11 +273,16 @@ class Trainer(lora.WritesAdapter):
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
         from harnessrl.models.base import SamplingParams
+        from harnessrl.models.engine_config import EngineConfig
         from harnessrl.rollout import Runner
 
         cfg = self.config
+        # several processes on one machine share its CPUs: each engine gets its share
+        engine = self.dist.engine_config(EngineConfig.from_env())
         # on --device in --dtype; a device this machine lacks, or a model that will not fit, is one line
-        policy = lora.load_local_policy(cfg.model, TrainError, device=cfg.device, dtype=cfg.dtype, training=cfg)
+        policy = lora.load_local_policy(
+            cfg.model, TrainError, device=cfg.device, dtype=cfg.dtype, training=cfg, engine=engine
+        )
         # LoRA in policy.model itself: generation uses the adapter; eval mode throughout (no dropout,
         # see the module docstring)
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, TrainError)

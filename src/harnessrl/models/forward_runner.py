@@ -1,4 +1,4 @@
-"""The engine's executor: runs what the scheduler planned on the model.
+"""The engine's forward runner: runs what the batch planner planned on the model.
 
 It owns the running rows' keys and values (`BatchKV`: one tensor of shape (layers, 2, rows,
 kv_heads, capacity, head_dim); row r holds request r's tokens at slots 0..length-1), the small
@@ -12,7 +12,7 @@ through a 4D mask that hides each row's unused slots (with the shared-prefix dec
 harnessrl.models.attention on a CPU, and the prepacked weights of harnessrl.models.packed where
 they are on).
 
-It decides nothing about which request runs when (harnessrl.models.scheduler) and keeps no
+It decides nothing about which request runs when (harnessrl.models.batch_planner) and keeps no
 request state but the keys and values: the engine tells it which row and how long.
 """
 
@@ -41,7 +41,7 @@ from harnessrl.models.attention import (
 from harnessrl.models.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
-    from harnessrl.models.scheduler import Request
+    from harnessrl.models.batch_planner import RequestState
 
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
 
@@ -143,7 +143,7 @@ class Prefill:
     """A prefill running on the prefill thread: into its own one-row cache `kv`, `cached`
     prompt tokens of which came from the prefix cache."""
 
-    req: Request
+    req: RequestState
     kv: BatchKV
     cached: int
     future: Future  # (last-position logits (1, vocab), seconds)
@@ -157,7 +157,7 @@ class ChunkedPrefill:
     from the prefix cache, `done` tokens have keys and values so far; `logits` (vocab,) of the
     last prompt position once the last chunk ran."""
 
-    req: Request
+    req: RequestState
     kv: BatchKV
     cached: int
     done: int
@@ -187,7 +187,7 @@ def check_model(model) -> str:
     return attn
 
 
-class Executor:
+class ForwardRunner:
     """Forwards of one causal LM for the engine (see the module docstring). `prefix_cache`: where
     prompts' keys and values are copied from (`reuse_prefix`); the engine inserts into it."""
 
@@ -216,7 +216,7 @@ class Executor:
         self.packed = packed.PackedLinears(model, max_batch) if packed_decode else None
         # the engine's own decode forward for Llama models on a CPU (harnessrl.models.llama_forward)
         if fast_decode is None:
-            fast_decode = llama_forward.default_on(model)
+            fast_decode = llama_forward.supports(model)
         elif fast_decode and not llama_forward.supports(model):
             raise ValueError("fast_decode needs a float32 Llama model on the CPU (harnessrl.models.llama_forward)")
         self.fast = (
@@ -457,33 +457,7 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-# The chunk of a chunked prefill when one is asked for without a size (`HARNESSRL_PREFILL_CHUNK=on`).
-PREFILL_CHUNK_TOKENS = 128
-
-
-def chunk_by_default() -> int:
-    """$HARNESSRL_PREFILL_CHUNK: tokens per chunk (`on`: PREFILL_CHUNK_TOKENS; 0 or unset: off).
-    Off by default: on the rollout workloads measured here chunks cost throughput (docs/engine.md,
-    "Chunked prefill"); they pay where a person watches the running rows' tokens stream."""
-    wanted = os.environ.get("HARNESSRL_PREFILL_CHUNK", "").strip().lower()
-    if not wanted:
-        return 0
-    if wanted == "on":
-        return PREFILL_CHUNK_TOKENS
-    try:
-        tokens = int(wanted)
-    except ValueError:
-        tokens = -1
-    if tokens < 0:
-        raise ValueError(f"HARNESSRL_PREFILL_CHUNK must be a number of tokens >= 0 or 'on', got {wanted!r}")
-    return tokens
-
-
 def overlap_by_default() -> bool:
-    """$HARNESSRL_PREFILL_THREAD (1 or 0) when set; else on with one torch thread and a second CPU."""
-    wanted = os.environ.get("HARNESSRL_PREFILL_THREAD", "").strip()
-    if wanted in ("0", "1"):
-        return wanted == "1"
-    if wanted:
-        raise ValueError(f"HARNESSRL_PREFILL_THREAD must be 0 or 1, got {wanted!r}")
+    """Whether a CPU model's engine prefills on a second thread when not told: with one torch
+    thread and a second CPU (two forwards of several threads each would only fight over the cores)."""
     return torch.get_num_threads() == 1 and usable_cpus() >= 2

@@ -1,12 +1,12 @@
-"""The engine's scheduler: what one step does, decided from counts, with no model and no torch.
+"""The engine's batch planner: what one step does, decided from counts, with no model and no torch.
 
-`Scheduler.plan(view)` takes what the engine holds at the start of a step (`BatchView`: how many
+`BatchPlanner.plan(view)` takes what the engine holds at the start of a step (`BatchView`: how many
 rows decode, which of them were cancelled, the request on the prefill thread and the decode step
-it joins at, how many requests wait) and returns a `StepPlan`: which rows leave, whether the
+it joins at, how many requests wait) and returns a `BatchPlan`: which rows leave, whether the
 prefill thread's request joins now, how each of the next waiting requests is admitted (prefilled
 inline on the engine thread, or on the prefill thread beside the decode steps), and whether a
 decode step runs. The engine (harnessrl.models.engine) carries the plan out on the model through
-its executor (harnessrl.models.executor); when an admission fails it asks for the rest of the
+its forward runner (harnessrl.models.forward_runner); when an admission fails it asks for the rest of the
 step again from what it holds then (`admissions`), so a failure leaves room exactly as if that
 request had never been waiting. After the decode step `lands_after_decode` says whether the
 prefill thread's request joins for the next one. `join_step` fixes that step when a prefill is
@@ -75,14 +75,16 @@ class BatchView:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class BatchPlan:
+    """What one engine step does to the batch (`BatchPlanner.plan`)."""
+
     cancel: tuple[int, ...]  # rows that leave first
     land: bool  # the prefill thread's request joins the batch before the admissions
     admit: tuple[str, ...]  # INLINE, OVERLAP or CHUNKED for each of the next waiting requests, in order
     decode: bool  # a decode step runs (when every admission succeeds)
 
 
-class Scheduler:
+class BatchPlanner:
     """The step rules above for a batch of at most `max_batch` rows; `chunks`: CHUNKED admissions
     are allowed (the engine's prefill_chunk_tokens is on)."""
 
@@ -103,7 +105,7 @@ class Scheduler:
         self.few_rows = few_rows
         self.chunks = chunks  # long prompts may be prefilled in chunks (CHUNKED admissions)
 
-    def plan(self, view: BatchView) -> StepPlan:
+    def plan(self, view: BatchView) -> BatchPlan:
         running = view.running - len(view.cancelled)
         due = view.inflight_due
         inflight = due is not None
@@ -112,7 +114,7 @@ class Scheduler:
             running, inflight = running + 1, False
         admit = self._admissions(running, inflight, view.waiting, view.may_overlap, view.chunking)
         running += admit.count(INLINE)
-        return StepPlan(tuple(view.cancelled), land, admit, running > 0)
+        return BatchPlan(tuple(view.cancelled), land, admit, running > 0)
 
     def admissions(self, view: BatchView) -> tuple[str, ...]:
         """How the next waiting requests are admitted from `view` on (rule 3)."""
@@ -149,7 +151,7 @@ class Scheduler:
         return due is not None and view.decode_steps >= due
 
 
-def finish_reason(token: int, req: Request, max_context: int | None) -> str | None:
+def finish_reason(token: int, req: RequestState, max_context: int | None) -> str | None:
     """Why the request ends with `token` (already appended to its output), or None."""
     if token in req.stops:
         return FINISH_STOP
@@ -160,7 +162,7 @@ def finish_reason(token: int, req: Request, max_context: int | None) -> str | No
     return None
 
 
-class Request:
+class RequestState:
     """One request inside the engine: its settings, its output so far, its row and its stamps.
     `generator`: its own random stream (harnessrl.models.sampling.generator), opaque here."""
 
