@@ -94,7 +94,8 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
         flags = decls + flags[1:]
     elif not flags:
         flags = [option_name(name)]
-    default = field.get_default(call_default_factory=True)
+    # a field without a default is a required option
+    default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
     if meta.get("repeat") and isinstance(default, dict):
         default = [f"{k}={v}" for k, v in default.items()]
     option = typer.Option(*flags, help=field.description or "")

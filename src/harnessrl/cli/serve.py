@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Optional
 
-import typer
+from pydantic import Field
 
-from harnessrl.cli.common import err, fail
-from harnessrl.config import DEVICE_HELP, DTYPE_HELP, device_spec, inference_dtype_spec
+from harnessrl.cli.common import config_command, err, fail
+from harnessrl.config import DTYPE_HELP, Device, Dtype, Options, cli
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -42,114 +42,103 @@ def _served(model: str, served_model_name: str | None, max_loras: int, dtype: st
     return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
 
 
-def serve_cmd(
-    model: Annotated[str, typer.Option("--model", help="local model: tiny-random, smollm2-135m or hf:PATH")],
-    host: Annotated[str, typer.Option(help="address to listen on (0.0.0.0: every interface)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="port (0 = any free port)")] = 8000,
-    max_loras: Annotated[
-        int, typer.Option(min=0, help="most LoRA adapters loaded at once (each holds a copy of the base weights)")
-    ] = 4,
-    served_model_name: Annotated[
-        Optional[str], typer.Option(help="the base model's name in requests and /v1/models (default: --model)")
-    ] = None,
-    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
-    dtype: Annotated[str, typer.Option(help=DTYPE_HELP + "; int8 serves no LoRA adapters")] = "auto",
-    lora_modules: Annotated[
-        Optional[list[str]], typer.Option(help="NAME=PATH: a peft adapter folder to load at start (repeatable)")
-    ] = None,
-    max_lora_rank: Annotated[
-        int,
-        typer.Option(
-            help="highest LoRA rank an adapter may have (vLLM's choices: 1, 8, 16, 32, 64, 128, 256, 320, 512)"
-        ),
-    ] = 16,
-    generation_config: Annotated[
-        str,
-        typer.Option(
-            help="vllm: a sampling field a request does not send takes the neutral default; auto (vLLM's default): "
-            "it takes the model folder's generation_config.json value"
-        ),
-    ] = "vllm",
-    logprobs_mode: Annotated[
-        str,
-        typer.Option(
-            help="processed_logprobs: log-probs of the distribution sampled from (temperature applied); "
-            "raw_logprobs (vLLM's default): of the untempered logits"
-        ),
-    ] = "processed_logprobs",
-    enable_auto_tool_choice: Annotated[
-        bool,
-        typer.Option(
-            "--enable-auto-tool-choice",
-            help="serve native tool calls (requests with `tools`): shown in the prompt and parsed back into "
-            "tool_calls with --tool-call-parser (vLLM's flag; without it such requests get vLLM's 400)",
-        ),
-    ] = False,
-    tool_call_parser: Annotated[
-        Optional[str],
-        typer.Option(
-            help="the tool-call format of --enable-auto-tool-choice: a registered protocol (hermes for Qwen2.5/Qwen3, "
-            "json, xml, react, code, or a plugin's; docs/serve.md#native-tool-calls)"
-        ),
-    ] = None,
-    log_level: Annotated[
-        str, typer.Option(help="the server's log level: critical, error, warning, info, debug, trace")
-    ] = "info",
-) -> None:
+class ServeConfig(Options):
+    """`harnessrl serve`: a local model behind an OpenAI-compatible server (vLLM's flags where
+    vLLM has them)."""
+
+    model: str = Field(description="local model: tiny-random, smollm2-135m or hf:PATH")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    port: int = Field(8000, ge=0, le=65535, description="port (0 = any free port)")
+    max_loras: int = Field(
+        4, ge=0, description="most LoRA adapters loaded at once (each holds a copy of the base weights)"
+    )
+    served_model_name: Optional[str] = Field(
+        None, description="the base model's name in requests and /v1/models (default: --model)"
+    )
+    device: Device = "auto"
+    dtype: Dtype = Field("auto", description=DTYPE_HELP + "; int8 serves no LoRA adapters")
+    lora_modules: list[str] = Field(
+        default_factory=list,
+        description="NAME=PATH: a peft adapter folder to load at start (repeatable)",
+        json_schema_extra=cli(repeat=True),
+    )
+    max_lora_rank: int = Field(
+        16, description="highest LoRA rank an adapter may have (vLLM's choices: 1, 8, 16, 32, 64, 128, 256, 320, 512)"
+    )
+    generation_config: str = Field(
+        "vllm",
+        description="vllm: a sampling field a request does not send takes the neutral default; auto (vLLM's "
+        "default): it takes the model folder's generation_config.json value",
+    )
+    logprobs_mode: str = Field(
+        "processed_logprobs",
+        description="processed_logprobs: log-probs of the distribution sampled from (temperature applied); "
+        "raw_logprobs (vLLM's default): of the untempered logits",
+    )
+    enable_auto_tool_choice: bool = Field(
+        False,
+        description="serve native tool calls (requests with `tools`): shown in the prompt and parsed back into "
+        "tool_calls with --tool-call-parser (vLLM's flag; without it such requests get vLLM's 400)",
+        json_schema_extra=cli(bool_flag=True),
+    )
+    tool_call_parser: Optional[str] = Field(
+        None,
+        description="the tool-call format of --enable-auto-tool-choice: a registered protocol (hermes for "
+        "Qwen2.5/Qwen3, json, xml, react, code, or a plugin's; docs/serve.md#native-tool-calls)",
+    )
+    log_level: str = Field("info", description="the server's log level: critical, error, warning, info, debug, trace")
+
+
+@config_command(ServeConfig)
+def serve_cmd(config: ServeConfig) -> None:
     """Serve a local model over OpenAI's chat completions API (/v1/chat/completions, /v1/models,
     runtime LoRA adapters; native tool calls with --enable-auto-tool-choice --tool-call-parser);
     Ctrl-C stops."""
     from harnessrl.models import ModelUnavailable
 
-    for option, check, value in (("--device", device_spec, device), ("--dtype", inference_dtype_spec, dtype)):
-        try:
-            check(value)
-        except ValueError as e:
-            fail(f"{option} {e}")
-    device, dtype = device_spec(device), inference_dtype_spec(dtype)
-    if dtype == "int8" and lora_modules:
+    if config.dtype == "int8" and config.lora_modules:
         fail("--lora-modules: LoRA adapters are merged into float weights; serve with --dtype float32 or bfloat16")
     from harnessrl.serve.models import GENERATION_CONFIGS, LOGPROBS_MODES, MAX_LORA_RANKS
 
-    if max_lora_rank not in MAX_LORA_RANKS:
-        fail(f"--max-lora-rank must be one of {', '.join(map(str, MAX_LORA_RANKS))}, got {max_lora_rank}")
-    if generation_config not in GENERATION_CONFIGS:
-        fail(f"--generation-config must be {' or '.join(GENERATION_CONFIGS)}, got {generation_config!r}")
-    if logprobs_mode not in LOGPROBS_MODES:
-        fail(f"--logprobs-mode must be {' or '.join(LOGPROBS_MODES)}, got {logprobs_mode!r}")
+    if config.max_lora_rank not in MAX_LORA_RANKS:
+        fail(f"--max-lora-rank must be one of {', '.join(map(str, MAX_LORA_RANKS))}, got {config.max_lora_rank}")
+    if config.generation_config not in GENERATION_CONFIGS:
+        fail(f"--generation-config must be {' or '.join(GENERATION_CONFIGS)}, got {config.generation_config!r}")
+    if config.logprobs_mode not in LOGPROBS_MODES:
+        fail(f"--logprobs-mode must be {' or '.join(LOGPROBS_MODES)}, got {config.logprobs_mode!r}")
     from harnessrl.serve.tools import check_tool_parser
 
     try:  # the registered formats, plugins included, are the choices
-        tool_call_parser = check_tool_parser(enable_auto_tool_choice, tool_call_parser)
+        tool_call_parser = check_tool_parser(config.enable_auto_tool_choice, config.tool_call_parser)
     except ValueError as e:
         fail(str(e))
-    if log_level not in LOG_LEVELS:
-        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
-    if max_loras < len(lora_modules or []):
-        fail(f"--lora-modules names {len(lora_modules or [])} adapters but --max-loras is {max_loras}")
-    modules = _lora_modules(lora_modules or [])
+    if config.log_level not in LOG_LEVELS:
+        fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    if config.max_loras < len(config.lora_modules):
+        fail(f"--lora-modules names {len(config.lora_modules)} adapters but --max-loras is {config.max_loras}")
+    modules = _lora_modules(config.lora_modules)
     from harnessrl.models.device import DeviceUnavailable, resolve_device, resolve_dtype
     from harnessrl.serve import ServeError, run_server
 
     try:  # before anything loads: a device this machine lacks, int8 on a GPU
-        where = resolve_device(device)
-        dtype = resolve_dtype(dtype, where)
+        where = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, where)
     except DeviceUnavailable as e:
         fail(str(e))
     try:
         models = _served(
-            model,
-            served_model_name,
-            max_loras,
+            config.model,
+            config.served_model_name,
+            config.max_loras,
             dtype,
             str(where),
-            max_lora_rank=max_lora_rank,
-            generation_config=generation_config,
-            logprobs_mode=logprobs_mode,
+            max_lora_rank=config.max_lora_rank,
+            generation_config=config.generation_config,
+            logprobs_mode=config.logprobs_mode,
             tool_call_parser=tool_call_parser,
         )
     except (ValueError, ModelUnavailable, OSError) as e:
-        fail(f"cannot serve {model!r}: {e}")
+        fail(f"cannot serve {config.model!r}: {e}")
     try:
         for name, path in modules.items():
             try:
@@ -162,8 +151,8 @@ def serve_cmd(
             err.print(f"serving {names} at {url}  (Ctrl-C to stop)", markup=False, highlight=False)
 
         try:
-            run_server(models, host=host, port=port, log_level=log_level, announce=announce)
+            run_server(models, host=config.host, port=config.port, log_level=config.log_level, announce=announce)
         except OSError as e:
-            fail(f"cannot listen on {host}:{port}: {e}")
+            fail(f"cannot listen on {config.host}:{config.port}: {e}")
     finally:
         models.close()
