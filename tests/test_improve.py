@@ -251,7 +251,7 @@ def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on
         kept = job._weights(base, xml)
     finally:
         job._release()
-    by_key = {d["key"]: d for d in job.decisions}
+    by_key = {d.key: d.model_dump() for d in job.decisions}
     assert by_key["weights.on_policy"]["choice"] == "skip"
     assert "must share their protocol" in by_key["weights.on_policy"]["evidence"]["reason"]
     assert not (job.out / "weights" / "distill").exists()

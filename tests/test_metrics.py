@@ -150,7 +150,7 @@ def _three_tasks():
 
 def test_summarize_hand_values():
     s = harness_summary(_three_tasks(), attempts=3)
-    assert set(s) == {
+    assert set(s.model_dump()) == {
         "n_tasks",
         "attempts",
         "mean_score",
@@ -361,4 +361,4 @@ def test_grader_can_mark_a_submission_undelivered_and_shared_subscores_are_avera
     assert s.delivery_rate == pytest.approx(3 / 4)
     assert s.mean_subscores == pytest.approx({"commonsense": 2.25 / 4, "personalised": 0.5, "delivered": 0.75})
     # no `delivered` sub-score: submitting is delivering
-    assert harness_summary([_traj("a", 0, 0.0, False)], 1)["delivery_rate"] == 1.0
+    assert harness_summary([_traj("a", 0, 0.0, False)], 1).delivery_rate == 1.0

@@ -133,8 +133,8 @@ def test_the_study_writes_five_cells_with_every_field(finished):
     assert result.cells["seed-placebo"]["model"].endswith("placebo/adapter")
     assert result.cells["evolved-base"]["model"] == "tiny-random"
     assert result.evolution == {"given": finished["config"].evolved} and result.evolved_is_seed is False
-    assert result.collect["passed"] == N_COLLECT and result.collect["passed_tasks"] == N_COLLECT
-    assert result.training["sft"]["examples"] > 0 and result.training["placebo"]["steps"] >= 1
+    assert result.collect.passed == N_COLLECT and result.collect.passed_tasks == N_COLLECT
+    assert result.training["sft"].examples > 0 and result.training["placebo"].steps >= 1
     assert result.seed_eval["n_episodes"] == 2
 
 
@@ -153,7 +153,9 @@ def test_paired_differences_content_shares_and_recommendation(finished):
     assert content["before"]["content_rate"] == result.cells["seed-base"]["triage"]["content_rate"]
     assert "ci95" in content["rate_difference"] and "verdict" in content["rate_difference"]
     rec = result.recommendation
-    assert {"fix_in_harness", "train_into_weights", "distils", "runtime_only", "score", "no_claim", "text"} <= set(rec)
+    assert {"fix_in_harness", "train_into_weights", "distils", "runtime_only", "score", "no_claim", "text"} <= set(
+        rec.model_dump()
+    )
     assert rec.text and all(isinstance(line, str) for line in rec.text)
     assert any(line.startswith("Content failures, as a share of episodes") for line in rec.text)
     # the tiny model passes nothing on test tasks: every score difference is 0 [0, 0], so no claim is made

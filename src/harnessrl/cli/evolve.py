@@ -67,16 +67,16 @@ def print_final(final: EvolveResult, config: EvolveConfig) -> None:
     s, b, d = final.seed, final.best_harness, final.paired_difference
     out.print(f"held-out ({config.suite}/test, {s.n_tasks} tasks x {config.rollouts}):", highlight=False)
     for name, r in (("seed", s), ("best", b)):
-        ci = r.mean_score_ci95 or [None, None]
+        lo, hi = r.mean_score_ci95 or (None, None)
         out.print(
-            f"  {name:5s} mean {_fmt(r.mean_score)} [{_fmt(ci[0])}, {_fmt(ci[1])}]  "
+            f"  {name:5s} mean {_fmt(r.mean_score)} [{_fmt(lo)}, {_fmt(hi)}]  "
             f"pass@1 {_fmt(r.pass_at_k.get('1'))}  delivery {_fmt(r.delivery_rate)}  "
             f"process share {_fmt(r.triage['process_share'])}",
             highlight=False,
         )
-    ci = d.ci95 or [None, None]
+    lo, hi = d.ci95 or (None, None)
     out.print(
-        f"  best - seed {_fmt(d.mean_difference)} [{_fmt(ci[0])}, {_fmt(ci[1])}]; accepted edits: "
+        f"  best - seed {_fmt(d.mean_difference)} [{_fmt(lo)}, {_fmt(hi)}]; accepted edits: "
         f"{len(final.accepted_edits)} ({final.unconfirmed_candidates} more beat the threshold once, "
         "not on confirmation)",
         highlight=False,
