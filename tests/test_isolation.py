@@ -199,7 +199,7 @@ def test_a_program_the_sandbox_user_cannot_read_is_refused_with_what_to_do(token
 def test_an_agents_view_is_its_own_files_and_never_its_task_folder(tmp_path):
     """host_paths: a script brings its folder, a folder holding the task's folder is not shown
     whole, a read_only path holding it is refused, harnessrl's own source stays out."""
-    from harnessrl.harness.external import _HARNESSRL_SOURCE, host_paths
+    from harnessrl.harness.agent_view import _HARNESSRL_SOURCE, host_paths
 
     tasks = tmp_path / "tasks"
     (tasks / "t1").mkdir(parents=True)

@@ -82,3 +82,29 @@ def test_reader_counts_module_level_public_classes_only(tmp_path):
         "Once": ["harnessrl/sub/d.py:1"],
     }
     assert defined_twice(pkg) == {"Job": ["harnessrl/a.py:1", "harnessrl/b.py:3"]}
+
+
+MAX_MODULE_LINES = 800  # README.md, "Layout": a module past this is split along its ideas
+
+
+def long_modules(package_dir: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """{path in the package: line count} of the modules longer than `limit` lines."""
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            found[path.relative_to(package_dir.parent).as_posix()] = lines
+    return found
+
+
+def test_long_modules_are_found(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "short.py").write_text("x = 1\n" * 10)
+    (package / "long.py").write_text("x = 1\n" * 11)
+    assert long_modules(package, limit=10) == {"pkg/long.py": 11}
+
+
+def test_no_module_is_longer_than_the_limit():
+    found = long_modules(PACKAGE_DIR)
+    assert not found, f"modules over {MAX_MODULE_LINES} lines (split each along its ideas): {found}"

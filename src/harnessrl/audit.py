@@ -363,7 +363,8 @@ print(json.dumps({"seen": seen, "writable": writable, "harnessrl": importable}))
 
 def _look_for_grader(task: Task, env: Environment, result: ProbeResult) -> None:
     """Run _LOOK in the sandbox an agent program would get for this task; note what it saw."""
-    from harnessrl.harness.external import PYTHON_PLACEHOLDER, agent_private_paths, host_paths, imported_task_folder
+    from harnessrl.harness.agent_view import agent_private_paths, host_paths, imported_task_folder
+    from harnessrl.harness.spec import PYTHON_PLACEHOLDER
     from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available, run_sandboxed
 
     folder = imported_task_folder(task)

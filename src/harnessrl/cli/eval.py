@@ -1,10 +1,9 @@
-"""`harnessrl eval`, `summary`, `export`: run an evaluation and read its run folder."""
+"""`harnessrl eval`, `summary`: run an evaluation and read its run folder (`export`: cli/export.py)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -82,26 +81,3 @@ def summary_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None
         if not config:
             fail(f"{run}: run database has no config")
         print_summary_table(write_summary(store, config, run))
-
-
-def export_cmd(
-    run: Annotated[Path, typer.Argument(help="run folder")],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="jsonl")] = "jsonl",
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="file (default: stdout)")] = None,
-    tokens: Annotated[bool, typer.Option(help="include prompt/completion token ids and logprobs")] = True,
-) -> None:
-    """Export every episode of a run as one JSON trajectory per line."""
-    from harnessrl.store import RunStore
-
-    if fmt != "jsonl":
-        fail(f"unknown export format '{fmt}' (available: jsonl)")
-    if not RunStore.exists(run):
-        fail(f"{run} holds no run (no run.db)")
-    with RunStore(run) as store:
-        fh = open(output, "w", encoding="utf-8") if output else sys.stdout
-        try:
-            for traj in store.trajectories(with_tokens=tokens):
-                fh.write(traj.model_dump_json() + "\n")
-        finally:
-            if output:
-                fh.close()
