@@ -1,7 +1,7 @@
 """`harnessrl export`: a real run exported as Inspect AI eval logs (read back by Inspect's own
-`inspect log dump` and `inspect view`) and as Harbor ATIF trajectories (checked against a JSON
-schema of ATIF v1.4 and the rules the format states besides), a crashed episode kept as an
-error, and bad input refused with a clear message."""
+`inspect log dump` and `inspect view`) and as Harbor ATIF trajectories (checked by Harbor's own
+validator, and against a JSON schema of ATIF v1.4 and the rules the format states besides), a
+crashed episode kept as an error, and bad input refused with a clear message."""
 
 from __future__ import annotations
 
@@ -497,6 +497,35 @@ def test_atif_check_rejects_what_breaks_the_format(run, tmp_path):
     assert all(broken)
     no_tokens = atif_trajectory(t, {"model": "scripted"}, "run", tokens=False)
     assert atif_errors(no_tokens) == [] and "completion_token_ids" not in json.dumps(no_tokens)
+
+
+def _harbor_validator():
+    """Harbor's own ATIF validator (harbor.utils.trajectory_validator, from the `harbor` package that
+    `make install` adds without its dependencies: the validator needs only pydantic), or a skip."""
+    try:
+        from harbor.utils.trajectory_validator import TrajectoryValidator
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        pytest.skip(
+            f"Harbor's validator is not installed ({e}); pip install --no-deps --ignore-requires-python harbor==0.26.0"
+        )
+    return TrajectoryValidator
+
+
+def test_atif_passes_harbors_own_validator(run, tmp_path):
+    validator = _harbor_validator()
+    out = tmp_path / "atif"
+    r = cli.invoke(app, ["export", str(run), "--format", "atif", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    files = sorted(out.rglob("*.json"))
+    assert len(files) == len(stored(run))
+    for f in files:  # the crashed episode's file too
+        check = validator()
+        assert check.validate(f), (f, check.get_errors())
+    # and the validator does refuse what breaks the format: step ids that do not count from 1
+    doc = json.loads(files[0].read_text())
+    doc["steps"][0]["step_id"] = 7
+    check = validator()
+    assert not check.validate(doc) and check.get_errors()
 
 
 # -- jsonl and bad input -------------------------------------------------------------------------------
