@@ -499,14 +499,21 @@ def test_atif_check_rejects_what_breaks_the_format(run, tmp_path):
     assert atif_errors(no_tokens) == [] and "completion_token_ids" not in json.dumps(no_tokens)
 
 
+HARBOR_FOLDER = Path(__file__).resolve().parents[1] / ".venv" / "harbor-validator"  # make install puts it there
+
+
 def _harbor_validator():
     """Harbor's own ATIF validator (harbor.utils.trajectory_validator, from the `harbor` package that
-    `make install` adds without its dependencies: the validator needs only pydantic), or a skip."""
+    `make install` puts in .venv/harbor-validator without its dependencies: the validator needs
+    only pydantic), or a skip."""
+    if HARBOR_FOLDER.is_dir() and str(HARBOR_FOLDER) not in sys.path:
+        sys.path.append(str(HARBOR_FOLDER))
     try:
         from harbor.utils.trajectory_validator import TrajectoryValidator
     except ImportError as e:  # pragma: no cover - depends on the machine
         pytest.skip(
-            f"Harbor's validator is not installed ({e}); pip install --no-deps --ignore-requires-python harbor==0.26.0"
+            f"Harbor's validator is not installed ({e}); make install puts it in {HARBOR_FOLDER} "
+            "(pip install --no-deps --ignore-requires-python --target FOLDER harbor==0.26.0)"
         )
     return TrajectoryValidator
 
