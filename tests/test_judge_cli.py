@@ -194,7 +194,9 @@ def test_judge_model_is_taken_by_a_claweval_suite_whose_grader_uses_the_judge(tm
     """--judge-model is not refused for Claw-Eval: its judged task joins the suite and its grader
     asks the judge model (the scripted verdict is no number the grader reads: recorded, not a zero)."""
     out = tmp_path / "claweval"
-    args = ["eval", "--suite", f"claweval:{CLAWEVAL}", "--harness", "json-tools", "--model", "tiny-random"]
+    # J01_sea_poem, the judged task, is the suite's first
+    args = ["eval", "--suite", f"claweval:{CLAWEVAL}", "--tasks", "1", "--harness", "json-tools"]
+    args += ["--model", "tiny-random"]
     r = cli.invoke(app, [*args, "--judge-model", judge_server.spec(), "--out", str(out), "--no-progress"])
     assert r.exit_code == 0, r.output
     assert "J01_sea_poem" in {t.rsplit("/", 1)[-1] for t in grades(out)}

@@ -206,8 +206,8 @@ def test_openclaw_on_a_long_context_tiny_random_model_is_its_own_episode(tokeniz
     spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_new_tokens": 16})})
     policy = HFPolicy(model, tokenizer, name="tiny-random-32k")
     runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
-    trajectories = runner.run(make_jobs(workspace_tasks(), [spec], 1))
-    assert len(trajectories) == 2
+    trajectories = runner.run(make_jobs(workspace_tasks()[:1], [spec], 1))  # one ~20k-token episode
+    assert len(trajectories) == 1
     for traj in trajectories:
         agent = traj.meta["agent"]
         assert not traj.is_infra_error and traj.termination != Termination.error, traj.termination_detail
