@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from float_trainer import float32_trainer  # noqa: E402
 from results import add_record_argument, record_run  # noqa: E402
 
 
@@ -41,36 +41,16 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("HARNESSRL_THREADS", "1")))
 
-    from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import HarnessSpec
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.rollout import Runner, make_jobs
-    from harnessrl.tasks import get_suite
-    from harnessrl.train.config import TrainConfig
     from harnessrl.train.grpo import units_from_trajectories
-    from harnessrl.train.trainer import Trainer
     from harnessrl.train.update import recompute_old_logprobs
 
-    data = load_harness(args.harness).to_dict()
-    data["rules"].update(max_steps=1, max_new_tokens=args.max_new_tokens, timeout_s=None)
-    spec = HarnessSpec.model_validate(data)
-    suite = get_suite(args.suite)
-    config = TrainConfig(
-        model=args.model,
-        suite=args.suite,
-        harnesses=[spec.name],
-        scheduler=f"single:{spec.name}",
-        tasks_per_step=1,
-        temperature=args.temperature,
-        rollout_correction="tis",
-        seed=args.seed,
-        device="cpu",
-        dtype="float32",
-        save_rollouts=False,
-    )
-    trainer = Trainer(config, tempfile.mkdtemp(prefix="mismatch-"), suite=suite, specs=[spec], progress=False)
-    trainer._setup()  # the float32 model with its LoRA at zero: the trainer's log-probs
+    rules = {"max_steps": 1, "max_new_tokens": args.max_new_tokens}
+    extra = {"temperature": args.temperature, "rollout_correction": "tis"}
+    # the float32 model with its LoRA at zero: the trainer's log-probs
+    trainer, spec, suite = float32_trainer(args.model, args.suite, args.harness, rules, args.seed, **extra)
     ctx = trainer.update_context()
     jobs = make_jobs(suite.tasks("train", args.episodes), [spec], 1)
     rows = {}

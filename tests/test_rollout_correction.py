@@ -18,7 +18,7 @@ from harnessrl.models.int8 import Int8Unavailable
 from harnessrl.rollout import Runner, make_jobs
 from harnessrl.train.distributed import Distributed
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, truncated_is_weights, units_from_trajectories
-from harnessrl.train.update import recompute_old_logprobs, update_policy
+from harnessrl.train.update import MismatchSums, accumulate_gradient, recompute_old_logprobs, update_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -182,6 +182,38 @@ def test_rollout_correction_none_trains_exactly_as_if_the_sampler_were_the_train
     )
     capped_tokens = sum(len(u.completion_ids) for u, x in zip(active, seq_log_r) if x >= math.log(2.0))
     assert sequence.tis_capped_frac == pytest.approx(capped_tokens / n) and 0 < capped_tokens < n
+
+
+@pytest.mark.parametrize("correction", ["none", "tis"])
+def test_one_step_takes_its_old_logprobs_from_the_loss_forward_as_a_separate_pass_would(tmp_path, correction):
+    """With one pass of one mini-batch the update runs no no-grad pass: the loss's forward, on the
+    same weights, gives the old log-probs. The gradient, the loss and the mismatch figures are
+    those of the separate pass (`recompute_old_logprobs`) followed by the same loss."""
+    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, rollout_correction=correction))
+    assert t.config.ppo_epochs == 1 and t.config.mini_batches == 1
+    units = _sampled_by_another(_units(t))
+    ctx = t.update_context()
+
+    fresh, separate = recompute_old_logprobs(ctx, units)
+    ctx.optimizer.zero_grad(set_to_none=True)
+    stats_separate, *_ = accumulate_gradient(ctx, fresh)
+    grads_separate = [p.grad.clone() for p in ctx.trainable]
+
+    ctx.optimizer.zero_grad(set_to_none=True)
+    running = MismatchSums(ctx.config)
+    stats_fused, *_ = accumulate_gradient(ctx, units, mismatch=running)
+    grads_fused = [p.grad.clone() for p in ctx.trainable]
+    fused = running.result(ctx.dist)
+    ctx.optimizer.zero_grad(set_to_none=True)
+
+    assert stats_fused["loss"] == pytest.approx(stats_separate["loss"], rel=1e-6, abs=1e-9)
+    assert stats_fused["ratio_mean"] == 1.0  # the old log-probs are the forward's own
+    for a, b in zip(grads_fused, grads_separate):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-8)
+    for key, value in dataclasses.asdict(separate).items():  # the tis_* figures are None without TIS
+        assert getattr(fused, key) == (None if value is None else pytest.approx(value, rel=1e-6, abs=1e-9)), key
+    if correction == "tis":
+        assert fused.tis_weight_mean is not None and fused.tis_capped_frac > 0
 
 
 # ------------------------------------------------------------------------ several processes

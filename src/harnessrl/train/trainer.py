@@ -13,6 +13,7 @@ One training step, read top to bottom in `Trainer.train_step`:
                                            tasks_per_step groups have signal or the rounds run out
     units_from_trajectories                one training unit per model call
     old log-probs recomputed               no-grad teacher-forced pass on the current weights
+                                           (with ppo_epochs or mini_batches > 1; else the loss's own)
     ppo_epochs passes over the units, each split into mini_batches; per mini-batch:
         micro-batches -> token_logprobs -> grpo_loss -> backward     (gradient accumulation)
         GradientSketch of the LoRA gradient (first pass only), BEFORE the optimizer step
@@ -39,7 +40,10 @@ to an uninterrupted one. How far the recorded values are from the recomputed one
 (rollout_logprob_diff_max / _mean: a health check of the generation engine). So the first
 mini-step has ratio 1 and the clip is inert there; from the second mini-step on
 (ppo_epochs > 1 or mini_batches > 1) the weights have moved and the clip acts. With one pass and
-one mini-batch the step is a single on-policy update.
+one mini-batch the step is a single on-policy update, and the no-grad pass is not run: the loss's
+own forward is on the same weights and units, so its log-probs, detached, are the old ones (the
+same function of the weights and the units; the ratio is exactly 1), which saves a forward over
+the batch.
 
 Rollouts and updates share one model (in process): the runner returns only when every episode has
 ended, and the update runs inside `policy.paused()`, so no generation step can overlap a training

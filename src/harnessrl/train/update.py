@@ -3,7 +3,10 @@ of mini_batches mini-steps, each accumulated over micro-batches, sketched, clipp
 
     update_policy(ctx, units, step)
         recompute_old_logprobs              no-grad teacher-forced pass on the sampling weights; the
-                                            sampler's log-probs are kept and compared (RolloutMismatch)
+                                            sampler's log-probs are kept and compared (RolloutMismatch);
+                                            with one pass of one mini-batch (the default) there is
+                                            one optimizer step, on those same weights: the loss's
+                                            own forward gives the old log-probs, and no pass is added
         for each epoch, for each mini-batch:
             accumulate_gradient             micro-batches -> token_logprobs -> grpo_loss -> backward
                                             (--rollout-correction tis: truncated_is_weights in the loss)
@@ -167,7 +170,10 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
     """
     cfg, dist = ctx.config, ctx.dist
     t0 = time.perf_counter()
-    units, mismatch = recompute_old_logprobs(ctx, units)
+    # one optimizer step on the weights that sampled the batch: its forward gives the old log-probs
+    running = MismatchSums(cfg) if cfg.ppo_epochs == 1 and cfg.mini_batches == 1 else None
+    if running is None:
+        units, mismatch = recompute_old_logprobs(ctx, units)
     t_old = time.perf_counter() - t0
     sizes = dist.all_gather_object((len(units), sum(len(u.completion_ids) for u in units)))
     n_units, batch_tokens = sum(n for n, _ in sizes), sum(t for _, t in sizes)
@@ -190,7 +196,7 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
             totals = global_totals(ctx, mb) if dist.enabled else None
             if totals is not None and not totals[2]:
                 continue  # no process has a trainable unit in this mini-batch
-            stats, n_active, active_tokens, padded = accumulate_gradient(ctx, mb, step, totals)
+            stats, n_active, active_tokens, padded = accumulate_gradient(ctx, mb, step, totals, running)
             if totals is not None:
                 stats, n_active, padded = all_reduce_gradient(ctx, stats, n_active, padded, step)
             t_backward += time.perf_counter() - t0
@@ -227,6 +233,8 @@ def update_policy(ctx: UpdateContext, units: list[TrainingUnit], step: int) -> U
             grad_norms.append(grad_norm)
             t_opt += time.perf_counter() - t0
         clip_by_epoch.append(epoch_clip / epoch_tokens if epoch_tokens else None)
+    if running is not None:
+        mismatch = running.result(dist)
     per_token = {key: token_sums[key] / trained_tokens if trained_tokens else None for key in token_sums}
     return UpdateResult(
         loss=mean(losses),
@@ -298,65 +306,89 @@ def recompute_old_logprobs(ctx: UpdateContext, units: list[TrainingUnit]) -> tup
     Only the units the loss will forward are recomputed; the others keep the rollout's numbers,
     which nothing reads. Same micro-batches as the loss, in eval mode (no dropout); the order of
     the units is kept."""
-    cfg = ctx.config
-    tis = cfg.rollout_correction == "tis"
-    log_threshold = math.log(cfg.mismatch_ratio)
+    mismatch = MismatchSums(ctx.config)
     recomputed: dict[int, list[float]] = {}
-    # per process: tokens, then sums (|log r|, log r, k3, tokens over the threshold, TIS weight,
-    # capped tokens) and maxima (|log r|, k3)
-    tokens, sums, maxima = 0, [0.0] * 6, [0.0, 0.0]
     ctx.model.eval()
     with torch.no_grad():
-        for mb in micro_batches(ctx.active(units), cfg.micro_batch):
+        for mb in micro_batches(ctx.active(units), ctx.config.micro_batch):
             batch = padded_batch(mb, ctx.pad_id, ctx.device)
-            logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
-            mask = batch["completion_mask"] > 0
-            # float64, and expm1 for r - 1: k3 of a ~1e-7 log-ratio is ~1e-14, not float32 noise
-            log_r = (logprobs.double() - batch["sampler_logprobs"].double())[mask]
-            k3 = (torch.expm1(log_r) - log_r).clamp(min=0.0)
-            tokens += int(mask.sum())
-            sums[0] += float(log_r.abs().sum())
-            sums[1] += float(log_r.sum())
-            sums[2] += float(k3.sum())
-            sums[3] += float((log_r.abs() > log_threshold).sum())
-            maxima[0] = max(maxima[0], float(log_r.abs().max()))
-            maxima[1] = max(maxima[1], float(k3.max()))
-            if tis:
-                weights, capped = truncated_is_weights(
-                    logprobs, batch["sampler_logprobs"], batch["completion_mask"], cfg.tis_cap, _tis_level(cfg)
-                )
-                sums[4] += float(weights[mask].double().sum())
-                sums[5] += float(capped.sum())
+            logprobs = token_logprobs(ctx.model, batch, temperature=ctx.config.temperature).float()
+            mismatch.add(logprobs, batch)
             for row, u in enumerate(mb):
                 p, c = len(u.prompt_ids), len(u.completion_ids)
                 recomputed[id(u)] = logprobs[row, p : p + c].tolist()
-    if ctx.dist.enabled:  # over every process's units
-        parts = ctx.dist.all_gather_object((tokens, sums, maxima))
-        tokens = sum(part[0] for part in parts)
-        sums = [sum(part[1][i] for part in parts) for i in range(len(sums))]
-        maxima = [max(part[2][i] for part in parts) for i in range(len(maxima))]
     fresh = [
         dataclasses.replace(u, old_logprobs=recomputed[id(u)], sampler_logprobs=u.sampled_logprobs())
         if id(u) in recomputed
         else u
         for u in units
     ]
-    if not tokens:
-        return fresh, RolloutMismatch()
-    return fresh, RolloutMismatch(
-        logprob_diff_max=maxima[0],
-        logprob_diff_mean=sums[0] / tokens,
-        log_ratio_mean=sums[1] / tokens,
-        kl_mean=sums[2] / tokens,
-        kl_max=maxima[1],
-        mismatch_frac=sums[3] / tokens,
-        tis_weight_mean=sums[4] / tokens if tis else None,
-        tis_capped_frac=sums[5] / tokens if tis else None,
-    )
+    return fresh, mismatch.result(ctx.dist)
+
+
+class MismatchSums:
+    """RolloutMismatch summed over micro-batches: `add` each micro-batch's trainer log-probs (the
+    old ones: the weights that sampled it) beside its batch, then `result` over every process."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.tis = cfg.rollout_correction == "tis"
+        self.log_threshold = math.log(cfg.mismatch_ratio)
+        # tokens, then sums (|log r|, log r, k3, tokens over the threshold, TIS weight, capped
+        # tokens) and maxima (|log r|, k3)
+        self.tokens, self.sums, self.maxima = 0, [0.0] * 6, [0.0, 0.0]
+
+    def add(self, logprobs: torch.Tensor, batch: dict[str, torch.Tensor]) -> None:
+        mask = batch["completion_mask"] > 0
+        # float64, and expm1 for r - 1: k3 of a ~1e-7 log-ratio is ~1e-14, not float32 noise
+        log_r = (logprobs.detach().double() - batch["sampler_logprobs"].double())[mask]
+        k3 = (torch.expm1(log_r) - log_r).clamp(min=0.0)
+        self.tokens += int(mask.sum())
+        self.sums[0] += float(log_r.abs().sum())
+        self.sums[1] += float(log_r.sum())
+        self.sums[2] += float(k3.sum())
+        self.sums[3] += float((log_r.abs() > self.log_threshold).sum())
+        self.maxima[0] = max(self.maxima[0], float(log_r.abs().max()))
+        self.maxima[1] = max(self.maxima[1], float(k3.max()))
+        if self.tis:
+            weights, capped = truncated_is_weights(
+                logprobs.detach(),
+                batch["sampler_logprobs"],
+                batch["completion_mask"],
+                self.cfg.tis_cap,
+                _tis_level(self.cfg),
+            )
+            self.sums[4] += float(weights[mask].double().sum())
+            self.sums[5] += float(capped.sum())
+
+    def result(self, dist: Any) -> RolloutMismatch:
+        """The mismatch over every process's added tokens (a collective call with several)."""
+        tokens, sums, maxima = self.tokens, self.sums, self.maxima
+        if dist.enabled:
+            parts = dist.all_gather_object((tokens, sums, maxima))
+            tokens = sum(part[0] for part in parts)
+            sums = [sum(part[1][i] for part in parts) for i in range(len(sums))]
+            maxima = [max(part[2][i] for part in parts) for i in range(len(maxima))]
+        if not tokens:
+            return RolloutMismatch()
+        return RolloutMismatch(
+            logprob_diff_max=maxima[0],
+            logprob_diff_mean=sums[0] / tokens,
+            log_ratio_mean=sums[1] / tokens,
+            kl_mean=sums[2] / tokens,
+            kl_max=maxima[1],
+            mismatch_frac=sums[3] / tokens,
+            tis_weight_mean=sums[4] / tokens if self.tis else None,
+            tis_capped_frac=sums[5] / tokens if self.tis else None,
+        )
 
 
 def accumulate_gradient(
-    ctx: UpdateContext, units: list[TrainingUnit], step: int = 0, totals: tuple[int, int, int] | None = None
+    ctx: UpdateContext,
+    units: list[TrainingUnit],
+    step: int = 0,
+    totals: tuple[int, int, int] | None = None,
+    mismatch: MismatchSums | None = None,
 ) -> tuple[dict[str, float], int, int, int]:
     """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
 
@@ -369,6 +401,11 @@ def accumulate_gradient(
     `totals`: (completion tokens, units, trained completion tokens) of the whole mini-batch when
     `units` are only this process's part of it (`global_totals`): the shares are then of the
     whole, and the processes' sums add up to the whole mini-batch's gradient and stats.
+
+    `mismatch`: the batch's only optimizer step (one pass, one mini-batch), taken on the weights
+    that sampled it: the old log-probs are this forward's own, detached (what
+    `recompute_old_logprobs` would have computed in a pass of its own), and each micro-batch's
+    sampler-against-trainer gap is added to `mismatch`.
     """
     cfg = ctx.config
     active = ctx.active(units)
@@ -386,6 +423,9 @@ def accumulate_gradient(
         padded += batch["input_ids"].numel()
         # the loss in float32 whatever the model computes in (bfloat16 on a GPU)
         logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+        if mismatch is not None:
+            batch["old_logprobs"] = logprobs.detach() * batch["completion_mask"]
+            mismatch.add(logprobs, batch)
         ref = None
         if cfg.kl_coef > 0:
             with torch.no_grad(), ctx.model.disable_adapter():

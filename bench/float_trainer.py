@@ -1,0 +1,38 @@
+"""A float32 CPU trainer of one harness, shrunk to a few short model calls, for the benchmarks
+that time or measure the update on real units (bench/rollout_mismatch.py, bench/update_pass.py)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+
+def float32_trainer(model: str, suite_name: str, harness: str, rules: dict[str, Any], seed: int, **config: Any):
+    """(trainer, spec, suite): `harness` with its rules updated by `rules` (max_steps,
+    max_new_tokens, ...), a one-harness TrainConfig on `suite_name` (float32, CPU, no rollouts
+    saved; `config` sets other fields), and the trainer set up (its LoRA at zero init)."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.tasks import get_suite
+    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.trainer import Trainer
+
+    data = load_harness(harness).to_dict()
+    data["rules"].update(rules, timeout_s=None)
+    spec = HarnessSpec.model_validate(data)
+    suite = get_suite(suite_name)
+    cfg = TrainConfig(
+        model=model,
+        suite=suite_name,
+        harnesses=[spec.name],
+        scheduler=f"single:{spec.name}",
+        tasks_per_step=1,
+        seed=seed,
+        device="cpu",
+        dtype="float32",
+        save_rollouts=False,
+        **config,
+    )
+    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="bench-trainer-"), suite=suite, specs=[spec], progress=False)
+    trainer._setup()
+    return trainer, spec, suite
