@@ -111,7 +111,7 @@ def main() -> None:
             "separate no-grad pass s": round(base, 2),
             "from the loss's forward s": round(new, 2),
             "speed-up": f"{base / new:.2f}x",
-            "gradient max |diff|": f"{max_diff:.1g} (of {scale:.1g})",
+            "gradient max abs diff": f"{max_diff:.1g} (of {scale:.1g})",
         }
         record_run("update_pass", [row], results=result)
 
