@@ -1,14 +1,16 @@
-"""The GRPO update with one optimizer step per batch (the default: one pass, one mini-batch), its
-old log-probs taken from the loss's own forward, against the same update after a separate no-grad
-pass that recomputes them (what a step with more passes or mini-batches runs first).
+"""The GRPO update of one batch with one optimizer step (the default: one pass, one mini-batch),
+timed three ways on the same real units: as it ran before (a separate no-grad pass recomputing the
+old log-probs, then the loss, one row per model call); with the old log-probs taken from the
+loss's own forward; and with that and an episode's calls packed into shared rows
+(harnessrl.train.packing).
 
     .venv/bin/python bench/update_pass.py --model tiny-random --episodes 2 --repeats 1      # smoke test
     HARNESSRL_THREADS=1 .venv/bin/python bench/update_pass.py --record                       # the figures
 
 The units are real: episodes of one harness on the suite's train tasks, sampled by the trainer's
 own float32 model, every model call a unit with an advantage of +1 or -1 (alternating by episode,
-so that every unit is forwarded). Each repeat times both ways on the same units, alternating which
-goes first; medians are quoted, and the gradients of the two ways are compared.
+so that every unit is forwarded). Each repeat times every way on the same units, alternating the
+order; medians are quoted, and each way's gradient is compared with the first's.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def main() -> None:
     from harnessrl.models.base import SamplingParams
     from harnessrl.rollout import Runner, make_jobs
     from harnessrl.train.grpo import units_from_trajectories
-    from harnessrl.train.update import MismatchSums, accumulate_gradient, recompute_old_logprobs
+    from harnessrl.train.packing import packed_rows
+    from harnessrl.train.update import MismatchSums, UpdateContext, accumulate_gradient, recompute_old_logprobs
 
     rules = {"max_steps": args.max_steps, "max_new_tokens": args.max_new_tokens}
     trainer, spec, suite = float32_trainer(args.model, args.suite, args.harness, rules, args.seed)
@@ -58,18 +61,27 @@ def main() -> None:
     units = units_from_trajectories(trajectories, signs)
     trainer.policy.close()
 
+    def rows(packs: bool) -> None:
+        UpdateContext.packs = property(lambda self: packs)  # type: ignore[method-assign,assignment]
+
     def separate() -> list[torch.Tensor]:
+        rows(False)
         fresh, _ = recompute_old_logprobs(ctx, units)
         accumulate_gradient(ctx, fresh)
         return [p.grad.clone() for p in ctx.trainable]
 
-    def fused() -> list[torch.Tensor]:
+    def fused(packs: bool) -> list[torch.Tensor]:
+        rows(packs)
         running = MismatchSums(ctx.config)
         accumulate_gradient(ctx, units, mismatch=running)
         running.result(ctx.dist)
         return [p.grad.clone() for p in ctx.trainable]
 
-    ways = {"separate no-grad pass": separate, "old log-probs from the loss's forward": fused}
+    ways = {
+        "separate no-grad pass, a row per call": separate,
+        "old log-probs from the loss's forward, a row per call": lambda: fused(False),
+        "the same, an episode's calls in shared rows": lambda: fused(True),
+    }
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     grads: dict[str, list[torch.Tensor]] = {}
     for r in range(args.repeats):
@@ -80,40 +92,50 @@ def main() -> None:
             grads[name] = ways[name]()
             seconds[name].append(time.perf_counter() - t0)
     ctx.optimizer.zero_grad(set_to_none=True)
-    a, b = grads.values()
-    max_diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
-    scale = max(float(x.abs().max()) for x in a)
+    base_grads = grads[next(iter(ways))]
+    scale = max(float(x.abs().max()) for x in base_grads)
+    diffs = {name: max(float((x - y).abs().max()) for x, y in zip(g, base_grads)) for name, g in grads.items()}
     medians = {name: statistics.median(s) for name, s in seconds.items()}
-    base, new = medians.values()
+    base = medians[next(iter(ways))]
     result = {
         "settings": vars(args),
         "units": len(units),
+        "rows_packed": len(packed_rows(units)),
         "prompt_tokens": sum(len(u.prompt_ids) for u in units),
         "completion_tokens": sum(len(u.completion_ids) for u in units),
         "seconds": seconds,
         "medians": medians,
-        "speedup": base / new,
-        "grad_max_abs_diff": max_diff,
+        "speedups": {name: base / m for name, m in medians.items()},
+        "grad_max_abs_diff": diffs,
         "grad_max_abs": scale,
     }
     for name, m in medians.items():
-        print(f"{name:40} median {m:8.2f} s   ({', '.join(f'{s:.2f}' for s in seconds[name])})")
+        print(
+            f"{name:55} median {m:8.2f} s  {base / m:5.2f}x  grad diff {diffs[name]:.2g}"
+            f"   ({', '.join(f'{s:.2f}' for s in seconds[name])})"
+        )
     print(
-        f"units {len(units)}, prompt tokens {result['prompt_tokens']}, completion tokens {result['completion_tokens']}"
+        f"units {len(units)} in {result['rows_packed']} shared rows; prompt tokens {result['prompt_tokens']}, "
+        f"completion tokens {result['completion_tokens']}; largest gradient entry {scale:.2g}"
     )
-    print(f"speed-up {base / new:.2f}x; gradients differ by at most {max_diff:.2g} (largest entry {scale:.2g})")
     print("UPDATE_PASS_JSON " + json.dumps(result))
     if args.record:
         label = f"{args.model}: {args.suite} x {args.harness}, {args.episodes} episodes of <= {args.max_steps} calls"
-        row = {
-            "model, units": f"{label}; {len(units)} units, {result['prompt_tokens']} prompt + "
-            f"{result['completion_tokens']} completion tokens",
-            "separate no-grad pass s": round(base, 2),
-            "from the loss's forward s": round(new, 2),
-            "speed-up": f"{base / new:.2f}x",
-            "gradient max abs diff": f"{max_diff:.1g} (of {scale:.1g})",
-        }
-        record_run("update_pass", [row], results=result)
+        units_text = (
+            f"{len(units)} units ({result['rows_packed']} shared rows), {result['prompt_tokens']} prompt + "
+            f"{result['completion_tokens']} completion tokens"
+        )
+        doc_rows = [
+            {
+                "update of the batch": name,
+                "units": f"{label}; {units_text}",
+                "median s": round(m, 2),
+                "speed-up": f"{base / m:.2f}x",
+                "gradient max abs diff": f"{diffs[name]:.1g} (of {scale:.1g})",
+            }
+            for name, m in medians.items()
+        ]
+        record_run("update_pass", doc_rows, results=result, replace_table=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ and tool output never needs masking because it only ever appears inside prompts.
 an episode carries that episode's advantage. Token ids come from the rollout as they were
 sampled: nothing here re-tokenizes text.
 
-Tensor layout. A row is prompt + completion, right-padded to the longest row. Per-token tensors
+Tensor layout. A row is prompt + completion, right-padded to the longest row (the update may
+also put several calls of one episode in one row: `harnessrl.train.packing`). Per-token tensors
 ([B, T]) are aligned with input positions: column t of `logprobs` / `old_logprobs` holds
 log pi(input_ids[t] | input_ids[:t]) when t is a completion position (completion_mask[t] == 1)
 and 0 elsewhere.
@@ -128,17 +129,9 @@ def units_from_trajectories(
     return units
 
 
-def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
-    """Right-pad prompt + completion of each unit into one batch.
-
-    Returns input_ids [B, T] (long), attention_mask [B, T] (1 on real tokens), completion_mask
-    [B, T] (1 on completion tokens only), old_logprobs and sampler_logprobs [B, T] (at the
-    completion positions, 0 elsewhere; sampler_logprobs equal old_logprobs for a unit whose
-    old_logprobs were never recomputed, `TrainingUnit.sampled_logprobs`) and advantages [B].
-    Right padding keeps every real token at position = its index, which is what the model saw
-    during generation (HF derives positions from the attention mask under the left padding it
-    uses there).
-    """
+def check_units(units: list[TrainingUnit]) -> None:
+    """ValueError unless every unit can be padded into a batch: a non-empty prompt, at least one
+    completion token, and one old and one sampler log-prob per completion token."""
     if not units:
         raise ValueError("no training units to pad")
     for u in units:
@@ -148,28 +141,57 @@ def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
             raise ValueError(f"episode {u.episode_id!r}: need one old logprob per completion token (and >= 1 token)")
         if len(u.sampled_logprobs()) != len(u.completion_ids):
             raise ValueError(f"episode {u.episode_id!r}: need one sampler logprob per completion token")
-    T = max(len(u.prompt_ids) + len(u.completion_ids) for u in units)
-    B = len(units)
-    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, T), dtype=torch.long)
-    completion_mask = torch.zeros((B, T), dtype=torch.float)
-    old_logprobs = torch.zeros((B, T), dtype=torch.float)
-    sampler_logprobs = torch.zeros((B, T), dtype=torch.float)
-    for row, u in enumerate(units):
-        p, c = len(u.prompt_ids), len(u.completion_ids)
-        input_ids[row, : p + c] = torch.tensor(u.prompt_ids + u.completion_ids, dtype=torch.long)
-        attention_mask[row, : p + c] = 1
-        completion_mask[row, p : p + c] = 1.0
-        old_logprobs[row, p : p + c] = torch.tensor(u.old_logprobs, dtype=torch.float)
-        sampler_logprobs[row, p : p + c] = torch.tensor(u.sampled_logprobs(), dtype=torch.float)
-    advantages = torch.tensor([u.advantage for u in units], dtype=torch.float)
+
+
+def pad_units(units: list[TrainingUnit], pad_id: int) -> dict[str, Tensor]:
+    """Right-pad prompt + completion of each unit into one batch, a row per unit.
+
+    Returns input_ids [B, T] (long), attention_mask [B, T] (1 on real tokens), completion_mask
+    [B, T] (1 on completion tokens only), old_logprobs and sampler_logprobs [B, T] (at the
+    completion positions, 0 elsewhere; sampler_logprobs equal old_logprobs for a unit whose
+    old_logprobs were never recomputed, `TrainingUnit.sampled_logprobs`), advantages [B] and
+    unit_rows [B] (the row of each unit: here its own; `harnessrl.train.packing` puts several
+    units in one row, through `pad_rows`).
+    Right padding keeps every real token at position = its index, which is what the model saw
+    during generation (HF derives positions from the attention mask under the left padding it
+    uses there).
+    """
+    return pad_rows(units, [[i] for i in range(len(units))], pad_id)
+
+
+def pad_rows(units: list[TrainingUnit], rows: list[list[int]], pad_id: int) -> dict[str, Tensor]:
+    """`pad_units` with the units (by index) in the given rows: each row holds the tokens of its
+    first unit, and every unit of the row must be a prefix of them (its completion is read at its
+    own positions, prompt length onwards); advantages [R] are the first units'."""
+    check_units(units)
+    leads = [units[members[0]] for members in rows]
+    T = max(len(u.prompt_ids) + len(u.completion_ids) for u in leads)
+    R = len(rows)
+    input_ids = torch.full((R, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((R, T), dtype=torch.long)
+    completion_mask = torch.zeros((R, T), dtype=torch.float)
+    old_logprobs = torch.zeros((R, T), dtype=torch.float)
+    sampler_logprobs = torch.zeros((R, T), dtype=torch.float)
+    unit_rows = torch.zeros(len(units), dtype=torch.long)
+    for row, (lead, members) in enumerate(zip(leads, rows)):
+        n = len(lead.prompt_ids) + len(lead.completion_ids)
+        input_ids[row, :n] = torch.tensor(lead.prompt_ids + lead.completion_ids, dtype=torch.long)
+        attention_mask[row, :n] = 1
+        for i in members:
+            u = units[i]
+            p, c = len(u.prompt_ids), len(u.completion_ids)
+            completion_mask[row, p : p + c] = 1.0
+            old_logprobs[row, p : p + c] = torch.tensor(u.old_logprobs, dtype=torch.float)
+            sampler_logprobs[row, p : p + c] = torch.tensor(u.sampled_logprobs(), dtype=torch.float)
+            unit_rows[i] = row
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "completion_mask": completion_mask,
         "old_logprobs": old_logprobs,
         "sampler_logprobs": sampler_logprobs,
-        "advantages": advantages,
+        "advantages": torch.tensor([u.advantage for u in leads], dtype=torch.float),
+        "unit_rows": unit_rows,
     }
 
 

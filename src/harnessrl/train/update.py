@@ -45,6 +45,7 @@ from harnessrl.train.grpo import (
     token_logprobs,
     truncated_is_weights,
 )
+from harnessrl.train.packing import packed_rows, pad_packed
 from harnessrl.train.progress import mean
 from harnessrl.train.sketch import GradientSketch
 
@@ -63,31 +64,39 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
 
 
-def micro_batches(units: list[TrainingUnit], max_tokens: int) -> list[list[TrainingUnit]]:
+def micro_batches(units: list[TrainingUnit], max_tokens: int, pack: bool = False) -> list[list[TrainingUnit]]:
     """Pack units into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
 
-    Longest first, so a batch's width is set by its first unit; a unit longer than the budget
-    goes alone. Deterministic for a given list.
+    Longest first, so a batch's width is set by its first row; a row longer than the budget goes
+    alone. A row is one unit, or with `pack` the units `packed_rows` puts in one (they stay in
+    one micro-batch). Deterministic for a given list.
     """
-    order = sorted(units, key=lambda u: len(u.prompt_ids) + len(u.completion_ids), reverse=True)
+    if pack:
+        rows = [[units[i] for i in members] for members in packed_rows(units)]
+    else:
+        rows = [[u] for u in units]
+    order = sorted(rows, key=lambda row: len(row[0].prompt_ids) + len(row[0].completion_ids), reverse=True)
     batches: list[list[TrainingUnit]] = []
     current: list[TrainingUnit] = []
-    width = 0
-    for u in order:
-        n = len(u.prompt_ids) + len(u.completion_ids)
-        if current and max(width, n) * (len(current) + 1) > max_tokens:
+    width = n_rows = 0
+    for row in order:
+        n = len(row[0].prompt_ids) + len(row[0].completion_ids)
+        if current and max(width, n) * (n_rows + 1) > max_tokens:
             batches.append(current)
-            current, width = [], 0
-        current.append(u)
-        width = max(width, n)
+            current, width, n_rows = [], 0, 0
+        current.extend(row)
+        width, n_rows = max(width, n), n_rows + 1
     if current:
         batches.append(current)
     return batches
 
 
-def padded_batch(units: list[TrainingUnit], pad_id: int, device: torch.device | str | None) -> dict[str, torch.Tensor]:
-    """`pad_units` with every tensor on the model's device (the loss compares them with its log-probs)."""
-    batch = pad_units(units, pad_id)
+def padded_batch(
+    units: list[TrainingUnit], pad_id: int, device: torch.device | str | None, pack: bool = False
+) -> dict[str, torch.Tensor]:
+    """`pad_units` (with `pack`: `pad_packed`, the units of an episode sharing rows) with every
+    tensor on the model's device (the loss compares them with its log-probs)."""
+    batch = pad_packed(units, pad_id) if pack else pad_units(units, pad_id)
     if device is None:
         return batch
     return {k: v.to(device) for k, v in batch.items()}
@@ -109,6 +118,13 @@ class UpdateContext:
     @property
     def device(self) -> torch.device:
         return self.trainable[0].device if self.trainable else torch.device("cpu")
+
+    @property
+    def packs(self) -> bool:
+        """Whether an episode's calls share rows (`harnessrl.train.packing`): for a loss that is
+        a sum over tokens (token-mean, no sequence-level TIS), where that changes nothing."""
+        cfg = self.config
+        return cfg.aggregation == "token-mean" and not (cfg.rollout_correction == "tis" and cfg.tis_level == "sequence")
 
     def active(self, units: list[TrainingUnit]) -> list[TrainingUnit]:
         """The units the loss forwards: all with the KL term on, else those with a nonzero advantage."""
@@ -310,11 +326,11 @@ def recompute_old_logprobs(ctx: UpdateContext, units: list[TrainingUnit]) -> tup
     recomputed: dict[int, list[float]] = {}
     ctx.model.eval()
     with torch.no_grad():
-        for mb in micro_batches(ctx.active(units), ctx.config.micro_batch):
-            batch = padded_batch(mb, ctx.pad_id, ctx.device)
+        for mb in micro_batches(ctx.active(units), ctx.config.micro_batch, ctx.packs):
+            batch = padded_batch(mb, ctx.pad_id, ctx.device, ctx.packs)
             logprobs = token_logprobs(ctx.model, batch, temperature=ctx.config.temperature).float()
             mismatch.add(logprobs, batch)
-            for row, u in enumerate(mb):
+            for u, row in zip(mb, batch["unit_rows"].tolist()):
                 p, c = len(u.prompt_ids), len(u.completion_ids)
                 recomputed[id(u)] = logprobs[row, p : p + c].tolist()
     fresh = [
@@ -418,8 +434,8 @@ def accumulate_gradient(
     sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
     padded = 0
     ctx.model.eval()  # whatever mode something left it in: no dropout in these log-probs
-    for mb in micro_batches(active, cfg.micro_batch):
-        batch = padded_batch(mb, ctx.pad_id, ctx.device)
+    for mb in micro_batches(active, cfg.micro_batch, ctx.packs):
+        batch = padded_batch(mb, ctx.pad_id, ctx.device, ctx.packs)
         padded += batch["input_ids"].numel()
         # the loss in float32 whatever the model computes in (bfloat16 on a GPU)
         logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
