@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m or tiny-random")
     add_workload_arguments(p)
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO steps through each server (0: none)")
+    p.add_argument("--grpo-only", action="store_true", help="only the GRPO steps (no eval through either backend)")
     p.add_argument(
         "--force-advantages",
         action=argparse.BooleanOptionalAction,
@@ -214,17 +215,24 @@ def main(argv: list[str] | None = None) -> dict:
     folder = model_folder(args.model)
     jobs, sampling, levels = workload(args)
 
-    policy = load_policy(f"hf:{folder}")
-    engine = {n: run_eval(policy, jobs, n, sampling) for n in levels}
-    policy.close()
+    if args.grpo_only:
+        levels = []
+    engine: dict[int, dict] = {}
+    if levels:
+        policy = load_policy(f"hf:{folder}")
+        engine = {n: run_eval(policy, jobs, n, sampling) for n in levels}
+        policy.close()
+    vllm: dict[int, dict] = {}
+    vllm_lora: dict[int, dict] = {}
     with vllm_server(args.model) as server:
-        remote = OpenAIPolicy("base", server.url, max_concurrency=max(levels), full_seeds=True, timeout=900)
-        remote.return_token_ids = True
-        vllm = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         vllm_start_s = server.start_s
-        with tempfile.TemporaryDirectory(prefix="vllm-lora-") as tmp:
-            remote.model = load_untrained_adapter(server.url, folder, Path(tmp))
-            vllm_lora = {n: run_eval(remote, jobs, n, sampling) for n in levels}
+        if levels:
+            remote = OpenAIPolicy("base", server.url, max_concurrency=max(levels), full_seeds=True, timeout=900)
+            remote.return_token_ids = True
+            vllm = {n: run_eval(remote, jobs, n, sampling) for n in levels}
+            with tempfile.TemporaryDirectory(prefix="vllm-lora-") as tmp:
+                remote.model = load_untrained_adapter(server.url, folder, Path(tmp))
+                vllm_lora = {n: run_eval(remote, jobs, n, sampling) for n in levels}
         grpo: dict[str, list[dict]] = {}
         with tempfile.TemporaryDirectory(prefix="vllm-grpo-") as tmp:
             if args.grpo_steps > 0:
@@ -260,9 +268,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"grpo via {name}: " + json.dumps(r))
     print("VLLM_CPU_JSON " + json.dumps(result, default=float))
     if args.record:
-        record_run("vllm_cpu", eval_rows(result), results=result)
+        if levels:
+            record_run("vllm_cpu", eval_rows(result), results=result)
         if grpo:
-            record_run("vllm_cpu", grpo_rows(result), table="grpo")
+            record_run("vllm_cpu", grpo_rows(result), table="grpo", results=None if levels else result)
     return result
 
 
