@@ -91,6 +91,7 @@ ALLOWED: dict[str, str] = {
     "train.lora:precision_record": STORED_CONFIG,
     "train.rollout_server:ProbeReport.as_dict": TO_JSON,
     "train.rollout_server:RolloutServers.describe": DESCRIBE,
+    "train.harness_schedule:HarnessSchedule.state_dict": STATE,
     "train.schedulers:DumpUCBScheduler.state_dict": STATE,
     "train.schedulers:HarnessBanditScheduler.state_dict": STATE,
     "train.schedulers:Scheduler.state_dict": STATE,

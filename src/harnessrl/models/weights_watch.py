@@ -4,8 +4,10 @@ Cached keys and values (the prefix cache, the prepacked and fused weights) belon
 that computed them. The watch keeps a fingerprint of the parameters: their count, the sum of their
 identities and the sum of their in-place version counters, which optimizer steps,
 `load_state_dict` and in-place edits all bump. Changes that leave the parameters untouched (a peft
-adapter switched off, an assignment to `.data`) are not seen: the engine's `clear_cache()` covers
-those.
+adapter switched off, an assignment to `.data`) are not seen, and neither are the steps of a fused
+optimizer (`torch.optim.AdamW(fused=True)`, transformers' default `adamw_torch_fused`), whose kernel
+writes the parameters without bumping their version counters (seen with torch 2.13): the engine's
+`clear_cache()` covers those.
 
 The module tree's parameter and child dicts are kept from the last walk and summed with C-level
 loops (`model.parameters()` builds every module's dotted name: a few percent of a one-row decode

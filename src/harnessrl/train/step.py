@@ -248,10 +248,24 @@ def observe(scheduler, plan: StepPlan, stats: BatchStats, sketch: torch.Tensor |
     harness = plan.selection.harness
     if sketch is not None and harness is not None and sketch_avg is not None:
         transfer = {o: cosine(sketch, avg) for o, avg in sketch_avg.items() if o != harness}
-    for h in plan.counts:
-        if stats.advantages_by_harness.get(h):  # a harness whose groups were all too small reports nothing
-            scheduler.observe(h, stats.advantages_by_harness[h], sketch, rewards=stats.rewards_by_harness[h])
+    observe_harnesses(scheduler, list(plan.counts), stats.advantages_by_harness, stats.rewards_by_harness, sketch)
     return transfer
+
+
+def observe_harnesses(
+    scheduler,
+    harnesses: list[str],
+    advantages: dict[str, list[float]],
+    rewards: dict[str, list[float]],
+    sketch: torch.Tensor | None,
+) -> None:
+    """The one way every trainer reports a batch (ours, and the integrations with other trainers):
+    each of the batch's `harnesses` in order that has advantages reports them, its episodes' scores
+    and the update's sketch (None when no update was taken); a harness whose groups were all too
+    small reports nothing. The same calls in the same order give the same scheduler state."""
+    for h in harnesses:
+        if advantages.get(h):
+            scheduler.observe(h, advantages[h], sketch, rewards=rewards.get(h, []))
 
 
 # ------------------------------------------------------------------------------------ the record

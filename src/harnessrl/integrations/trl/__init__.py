@@ -1,0 +1,25 @@
+"""harnessrl inside TRL's GRPOTrainer (`pip install 'harnessrl[trl]'`; docs/trl.md).
+
+from harnessrl.integrations.trl import HarnessRollout
+
+rollout = HarnessRollout("toolcalc", ["json-tools", "react", "code-act"], scheduler="harness-bandit")
+trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=rollout.dataset("train"),
+                      reward_funcs=rollout.reward, rollout_func=rollout, callbacks=[rollout.callback])
+
+rollout.py      HarnessRollout (rollout_func + reward + callback), EpisodeReward
+callback.py     HarnessSchedulerCallback: sketch, observe, save and resume the schedule
+setup.py        what is read of a TRL trainer, and what is refused
+evaluation.py   evaluate_harnesses: trained and held-out harnesses, paired against the base weights
+"""
+
+from harnessrl.integrations.trl.callback import HarnessSchedulerCallback
+from harnessrl.integrations.trl.rollout import EpisodeReward, HarnessRollout
+from harnessrl.integrations.trl.setup import HarnessRolloutError, TRLSetupError
+
+__all__ = [
+    "EpisodeReward",
+    "HarnessRollout",
+    "HarnessRolloutError",
+    "HarnessSchedulerCallback",
+    "TRLSetupError",
+]

@@ -1,0 +1,423 @@
+"""harnessrl inside TRL's own GRPOTrainer (trl==1.16.0, on the CPU, the tiny random model).
+
+The reference run: 4 optimizer steps of GRPOTrainer with HarnessRollout as its rollout_func, two
+harnesses (plan-execute: two model turns with the harness's message between them; json-tools: one
+turn), harness-bandit, 2 groups of 2 per batch, a checkpoint every 2 steps. Reward signal from a
+random model: the test suite `textscore` grades the length parity of the answer, so groups of 2
+often disagree. Checked against it: each batch is played by the harness the scheduler chose; the
+scheduler observed every batch's advantages and a non-zero sketch; the same observations drive
+our own trainer's `observe` to the same choices; the first batch's completions, masks and
+log-probs are what harnessrl's own runner records for the same jobs and seeds; a run resumed from
+checkpoint-2 plays the same harnesses on the same seeds. Around it: refusals in words, and the
+episode-as-one-sequence rules on hand-made trajectories.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_trainer import TextScore, lines
+
+from harnessrl.harness.registry import load_harness
+from harnessrl.harness.spec import HarnessSpec
+from harnessrl.train.episode_sequence import PrefixBreak, episode_sequence
+from harnessrl.train.harness_schedule import HarnessSchedule, ScheduleError, batch_advantages
+from harnessrl.train.schedulers import Selection, make_scheduler
+from harnessrl.types import Grade, ModelCall, Step, Termination, Trajectory
+
+trl = pytest.importorskip("trl", reason="TRL is not installed (pip install 'harnessrl[trl]')")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+STEPS = 4
+
+
+def shrink(name: str, **rules) -> HarnessSpec:
+    data = load_harness(name).to_dict()
+    data["rules"].update(rules)
+    data["system_prompt"] = "Reply with any text."
+    return HarnessSpec.model_validate(data)
+
+
+SPECS = [
+    shrink(n, max_steps=2, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+    for n in ("plan-execute", "json-tools")
+]
+
+
+class Recording:
+    """A HarnessRollout that keeps what each batch returned to TRL and what the scheduler observed."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+        self.outputs: list[dict] = []
+        self.prompts: list[list] = []
+        self.observed: list[dict] = []
+        schedule = rollout.schedule
+        observe = schedule.observe
+
+        def recorded_observe():
+            pending = schedule.pending
+            self.observed.append(
+                {
+                    "plan": pending.plan,
+                    "advantages": {h: list(v) for h, v in pending.advantages.items()},
+                    "rewards": {h: list(v) for h, v in pending.rewards.items()},
+                    "sketch": None if pending.sketch is None else pending.sketch.clone(),
+                    "signal": pending.signal,
+                }
+            )
+            return observe()
+
+        schedule.observe = recorded_observe
+
+    def __call__(self, prompts, trainer):
+        out = self.rollout(prompts, trainer)
+        self.prompts.append(prompts)
+        self.outputs.append(out)
+        return out
+
+
+def make_rollout(**options):
+    from harnessrl.integrations.trl import HarnessRollout
+
+    return HarnessRollout(TextScore(), SPECS, scheduler="harness-bandit", seed=0, max_in_flight=4, **options)
+
+
+def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS):
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+
+    recording = Recording(rollout)
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=steps,
+        learning_rate=5e-3,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="steps",
+        save_steps=2,
+        temperature=1.0,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=tiny_random_model(),
+        processing_class=load_tokenizer(),
+        args=args,
+        train_dataset=rollout.dataset("train"),
+        reward_funcs=rollout.reward,
+        rollout_func=recording,
+        callbacks=[rollout.callback],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, recording
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trl") / "full"
+    rollout = make_rollout()
+    trainer, recording = train(out, rollout)
+    return SimpleNamespace(out=out, rollout=rollout, trainer=trainer, recording=recording)
+
+
+def test_every_batch_is_played_by_the_harness_the_scheduler_chose(full_run):
+    history = full_run.rollout.history
+    assert len(history) == STEPS  # one generation batch per optimizer step (TRL's default)
+    assert {p.harness for p in history} == {"plan-execute", "json-tools"}, "the bandit explored both harnesses"
+    for plan, out in zip(history, full_run.recording.outputs):
+        assert plan.selection.harness is not None  # harness-bandit: one harness per batch
+        assert set(out["harnessrl_harness"]) == {plan.harness}
+    records = lines(full_run.out / "harnessrl" / "steps.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["harness"] for r in records] == [p.harness for p in history]
+    assert all(r["optimizer_steps"] == 1 for r in records)
+
+
+def test_the_scheduler_observed_advantages_and_a_nonzero_sketch(full_run):
+    observed = full_run.recording.observed
+    assert len(observed) == STEPS
+    assert full_run.rollout.schedule.batches_observed == STEPS
+    assert all(o["advantages"] for o in observed), "every batch had a group with two valid episodes"
+    with_signal = [o for o in observed if o["signal"]]
+    assert with_signal, "the parity grader gave some batch a group that disagreed"
+    for o in with_signal:
+        assert o["sketch"] is not None and float(o["sketch"].norm()) > 0
+    # HarnessBandit's state moved with what it saw
+    state = full_run.rollout.schedule.scheduler.state_dict()
+    assert state["total"] == STEPS
+    assert sum(state["count"].values()) == STEPS
+
+
+def test_the_same_observations_make_our_trainer_choose_the_same(full_run):
+    """The choices made inside TRL, replayed through `harnessrl train grpo`'s own observation
+    (harnessrl.train.step.observe over a StepPlan and BatchStats) on a fresh scheduler."""
+    from harnessrl.train.step import BatchStats, StepPlan, observe
+
+    scheduler = make_scheduler("harness-bandit", [s.name for s in SPECS], seed=0)
+    for batch, o in enumerate(full_run.recording.observed):
+        probabilities = scheduler.probabilities()
+        selection = scheduler.select(batch)
+        assert selection == o["plan"].selection
+        assert probabilities == pytest.approx(o["plan"].probabilities)
+        plan = StepPlan(batch, selection, probabilities, {selection.harness: 2}, [])
+        stats = BatchStats(advantages_by_harness=o["advantages"], rewards_by_harness=o["rewards"])
+        observe(scheduler, plan, stats, o["sketch"] if o["signal"] else None)
+    assert scheduler.state_dict() == full_run.rollout.schedule.scheduler.state_dict()
+
+
+def test_completions_and_masks_are_what_our_runner_records_for_the_same_seeds(full_run):
+    """Batch 0 ran on the initial weights (LoRA's B is zero): harnessrl's own runner, on a fresh
+    copy of the model, plays the same jobs with the same seeds and records the same tokens."""
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+    from harnessrl.rollout import Job, Runner
+    from harnessrl.train.step import sampling_seed
+
+    out = full_run.recording.outputs[0]
+    plan = full_run.rollout.history[0]
+    suite = TextScore()
+    spec = {s.name: s for s in SPECS}[plan.harness]
+    policy = HFPolicy(tiny_random_model(), load_tokenizer(), name="tiny-random")
+    task_ids = [full_run.rollout.task(p).id for p in full_run.recording.prompts[0]]
+    # batch 0, group g, row j: attempt (0 * groups + g) * 2 + j, which is the row's index
+    jobs = [Job(suite.task(t), spec, attempt=i) for i, t in enumerate(task_ids)]
+    runner = Runner(
+        policy, SamplingParams(temperature=1.0, top_p=1.0, seed=sampling_seed(0, 0, "train")), progress=False
+    )
+    trajectories = runner.run(jobs)
+    assert [t.episode_id for t in trajectories] == out["harnessrl_episode"]
+    for i, traj in enumerate(trajectories):
+        seq = episode_sequence(traj)
+        assert seq is not None
+        assert out["prompt_ids"][i] == seq.prompt_ids
+        assert out["completion_ids"][i] == seq.completion_ids
+        assert out["env_mask"][i] == seq.env_mask
+        assert out["logprobs"][i] == pytest.approx(seq.logprobs, abs=1e-4)
+        assert out["harnessrl_score"][i] == traj.grade.score
+
+
+def test_a_two_turn_episode_holds_the_harness_tokens_under_env_mask_zero(full_run):
+    """plan-execute: the plan turn, the harness's message (masked), the answer turn; every
+    sequence is token for token what the model saw at its last call."""
+    from harnessrl.store import RunStore
+
+    store = RunStore(full_run.out / "harnessrl" / "rollouts")
+    episodes = list(store.trajectories())
+    assert len(episodes) == STEPS * 4
+    two_turns = [t for t in episodes if t.harness == "plan-execute" and len(t.steps) == 2]
+    assert two_turns, "plan-execute played two turns"
+    for traj in two_turns:
+        seq = episode_sequence(traj)
+        first, second = (s.model_call for s in traj.steps)
+        if seq.broken:
+            continue
+        assert seq.env_mask.count(1) == len(first.completion_ids) + len(second.completion_ids)
+        assert 0 in seq.env_mask and seq.env_mask[0] == 1 and seq.env_mask[-1] == 1
+        assert seq.prompt_ids + seq.completion_ids == second.prompt_ids + second.completion_ids
+        env = [tok for tok, m in zip(seq.completion_ids, seq.env_mask) if m == 0]
+        assert env == second.prompt_ids[len(first.prompt_ids) + len(first.completion_ids) :]
+
+
+def test_a_resumed_run_plays_the_same_harnesses_on_the_same_seeds(full_run, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(full_run.out, out)
+    shutil.rmtree(out / "checkpoint-4")
+    rollout = make_rollout()
+    _, recording = train(out, rollout, resume=str(out / "checkpoint-2"))
+    assert [p.harness for p in rollout.history] == [p.harness for p in full_run.rollout.history[2:]]
+    assert [p.batch for p in rollout.history] == [2, 3]
+    for mine, theirs in zip(recording.outputs, full_run.recording.outputs[2:]):
+        assert mine["harnessrl_episode"] == theirs["harnessrl_episode"]
+    records = lines(out / "harnessrl" / "steps.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # the resumed steps replaced, not appended
+    assert [r["sampling_seed"] for r in records] == [
+        r["sampling_seed"] for r in lines(full_run.out / "harnessrl" / "steps.jsonl")
+    ]
+    assert rollout.schedule.scheduler.state_dict()["total"] == STEPS
+
+
+def test_resuming_a_checkpoint_without_the_schedule_is_refused(full_run, tmp_path):
+    from harnessrl.integrations.trl import HarnessRolloutError
+
+    out = tmp_path / "resumed"
+    shutil.copytree(full_run.out, out)
+    (out / "checkpoint-2" / "harnessrl_schedule.json").unlink()
+    with pytest.raises(HarnessRolloutError, match="scheduler's state cannot be restored"):
+        train(out, make_rollout(), resume=str(out / "checkpoint-2"))
+
+
+# ---------------------------------------------------------------------------------- refusals
+
+
+def test_a_history_window_harness_is_refused_in_words():
+    from harnessrl.integrations.trl import HarnessRollout, HarnessRolloutError
+
+    windowed = shrink("json-tools", history_window=2)
+    with pytest.raises(HarnessRolloutError, match="history window of 2 exchanges.*harnessrl train grpo"):
+        HarnessRollout(TextScore(), [SPECS[0], windowed])
+
+
+def fake_args(**overrides):
+    args = dict(
+        steps_per_generation=1,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        top_k=0,
+        min_p=None,
+        repetition_penalty=1.0,
+        generation_kwargs=None,
+        scale_rewards="group",
+        multi_objective_aggregation="sum_then_normalize",
+    )
+    args.update(overrides)
+    return SimpleNamespace(**args)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"top_k": 20}, "top_k cannot be applied"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty cannot be applied"),
+        ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, "mixes two generation batches"),
+        ({"scale_rewards": "median"}, "scale_rewards 'median'"),
+    ],
+)
+def test_unserved_trl_settings_are_refused_in_words(overrides, message):
+    from harnessrl.integrations.trl.setup import TrainerFacts, TRLSetupError
+
+    trainer = SimpleNamespace(args=fake_args(**overrides), use_vllm=False)
+    with pytest.raises(TRLSetupError, match=message):
+        TrainerFacts.of(trainer).check()
+
+
+def test_vllm_generation_is_refused_in_words():
+    from harnessrl.integrations.trl.setup import TrainerFacts, TRLSetupError
+
+    with pytest.raises(TRLSetupError, match="use_vllm=True is not served"):
+        TrainerFacts.of(SimpleNamespace(args=fake_args(), use_vllm=True)).check()
+
+
+def test_a_prompt_without_a_task_id_is_refused_in_words():
+    from harnessrl.integrations.trl import HarnessRolloutError
+
+    rollout = make_rollout()
+    with pytest.raises(HarnessRolloutError, match="without a task id"):
+        rollout.task([{"role": "user", "content": "hello"}])
+    with pytest.raises(HarnessRolloutError, match="not in suite"):
+        rollout.task([{"role": "user", "content": "hi", "task_id": "textscore/train/999"}])
+    row = rollout.dataset("train", 2)[0]
+    assert rollout.task(row["prompt"]).id == row["task_id"] == "textscore/train/00000"
+
+
+# ------------------------------------------------------------------- an episode as one sequence
+
+
+def call(prompt: list[int], completion: list[int]) -> ModelCall:
+    return ModelCall(prompt_ids=prompt, completion_ids=completion, logprobs=[-0.5] * len(completion), text="x")
+
+
+def trajectory(*calls: ModelCall, error: bool = False) -> Trajectory:
+    return Trajectory(
+        episode_id="t/train/0:h:0",
+        task_id="t/train/0",
+        suite="t",
+        family="f",
+        split="train",
+        harness="h",
+        attempt=0,
+        instruction="",
+        steps=[Step(index=i, model_call=c, action="text") for i, c in enumerate(calls)],
+        termination=Termination.error if error else Termination.submitted,
+        grade=None if error else Grade(score=1.0, passed=True),
+    )
+
+
+def test_a_prefix_chain_becomes_one_sequence_with_env_tokens_masked():
+    seq = episode_sequence(
+        trajectory(call([1, 2], [3, 4]), call([1, 2, 3, 4, 9, 9], [5]), call([1, 2, 3, 4, 9, 9, 5, 8], [6, 7]))
+    )
+    assert seq.prompt_ids == [1, 2]
+    assert seq.completion_ids == [3, 4, 9, 9, 5, 8, 6, 7]
+    assert seq.env_mask == [1, 1, 0, 0, 1, 0, 1, 1]
+    assert seq.logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5, 0.0, -0.5, -0.5]
+    assert (seq.turns, seq.turns_kept, seq.model_tokens, seq.model_tokens_kept) == (3, 3, 5, 5)
+    assert not seq.broken
+
+
+def test_a_prefix_break_is_cut_there_or_refused():
+    """Call 2's prompt re-rendered call 1's reply (token 4 became 40): the model never saw call 2
+    after [1, 2, 3, 4], so the sequence stops before it (or the episode is refused)."""
+    broken = trajectory(call([1, 2], [3, 4]), call([1, 2, 3, 40, 9], [5, 6]))
+    seq = episode_sequence(broken)
+    assert seq.completion_ids == [3, 4] and seq.env_mask == [1, 1]
+    assert (seq.turns, seq.turns_kept, seq.model_tokens, seq.model_tokens_kept) == (2, 1, 4, 2)
+    assert seq.broken
+    with pytest.raises(PrefixBreak, match="model call 1's prompt does not begin with call 0's.*token 3 of 4"):
+        episode_sequence(broken, on_break="error")
+
+
+def test_an_episode_without_sampled_tokens_has_no_sequence():
+    assert episode_sequence(trajectory(error=True)) is None
+    assert episode_sequence(trajectory(call([1], []))) is None
+
+
+def test_an_infrastructure_error_is_one_masked_token_with_no_reward():
+    rollout = make_rollout()
+    rollout._policy = SimpleNamespace(stop_ids=[2], pad_id=0)
+    good = trajectory(call([1, 2], [3, 4]))
+    bad = trajectory(error=True)
+    rows = rollout._rows([good, bad], [episode_sequence(good), None], [1.0, None])
+    assert rows["completion_ids"][1] == [2] and rows["env_mask"][1] == [0] and rows["prompt_ids"][1] == [2]
+    assert rows["harnessrl_score"] == [1.0, None]
+    assert rollout.reward(harnessrl_score=rows["harnessrl_score"]) == [1.0, None]
+
+
+# ------------------------------------------------------------------------------- the schedule
+
+
+def test_batch_advantages_leave_out_infrastructure_errors_and_small_groups():
+    out = batch_advantages([1.0, 0.0, None, 1.0, None, None, 0.5, 0.5], 2, "group")
+    assert out[0] == pytest.approx([1.0, -1.0], abs=1e-4)
+    assert out[1] is None  # one valid episode: nothing to compare
+    assert out[2] is None
+    assert out[3] == [0.0, 0.0]
+    assert batch_advantages([1.0, 0.0], 2, "none") == [[0.5, -0.5]]
+
+
+def test_the_schedule_is_driven_in_order():
+    schedule = HarnessSchedule(make_scheduler("round-robin", ["a", "b"], seed=0))
+    with pytest.raises(ScheduleError, match="nothing to observe"):
+        schedule.observe()
+    plan = schedule.plan(0, 2)
+    assert plan.group_harness == ["a", "a"]
+    schedule.record(plan, [1.0, 0.0, 0.0, 0.0], 2, "group")
+    with pytest.raises(ScheduleError, match="never observed"):
+        schedule.plan(1, 2)
+    with pytest.raises(ScheduleError, match="save after observe"):
+        schedule.state_dict()
+    schedule.add_sketch(torch.ones(512))
+    obs, _ = schedule.observe()
+    assert obs.groups == 2 and obs.flat_groups == 1 and obs.learnability == pytest.approx(0.5, abs=1e-4)
+    assert schedule.plan(1, 2).group_harness == ["b", "b"]
+
+
+def test_a_mixture_spreads_the_groups_by_its_shares():
+    schedule = HarnessSchedule(make_scheduler("ratio:a=3,b=1", ["a", "b"], seed=0))
+    plan = schedule.plan(0, 4)
+    assert plan.selection == Selection({"a": 0.75, "b": 0.25})
+    assert plan.group_harness == ["a", "a", "a", "b"] and plan.harness == "mixed"
