@@ -84,9 +84,14 @@ class Recording:
         return out
 
 
+HELD_OUT = shrink("react", max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+EVAL = dict(eval_harnesses=[HELD_OUT], eval_every=2, eval_tasks=2, eval_attempts=2)
+
+
 def make_rollout(**options):
     from harnessrl.integrations.trl import HarnessRollout
 
+    options = {**EVAL, **options}
     return HarnessRollout(TextScore(), SPECS, scheduler="harness-bandit", seed=0, max_in_flight=4, **options)
 
 
@@ -249,6 +254,9 @@ def test_a_resumed_run_plays_the_same_harnesses_on_the_same_seeds(full_run, tmp_
         r["sampling_seed"] for r in lines(full_run.out / "harnessrl" / "steps.jsonl")
     ]
     assert rollout.schedule.scheduler.state_dict()["total"] == STEPS
+    evals = lines(out / "harnessrl" / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4]  # step 4's evaluation made again, paired with step 0's
+    assert evals[2]["harnesses"]["react"]["vs_base"] is not None
 
 
 def test_resuming_a_checkpoint_without_the_schedule_is_refused(full_run, tmp_path):
@@ -259,6 +267,38 @@ def test_resuming_a_checkpoint_without_the_schedule_is_refused(full_run, tmp_pat
     (out / "checkpoint-2" / "harnessrl_schedule.json").unlink()
     with pytest.raises(HarnessRolloutError, match="scheduler's state cannot be restored"):
         train(out, make_rollout(), resume=str(out / "checkpoint-2"))
+
+
+def test_a_held_out_harness_is_evaluated_and_reported_apart(full_run):
+    """react is evaluated at steps 0 (the base weights), 2 and 4, never trained on: its pass@k and
+    pass^k up to k = 2 and its paired difference against step 0 are reported apart."""
+    assert "react" not in {p.harness for p in full_run.rollout.history}
+    evals = lines(full_run.out / "harnessrl" / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    for e in evals:
+        assert e["held_out"] == ["react"] and e["attempts"] == 2 and e["tasks"] == 2
+        assert set(e["harnesses"]) == {"plan-execute", "json-tools", "react"}
+        held = e["harnesses"]["react"]
+        assert held["held_out"] is True and e["harnesses"]["json-tools"]["held_out"] is False
+        assert set(held["pass_at_k"]) == set(held["pass_hat_k"]) == {"1", "2"}
+        assert e["held_out_average"] == held["mean_score"]
+        trained = [e["harnesses"][h]["mean_score"] for h in ("plan-execute", "json-tools")]
+        assert e["average"] == pytest.approx(sum(trained) / 2)
+    assert evals[0]["harnesses"]["react"]["vs_base"] is None  # step 0 is the base
+    for e in evals[1:]:
+        vs = e["harnesses"]["react"]["vs_base"]
+        assert vs["n_tasks"] == 2
+        base, now = evals[0]["task_scores"]["react"], e["task_scores"]["react"]
+        assert vs["mean_difference"] == pytest.approx(sum(now[t] - base[t] for t in base) / 2)
+
+
+def test_a_trained_harness_cannot_be_held_out():
+    from harnessrl.integrations.trl import HarnessRolloutError
+
+    with pytest.raises(HarnessRolloutError, match="also trained on"):
+        make_rollout(eval_harnesses=[SPECS[0]])
+    with pytest.raises(HarnessRolloutError, match="needs eval_every"):
+        make_rollout(eval_every=0)
 
 
 # ---------------------------------------------------------------------------------- refusals

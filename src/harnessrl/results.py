@@ -10,7 +10,7 @@ plain JSON values here; their fields are documented where they are computed.
     CollectFacts, AdapterFacts, DistillFacts, GRPOFacts
                     the facts of a finished stage (stages.json) of `study` and `improve`
     TrainResult     `train grpo` (Trainer.run) and `train distill` (run_distill); TrainEval: a
-                    line of `train grpo`'s eval.jsonl
+                    line of `train grpo`'s eval.jsonl (HarnessEvalScores: one harness in it)
     SFTResult       `train sft` (run_sft), with SFTData and SFTSampling
     EvolveResult    run_evolve: final.json
     StudyResult     run_study: study.json (CellComparison, Recommendation: its analysis)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.metrics import HarnessSummary, PairedDifference
 from harnessrl.types import OmitsWhenNone
@@ -56,9 +56,23 @@ class TrainResult(_Result):
     last: dict[str, Any]  # the last step's metrics record (a line of metrics.jsonl; {} without a step)
 
 
+class HarnessEvalScores(_Result):
+    """One harness in a periodic evaluation (`TrainEval.harnesses`): its numbers on the evaluation's
+    tasks at `attempts` attempts each, and its paired difference against the first evaluation of
+    the run (step 0: the base weights; LoRA starts as the identity), task by task."""
+
+    held_out: bool  # evaluated, never trained on
+    tasks: int  # tasks with at least one valid episode
+    mean_score: float | None
+    pass_at_k: dict[str, float | None]  # k = 1 .. attempts, as strings (HarnessSummary's)
+    pass_hat_k: dict[str, float | None]
+    vs_base: PairedDifference | None  # None at step 0 (it is the base)
+
+
 class TrainEval(_Result):
-    """One periodic evaluation of `train grpo` on dev tasks (a line of eval.jsonl, keys in this
-    order): each harness's mean score, pass@1 and delivery rate at one attempt per task."""
+    """One periodic evaluation on dev tasks (a line of `train grpo`'s eval.jsonl, and of a TRL run's
+    harnessrl/eval.jsonl; keys in this order): each harness's mean score, pass@1 and delivery rate,
+    then the whole record of every harness, the held-out ones (evaluated, never trained on) apart."""
 
     step: int
     temperature: float
@@ -67,8 +81,14 @@ class TrainEval(_Result):
     mean_score: dict[str, float | None]
     pass_at_1: dict[str, float | None]
     delivery_rate: dict[str, float | None]
-    average: float | None  # over the harnesses with a score
+    average: float | None  # over the trained harnesses with a score
     seconds: float
+    attempts: int = 1
+    held_out: list[str] = Field(default_factory=list)  # the held-out harnesses' names
+    held_out_average: float | None = None  # over the held-out harnesses with a score
+    harnesses: dict[str, HarnessEvalScores] = Field(default_factory=dict)
+    # harness -> task id -> the task's score (mean over its valid attempts): what later evaluations pair with
+    task_scores: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
 class SFTTrained(TrainResult):

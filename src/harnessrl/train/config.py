@@ -140,6 +140,15 @@ class TrainConfig:
     eval_every: int = Field(default=0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
     eval_tasks: int = Field(default=8, ge=1, description="first N dev tasks, every harness")
     eval_temperature: float = Field(default=0.7, ge=0, description="sampling temperature of evaluations")
+    eval_harnesses: list[str] = Field(
+        default_factory=list,
+        description="held-out harnesses: evaluated with the trained ones, never trained on, reported apart "
+        "(names or spec paths; comma-separate or repeat)",
+        json_schema_extra=cli("--eval-harnesses"),
+    )
+    eval_attempts: int = Field(
+        default=1, ge=1, description="attempts per dev task in each evaluation (pass@k and pass^k up to this k)"
+    )
     max_in_flight: int = Field(default=64, ge=1, description="episodes in flight (generation batch)")
     rollout_servers: list[str] = Field(
         default_factory=list,
@@ -168,7 +177,9 @@ class TrainConfig:
     seed: int = Field(default=0, description="seed of tasks, scheduler, LoRA init and sampling")
     save_rollouts: bool = Field(default=True, description="keep every training episode in OUT/rollouts/run.db")
 
-    _lists = field_validator("harnesses", "lora_targets", "rollout_servers", mode="before")(comma_list)
+    _lists = field_validator("harnesses", "eval_harnesses", "lora_targets", "rollout_servers", mode="before")(
+        comma_list
+    )
     _scheduler = field_validator("scheduler_options", mode="before")(_scheduler_options)
     _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
     _rollout_correction = field_validator("rollout_correction")(_one_of("none", "tis"))

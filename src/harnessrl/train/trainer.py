@@ -107,6 +107,7 @@ from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError
 from harnessrl.train.grpo import TrainingUnit
+from harnessrl.train.held_out import check_held_out, evaluation_jobs, first_evaluation, summarize_evaluation
 from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
 from harnessrl.train.progress import GRPO_VIEW, StepProgress, mean
 from harnessrl.train.schedulers import make_scheduler, random_state_json, set_random_state_json
@@ -182,6 +183,7 @@ class Trainer(lora.WritesAdapter):
         resume: bool = False,
         suite: TrainSuite | None = None,
         specs: list[HarnessSpec] | None = None,
+        eval_specs: list[HarnessSpec] | None = None,
         progress: bool = True,
         console=None,
         executor=None,
@@ -202,7 +204,20 @@ class Trainer(lora.WritesAdapter):
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise TrainError(f"harness names must be unique, got {names}")
-        self.config = config = dataclasses.replace(config, suite=self.suite.name, harnesses=names)
+        try:  # the held-out harnesses: evaluated, never trained on (harnessrl.train.held_out)
+            self.eval_specs = (
+                list(eval_specs)
+                if eval_specs is not None
+                else (resolve_harnesses(list(config.eval_harnesses)) if config.eval_harnesses else [])
+            )
+            check_held_out(names, [s.name for s in self.eval_specs])
+        except (SpecError, ValueError) as e:
+            raise TrainError(f"--eval-harnesses: {e}") from None
+        if self.eval_specs and not config.eval_every:
+            raise TrainError("--eval-harnesses needs --eval-every N (the held-out harnesses are only evaluated)")
+        self.config = config = dataclasses.replace(
+            config, suite=self.suite.name, harnesses=names, eval_harnesses=[s.name for s in self.eval_specs]
+        )
         try:
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
         except (ValueError, TypeError) as e:
@@ -239,7 +254,7 @@ class Trainer(lora.WritesAdapter):
             raise TrainError(str(e)) from None
         record = {
             **options,
-            "harness_specs": {s.name: s.to_dict() for s in self.specs},
+            "harness_specs": {s.name: s.to_dict() for s in [*self.specs, *self.eval_specs]},
             "processes": self.dist.world_size,
         }
         self.folder: RunFolder | None = None  # rank 0's alone
@@ -265,6 +280,7 @@ class Trainer(lora.WritesAdapter):
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
         self._last_update: tuple[float, float] | None = None  # the previous step's update (start, end)
+        self._base_eval: TrainEval | None = None  # the evaluation at step 0 (the base weights): later ones pair with it
         self._idle_mark: list[float] = []
 
     @property
@@ -604,12 +620,13 @@ class Trainer(lora.WritesAdapter):
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self) -> TrainEval | None:
-        """Mean score of every harness on the first eval_tasks dev tasks (one attempt each).
+        """Every harness, the held-out ones (--eval-harnesses) included, on the first eval_tasks dev
+        tasks, eval_attempts attempts each (harnessrl.train.held_out); paired against the run's
+        first evaluation (step 0, the base weights).
 
         Several processes: each runs a contiguous share of the episodes and rank 0 gets them all
         and returns the record; the others return None."""
-        from harnessrl.metrics import harness_summary
-        from harnessrl.rollout import Runner, make_jobs
+        from harnessrl.rollout import Runner
 
         cfg = self.config
         t0 = time.perf_counter()
@@ -624,25 +641,25 @@ class Trainer(lora.WritesAdapter):
             progress=False,
             executor=self.executor,
         )
-        jobs = make_jobs(tasks, self.specs, 1)
+        jobs = evaluation_jobs(tasks, [*self.specs, *self.eval_specs], cfg.eval_attempts)
         gathered = self.dist.gather_object(runner.run([jobs[i] for i in self.dist.shard(len(jobs))]))
         if gathered is None:
             return None
-        trajectories = [t for part in gathered for t in part]
-        summaries = {s.name: harness_summary([t for t in trajectories if t.harness == s.name], 1) for s in self.specs}
-        scores = {h: m.mean_score for h, m in summaries.items()}
-        known = [v for v in scores.values() if v is not None]
-        return TrainEval(
+        record = summarize_evaluation(
+            [t for part in gathered for t in part],
+            [s.name for s in self.specs],
+            [s.name for s in self.eval_specs],
             step=self.step,
+            tasks=len(tasks),
+            attempts=cfg.eval_attempts,
             temperature=cfg.eval_temperature,
             sampling_seed=self.eval_sampling.seed,
-            tasks=len(tasks),
-            mean_score=scores,
-            pass_at_1={h: (m.pass_at_k or {}).get("1") for h, m in summaries.items()},
-            delivery_rate={h: m.delivery_rate for h, m in summaries.items()},
-            average=mean(known),
+            base=self._base_eval,
             seconds=time.perf_counter() - t0,
         )
+        if self._base_eval is None:
+            self._base_eval = record
+        return record
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -665,6 +682,7 @@ class Trainer(lora.WritesAdapter):
         if self.resume and main:
             truncate_jsonl(metrics_path, self.step)
             truncate_jsonl(eval_path, self.step)
+            self._base_eval = first_evaluation(eval_path)
         if self.folder is not None:  # rank 0
             self.folder.start()  # config.json (again: --steps / --checkpoint-every may have changed)
         self._open_logs()

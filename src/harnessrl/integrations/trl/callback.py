@@ -6,6 +6,8 @@
                             over the micro-batches, clipped: a uniform scale, which no cosine sees)
                             is added to the batch's observation; at the batch's last optimizer step
                             the scheduler observes the batch (HarnessSchedule.observe)
+    on_step_end             with eval_every: the trained and held-out harnesses evaluated every N steps
+                            (and at step 0, the base weights, from on_train_begin), rank 0 only
     on_save                 the schedule's state into the checkpoint folder TRL just wrote
 
 The callback holds no state of its own: it is HarnessRollout's (`rollout.callback`).
@@ -19,6 +21,7 @@ from typing import Protocol
 from transformers import TrainerCallback
 
 from harnessrl.integrations.trl.setup import HarnessRolloutError, optimizer_steps_per_batch
+from harnessrl.results import TrainEval
 from harnessrl.train.harness_schedule import HarnessSchedule
 
 
@@ -32,6 +35,12 @@ class ScheduleOwner(Protocol):
     def save_state(self, checkpoint: Path) -> None: ...
 
     def load_state(self, checkpoint: str | Path) -> None: ...
+
+    eval_every: int
+
+    def evaluate(self, model, tokenizer, step: int, output_dir: str, temperature: float) -> TrainEval: ...
+
+    def resume_evaluations(self, output_dir: str, global_step: int) -> None: ...
 
 
 def checkpoint_folder(output_dir: str, global_step: int) -> Path:
@@ -54,6 +63,11 @@ class HarnessSchedulerCallback(TrainerCallback):
                     f"save at multiples of {steps} steps to resume"
                 )
             self.rollout.load_state(checkpoint_folder(args.output_dir, state.global_step))
+        if self.rollout.eval_every and state.is_world_process_zero:
+            if state.global_step > 0:
+                self.rollout.resume_evaluations(args.output_dir, state.global_step)
+            else:  # the base weights (LoRA starts as the identity): what later evaluations pair with
+                self._evaluate(args, state, kwargs)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         schedule = self.rollout.schedule
@@ -64,6 +78,20 @@ class HarnessSchedulerCallback(TrainerCallback):
         schedule.add_sketch(schedule.sketcher.sketch_model(model))
         if (state.global_step + 1) % optimizer_steps_per_batch(args) == 0:
             self.rollout.observe_batch(args.output_dir, state.is_world_process_zero, state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        every = self.rollout.eval_every
+        due = every and (state.global_step % every == 0 or state.global_step == state.max_steps)
+        if due and state.is_world_process_zero:
+            self._evaluate(args, state, kwargs)
+
+    def _evaluate(self, args, state, kwargs) -> None:
+        model, tokenizer = kwargs.get("model"), kwargs.get("processing_class")
+        if model is None or tokenizer is None:
+            raise RuntimeError("transformers did not pass the model and processing_class to the callback")
+        was_training = model.training
+        self.rollout.evaluate(model, tokenizer, state.global_step, args.output_dir, float(args.temperature))
+        model.train(was_training)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

@@ -31,6 +31,9 @@ generation), so a run resumed from a TRL checkpoint (which holds the schedule's 
 Rank 0 writes `OUTPUT_DIR/harnessrl/`: `steps.jsonl` (one line per batch, at its observation) and
 `rollouts/run.db` (every episode, for `harnessrl triage` / `report`).
 
+With `eval_every`, the callback also evaluates the trained and the held-out harnesses
+(`eval_harnesses`) every N steps: `OUTPUT_DIR/harnessrl/eval.jsonl` (harnessrl.train.held_out).
+
 Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`), top_k /
 min_p / repetition_penalty sampling, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
 every process to hold the whole gradient). Each is refused with an error saying so.
@@ -47,10 +50,12 @@ from typing import TYPE_CHECKING, Any
 from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
 from harnessrl.integrations.trl.setup import HarnessRolloutError, TrainerFacts
 from harnessrl.models.base import SamplingParams
+from harnessrl.results import TrainEval
 from harnessrl.rollout import Job
 from harnessrl.tasks.base import Suite, Task
 from harnessrl.train.episode_sequence import EpisodeSequence, OnBreak, episode_sequence
 from harnessrl.train.harness_schedule import GenerationPlan, HarnessSchedule
+from harnessrl.train.held_out import check_held_out, first_evaluation, run_evaluation
 from harnessrl.train.schedulers import make_scheduler
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import sampling_seed
@@ -113,6 +118,12 @@ class HarnessRollout:
         max_in_flight: int = 16,
         retries: int = 2,
         executor=None,
+        eval_harnesses: Sequence[str | AnyHarnessSpec] = (),
+        eval_every: int = 0,
+        eval_tasks: int = 8,
+        eval_attempts: int = 1,
+        eval_split: str = "dev",
+        eval_temperature: float | None = None,
     ):
         from harnessrl.harness.registry import resolve_harnesses
         from harnessrl.harness.spec import SpecError
@@ -129,6 +140,20 @@ class HarnessRollout:
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise HarnessRolloutError(f"harness names must be unique, got {names}")
+        try:
+            self.eval_specs: list[AnyHarnessSpec] = [
+                s for h in eval_harnesses for s in (resolve_harnesses([h]) if isinstance(h, str) else [h])
+            ]
+            check_held_out(names, [s.name for s in self.eval_specs])
+        except (ValueError, SpecError) as e:
+            raise HarnessRolloutError(f"eval_harnesses: {e}") from None
+        if eval_every < 0 or eval_tasks < 1 or eval_attempts < 1:
+            raise HarnessRolloutError("eval_every must be >= 0, eval_tasks and eval_attempts >= 1")
+        if self.eval_specs and not eval_every:
+            raise HarnessRolloutError("eval_harnesses needs eval_every=N (the held-out harnesses are only evaluated)")
+        self.eval_every, self.eval_tasks, self.eval_attempts = eval_every, eval_tasks, eval_attempts
+        self.eval_split, self.eval_temperature = eval_split, eval_temperature
+        self._base_eval: TrainEval | None = None
         for spec in self.specs:
             check_prefix_chain(spec)
         if on_prefix_break not in ("truncate", "error"):
@@ -194,8 +219,8 @@ class HarnessRollout:
         facts = TrainerFacts.of(trainer)
         if not facts.training:
             raise HarnessRolloutError(
-                "TRL's evaluation loop (eval_strategy) is not served by HarnessRollout: evaluate the harnesses with "
-                "harnessrl.integrations.trl.evaluate_harnesses (held-out harnesses included), or set eval_strategy='no'"
+                "TRL's evaluation loop (eval_strategy) is not served by HarnessRollout: set eval_strategy='no' and "
+                "evaluate with HarnessRollout(eval_every=N, eval_harnesses=[...]) (docs/trl.md)"
             )
         self._bind(trainer, facts)
         started = time.perf_counter()
@@ -282,8 +307,6 @@ class HarnessRollout:
                 )
             return
         from harnessrl.executors import LocalExecutor
-        from harnessrl.models.engine_config import EngineConfig
-        from harnessrl.models.hf import HFPolicy
         from harnessrl.rollout import Runner
 
         facts.check()
@@ -291,15 +314,9 @@ class HarnessRollout:
             raise HarnessRolloutError(
                 "pass reward_funcs=rollout.reward to GRPOTrainer (the episodes' scores are the reward)"
             )
-        model = facts.generation_model()
-        try:
-            self._policy = HFPolicy(
-                model, facts.tokenizer(), name="trl-model", max_batch=self.max_in_flight, engine=EngineConfig.from_env()
-            )
-        except ValueError as e:
-            raise HarnessRolloutError(f"harnessrl's engine cannot generate with this model: {e}") from None
+        policy = self._ensure_policy(facts.generation_model(), facts.tokenizer())
         self._runner = Runner(
-            self._policy,
+            policy,
             max_in_flight=self.max_in_flight,
             max_retries=self.retries,
             progress=False,
@@ -315,7 +332,66 @@ class HarnessRollout:
             self._store.delete_attempts_from(facts.batch_index() * facts.groups_per_batch() * facts.num_generations)
             truncate_jsonl(folder / "steps.jsonl", facts.global_step)
 
+    def _ensure_policy(self, model, tokenizer) -> HFPolicy:
+        """harnessrl's engine over the model TRL trains (built once; the rollouts and evaluations share it)."""
+        if self._policy is not None:
+            return self._policy
+        from harnessrl.models.engine_config import EngineConfig
+        from harnessrl.models.hf import HFPolicy
+
+        try:
+            self._policy = HFPolicy(
+                model, tokenizer, name="trl-model", max_batch=self.max_in_flight, engine=EngineConfig.from_env()
+            )
+        except ValueError as e:
+            raise HarnessRolloutError(f"harnessrl's engine cannot generate with this model: {e}") from None
+        return self._policy
+
     # ------------------------------------------------------------------------------ the callback's
+    def evaluate(self, model, tokenizer, step: int, output_dir: str, temperature: float) -> TrainEval:
+        """The trained and the held-out harnesses on the first eval_tasks tasks of eval_split,
+        eval_attempts attempts each, with the weights as they are (harnessrl.train.held_out); the
+        record is appended to OUTPUT_DIR/harnessrl/eval.jsonl. The first evaluation of a run (step
+        0: the base weights) is the base the later ones pair with."""
+        from harnessrl.executors import LocalExecutor
+        from harnessrl.rollout import Runner
+        from harnessrl.rundir import append_jsonl
+
+        base = getattr(model, "get_base_model", None)
+        policy = self._ensure_policy(base() if callable(base) else model, getattr(tokenizer, "tokenizer", tokenizer))
+        policy.clear_cache()
+        try:
+            tasks = self.suite.tasks(self.eval_split, self.eval_tasks)
+        except ValueError as e:
+            raise HarnessRolloutError(f"eval_split/eval_tasks: {e}") from None
+        seed = sampling_seed(self.seed, step, "eval")
+        temperature = self.eval_temperature if self.eval_temperature is not None else temperature
+        runner = Runner(
+            policy.with_sampling(SamplingParams(temperature=temperature, top_p=1.0, seed=seed), name="trl-model"),
+            SamplingParams(temperature=temperature, top_p=1.0, seed=seed),
+            max_in_flight=self.max_in_flight,
+            max_retries=self.retries,
+            progress=False,
+            executor=self.executor if self.executor is not None else LocalExecutor(),
+        )
+        record = run_evaluation(
+            runner, tasks, self.specs, self.eval_specs, step=step, attempts=self.eval_attempts, base=self._base_eval
+        )
+        if self._base_eval is None:
+            self._base_eval = record
+        folder = Path(output_dir) / RECORD_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        append_jsonl(folder / "eval.jsonl", record.model_dump())
+        return record
+
+    def resume_evaluations(self, output_dir: str, global_step: int) -> None:
+        """A resumed run: evaluations after the checkpoint go (they are made again); the base is read back."""
+        from harnessrl.rundir import truncate_jsonl
+
+        path = Path(output_dir) / RECORD_FOLDER / "eval.jsonl"
+        truncate_jsonl(path, global_step)
+        self._base_eval = first_evaluation(path)
+
     def observe_batch(self, output_dir: str, is_main: bool, global_step: int) -> None:
         """The callback, at the last optimizer step of a batch: the scheduler observes it; rank 0
         appends its line to steps.jsonl."""
