@@ -14,6 +14,7 @@ episode-as-one-sequence rules on hand-made trajectories.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from pathlib import Path
@@ -119,7 +120,7 @@ def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS):
     )
     trainer = GRPOTrainer(
         model=tiny_random_model(),
-        processing_class=load_tokenizer(),
+        processing_class=copy.deepcopy(load_tokenizer()),  # TRL may set its pad token: not the shared one
         args=args,
         train_dataset=rollout.dataset("train"),
         reward_funcs=rollout.reward,
@@ -307,9 +308,13 @@ def test_a_trained_harness_cannot_be_held_out():
 def test_a_history_window_harness_is_refused_in_words():
     from harnessrl.integrations.trl import HarnessRollout, HarnessRolloutError
 
-    windowed = shrink("json-tools", history_window=2)
-    with pytest.raises(HarnessRolloutError, match="history window of 2 exchanges.*harnessrl train grpo"):
+    windowed = shrink("json-tools", history_window=2, max_steps=4)
+    with pytest.raises(HarnessRolloutError, match="history_window = 2 below its max_steps.*harnessrl train"):
         HarnessRollout(TextScore(), [SPECS[0], windowed])
+    elided = shrink("json-tools", observation_window=1, max_steps=4)
+    with pytest.raises(HarnessRolloutError, match="observation_window = 1 below"):
+        HarnessRollout(TextScore(), [SPECS[0], elided])
+    HarnessRollout(TextScore(), [SPECS[0], shrink("json-tools", history_window=4, max_steps=4)])  # never acts
 
 
 def fake_args(**overrides):

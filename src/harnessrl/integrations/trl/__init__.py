@@ -2,7 +2,7 @@
 
 from harnessrl.integrations.trl import HarnessRollout
 
-rollout = HarnessRollout("toolcalc", ["json-tools", "react", "code-act"], scheduler="harness-bandit")
+rollout = HarnessRollout("toolcalc", ["json-tools", "react", "plan-execute"], scheduler="harness-bandit")
 trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=rollout.dataset("train"),
                       reward_funcs=rollout.reward, rollout_func=rollout, callbacks=[rollout.callback])
 

@@ -1,6 +1,6 @@
 """HarnessRollout: TRL's `rollout_func` that plays every prompt as a whole harnessrl episode.
 
-    rollout = HarnessRollout("toolcalc", ["json-tools", "react", "code-act"], scheduler="harness-bandit")
+    rollout = HarnessRollout("toolcalc", ["json-tools", "react", "plan-execute"], scheduler="harness-bandit")
     trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=rollout.dataset("train"),
                           reward_funcs=rollout.reward, rollout_func=rollout, callbacks=[rollout.callback],
                           peft_config=LoraConfig(...))
@@ -42,6 +42,7 @@ every process to hold the whole gradient). Each is refused with an error saying 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -379,6 +380,12 @@ class HarnessRollout:
         )
         if self._base_eval is None:
             self._base_eval = record
+        scores = "  ".join(
+            f"{h}{' (held out)' if v.held_out else ''} {v.mean_score:.3f}"
+            for h, v in record.harnesses.items()
+            if v.mean_score is not None
+        )
+        print(f"[harnessrl] eval at step {step} ({record.seconds:.0f} s): {scores}", file=sys.stderr, flush=True)
         folder = Path(output_dir) / RECORD_FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         append_jsonl(folder / "eval.jsonl", record.model_dump())
@@ -433,15 +440,22 @@ class HarnessRollout:
 
 
 def check_prefix_chain(spec: AnyHarnessSpec) -> None:
-    """Refuse a harness whose calls are not prefixes of one another by design (a history window
-    drops old turns from every later prompt): one TRL completion cannot hold its episodes."""
-    if isinstance(spec, HarnessSpec) and spec.rules.history_window is not None:
-        raise HarnessRolloutError(
-            f"harness {spec.name!r} keeps a history window of {spec.rules.history_window} exchanges, so its later "
-            "prompts drop earlier turns and an episode is not one token sequence the model saw; TRL's rollout_func "
-            "takes one completion per episode. Train this harness with `harnessrl train grpo` (one training unit "
-            "per model call), or remove rules.history_window from its spec"
-        )
+    """Refuse a harness whose calls are not prefixes of one another by design: a history window
+    (or an observation window) shorter than its step budget drops (or elides) old turns from later
+    prompts, so one TRL completion cannot hold its episodes. A window no shorter than max_steps
+    never acts and is accepted."""
+    if not isinstance(spec, HarnessSpec):
+        return
+    rules = spec.rules
+    for name, window in (("history_window", rules.history_window), ("observation_window", rules.observation_window)):
+        if window is not None and window < rules.max_steps:
+            raise HarnessRolloutError(
+                f"harness {spec.name!r} has rules.{name} = {window} below its max_steps ({rules.max_steps}), so its "
+                "later prompts drop or elide earlier turns and an episode is not one token sequence the model saw; "
+                "TRL's rollout_func takes one completion per episode. Train this harness with `harnessrl train "
+                f"grpo` (one training unit per model call), or set rules.{name} to null (or max_steps to {window} or "
+                "fewer) in its spec"
+            )
 
 
 def _batch_facts(

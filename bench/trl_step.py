@@ -1,0 +1,153 @@
+"""One GRPO step of the same workload in TRL's GRPOTrainer (with harnessrl.integrations.trl) and in
+`harnessrl train grpo`: seconds per phase and tokens.
+
+    .venv/bin/python bench/trl_step.py [--repeats 2] [--record]
+
+The workload, the same in both: the embedded SmolLM2-135M (float32, CPU), toolcalc's first 4 train
+tasks x 2 attempts (one GRPO group per task) through json-tools (its own step budget), temperature
+0.7, LoRA r=16 on q/k/v/o (alpha 32), AdamW lr 1e-4, one optimizer step. The two trainers draw
+their own sampling seeds (TRL's batch and harnessrl's step number into the same function, with
+other attempt numbers), so the episodes differ and the step's seconds per completion token are
+the comparable figure. The runs alternate (TRL, ours, TRL, ours, ...) and medians are reported.
+
+Phases: rollout (the episodes, both through harnessrl's engine on the model being trained) and
+update (everything else of the step: for TRL its reward and advantage bookkeeping, the forward of
+every episode's whole sequence and the backward, the optimizer; for ours the forward and backward
+of the packed per-call rows, the gradient sketch and the optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "trl"))
+
+TASKS, GROUP, HARNESS = 4, 2, "json-tools"
+
+
+def trl_step(out: Path) -> dict:
+    from train_toolcalc import build_trainer, parse_args
+    from transformers import TrainerCallback
+
+    args = parse_args(
+        [
+            "--harnesses", HARNESS, "--scheduler", f"single:{HARNESS}", "--steps", "1",
+            "--per-device-batch", str(TASKS * GROUP), "--num-generations", str(GROUP),
+            "--temperature", "0.7", "--lr", "1e-4", "--lora-r", "16", "--out", str(out),
+            "--train-tasks", str(TASKS),
+        ]
+    )  # fmt: skip
+    trainer, rollout = build_trainer(args)  # exactly the 4 tasks: one batch holds them all
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.seconds = time.perf_counter() - self.start
+
+    clock = StepClock()
+    trainer.add_callback(clock)
+    trainer.train()
+    step = json.loads((out / "harnessrl" / "steps.jsonl").read_text().splitlines()[0])
+    return {
+        "total_s": clock.seconds,
+        "rollout_s": step["rollout_s"],
+        "update_s": clock.seconds - step["rollout_s"],
+        "completion_tokens": step["model_tokens"],
+        "trained_tokens": step["model_tokens_kept"],
+        "episodes": step["episodes"],
+        "reward_mean": step["reward_mean"],
+    }
+
+
+def ours_step(out: Path) -> dict:
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.tasks import get_suite
+    from harnessrl.train.trainer import TrainConfig, Trainer
+
+    suite = get_suite("toolcalc")
+    suite.split_sizes = {**suite.split_sizes, "train": TASKS}  # the first 4 train tasks, each step all of them
+    config = TrainConfig(
+        model="smollm2-135m",
+        device="cpu",
+        harnesses=[HARNESS],
+        scheduler=f"single:{HARNESS}",
+        steps=1,
+        tasks_per_step=TASKS,
+        group_size=GROUP,
+        temperature=0.7,
+        lr=1e-4,
+        lora_r=16,
+        lora_alpha=32,
+    )
+    Trainer(config, out, suite=suite, specs=[load_harness(HARNESS)], progress=False).run()
+    r = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    t = r["time"]
+    return {
+        "total_s": t["total"],
+        "rollout_s": t["rollout"],
+        "update_s": t["total"] - t["rollout"],
+        "completion_tokens": r["completion_tokens"],
+        "trained_tokens": r["completion_tokens"],
+        "episodes": r["episodes"],
+        "reward_mean": r["reward_mean"],
+    }
+
+
+def median_row(name: str, runs: list[dict]) -> dict:
+    med = {k: statistics.median(r[k] for r in runs) for k in ("total_s", "rollout_s", "update_s")}
+    tokens = statistics.median(r["completion_tokens"] for r in runs)
+    per_token = statistics.median(r["total_s"] / max(1, r["completion_tokens"]) for r in runs)
+    update_per_token = statistics.median(r["update_s"] / max(1, r["trained_tokens"]) for r in runs)
+    return {
+        "trainer": name,
+        "step s (median)": round(med["total_s"], 1),
+        "rollout s": round(med["rollout_s"], 1),
+        "update s": round(med["update_s"], 1),
+        "completion tokens": int(tokens),
+        "s per completion token": round(per_token, 4),
+        "update s per trained token": round(update_per_token, 4),
+        "runs": len(runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--record", action="store_true")
+    args = p.parse_args(argv)
+    import torch
+
+    runs: dict[str, list[dict]] = {"TRL 1.16 GRPOTrainer + harnessrl.integrations.trl": [], "harnessrl train grpo": []}
+    with tempfile.TemporaryDirectory(prefix="trl-step-") as tmp:
+        for i in range(args.repeats):
+            for name, fn in zip(runs, (trl_step, ours_step)):
+                r = fn(Path(tmp) / f"{i}-{len(runs[name])}-{fn.__name__}")
+                print(name, json.dumps(r), flush=True)
+                runs[name].append(r)
+    rows = [median_row(name, r) for name, r in runs.items()]
+    trl_row, ours_row = rows
+    ratio = trl_row["s per completion token"] / ours_row["s per completion token"]
+    result = {"runs": runs, "torch_threads": torch.get_num_threads(), "trl_over_ours_per_token": round(ratio, 2)}
+    for row in rows:
+        print(json.dumps(row))
+    print(f"TRL / harnessrl, seconds per completion token: {ratio:.2f}x")
+    if args.record:
+        from results import record_run
+
+        record_run("trl_step", rows, results=result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
