@@ -151,6 +151,9 @@ def test_every_batch_is_played_by_the_harness_the_scheduler_chose(full_run):
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert [r["harness"] for r in records] == [p.harness for p in history]
     assert all(r["optimizer_steps"] == 1 for r in records)
+    # the history continues the sampled tokens: every episode is one sequence, every turn trained
+    assert all(r["prefix_breaks"] == 0 and r["turns_kept"] == r["turns"] for r in records)
+    assert sum(r["turns"] for r in records) > STEPS * 4, "plan-execute played episodes of two turns"
 
 
 def test_the_scheduler_observed_advantages_and_a_nonzero_sketch(full_run):
@@ -199,6 +202,7 @@ def test_completions_and_masks_are_what_our_runner_records_for_the_same_seeds(fu
     suite = TextScore()
     spec = {s.name: s for s in SPECS}[plan.harness]
     policy = HFPolicy(tiny_random_model(), load_tokenizer(), name="tiny-random")
+    policy.sampled_history = True  # as HarnessRollout's policy
     task_ids = [full_run.rollout.task(p).id for p in full_run.recording.prompts[0]]
     # batch 0, group g, row j: attempt (0 * groups + g) * 2 + j, which is the row's index
     jobs = [Job(suite.task(t), spec, attempt=i) for i, t in enumerate(task_ids)]
@@ -228,10 +232,8 @@ def test_a_two_turn_episode_holds_the_harness_tokens_under_env_mask_zero(full_ru
     two_turns = [t for t in episodes if t.harness == "plan-execute" and len(t.steps) == 2]
     assert two_turns, "plan-execute played two turns"
     for traj in two_turns:
-        seq = episode_sequence(traj)
+        seq = episode_sequence(traj, on_break="error")
         first, second = (s.model_call for s in traj.steps)
-        if seq.broken:
-            continue
         assert seq.env_mask.count(1) == len(first.completion_ids) + len(second.completion_ids)
         assert 0 in seq.env_mask and seq.env_mask[0] == 1 and seq.env_mask[-1] == 1
         assert seq.prompt_ids + seq.completion_ids == second.prompt_ids + second.completion_ids

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from harnessrl.harness import rules as R
 from harnessrl.harness.protocols import Protocol, get_protocol, read_reply
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.models.base import GenerationRequest
+from harnessrl.models.base import GenerationRequest, SampledPrefix
 from harnessrl.tasks.base import Environment, Task, Tool, ToolBlocked, ToolFailed, ToolOutput, validate_arguments
 from harnessrl.tasks.sandbox_exec import ExecLimits
 from harnessrl.tasks.shell import shell_tool
@@ -75,6 +75,7 @@ class Episode:
         self.ledger: list[str] = []  # capabilities.ledger: one line per tool call so far
         self.checkpoint_done = False  # rules.submit_checkpoint fires once per episode
         self._helper_inner: list[InnerCall] = []  # the calls of the helper tool that ran last
+        self._last_messages: list[Message] | None = None  # the messages of the last request (_sampled_prefix)
         self.done = False
         self.termination: Termination | None = None
         self.detail = ""
@@ -205,13 +206,32 @@ class Episode:
         max_new = self.rules.max_new_tokens
         if self.rules.max_total_tokens is not None:
             max_new = max(1, min(max_new, self.rules.max_total_tokens - self.completion_tokens))
+        messages = self.messages()
+        prefix = self._sampled_prefix(messages)
+        self._last_messages = messages
         return GenerationRequest(
-            messages=self.messages(),
+            messages=messages,
             max_new_tokens=max_new,
             stop=[] if self.needs_plan else self.protocol.stop_strings(),
             tools=self.schemas,
             native_tools=self.spec.protocol.native_tools,
+            sampled_prefix=prefix,
         )
+
+    def _sampled_prefix(self, messages: list[Message]) -> SampledPrefix | None:
+        """The previous call's tokens, where `messages` are the previous request's messages, then
+        the assistant's reply to them, then new ones (no history window or elision acted): a
+        policy may continue from the tokens as sampled instead of re-rendering the reply's text."""
+        last = self._last_messages
+        if not self.steps or last is None:
+            return None
+        call = self.steps[-1].model_call
+        n = len(last)
+        if not call.completion_ids or not call.prompt_ids or len(messages) <= n + 1 or messages[:n] != last:
+            return None
+        if messages[n].role != "assistant" or messages[n].tool_calls:
+            return None
+        return SampledPrefix(ids=[*call.prompt_ids, *call.completion_ids], messages=n + 1)
 
     # -- acting -----------------------------------------------------------------------------------
     @property

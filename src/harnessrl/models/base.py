@@ -37,6 +37,19 @@ class SamplingParams(BaseModel):
     seed: int = 0
 
 
+class SampledPrefix(BaseModel):
+    """The conversation so far as the model sampled it: the previous call's prompt ids and
+    completion ids, and how many of the request's messages they stand for (the previous request's
+    messages and the assistant reply to them). A policy that renders prompts itself may continue
+    from these ids instead of re-rendering that history from its text (`HFPolicy.sampled_history`),
+    so every call's prompt extends the previous call's tokens; any other policy ignores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[int]
+    messages: int = Field(ge=1)
+
+
 class GenerationRequest(BaseModel):
     """One pending model call of one episode."""
 
@@ -51,6 +64,8 @@ class GenerationRequest(BaseModel):
     # this request's own sampling seed (the runner sets it with `request_seed`); None: the
     # backend derives one from SamplingParams.seed and its own call counter
     seed: int | None = Field(None, ge=0, lt=2**64)
+    # the history as sampled, where the harness's messages extend the previous request's by its reply
+    sampled_prefix: SampledPrefix | None = None
 
 
 def request_seed(run_seed: int, task_id: str, attempt: int, turn: int) -> int:

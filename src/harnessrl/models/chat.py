@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from harnessrl.models.base import SampledPrefix
 from harnessrl.types import Message, ToolSchema
 
 ToolRole = Literal["user", "tool"]
@@ -125,6 +126,18 @@ def render_prompt(
     tools: Sequence[ToolSchema] | None = None,
 ) -> str:
     """The prompt text, ending with the assistant generation header."""
+    return render_conversation(tokenizer, messages, tool_role, tools, generation_prompt=True)
+
+
+def render_conversation(
+    tokenizer,
+    messages: Sequence[Message],
+    tool_role: ToolRole = "user",
+    tools: Sequence[ToolSchema] | None = None,
+    *,
+    generation_prompt: bool,
+) -> str:
+    """The conversation's text; with `generation_prompt`, ending with the assistant generation header."""
     if not messages:
         raise ValueError("cannot render an empty conversation")
     kwargs = {}
@@ -137,7 +150,7 @@ def render_prompt(
         ]
     wrapped = template_wraps_tool_results(tokenizer, tool_role)
     chat = to_template_messages(messages, tool_role, wrapped, "tool_calls" in _template_text(tokenizer))
-    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
+    return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
 
 
 def render_prompt_ids(
@@ -148,6 +161,55 @@ def render_prompt_ids(
 ) -> list[int]:
     text = render_prompt(tokenizer, messages, tool_role, tools)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+_REPLY_MARK = "\x00harnessrl-reply\x00"  # stands for a reply's content, to find the markup after it
+
+
+def continue_prompt_ids(
+    tokenizer,
+    prefix: SampledPrefix,
+    messages: Sequence[Message],
+    stop_ids: Sequence[int],
+    tool_role: ToolRole = "user",
+    tools: Sequence[ToolSchema] | None = None,
+) -> list[int] | None:
+    """The prompt ids of `messages` that continue the tokens the model sampled: `prefix.ids` (the
+    previous prompt and its completion, standing for `messages[:prefix.messages]`, the last of
+    them the reply), then the template's markup after a reply and the rendering of the new
+    messages, tokenized. The reply's tokens stay as they were sampled, whatever the template
+    would make of its text (a trimmed space, another split into tokens), so the prompt begins
+    with the previous call's prompt and completion, token for token.
+
+    None where the template cannot be continued that way: it renders the earlier turns
+    differently once more follow (the conversation rendered up to the reply is not the start of
+    the whole one), or the markup it puts after a reply does not begin with the sampled
+    end-of-turn token. The caller then renders the whole conversation as usual."""
+    n = prefix.messages
+    if n >= len(messages) or messages[n - 1].role != "assistant" or not prefix.ids:
+        return None
+    full = render_conversation(tokenizer, messages, tool_role, tools, generation_prompt=True)
+    head = render_conversation(tokenizer, messages[:n], tool_role, tools, generation_prompt=False)
+    marked = render_conversation(
+        tokenizer,
+        [*messages[: n - 1], Message(role="assistant", content=_REPLY_MARK)],
+        tool_role,
+        tools,
+        generation_prompt=False,
+    )
+    at = marked.find(_REPLY_MARK)
+    if not full.startswith(head) or at < 0:
+        return None
+    after_reply = marked[at + len(_REPLY_MARK) :]
+    if not head.endswith(after_reply):
+        return None
+    tail = after_reply + full[len(head) :]
+    if prefix.ids[-1] in stop_ids:  # the reply ended with its end-of-turn token: the markup begins with it
+        sampled_end = tokenizer.decode([prefix.ids[-1]], skip_special_tokens=False)
+        if not tail.startswith(sampled_end):
+            return None
+        tail = tail[len(sampled_end) :]
+    return [*prefix.ids, *tokenizer(tail, add_special_tokens=False)["input_ids"]]
 
 
 def decode(tokenizer, ids: Sequence[int]) -> str:

@@ -179,6 +179,11 @@ class HFPolicy(Policy):
         self._calls_lock = threading.Lock()
         self.max_concurrency = max_batch
         self.quantization: dict | None = None  # what `quantize_int8` did, if it ran
+        # continue each episode's prompts from the tokens as sampled (`prompt_ids`): every call's
+        # prompt then extends the previous call's prompt and completion, which trainers that take an
+        # episode as one sequence need (harnessrl.train.episode_sequence); off: the history is
+        # rendered from the messages' text, as a server that takes messages would
+        self.sampled_history = False
         self._slot = _EngineSlot(model, self.stop_ids, max_batch, cache_budget_tokens, engine)
 
     @property
@@ -383,6 +388,15 @@ class HFPolicy(Policy):
     # ---------------------------------------------------------------------------- prompts
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt: its conversation rendered by the chat template, or, with
+        `sampled_history` and a request that carries the previous call's tokens, those tokens as
+        sampled followed by the rendering of the new messages (chat.continue_prompt_ids)."""
+        if self.sampled_history and request.sampled_prefix is not None:
+            ids = chat.continue_prompt_ids(
+                self.tokenizer, request.sampled_prefix, request.messages, self.stop_ids, self.tool_role, request.tools
+            )
+            if ids is not None:
+                return ids
         return chat.render_prompt_ids(self.tokenizer, request.messages, self.tool_role, request.tools)
 
     def decode(self, ids: Sequence[int]) -> str:

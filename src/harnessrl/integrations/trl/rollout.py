@@ -100,8 +100,11 @@ class HarnessRollout:
 
     suite: a suite name or object. harnesses: built-in names, spec files or specs (unique names).
     scheduler / scheduler_options / seed: as `harnessrl train grpo` (`make_scheduler`). sketch_dim /
-    sketch_kind: the GradientSketch. on_prefix_break: "truncate" (train the turns before a prefix
-    break, count the rest) or "error" (harnessrl.train.episode_sequence). max_in_flight / retries:
+    sketch_kind: the GradientSketch. sampled_history: each call's prompt continues the tokens the
+    model sampled (HFPolicy.sampled_history), so an episode's calls extend one another; False
+    renders the history from its text, as `harnessrl eval` does. on_prefix_break: "truncate"
+    (train the turns before a prefix break, count the rest) or "error"
+    (harnessrl.train.episode_sequence). max_in_flight / retries:
     the runner's. executor: where environments and graders run (default in process).
     """
 
@@ -116,6 +119,7 @@ class HarnessRollout:
         sketch_dim: int = 512,
         sketch_kind: str = "countsketch",
         on_prefix_break: OnBreak = "truncate",
+        sampled_history: bool = True,
         max_in_flight: int = 16,
         retries: int = 2,
         executor=None,
@@ -167,6 +171,7 @@ class HarnessRollout:
         self.schedule = HarnessSchedule(chosen, sketcher)
         self.seed = seed
         self.on_prefix_break: OnBreak = on_prefix_break
+        self.sampled_history = sampled_history
         self.max_in_flight = max_in_flight
         self.retries = retries
         self.executor = executor
@@ -346,6 +351,7 @@ class HarnessRollout:
             )
         except ValueError as e:
             raise HarnessRolloutError(f"harnessrl's engine cannot generate with this model: {e}") from None
+        self._policy.sampled_history = self.sampled_history
         return self._policy
 
     # ------------------------------------------------------------------------------ the callback's
