@@ -4,7 +4,7 @@
     .venv/bin/python bench/trl_step.py [--repeats 2] [--record]
 
 The workload, the same in both: the embedded SmolLM2-135M (float32, CPU), toolcalc's first 4 train
-tasks x 2 attempts (one GRPO group per task) through json-tools (its own step budget), temperature
+tasks x 2 attempts (one GRPO group per task) through json-tools (at most 4 model calls), temperature
 0.7, LoRA r=16 on q/k/v/o (alpha 32), AdamW lr 1e-4, one optimizer step. The two trainers draw
 their own sampling seeds (TRL's batch and harnessrl's step number into the same function, with
 other attempt numbers), so the episodes differ and the step's seconds per completion token are
@@ -31,7 +31,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "trl"))
 
-TASKS, GROUP, HARNESS = 4, 2, "json-tools"
+TASKS, GROUP, HARNESS, MAX_STEPS = 4, 2, "json-tools", 4
 
 
 def trl_step(out: Path) -> dict:
@@ -43,7 +43,7 @@ def trl_step(out: Path) -> dict:
             "--harnesses", HARNESS, "--scheduler", f"single:{HARNESS}", "--steps", "1",
             "--per-device-batch", str(TASKS * GROUP), "--num-generations", str(GROUP),
             "--temperature", "0.7", "--lr", "1e-4", "--lora-r", "16", "--out", str(out),
-            "--train-tasks", str(TASKS),
+            "--train-tasks", str(TASKS), "--max-steps-per-episode", str(MAX_STEPS),
         ]
     )  # fmt: skip
     trainer, rollout = build_trainer(args)  # exactly the 4 tasks: one batch holds them all
@@ -71,7 +71,8 @@ def trl_step(out: Path) -> dict:
 
 
 def ours_step(out: Path) -> dict:
-    from harnessrl.harness.registry import load_harness
+    from train_toolcalc import harness_specs
+
     from harnessrl.tasks import get_suite
     from harnessrl.train.trainer import TrainConfig, Trainer
 
@@ -90,7 +91,7 @@ def ours_step(out: Path) -> dict:
         lora_r=16,
         lora_alpha=32,
     )
-    Trainer(config, out, suite=suite, specs=[load_harness(HARNESS)], progress=False).run()
+    Trainer(config, out, suite=suite, specs=harness_specs(HARNESS, MAX_STEPS), progress=False).run()
     r = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     t = r["time"]
     return {

@@ -92,20 +92,20 @@ EVAL = dict(eval_harnesses=[HELD_OUT], eval_every=2, eval_tasks=2, eval_attempts
 def make_rollout(**options):
     from harnessrl.integrations.trl import HarnessRollout
 
-    options = {**EVAL, **options}
-    return HarnessRollout(TextScore(), SPECS, scheduler="harness-bandit", seed=0, max_in_flight=4, **options)
+    options = {"scheduler": "harness-bandit", **EVAL, **options}
+    return HarnessRollout(TextScore(), SPECS, seed=0, max_in_flight=4, **options)
 
 
-def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS):
+def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, **config):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
     from harnessrl.models.embedded import load_tokenizer, tiny_random_model
 
     recording = Recording(rollout)
+    config = {"per_device_train_batch_size": 4, **config}
     args = GRPOConfig(
         output_dir=str(out),
-        per_device_train_batch_size=4,
         num_generations=2,
         max_steps=steps,
         learning_rate=5e-3,
@@ -117,6 +117,7 @@ def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS):
         temperature=1.0,
         seed=0,
         disable_tqdm=True,
+        **config,
     )
     trainer = GRPOTrainer(
         model=tiny_random_model(),
@@ -270,6 +271,82 @@ def test_resuming_a_checkpoint_without_the_schedule_is_refused(full_run, tmp_pat
     (out / "checkpoint-2" / "harnessrl_schedule.json").unlink()
     with pytest.raises(HarnessRolloutError, match="scheduler's state cannot be restored"):
         train(out, make_rollout(), resume=str(out / "checkpoint-2"))
+
+
+def test_a_mixture_spreads_one_batchs_groups_over_the_harnesses(tmp_path):
+    """ratio:1,1 over 2 groups: each group's 2 rows through its own harness, observed once per harness."""
+    rollout = make_rollout(scheduler="ratio:plan-execute=1,json-tools=1", eval_harnesses=[], eval_every=0)
+    _, recording = train(tmp_path / "mixed", rollout, steps=1)
+    (out,) = recording.outputs
+    assert out["harnessrl_harness"][:2] == ["plan-execute"] * 2 and out["harnessrl_harness"][2:] == ["json-tools"] * 2
+    (record,) = lines(tmp_path / "mixed" / "harnessrl" / "steps.jsonl")
+    assert record["harness"] == "mixed" and record["shares"] == {"plan-execute": 0.5, "json-tools": 0.5}
+
+
+def test_the_harness_metrics_reach_trls_log(full_run):
+    logged = [entry for entry in full_run.trainer.state.log_history if "loss" in entry]
+    assert len(logged) == STEPS
+    for entry, plan in zip(logged, full_run.rollout.history):
+        assert entry[f"harnessrl/selected/{plan.harness}"] == 1.0
+        assert entry["harnessrl/probability/plan-execute"] + entry["harnessrl/probability/json-tools"] == pytest.approx(
+            1
+        )
+        assert "harnessrl/learnability" in entry and f"harnessrl/reward/{plan.harness}" in entry
+        assert entry["harnessrl/untrained_token_frac"] == 0.0
+
+
+def test_several_optimizer_steps_on_one_batch_are_one_observation(tmp_path):
+    """steps_per_generation=2 with no accumulation: each batch takes 2 optimizer steps; their
+    sketches are summed and the scheduler observes the batch once, after the second."""
+    rollout = make_rollout(eval_harnesses=[], eval_every=0)
+    _, recording = train(tmp_path / "two", rollout, steps=4, per_device_train_batch_size=2, steps_per_generation=2)
+    assert [p.batch for p in rollout.history] == [0, 1]
+    records = lines(tmp_path / "two" / "harnessrl" / "steps.jsonl")
+    assert [(r["step"], r["optimizer_steps"]) for r in records] == [(2, 2), (4, 2)]
+    assert rollout.schedule.batches_observed == 2
+
+
+def test_a_mixing_setup_is_refused_before_the_first_step(tmp_path):
+    from harnessrl.integrations.trl import TRLSetupError
+
+    with pytest.raises(TRLSetupError, match="mixes two generation batches"):
+        train(
+            tmp_path / "mix",
+            make_rollout(eval_harnesses=[], eval_every=0),
+            steps=2,
+            gradient_accumulation_steps=2,
+            per_device_train_batch_size=2,
+            steps_per_generation=1,
+        )
+
+
+class CrashingGrader(TextScore):
+    """Every other task's grader crashes: those episodes are infrastructure errors."""
+
+    def families(self):
+        say = super().families()["say"]
+
+        def flaky(rng):
+            task = say(rng)
+            if task["data"]["n"] % 2:
+                task["check"] = lambda env: 1 / 0
+            return task
+
+        return {"say": flaky}
+
+
+def test_infrastructure_errors_are_left_out_and_the_run_goes_on(tmp_path):
+    from harnessrl.integrations.trl import HarnessRollout
+
+    rollout = HarnessRollout(CrashingGrader(), SPECS, seed=0, max_in_flight=4, retries=0)
+    _, recording = train(tmp_path / "crash", rollout, steps=2)
+    records = lines(tmp_path / "crash" / "harnessrl" / "steps.jsonl")
+    assert sum(r["infra_errors"] for r in records) > 0
+    for out in recording.outputs:
+        for score, mask in zip(out["harnessrl_score"], out["env_mask"]):
+            if score is None:
+                assert mask == [0]  # one masked token: nothing of it is trained
+    assert len(records) == 2
 
 
 def test_a_held_out_harness_is_evaluated_and_reported_apart(full_run):
