@@ -8,7 +8,10 @@ tasks x 2 attempts (one GRPO group per task) through json-tools (at most 4 model
 0.7, LoRA r=16 on q/k/v/o (alpha 32), AdamW lr 1e-4, one optimizer step. The two trainers draw
 their own sampling seeds (TRL's batch and harnessrl's step number into the same function, with
 other attempt numbers), so the episodes differ and the step's seconds per completion token are
-the comparable figure. The runs alternate (TRL, ours, TRL, ours, ...) and medians are reported.
+the comparable figure. The runs alternate (TRL, ours, TRL, ours, ...) and medians are reported. Timing only: a
+group whose episodes all scored alike (nearly all of them: the embedded model passes almost no
+toolcalc task) is given advantages +-1 in both trainers, so both run their backward pass and
+optimizer step.
 
 Phases: rollout (the episodes, both through harnessrl's engine on the model being trained) and
 update (everything else of the step: for TRL its reward and advantage bookkeeping, the forward of
@@ -32,21 +35,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "trl"))
 
 TASKS, GROUP, HARNESS, MAX_STEPS = 4, 2, "json-tools", 4
+ROWS = 2  # TRL's micro-batch: 2 episodes per forward and backward, 4 of them per optimizer step
 
 
-def trl_step(out: Path) -> dict:
+def forced(scores: list, group: int) -> list:
+    """Timing only: a group whose scores are all equal gets 1, 0, 1, 0, ... (advantages +-1), so
+    every step of both trainers runs its backward pass and optimizer step (the embedded model
+    passes almost no toolcalc task, and a flat batch skips our update but not TRL's)."""
+    out = list(scores)
+    for start in range(0, len(out), group):
+        chunk = out[start : start + group]
+        if None not in chunk and len(set(chunk)) == 1:
+            out[start : start + group] = [float(i % 2 == 0) for i in range(len(chunk))]
+    return out
+
+
+def force_our_advantages() -> None:
+    """The same for `harnessrl train grpo`: a flat group's advantages become +1, -1, +1, ..."""
+    import torch
+
+    from harnessrl.train import step
+
+    real = step.group_advantages
+
+    def group_advantages(rewards, scale=True, eps=1e-6):
+        A = real(rewards, scale=scale, eps=eps)
+        if torch.all(A == 0):
+            A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
+        return A
+
+    step.group_advantages = group_advantages
+
+
+def trl_step(out: Path, gradient_checkpointing: bool = True) -> dict:
     from train_toolcalc import build_trainer, parse_args
     from transformers import TrainerCallback
 
     args = parse_args(
         [
             "--harnesses", HARNESS, "--scheduler", f"single:{HARNESS}", "--steps", "1",
-            "--per-device-batch", str(TASKS * GROUP), "--num-generations", str(GROUP),
+            "--per-device-batch", str(ROWS), "--gradient-accumulation", str(TASKS * GROUP // ROWS),
+            "--num-generations", str(GROUP),
             "--temperature", "0.7", "--lr", "1e-4", "--lora-r", "16", "--out", str(out),
             "--train-tasks", str(TASKS), "--max-steps-per-episode", str(MAX_STEPS),
+            "--gradient-checkpointing" if gradient_checkpointing else "--no-gradient-checkpointing",
         ]
     )  # fmt: skip
     trainer, rollout = build_trainer(args)  # exactly the 4 tasks: one batch holds them all
+    reward = rollout.reward
+
+    def forced_reward(*a, harnessrl_score=None, **k):
+        return forced(reward(*a, harnessrl_score=harnessrl_score, **k), GROUP)
+
+    forced_reward.__name__ = "harnessrl"
+    trainer.reward_funcs = [forced_reward]
+    rollout.reward = forced_reward  # (HarnessRollout checks that its reward is the trainer's)
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -126,14 +169,25 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--record", action="store_true")
+    p.add_argument(
+        "--trl-gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="TRL's default (on); ours is off: --no-trl-gradient-checkpointing compares like with like",
+    )
     args = p.parse_args(argv)
     import torch
 
-    runs: dict[str, list[dict]] = {"TRL 1.16 GRPOTrainer + harnessrl.integrations.trl": [], "harnessrl train grpo": []}
+    force_our_advantages()
+
+    checkpointing = "gradient checkpointing (TRL's default)" if args.trl_gradient_checkpointing else "no checkpointing"
+    trl_name = f"TRL 1.16 GRPOTrainer + harnessrl.integrations.trl, micro-batches of {ROWS} episodes, {checkpointing}"
+    runs: dict[str, list[dict]] = {trl_name: [], "harnessrl train grpo": []}
     with tempfile.TemporaryDirectory(prefix="trl-step-") as tmp:
         for i in range(args.repeats):
-            for name, fn in zip(runs, (trl_step, ours_step)):
-                r = fn(Path(tmp) / f"{i}-{len(runs[name])}-{fn.__name__}")
+            for name in runs:
+                folder = Path(tmp) / f"{i}-{len(runs[name])}-{'trl' if name == trl_name else 'ours'}"
+                r = trl_step(folder, args.trl_gradient_checkpointing) if name == trl_name else ours_step(folder)
                 print(name, json.dumps(r), flush=True)
                 runs[name].append(r)
     rows = [median_row(name, r) for name, r in runs.items()]

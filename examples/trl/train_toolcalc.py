@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="optimizer steps (one generation batch each)")
     p.add_argument("--per-device-batch", type=int, default=4, help="rows per process and step (episodes)")
     p.add_argument("--num-generations", type=int, default=2, help="attempts per task (a GRPO group)")
+    p.add_argument(
+        "--gradient-accumulation", type=int, default=1, help="micro-batches per optimizer step (one batch's rows)"
+    )
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--lora-r", type=int, default=16)
@@ -49,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-in-flight", type=int, default=16, help="episodes in flight per process")
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute activations in the backward (TRL's default: less memory, more time)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/trl-toolcalc")
     return p.parse_args(argv)
@@ -115,6 +124,7 @@ def build_trainer(args: argparse.Namespace):
     config = GRPOConfig(
         output_dir=args.out,
         per_device_train_batch_size=args.per_device_batch,
+        gradient_accumulation_steps=args.gradient_accumulation,
         num_generations=args.num_generations,
         max_steps=args.steps,
         learning_rate=args.lr,
@@ -127,6 +137,7 @@ def build_trainer(args: argparse.Namespace):
         bf16=args.dtype == "bfloat16",
         use_cpu=not _has_gpu(),
         disable_tqdm=False,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     trainer = GRPOTrainer(
         model=model,
