@@ -349,6 +349,24 @@ def test_infrastructure_errors_are_left_out_and_the_run_goes_on(tmp_path):
     assert len(records) == 2
 
 
+def test_an_external_agent_program_trains_through_trl(tmp_path):
+    """examples/agents/minimal.yaml (an OpenAI-client program of its own, through the recording
+    endpoint) as a trained harness: its model calls are the completion, its grade the reward."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.integrations.trl import HarnessRollout
+
+    agent = load_harness(str(Path(__file__).resolve().parents[1] / "examples" / "agents" / "minimal.yaml"))
+    rollout = HarnessRollout(TextScore(), [agent, SPECS[1]], scheduler="single:minimal-agent", seed=0, max_in_flight=2)
+    _, recording = train(tmp_path / "agent", rollout, steps=1, per_device_train_batch_size=2)
+    (out,) = recording.outputs
+    assert out["harnessrl_harness"] == ["minimal-agent"] * 2
+    assert all(score is not None for score in out["harnessrl_score"]), "the agent's episodes were graded"
+    for completion, mask in zip(out["completion_ids"], out["env_mask"]):
+        assert len(completion) == len(mask) and mask[0] == 1  # its first reply is trained
+    (record,) = lines(tmp_path / "agent" / "harnessrl" / "steps.jsonl")
+    assert record["turns"] >= 2 and record["turns_kept"] >= 2
+
+
 def test_a_held_out_harness_is_evaluated_and_reported_apart(full_run):
     """react is evaluated at steps 0 (the base weights), 2 and 4, never trained on: its pass@k and
     pass^k up to k = 2 and its paired difference against step 0 are reported apart."""
