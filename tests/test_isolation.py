@@ -218,6 +218,42 @@ def test_an_agents_view_is_its_own_files_and_never_its_task_folder(tmp_path):
     assert not any(p == _HARNESSRL_SOURCE.parent or p == _HARNESSRL_SOURCE for p in python.read_only)
 
 
+def test_a_string_command_shows_what_the_same_argv_command_shows(tmp_path):
+    from harnessrl.harness.agent_view import host_paths
+
+    own = tmp_path / "agent"
+    own.mkdir()
+    (own / "agent.py").write_text("")
+    argv = host_paths(["/usr/bin/python3", str(own / "agent.py"), "--fast"])
+    string = host_paths(["/bin/sh", "-c", f"AGENT_MODE=fast /usr/bin/python3 '{own / 'agent.py'}' --fast | cat"])
+    assert own in string.read_only and set(argv.read_only) <= set(string.read_only)
+    assert host_paths(["/bin/sh", "-c", f"DATA={own} run-it"]).read_only[-1] == own  # an assignment's path
+
+
+@needs_bwrap
+def test_a_string_command_runs_its_script_in_the_sandbox(tokenizer):
+    """A documented string command (`python3 /abs/agent.py`, run by /bin/sh -c, a variable set in
+    it) sees its script under bubblewrap and makes its model call."""
+    folder = Path(tempfile.mkdtemp(prefix="harnessrl-string-agent-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)  # the sandbox's user must be able to read it
+        shutil.copy(BEHAVE, folder / "behave.py")
+        (folder / "behave.py").chmod(0o644)
+        spec = parse_spec(
+            {
+                "name": "string-agent",
+                "kind": "external",
+                "command": f"AGENT_MAX_TOKENS=8 /usr/bin/python3 {folder / 'behave.py'} ask",
+                "limits": {"wall_s": 60, "max_model_calls": 2},
+            }
+        )
+        (traj,) = run([spec], get_suite("toolcalc").tasks("dev", 1), tokenizer)
+    finally:
+        shutil.rmtree(folder)
+    assert not traj.is_infra_error, traj.infra_error
+    assert len(traj.steps) == 1 and traj.answer == "ok", (traj.termination, traj.termination_detail)
+
+
 def test_openclaw_example_names_its_installed_files():
     spec = load_spec(ROOT / "examples" / "agents" / "openclaw.yaml")
     assert isinstance(spec, ExternalHarnessSpec) and spec.read_only == [str(ROOT / ".agents")]

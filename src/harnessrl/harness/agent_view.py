@@ -73,7 +73,8 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
     """What of this machine an agent program sees read-only besides the system (the rule of
     docs/external-harness.md, "What the agent sees"): its own installed files.
 
-    - every absolute path of its command line: a folder as it is; a file with its folder (a
+    - every absolute path of its command line (inside a string command too: `command_words`):
+      a folder as it is; a file with its folder (a
       script's config next to it), or, for a file inside a Python environment (a folder holding
       `pyvenv.cfg`), that whole environment; a symlink also brings its target the same way;
     - `extra` (the spec's `read_only`), as given;
@@ -86,7 +87,8 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
     is never shown whole: of a command file in it, only the file. A `read_only` path holding one
     is refused (ValueError), as it would show the agent its grader."""
     shown: list[Path] = []
-    for word in argv:
+    words = command_words(argv)
+    for word in words:
         if not word.startswith("/") or not os.path.exists(word):
             continue
         for path in dict.fromkeys([Path(word).absolute(), Path(word).resolve()]):
@@ -102,7 +104,7 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
     # a package folder (or a path a symlink led to) holding the task's folder is not shown
     shown = [p for p in shown if p.is_file() or not any(_holds(p, q) for q in private)]
     hidden = []
-    if PYTHON_PLACEHOLDER in argv or any(word.startswith(sys.prefix + os.sep) for word in argv):
+    if PYTHON_PLACEHOLDER in words or any(word.startswith(sys.prefix + os.sep) for word in words):
         shown.append(Path(sys.prefix))
         for folder in map(Path, _package_folders()):
             if not _holds(folder, _HARNESSRL_SOURCE):
@@ -116,6 +118,32 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
 
 
 _HARNESSRL_SOURCE = Path(__file__).resolve().parents[1]  # the harnessrl package folder
+
+
+def command_words(argv: list[str]) -> list[str]:
+    """The words of a command line that may name a program's files: each argv word, and, for a
+    word holding a shell command (a string command runs as `/bin/sh -c "..."`), the words the
+    shell would split it into, with the value of each `NAME=VALUE` assignment. So a string command
+    shows what the same command as an argv list shows."""
+    import shlex
+
+    words: list[str] = []
+    for word in argv:
+        words.append(word)
+        if not any(c.isspace() for c in word) and "=" not in word:
+            continue
+        lexer = shlex.shlex(word, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        try:
+            parts = list(lexer)
+        except ValueError:  # unbalanced quotes: the shell would refuse it too; its plain words still count
+            parts = word.split()
+        for part in parts:
+            words.append(part)
+            name, sep, value = part.partition("=")
+            if sep and name.isidentifier():
+                words.append(value)
+    return list(dict.fromkeys(words))
 
 
 def _holds(folder: Path, inner: Path) -> bool:
