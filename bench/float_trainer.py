@@ -1,5 +1,6 @@
 """A float32 CPU trainer of one harness, shrunk to a few short model calls, for the benchmarks
-that time or measure the update on real units (bench/rollout_mismatch.py, bench/update_pass.py)."""
+that time or measure the update on real units (bench/rollout_mismatch.py, bench/update_pass.py),
+and the advantages the timing benchmarks force on flat groups (force_flat_advantages)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,22 @@ def float32_trainer(model: str, suite_name: str, harness: str, rules: dict[str, 
     trainer = Trainer(cfg, tempfile.mkdtemp(prefix="bench-trainer-"), suite=suite, specs=[spec], progress=False)
     trainer._setup()
     return trainer, spec, suite
+
+
+def force_flat_advantages() -> None:
+    """Timing only: `harnessrl train grpo`'s flat groups (every advantage 0) get +1, -1, +1, ...
+    in this process, so every step runs its backward pass and optimizer step (the embedded model
+    passes almost no task, and a flat batch skips the update)."""
+    import torch
+
+    from harnessrl.train import step
+
+    real = step.group_advantages
+
+    def group_advantages(rewards, scale=True, eps=1e-6):
+        A = real(rewards, scale=scale, eps=eps)
+        if torch.all(A == 0):
+            A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
+        return A
+
+    step.group_advantages = group_advantages

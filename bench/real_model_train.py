@@ -45,21 +45,12 @@ def shrunk_specs():
 
 
 def train_one(args) -> dict:
-    import torch
+    from float_trainer import force_flat_advantages
 
-    from harnessrl.train import step as step_module
     from harnessrl.train.trainer import TrainConfig, Trainer
 
     if args.force_advantages:
-        real = step_module.group_advantages
-
-        def forced(rewards, scale=True, eps=1e-6):
-            A = real(rewards, scale=scale, eps=eps)
-            if torch.all(A == 0):
-                A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
-            return A
-
-        step_module.group_advantages = forced
+        force_flat_advantages()
     config = TrainConfig(
         model="smollm2-135m",
         suite="toolcalc",

@@ -50,23 +50,6 @@ def forced(scores: list, group: int) -> list:
     return out
 
 
-def force_our_advantages() -> None:
-    """The same for `harnessrl train grpo`: a flat group's advantages become +1, -1, +1, ..."""
-    import torch
-
-    from harnessrl.train import step
-
-    real = step.group_advantages
-
-    def group_advantages(rewards, scale=True, eps=1e-6):
-        A = real(rewards, scale=scale, eps=eps)
-        if torch.all(A == 0):
-            A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
-        return A
-
-    step.group_advantages = group_advantages
-
-
 def trl_step(out: Path, gradient_checkpointing: bool = True) -> dict:
     from train_toolcalc import build_trainer, parse_args
     from transformers import TrainerCallback
@@ -177,8 +160,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = p.parse_args(argv)
     import torch
+    from float_trainer import force_flat_advantages
 
-    force_our_advantages()
+    force_flat_advantages()
 
     checkpointing = "gradient checkpointing (TRL's default)" if args.trl_gradient_checkpointing else "no checkpointing"
     trl_name = f"TRL 1.16 GRPOTrainer + harnessrl.integrations.trl, micro-batches of {ROWS} episodes, {checkpointing}"

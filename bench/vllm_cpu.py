@@ -146,20 +146,11 @@ FORCED_CLI = "--forced-advantages-cli"
 
 def forced_advantages_cli(argv: list[str]) -> None:
     """`harnessrl ARGV` with flat groups' advantages replaced by +-1 (timing only)."""
-    import torch
+    from float_trainer import force_flat_advantages
 
     from harnessrl import cli
-    from harnessrl.train import step
 
-    real = step.group_advantages
-
-    def forced(rewards, scale=True, eps=1e-6):
-        A = real(rewards, scale=scale, eps=eps)
-        if torch.all(A == 0):
-            A = torch.tensor([[(-1.0) ** i for i in range(rewards.shape[1])]], dtype=A.dtype)
-        return A
-
-    step.group_advantages = forced
+    force_flat_advantages()
     sys.argv = ["harnessrl", *argv]
     cli.main()
 

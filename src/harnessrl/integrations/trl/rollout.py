@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
-from harnessrl.integrations.trl.setup import HarnessRolloutError, TrainerFacts
+from harnessrl.integrations.trl.setup import HarnessRolloutError, TrainerFacts, generating_module, text_tokenizer
 from harnessrl.models.base import SamplingParams
 from harnessrl.results import TrainEval
 from harnessrl.rollout import Job
 from harnessrl.tasks.base import Suite, Task
 from harnessrl.train.episode_sequence import EpisodeSequence, OnBreak, episode_sequence
-from harnessrl.train.harness_schedule import GenerationPlan, HarnessSchedule
+from harnessrl.train.harness_schedule import BatchObservation, GenerationPlan, HarnessSchedule
 from harnessrl.train.held_out import check_held_out, first_evaluation, run_evaluation
 from harnessrl.train.schedulers import make_scheduler
 from harnessrl.train.sketch import GradientSketch
@@ -270,7 +270,7 @@ class HarnessRollout:
             [(s.turns, s.turns_kept, s.model_tokens, s.model_tokens_kept) if s else None for s in sequences]
         )
         every_episode = facts.gather(trajectories)
-        observation.extra = _batch_facts(plan, every_score, kept, time.perf_counter() - started, facts, self.seed)
+        observation.extra = _batch_facts(observation, len(every_score), kept, time.perf_counter() - started, self.seed)
         self.batch_metrics = _log_metrics(self.schedule, observation)
         if self._store is not None:
             for traj in every_episode:
@@ -364,8 +364,7 @@ class HarnessRollout:
         from harnessrl.rollout import Runner
         from harnessrl.rundir import append_jsonl
 
-        base = getattr(model, "get_base_model", None)
-        policy = self._ensure_policy(base() if callable(base) else model, getattr(tokenizer, "tokenizer", tokenizer))
+        policy = self._ensure_policy(generating_module(model), text_tokenizer(tokenizer))
         policy.clear_cache()
         try:
             tasks = self.suite.tasks(self.eval_split, self.eval_tasks)
@@ -464,26 +463,22 @@ def check_prefix_chain(spec: AnyHarnessSpec) -> None:
             )
 
 
-def _batch_facts(
-    plan: GenerationPlan, scores: list[float | None], kept: list, seconds: float, facts, seed: int
-) -> dict[str, Any]:
-    """What steps.jsonl records of a batch (before its observation)."""
-    valid = [s for s in scores if s is not None]
+def _batch_facts(observation: BatchObservation, episodes: int, kept: list, seconds: float, seed: int) -> dict[str, Any]:
+    """What steps.jsonl records of a batch (before its observation): `kept` holds each episode's
+    (turns, turns kept, model tokens, model tokens kept), None for one without a sequence."""
+    plan = observation.plan
+    valid = [r for v in observation.rewards.values() for r in v]
     turns = [k for k in kept if k is not None]
-    by_harness: dict[str, list[float]] = {}
-    G = facts.num_generations
-    for g, h in enumerate(plan.group_harness):
-        by_harness.setdefault(h, []).extend(s for s in scores[g * G : (g + 1) * G] if s is not None)
     return {
         "batch": plan.batch,
         "harness": plan.harness,
         "shares": dict(plan.selection.shares),
         "probabilities": plan.probabilities,
         "sampling_seed": sampling_seed(seed, plan.batch, "train"),
-        "episodes": len(scores),
-        "infra_errors": len(scores) - len(valid),
+        "episodes": episodes,
+        "infra_errors": observation.infra_errors,
         "reward_mean": sum(valid) / len(valid) if valid else None,
-        "reward_by_harness": {h: (sum(v) / len(v) if v else None) for h, v in by_harness.items()},
+        "reward_by_harness": {h: (sum(v) / len(v) if v else None) for h, v in observation.rewards.items()},
         "turns": sum(t[0] for t in turns),
         "turns_kept": sum(t[1] for t in turns),
         "model_tokens": sum(t[2] for t in turns),

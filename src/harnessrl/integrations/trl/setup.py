@@ -44,6 +44,18 @@ def scale_of(args) -> Scale:
     return value
 
 
+def generating_module(model):
+    """For a peft model its base model, into which peft injected the LoRA layers (so it samples
+    with the adapter); any other model as it is."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def text_tokenizer(processing_class):
+    """The tokenizer of a processing class (a processor holds one), or the tokenizer itself."""
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
 @dataclass(frozen=True)
 class TrainerFacts:
     """A TRL GRPOTrainer as HarnessRollout sees it."""
@@ -115,13 +127,10 @@ class TrainerFacts:
     def generation_model(self):
         """The module that generates: TRL's model unwrapped (DDP), and for a peft model its base
         model, into which peft injected the LoRA layers (so it samples with the adapter)."""
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        get_base = getattr(model, "get_base_model", None)
-        return get_base() if callable(get_base) else model
+        return generating_module(self.trainer.accelerator.unwrap_model(self.trainer.model))
 
     def tokenizer(self):
-        processing = self.trainer.processing_class
-        return getattr(processing, "tokenizer", processing)
+        return text_tokenizer(self.trainer.processing_class)
 
     def check(self) -> None:
         """Refuse what the integration does not serve, each with what to do instead."""
