@@ -543,8 +543,13 @@ def test_grpo_takes_a_step_through_an_external_harness(tmp_path):
 @pytest.fixture(autouse=True)
 def _no_stray_folders(monkeypatch):
     """Every temporary folder an episode makes (its workspace; its control folder with the task
-    file, the answer file and HOME) is removed when the episode ends."""
+    file, the answer file and HOME) is removed when the episode ends. (The process's one folder
+    of the network relay and the endpoint's socket is made once and removed at exit.)"""
     import tempfile
+
+    from harnessrl.tasks.sandbox_net import net_folder
+
+    net_folder()
 
     made: list[str] = []
     original = tempfile.mkdtemp

@@ -257,3 +257,55 @@ def test_a_string_command_runs_its_script_in_the_sandbox(tokenizer):
 def test_openclaw_example_names_its_installed_files():
     spec = load_spec(ROOT / "examples" / "agents" / "openclaw.yaml")
     assert isinstance(spec, ExternalHarnessSpec) and spec.read_only == [str(ROOT / ".agents")]
+
+
+def connect_agent(name: str, network: str, ports: list[int], bind: int | None = None) -> ExternalHarnessSpec:
+    spec = parse_spec(
+        {
+            "name": name,
+            "kind": "external",
+            "command": ["{python}", str(BEHAVE), "connect"],
+            "env": {"CONNECT_PORTS": ":".join(map(str, ports)), "BIND_PORT": str(bind or "")},
+            "network": network,
+            "limits": {"wall_s": 60, "max_model_calls": 2},
+        }
+    )
+    assert isinstance(spec, ExternalHarnessSpec)
+    return spec
+
+
+@pytest.fixture
+def host_service():
+    """A TCP port listening on the host's loopback (what a local server, `harnessrl serve` or
+    vLLM, is to an agent)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@needs_bwrap
+def test_an_agent_reaches_its_endpoint_and_no_other_host_port(tokenizer, host_service):
+    [traj] = run([connect_agent("netns", "sandbox", [host_service])], [task_sum()], tokenizer)
+    out = traj.meta["agent"]["stdout"]
+    assert traj.termination == Termination.submitted and len(traj.steps) == 1, traj.meta["agent"]
+    assert f"unreachable {host_service}" in out, out
+    assert traj.meta["agent"]["network"] == "sandbox"
+
+
+@needs_bwrap
+def test_a_spec_may_ask_for_the_host_network_and_the_run_records_it(tokenizer, host_service):
+    [traj] = run([connect_agent("hostnet", "host", [host_service])], [task_sum()], tokenizer)
+    assert f"reached {host_service}" in traj.meta["agent"]["stdout"], traj.meta["agent"]
+    assert traj.meta["agent"]["network"] == "host"
+
+
+@needs_bwrap
+def test_agents_binding_the_same_fixed_port_run_side_by_side(tokenizer):
+    """Each agent's namespace has its own loopback: two programs listening on port 8080 at once
+    both bind it (on the host's network the second would get 'address in use')."""
+    specs = [connect_agent(f"bind{i}", "sandbox", [], bind=8080) for i in range(2)]
+    trajs = run(specs, [task_sum()], tokenizer)
+    assert [t.meta["agent"]["stdout"].count("bound 8080") for t in trajs] == [1, 1], [t.meta["agent"] for t in trajs]

@@ -7,9 +7,11 @@ A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For 
 2. the episode opens its route on the run's recording endpoint (harness/recording.py, started the
    first time an external episode runs, stopped when the run ends) under an unguessable token;
 3. the command runs through `run_sandboxed` with the workspace writable (at the task's mount
-   point, where it has one), a control folder holding the task file and the answer file, the
-   host network (the endpoint listens on 127.0.0.1; see docs/external-harness.md), and the
-   environment variables of the contract (OPENAI_BASE_URL, HARNESSRL_TASK_FILE, ...);
+   point, where it has one), a control folder holding the task file and the answer file, a
+   network namespace of its own whose 127.0.0.1:PORT is relayed to the endpoint's Unix socket
+   (tasks/sandbox_net.py: the endpoint and nothing else of the host or beyond; `network: host`
+   in the spec keeps the host's network instead), and the environment variables of the contract
+   (OPENAI_BASE_URL, HARNESSRL_TASK_FILE, ...);
 4. each request of the agent is checked against the limits, turned into a GenerationRequest (its
    `tools` rendered into the prompt through `tool_protocol` for a local model, passed natively to
    an `openai:` model), submitted to the run's policy with the episode's own per-call seed, and
@@ -56,6 +58,7 @@ from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalH
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult, run_sandboxed
+from harnessrl.tasks.sandbox_net import socket_path
 from harnessrl.types import (
     ActionKind,
     Grade,
@@ -354,7 +357,7 @@ class ExternalEpisodes:
             if self._closed:
                 raise RuntimeError("the run has ended")
             if self._endpoint is None:
-                endpoint = RecordingEndpoint()
+                endpoint = RecordingEndpoint(unix_path=socket_path(f"recording-{secrets.token_hex(6)}.sock"))
                 endpoint.start()
                 self._endpoint = endpoint
             return self._endpoint
@@ -387,7 +390,7 @@ class ExternalEpisodes:
                 return record.infra(f"the recording endpoint did not start: {type(e).__name__}: {e}", env)
             endpoint.register(episode)
             try:
-                result = self._run_program(job, env, episode, endpoint.url(episode), control, stop)
+                result = self._run_program(job, env, episode, endpoint, control, stop)
             finally:
                 endpoint.unregister(episode)  # nothing more is answered or recorded
             if stop.is_set():
@@ -404,12 +407,14 @@ class ExternalEpisodes:
         job: ExternalJob,
         env: Environment,
         episode: ExternalEpisode,
-        url: str,
+        endpoint: RecordingEndpoint,
         control: Path,
         stop: threading.Event,
     ) -> ExecResult | str:
         """Run the agent program to its end; the ExecResult, or why it could not be started."""
         spec = external_spec(job)
+        url = endpoint.url(episode)
+        forward = endpoint.forward()
         (control / TASK_FILE).write_text(job.task.instruction, encoding="utf-8")
         (control / "home").mkdir()
         if env.workspace is not None:
@@ -473,7 +478,8 @@ class ExternalEpisodes:
                 mounts={inside: workdir, str(control): control},
                 env=variables,
                 limits=limits,
-                network=True,  # the recording endpoint is on the host's loopback
+                network=spec.network == "host",
+                forward=[forward] if forward is not None else [],
                 cwd_in_sandbox=inside,
                 stop=episode.kill,
                 read_only=shown.read_only,
@@ -523,7 +529,7 @@ class _Record:
         steps = episode.steps()
         meta: dict[str, Any] = {
             "required_observations": self.job.task.required_observations,
-            "agent": _agent_meta(result),
+            "agent": _agent_meta(result, external_spec(self.job).network),
         }
         if episode.refused_total > len(episode.refusals):
             meta["refused_requests_total"] = episode.refused_total
@@ -617,7 +623,9 @@ def _how_it_ended(result: ExecResult) -> str:
     return "; ".join(parts)
 
 
-def _agent_meta(result: ExecResult) -> dict:
+def _agent_meta(result: ExecResult, network: str) -> dict:
+    """The program's side of the episode; `network` is what it had: "sandbox" (a namespace of its
+    own, the endpoint only) or "host" (asked by its spec, or without bubblewrap)."""
     return {
         "exit_code": result.returncode,
         "timed_out": result.timed_out,
@@ -625,6 +633,7 @@ def _agent_meta(result: ExecResult) -> dict:
         "reason": result.reason,
         "duration_s": round(result.duration_s, 3),
         "isolation": result.isolation,
+        "network": network if result.isolation == "bwrap" else "host",
         "output_truncated": result.output_truncated,
         "stdout": result.stdout,
         "stderr": result.stderr,

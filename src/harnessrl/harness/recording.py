@@ -26,6 +26,7 @@ import re
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 from typing import Protocol as Interface
 
@@ -35,6 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.models.base import Policy, SamplingParams
+from harnessrl.tasks.sandbox_net import Forward
 from harnessrl.types import ModelCall
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError
 from harnessrl.wire.http import BackgroundServer, request_error_message
@@ -88,16 +90,23 @@ class RecordingEndpoint:
     """One HTTP server for a run's external episodes; `register` an episode to open its routes,
     `unregister` to close them. `start()` returns the server's root URL."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", unix_path: Path | None = None):
         self._episodes: dict[str, RecordedEpisode] = {}
         self._stores: dict[str, ConversationStore] = {}  # per episode: previous_response_id
         self._lock = threading.Lock()
-        self._server = BackgroundServer(self._app(), host=host, name="recording")
+        self._server = BackgroundServer(self._app(), host=host, name="recording", unix_path=unix_path)
         self.root: str | None = None
 
     def start(self) -> str:
         self.root = self._server.start()
         return self.root
+
+    def forward(self) -> Forward | None:
+        """How a sandboxed agent in a network namespace of its own reaches this endpoint: its
+        port inside, relayed to the endpoint's Unix socket (None without one)."""
+        if self.root is None or self._server.unix_path is None:
+            return None
+        return Forward(listen=int(self.root.rsplit(":", 1)[1]), connect=self._server.unix_path)
 
     def stop(self) -> None:
         self._server.stop()

@@ -333,6 +333,10 @@ class ExternalHarnessSpec(_Spec):
     # with an openai: model, pass the agent's tools to the server as native tools (false: render
     # them through tool_protocol, as for a local model)
     native_tools: bool = True
+    # "sandbox" (the default): under bubblewrap the program has a network namespace of its own
+    # and reaches the recording endpoint only; "host": the host's network (every loopback service,
+    # and the internet where the machine has it), recorded in each trajectory's meta
+    network: Literal["sandbox", "host"] = "sandbox"
 
     @field_validator("command")
     @classmethod

@@ -66,6 +66,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.tasks.sandbox_net import Forward, NoRelayPython, relay_argv
+
 SANDBOX_UID = 65534  # "nobody": the uid a command runs as under bwrap when we are root
 # The uids (and gids) a command gets one of, for the call, when its process limit must be set
 # outside a user namespace (see the module docstring). 1.9e9 lies in the span no distribution,
@@ -165,6 +167,7 @@ def run_sandboxed(
     stop: threading.Event | None = None,
     read_only: Sequence[Path] = (),
     hidden: Sequence[Path] = (),
+    forward: Sequence[Forward] = (),
 ) -> ExecResult:
     """Run argv under `limits`, writable only in `workdir` (or the `mounts`), and wait for it.
 
@@ -177,7 +180,11 @@ def run_sandboxed(
     program's own files, a Python environment. Under bubblewrap they are bound read-only at their
     own path and nothing else of the host is visible; missing ones are left out. `hidden`:
     folders inside those that the command must not see, each covered by an empty tmpfs (under
-    bubblewrap only).
+    bubblewrap only). `network`: False (the default) gives the command a network namespace of
+    its own under bubblewrap (loopback only); `forward` then lists the host services it reaches
+    through it and the sandbox services the host reaches (tasks/sandbox_net.py). True keeps the
+    host's network (and ignores `forward`); so does rlimits-only isolation, where a forwarded
+    port is the host's port itself.
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
     point or one `mount_point_problem` refuses, a folder or `read_only` path the sandbox user
@@ -197,6 +204,7 @@ def run_sandboxed(
         stop=stop,
         read_only=read_only,
         hidden=hidden,
+        forward=forward,
     )
 
 
@@ -217,6 +225,7 @@ def _run(
     stop=None,
     read_only=(),
     hidden=(),
+    forward=(),
 ) -> ExecResult:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
@@ -228,6 +237,13 @@ def _run(
         if moved:
             raise ValueError(f"mounts at {moved} need bubblewrap, which does not work here (isolation: rlimits-only)")
     child_env = {"PATH": SANDBOX_PATH, "HOME": cwd, "LANG": "C.UTF-8", **(env or {})}
+    relay: list[str] = []
+    if forward and isolation == "bwrap" and not network:
+        try:
+            relay, relay_paths = relay_argv(list(forward))
+        except NoRelayPython as e:
+            raise ValueError(str(e)) from None
+        read_only = [*read_only, *relay_paths]
     visible = [Path(p).absolute() for p in read_only if os.path.exists(p)]
     if os.geteuid() == 0:  # the command runs as an unprivileged uid (below): it must reach these
         for path in visible:
@@ -249,6 +265,7 @@ def _run(
                 _bwrap_argv(binds, cwd, network, visible, limits.disk_mb, [p for p in hidden if os.path.isdir(p)])
                 + (["prlimit", f"--nproc={limits.processes}:{limits.processes}", "--"] if nproc_in_sandbox else [])
                 + _SANDBOX_INIT
+                + relay
                 + list(argv)
             )
             host_cwd = None

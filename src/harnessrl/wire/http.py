@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,8 +47,18 @@ class BackgroundServer:
     and returns once the server answers; `stop()` stops accepting connections, gives requests in
     flight up to GRACEFUL_SHUTDOWN_S, and joins the thread."""
 
-    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", name: str = "serve"):
+    def __init__(
+        self,
+        app,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        name: str = "serve",
+        unix_path: Path | None = None,
+    ):
         self.app = app
+        self.unix_path = unix_path  # also served on this Unix socket (mode 0666), when given
         self.host = host
         self.port = port
         self.log_level = log_level
@@ -55,6 +66,7 @@ class BackgroundServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        self._unix: socket.socket | None = None
 
     def start(self) -> str:
         """Start serving; returns the root URL, e.g. ``http://127.0.0.1:41234``."""
@@ -62,6 +74,10 @@ class BackgroundServer:
 
         self._sock = bind_socket(self.host, self.port)
         try:
+            sockets = [self._sock]
+            if self.unix_path is not None:
+                self._unix = _bind_unix(self.unix_path)
+                sockets.append(self._unix)
             config = uvicorn.Config(
                 self.app,
                 log_config=None,  # leave the process's logging as it is
@@ -72,7 +88,7 @@ class BackgroundServer:
             )
             server = self._server = uvicorn.Server(config)
             thread = self._thread = threading.Thread(
-                target=server.run, kwargs={"sockets": [self._sock]}, name=f"harnessrl-{self.name}", daemon=True
+                target=server.run, kwargs={"sockets": sockets}, name=f"harnessrl-{self.name}", daemon=True
             )
             thread.start()
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -93,9 +109,26 @@ class BackgroundServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(GRACEFUL_SHUTDOWN_S + 10)
-        if self._sock is not None:
-            self._sock.close()
-        self._server = self._thread = self._sock = None
+        for sock in (self._sock, self._unix):
+            if sock is not None:
+                sock.close()
+        if self._unix is not None and self.unix_path is not None:
+            self.unix_path.unlink(missing_ok=True)
+        self._server = self._thread = self._sock = self._unix = None
+
+
+def _bind_unix(path: Path) -> socket.socket:
+    """A Unix stream socket bound at `path` (replacing a stale one), connectable by every uid:
+    sandboxed commands run as another user and reach it through a namespace of their own."""
+    path.unlink(missing_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        path.chmod(0o666)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def request_error_message(exc: RequestValidationError) -> str:
