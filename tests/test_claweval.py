@@ -1,15 +1,18 @@
 """The Claw-Eval importer: tasks graded by their own graders through real episodes (a workspace
 task, a task with a mock HTTP service, a task with an LLM-judge part), Claw-Eval's scoring formula
 and 0.75 threshold, judged tasks left out without a judge, broken tasks reported one by one while
-the rest run, and Pass^3 from three attempts."""
+the rest run, Pass^3 from three attempts, and services on a fixed port in two episodes at once."""
 
 from __future__ import annotations
 
 import shutil
+import tempfile
+import threading
 import urllib.error
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import oracle_policy
 
 from harnessrl.harness.registry import load_harness
@@ -24,6 +27,7 @@ from harnessrl.tasks.sandbox_exec import isolation_available
 from harnessrl.types import Termination
 
 FIXTURE = Path(__file__).parent / "fixtures" / "claweval"
+FIXED_PORT_FIXTURE = Path(__file__).parent / "fixtures" / "claweval_fixed_port"
 # The grader sees the workspace at /workspace and its own folder elsewhere: bubblewrap's mounts.
 needs_bwrap = pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap does not work here")
 
@@ -44,19 +48,19 @@ def _spec() -> HarnessSpec:
     return HarnessSpec.model_validate(data)
 
 
-def run_scripted(tasks, solutions: dict[str, list[dict]], tokenizer, attempts: int = 1):
+def run_scripted(tasks, solutions: dict[str, list[dict]], tokenizer, attempts: int = 1, max_in_flight: int = 1):
     """Each task replays solutions[native id] through the real runner; {native id: trajectory}
-    (with attempts > 1: {native id: [trajectories]})."""
+    (with attempts > 1: {native id: [trajectories]}). The scripted policy follows each episode
+    by its instruction: episodes side by side (max_in_flight > 1) must be of different tasks."""
     for t in tasks:
         t.solution = solutions.get(t.data["native_id"], [call("submit")])
     spec = _spec()
-    # the scripted policy follows each episode by its instruction: one episode at a time
     runner = Runner(
         oracle_policy(tasks, spec, tokenizer),
         SamplingParams(temperature=0.0),
         max_retries=0,
         progress=False,
-        max_in_flight=1,
+        max_in_flight=max_in_flight,
     )
     out: dict = {}
     for traj in runner.run(make_jobs(tasks, [spec], attempts)):
@@ -215,11 +219,12 @@ def test_service_task_calls_its_mock_service_and_is_graded_from_its_audit(tokeni
 
 
 @needs_bwrap
-def test_each_episode_gets_its_own_service_on_a_free_port_stopped_when_it_closes():
-    (task,) = _tasks(ClawEvalSuite(FIXTURE), "S01_notes_followup")
+def test_on_the_host_network_each_episode_gets_its_service_on_a_free_port_stopped_when_it_closes():
+    (task,) = _tasks(ClawEvalSuite(FIXTURE, service_network="host"), "S01_notes_followup")
     first, second = task.make_env(), task.make_env()
     try:
-        a, b = first.ports[9301], second.ports[9301]
+        assert not first.routes.sockets and first.routes.folder is None
+        a, b = first.routes.ports[9301], second.routes.ports[9301]
         assert a != b and 9301 not in (a, b)
         add = task.tool("notes_add")
         add.fn(first, title="only in the first")
@@ -233,6 +238,8 @@ def test_each_episode_gets_its_own_service_on_a_free_port_stopped_when_it_closes
     for port in (a, b):
         with pytest.raises((urllib.error.URLError, OSError)):
             http_json("GET", f"http://127.0.0.1:{port}/notes/audit", timeout=2.0)
+    with pytest.raises(ValueError, match="service_network"):
+        ClawEvalSuite(FIXTURE, service_network="none")
 
 
 @needs_bwrap
@@ -309,3 +316,96 @@ def test_pass_hat_3_over_three_attempts(tokenizer):
     summary = harness_summary(trajectories, attempts=3)
     # S01 passes all three attempts, W01 none: Pass^3 = 1/2
     assert summary.pass_hat_k["3"] == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# Services on fixed ports: a network namespace of their own per episode
+
+
+@pytest.fixture(scope="module")
+def fixed_port_checkout():
+    """A checkout of the fixed-port task (P01: a ledger on 18765 and a clerk on 18766 that calls
+    it, both ignoring PORT) beside the framework stand-in, plus P02: the same task and ports
+    asking for another entry. In a folder the sandbox user can read."""
+    root = Path(tempfile.mkdtemp(prefix="harnessrl-claweval-fixed-"))
+    root.chmod(0o755)
+    try:
+        shutil.copytree(FIXTURE / "src", root / "src")
+        for part in ("mock_services", "tasks"):
+            shutil.copytree(FIXED_PORT_FIXTURE / part, root / part)
+        p01, p02 = root / "tasks" / "P01_fixed_port_ledger", root / "tasks" / "P02_fixed_port_ledger"
+        shutil.copytree(p01, p02)
+        raw = yaml.safe_load((p01 / "task.yaml").read_text())
+        raw.update(task_id=p02.name, expected_entry="ordered 3 chairs")
+        raw["prompt"]["text"] = "Have the clerk file the entry 'ordered 3 chairs' in the ledger."
+        (p02 / "task.yaml").write_text(yaml.safe_dump(raw))
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _not_our_ledger_on_the_host(port: int) -> bool:
+    try:
+        _, body = http_json("GET", f"http://127.0.0.1:{port}/ledger/audit", timeout=2.0)
+    except OSError:
+        return True
+    return not (isinstance(body, dict) and "records" in body)
+
+
+@needs_bwrap
+def test_services_on_a_fixed_port_run_in_two_episodes_at_once(fixed_port_checkout):
+    """Each episode's services listen on their declared ports in a namespace of their own: both
+    episodes are up together, each reached over its own Unix sockets, the clerk reaching its own
+    episode's ledger at the declared URL; the host's ports stay free."""
+    (task,) = _tasks(ClawEvalSuite(fixed_port_checkout), "P01_fixed_port_ledger")
+    first, second = task.make_env(), task.make_env()
+    try:
+        assert set(first.routes.sockets) == set(second.routes.sockets) == {18765, 18766}
+        assert first.routes.sockets[18765] != second.routes.sockets[18765] and not first.routes.ports
+        out = task.tool("file_entry").fn(first, text="only in the first")
+        assert out.ok, out.full
+        assert first.dispatches[0]["response_body"] == {"status": "recorded", "upstream": 200}
+        _, audit = first.routes.request("GET", "http://localhost:18765/ledger/audit")
+        _, other = second.routes.request("GET", "http://localhost:18765/ledger/audit")
+        assert audit == {"records": ["only in the first"], "port": 18765} and other["records"] == []
+        assert all(_not_our_ledger_on_the_host(port) for port in (18765, 18766))
+        sockets, folder = first.routes.sockets[18765], first.routes.folder
+    finally:
+        first.close()
+        second.close()
+    assert folder is not None and not folder.exists()
+    with pytest.raises(OSError):
+        http_json("GET", "http://localhost:18765/ledger/audit", timeout=2.0, unix_socket=sockets)
+
+
+@needs_bwrap
+def test_two_tasks_on_the_same_fixed_ports_run_side_by_side_and_are_graded(tokenizer, fixed_port_checkout, monkeypatch):
+    """Two tasks declaring the same ports, two episodes in flight: neither is an infrastructure
+    error, each is graded on its own services. The episodes wait for each other once their
+    ledgers are up, so both hold port 18765 at the same time."""
+    both_up = threading.Barrier(2, timeout=60)
+    start = claweval.suite.start_service
+
+    def start_then_meet(svc, *args, **kwargs):
+        running = start(svc, *args, **kwargs)
+        if svc["name"] == "ledger":
+            both_up.wait()
+        return running
+
+    monkeypatch.setattr(claweval.suite, "start_service", start_then_meet)
+    tasks = _tasks(ClawEvalSuite(fixed_port_checkout), "P01_fixed_port_ledger", "P02_fixed_port_ledger")
+    out = run_scripted(
+        tasks,
+        {
+            "P01_fixed_port_ledger": [call("file_entry", text="paid invoice 7"), call("submit")],
+            "P02_fixed_port_ledger": [call("file_entry", text="ordered 4 chairs"), call("submit")],
+        },
+        tokenizer,
+        max_in_flight=2,
+    )
+    right, wrong = out["P01_fixed_port_ledger"], out["P02_fixed_port_ledger"]
+    assert right.infra_error is None and wrong.infra_error is None, (right.infra_error, wrong.infra_error)
+    assert right.grade.score == 1.0 and right.grade.passed
+    # the wrong entry: completion 0, robustness 1 -> 0.2, a fail rather than an error
+    assert wrong.grade.subscores["completion"] == 0.0 and wrong.grade.score == pytest.approx(0.2)
+    assert not wrong.grade.passed

@@ -18,11 +18,20 @@ after the episode), `env_snapshot_files` / `env_snapshot_commands` (collected fo
 of `claw_eval.graders.base.AbstractGrader` whose `grade(messages, dispatches, task, audit_data,
 judge, media_events, env_snapshot)` returns completion, robustness and safety in [0, 1].
 
-One episode: every declared service is started on a free port of its own (its command, with
-`python` replaced by this interpreter, in the sandbox, cwd the checkout, `PORT` set; URLs naming
-a declared port are rewritten to the episode's port), the workspace gets the sandbox files at
-`/workspace`, and the agent gets the task's tools (each call a JSON POST to its endpoint, as
-Claw-Eval's dispatcher does) beside the workspace file tools and the shell. After the episode the
+One episode: every declared service is started with its command (`python` replaced by this
+interpreter) in the sandbox, cwd the checkout. Under bubblewrap each service gets a network
+namespace of its own and listens on its declared port (`PORT` set to it), so services with a
+fixed port run in many episodes at once; a relay in the namespace listens on a Unix socket in a
+folder of the episode's, through which harnessrl's own calls reach it (tool calls, health checks,
+`/audit`: HTTP over that socket, the declared URL's path and method), and relays the other
+services' declared ports to their sockets, so an episode's services reach each other at their
+declared URLs as on one host. Without bubblewrap, or with `service_network="host"` (for a
+service that must reach beyond the machine, such as Claw-Eval's real-web proxy), each service
+shares the host's network on a free port of its own (`PORT` set to it; URLs naming a declared
+port are rewritten to the episode's port; a service that ignores `PORT` then never answers its
+health check). The workspace gets the sandbox files at `/workspace`, and the agent gets the
+task's tools (each call a JSON POST to its endpoint, as Claw-Eval's dispatcher does) beside the
+workspace file tools and the shell. After the episode the
 services' `/audit` data, the snapshot and the transcript go to the task's own grader, run in the
 sandbox on this interpreter with the framework importable; the services are stopped when the
 episode's environment closes (after grading). Score as Claw-Eval computes it:

@@ -27,10 +27,11 @@ from harnessrl.tasks.importers.claweval.sandbox import (
     read_only_paths,
 )
 from harnessrl.tasks.importers.claweval.services import (
+    SERVICE_NETWORKS,
     ClawEvalEnvironment,
     ClawEvalTask,
+    ServiceRoutes,
     audit_data,
-    free_port,
     service_tool,
     start_service,
 )
@@ -61,8 +62,16 @@ class ClawEvalSuite(ImportedSuite):
     layout = "PATH/tasks/<id>/task.yaml + grader.py, with the framework in PATH/src/claw_eval"
     pass_threshold = PASS_THRESHOLD
 
-    def __init__(self, path: str | Path, grader_limits=None, judge: Judge | None = None):
+    def __init__(
+        self, path: str | Path, grader_limits=None, judge: Judge | None = None, service_network: str = "sandbox"
+    ):
+        """`service_network`: "sandbox" runs each mock service in a network namespace of its own
+        under bubblewrap (on its declared port; nothing beyond the episode's services reachable),
+        "host" on the host's network at a free port (what happens without bubblewrap anyway)."""
+        if service_network not in SERVICE_NETWORKS:
+            raise ValueError(f"service_network must be one of {SERVICE_NETWORKS}, got {service_network!r}")
         self.judge = judge
+        self.service_network = service_network
         super().__init__(path, grader_limits)
 
     def _task(self, entry: TaskEntry, split: str) -> ClawEvalTask:
@@ -154,15 +163,20 @@ class ClawEvalSuite(ImportedSuite):
         lifetime = max(3600.0, 3.0 * tf.timeout_s)
 
         def setup(env: Environment) -> None:
+            from harnessrl.tasks.sandbox_exec import isolation_available
+
             if not isinstance(env, ClawEvalEnvironment) or env.workspace is None:
                 raise RuntimeError("a Claw-Eval task needs its own environment (ClawEvalTask.make_env)")
             for rel in tf.sandbox_files:
                 target = env.workspace.root / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tf.folder / rel, target)
-            env.ports = {svc["port"]: free_port() for svc in tf.services}
+            if self.service_network == "sandbox" and tf.services and isolation_available() == "bwrap":
+                env.routes = ServiceRoutes.in_namespaces(tf.services)
+            else:
+                env.routes = ServiceRoutes.on_host(tf.services)
             for svc in tf.services:
-                env.services.append(start_service(svc, self.root, env.ports, lifetime))
+                env.services.append(start_service(svc, self.root, env.routes, lifetime))
 
         def grader(env: Environment) -> Grade:
             return self._grade(tf, judged, env)
