@@ -189,16 +189,31 @@ def test_a_program_the_sandbox_user_cannot_read_is_refused_with_what_to_do(token
     assert traj.termination == Termination.error and not traj.steps
     error = traj.infra_error or ""
     assert error.startswith("cannot start the agent program: cannot show")
-    assert (
-        f"{private} in the sandbox: it is mode 700" in error
-        and f"chmod -R o+rX {private}" in error
-        and "mktemp -d" in error
-    )
+    # the advice names the closed folder and never opens it (nor anything above the program)
+    assert f"inside {private} (mode 700" in error and f"`chmod o+rx {private}`" in error, error
+    assert "chmod -R" not in error and "mktemp -d" in error
+
+
+def test_the_advice_for_a_program_in_a_closed_home_never_opens_the_home(monkeypatch):
+    from harnessrl.tasks.sandbox_exec import unreadable_by_others
+
+    top = Path(tempfile.mkdtemp(prefix="harnessrl-home-", dir="/tmp"))
+    top.chmod(0o755)
+    home = top / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "venv" / "bin" / "python").write_text("")
+    home.chmod(0o700)
+    monkeypatch.setenv("HOME", str(home))
+    try:
+        advice = unreadable_by_others(home / "venv" / "bin" / "python") or ""
+    finally:
+        shutil.rmtree(top)
+    assert f"Leave {home} closed" in advice and "chmod" not in advice.replace("`chmod 755` the one it made", ""), advice
 
 
 def test_an_agents_view_is_its_own_files_and_never_its_task_folder(tmp_path):
-    """host_paths: a script brings its folder, a folder holding the task's folder is not shown
-    whole, a read_only path holding it is refused, harnessrl's own source stays out."""
+    """host_paths: a script shows itself, not its folder; a folder holding the task's folder is
+    not shown whole, a read_only path holding it is refused, harnessrl's own source stays out."""
     from harnessrl.harness.agent_view import _HARNESSRL_SOURCE, host_paths
 
     tasks = tmp_path / "tasks"
@@ -210,7 +225,11 @@ def test_an_agents_view_is_its_own_files_and_never_its_task_folder(tmp_path):
     own = tmp_path / "agent"
     own.mkdir()
     (own / "agent.py").write_text("")
-    assert host_paths([str(own / "agent.py")], private=(tasks / "t1",)).read_only == [own]
+    assert host_paths([str(own / "agent.py")], private=(tasks / "t1",)).read_only == [own / "agent.py"]
+    package = tmp_path / "node_modules" / "@scope" / "cli"
+    (package / "dist").mkdir(parents=True)
+    (package / "dist" / "cli.js").write_text("")
+    assert host_paths([str(package / "dist" / "cli.js")]).read_only == [package]  # its installed package
     with pytest.raises(ValueError, match="holds .*t1, which the agent must not see"):
         host_paths([], extra=[str(tasks)], private=(tasks / "t1",))
     python = host_paths(["{python}", "x.py"])
@@ -226,7 +245,7 @@ def test_a_string_command_shows_what_the_same_argv_command_shows(tmp_path):
     (own / "agent.py").write_text("")
     argv = host_paths(["/usr/bin/python3", str(own / "agent.py"), "--fast"])
     string = host_paths(["/bin/sh", "-c", f"AGENT_MODE=fast /usr/bin/python3 '{own / 'agent.py'}' --fast | cat"])
-    assert own in string.read_only and set(argv.read_only) <= set(string.read_only)
+    assert own / "agent.py" in string.read_only and set(argv.read_only) <= set(string.read_only)
     assert host_paths(["/bin/sh", "-c", f"DATA={own} run-it"]).read_only[-1] == own  # an assignment's path
 
 
@@ -309,3 +328,110 @@ def test_agents_binding_the_same_fixed_port_run_side_by_side(tokenizer):
     specs = [connect_agent(f"bind{i}", "sandbox", [], bind=8080) for i in range(2)]
     trajs = run(specs, [task_sum()], tokenizer)
     assert [t.meta["agent"]["stdout"].count("bound 8080") for t in trajs] == [1, 1], [t.meta["agent"] for t in trajs]
+
+
+@pytest.fixture
+def project(tmp_path_factory):
+    """An agent kept beside a project: its run folders and .env next to the command file."""
+    folder = Path(tempfile.mkdtemp(prefix="harnessrl-project-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        shutil.copy(BEHAVE, folder / "behave.py")
+        (folder / "runs" / "old-run").mkdir(parents=True)
+        (folder / "runs" / "old-run" / "trajectories.jsonl").write_text("{}")
+        (folder / ".env").write_text("OPENAI_API_KEY=sk-secret")
+        for path in (folder / "behave.py", folder / ".env", folder / "runs" / "old-run" / "trajectories.jsonl"):
+            path.chmod(0o644)
+        for path in (folder / "runs", folder / "runs" / "old-run"):
+            path.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@needs_bwrap
+def test_a_command_file_shows_itself_and_not_the_project_beside_it(tokenizer, project):
+    spec = parse_spec(
+        {
+            "name": "beside",
+            "kind": "external",
+            "command": ["/usr/bin/python3", str(project / "behave.py"), "search"],
+            "env": {
+                "SEARCH_PATHS": ":".join(str(project / p) for p in (".env", "runs", "behave.py")),
+                "SEARCH_WALK": "0",
+            },
+            "limits": {"wall_s": 60, "max_model_calls": 2},
+        }
+    )
+    [traj] = run([spec], [task_sum()], tokenizer)
+    out = traj.meta["agent"]["stdout"]
+    assert traj.termination == Termination.submitted, traj.meta["agent"]
+    assert f"found {project / 'behave.py'}" in out and "found" not in out.replace(
+        f"found {project / 'behave.py'}", ""
+    ), out
+
+
+@needs_bwrap
+def test_harnessrl_installed_in_a_system_prefix_is_hidden_and_cannot_be_imported(monkeypatch):
+    """harnessrl in a system-wide dist-packages (a scratch prefix standing for /usr, shown to the
+    agent as /usr is): a program there finds its folder empty and `import harnessrl` refused."""
+    import subprocess
+
+    from harnessrl.harness import agent_view
+    from harnessrl.tasks.sandbox_exec import run_sandboxed
+
+    prefix = Path(tempfile.mkdtemp(prefix="harnessrl-prefix-", dir="/tmp"))
+    try:
+        prefix.chmod(0o755)
+        site = prefix / "lib" / "python3" / "dist-packages"
+        site.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(agent_view._HARNESSRL_SOURCE), str(site / "harnessrl")], check=True)
+        subprocess.run(["chmod", "-R", "o+rX", str(prefix)], check=True)
+        (prefix / "work").mkdir()
+        monkeypatch.setattr(agent_view, "_HARNESSRL_SOURCE", site / "harnessrl")  # imported from there
+        view = agent_view.host_paths(["/bin/sh", "-c", "python3 -c 'import harnessrl'"], extra=[str(prefix)])
+        assert site / "harnessrl" in view.hidden
+        probe = (
+            "import os, sys; sys.path.insert(0, sys.argv[1]); print(sorted(os.listdir(sys.argv[1] + '/harnessrl')))\n"
+            "try:\n import harnessrl; print('imported', harnessrl.__file__)\n"
+            "except ImportError as e: print('refused:', e)"
+        )
+        result = run_sandboxed(
+            ["/usr/bin/python3", "-c", probe, str(site)],
+            workdir=prefix / "work",
+            read_only=view.read_only,
+            hidden=view.hidden,
+            limits=ExecLimits(wall_s=30),
+        )
+    finally:
+        shutil.rmtree(prefix)
+    assert result.returncode == 0, result
+    assert "['__init__.py']" in result.stdout and "refused: this package is hidden" in result.stdout, result.stdout
+
+
+def test_isolation_required_refuses_to_run_without_bubblewrap(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from harnessrl.cli import app
+
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    monkeypatch.setattr(sandbox_exec, "_required", type(sandbox_exec._required)())  # this test's own switch
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["eval", "--suite", "toolcalc", "--tasks", "1", "--isolation", "required", "--out", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())
+    assert "--isolation required, but bubblewrap is missing" in message
+    assert "harnessrl's source" in message and "every local server" in message  # what would be visible
+    assert not out.exists()  # refused before anything ran
+    # and a sandboxed command of this process refuses too
+    with pytest.raises(ValueError, match="--isolation required"):
+        sandbox_exec.run_sandboxed(["true"], workdir=tmp_path)
+
+
+def test_the_warning_without_bubblewrap_says_as_whom_commands_run(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "as this user (uid 1000" in sandbox_exec.isolation_description("rlimits-only")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert "a uid of their own (we run as root)" in sandbox_exec.isolation_description("rlimits-only")

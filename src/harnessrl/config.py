@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -109,6 +109,11 @@ class RunOptions(Options):
         False, description="continue the run in --out, skipping finished work", json_schema_extra=cli(bool_flag=True)
     )
     progress: bool = Field(True, description="show a progress bar (plain lines when not a terminal)")
+    isolation: Literal["auto", "required"] = Field(
+        "auto",
+        description="required: refuse to run unless bubblewrap isolates sandboxed commands (agents, the shell "
+        "tool, graders) by file system and network; auto: run with resource limits only where it cannot, and say so",
+    )
 
 
 EXECUTORS = ("local", "ray")  # see harnessrl.executors

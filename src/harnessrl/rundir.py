@@ -175,10 +175,13 @@ class RunFolder:
         if self._store is not None:
             self._store.set_meta("config", {**(self._store.config or {}), **values})
 
-    def record_shell_isolation(self, specs: Iterable[AnyHarnessSpec], offers_shell: bool) -> None:
+    def record_shell_isolation(
+        self, specs: Iterable[AnyHarnessSpec], offers_shell: bool, *, training: bool = False
+    ) -> None:
         """A run whose harness turns the shell on for tasks that offer one (`offers_shell`), or
         that runs an external agent program (always sandboxed), records how those commands were
-        isolated on this machine (bubblewrap, or rlimits only)."""
+        isolated on this machine (bubblewrap, or rlimits only). Without bubblewrap it warns; a
+        `training` run says so as an error (its rewards could be forged), and goes on."""
         from harnessrl.harness.spec import HarnessSpec
 
         specs = list(specs)
@@ -188,7 +191,13 @@ class RunFolder:
 
             isolation = isolation_available()
             self.record(shell_isolation=isolation_description(isolation))
-            if isolation != "bwrap":
+            if isolation != "bwrap" and training:
+                log.error(
+                    "TRAINING WITHOUT ISOLATION: an agent or a shell command could read its grader or reach "
+                    "the trainer and forge its reward. %s",
+                    isolation_description(isolation),
+                )
+            elif isolation != "bwrap":
                 log.warning("isolation of this run: %s", isolation_description(isolation))
 
     # -- the run database -----------------------------------------------------------------------------

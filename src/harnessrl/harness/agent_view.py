@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER
-from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, isolation_available, run_sandboxed
+from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, SYSTEM_VIEW, ExecLimits, isolation_available, run_sandboxed
 
 if TYPE_CHECKING:
     from harnessrl.tasks.base import Task
@@ -74,18 +74,21 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
     docs/external-harness.md, "What the agent sees"): its own installed files.
 
     - every absolute path of its command line (inside a string command too: `command_words`):
-      a folder as it is; a file with its folder (a
-      script's config next to it), or, for a file inside a Python environment (a folder holding
-      `pyvenv.cfg`), that whole environment; a symlink also brings its target the same way;
+      a folder as it is; a file itself (not its folder: what a script reads beside it is named in
+      `read_only`), or, for a file inside a Python environment (a folder holding `pyvenv.cfg`),
+      that whole environment, inside an installed Node package (`node_modules/NAME`), that
+      package; a symlink also brings its target the same way;
     - `extra` (the spec's `read_only`), as given;
     - with `{python}` in the command: this Python's environment and its package folders, less
       the folder harnessrl itself is imported from (an agent that could import harnessrl could
       rebuild its task, grader and answer from the task id): a source folder is left out, the
       package inside a site-packages folder is hidden.
 
-    A folder holding one of `private` (the task's own folder with its grader, harnessrl's source)
-    is never shown whole: of a command file in it, only the file. A `read_only` path holding one
-    is refused (ValueError), as it would show the agent its grader."""
+    The folder harnessrl is imported from is hidden wherever it would be visible (an empty folder
+    whose `__init__.py` refuses the import), however harnessrl was installed: in a virtual
+    environment, a system `dist-packages` under /usr, a prefix named in `read_only`. A folder
+    holding one of `private` (the task's own folder with its grader) is never shown whole. A
+    `read_only` path holding one is refused (ValueError), as it would show the agent its grader."""
     shown: list[Path] = []
     words = command_words(argv)
     for word in words:
@@ -112,12 +115,17 @@ def host_paths(argv: list[str], extra: list[str] | tuple[str, ...] = (), private
             elif "site-packages" in folder.parts or "dist-packages" in folder.parts:
                 shown.append(folder)
                 hidden.append(_HARNESSRL_SOURCE)
-    if any(_holds(path, _HARNESSRL_SOURCE) for path in shown):
+    if any(_holds(path, _HARNESSRL_SOURCE) for path in [*shown, *_system_folders()]):
         hidden.append(_HARNESSRL_SOURCE)
     return AgentView(read_only=list(dict.fromkeys(shown)), hidden=list(dict.fromkeys(hidden)))
 
 
 _HARNESSRL_SOURCE = Path(__file__).resolve().parents[1]  # the harnessrl package folder
+
+
+def _system_folders() -> list[Path]:
+    """The host folders every sandboxed command sees (sandbox_exec.SYSTEM_VIEW), resolved."""
+    return [Path("/" + entry).resolve() for entry in SYSTEM_VIEW if os.path.isdir("/" + entry)]
 
 
 def command_words(argv: list[str]) -> list[str]:
@@ -153,16 +161,19 @@ def _holds(folder: Path, inner: Path) -> bool:
 
 
 def _program_folder(path: Path, private: tuple[Path, ...]) -> Path:
-    """What a command word naming `path` shows: see host_paths."""
+    """What a command word naming `path` shows (see host_paths): a folder itself; a file inside a
+    Python environment that environment, inside an installed Node package that package's folder;
+    any other file itself alone (not the folder beside it: a project's run folders and .env)."""
     if path.is_dir():
         return path
     for parent in path.parents:
         if (parent / "pyvenv.cfg").is_file():
             return parent
-    folder = path.parent
-    if any(_holds(folder, p) for p in (*private, _HARNESSRL_SOURCE)):
-        return path
-    return folder
+        if parent.parent.name == "node_modules" or (
+            parent.parent.parent.name == "node_modules" and parent.parent.name.startswith("@")
+        ):
+            return parent if not any(_holds(parent, p) for p in private) else path
+    return path
 
 
 def agent_private_paths(task: Task) -> tuple[Path, ...]:

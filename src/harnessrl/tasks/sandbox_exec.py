@@ -66,7 +66,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harnessrl.tasks.sandbox_net import Forward, NoRelayPython, relay_argv
+from harnessrl.tasks.sandbox_net import (
+    HIDDEN_PACKAGE_INIT,
+    Forward,
+    NoRelayPython,
+    RelayPython,
+    net_folder,
+    relay_argv,
+    relay_python,
+)
 
 SANDBOX_UID = 65534  # "nobody": the uid a command runs as under bwrap when we are root
 # The uids (and gids) a command gets one of, for the call, when its process limit must be set
@@ -88,12 +96,17 @@ _SANDBOX_INIT = ["sh", "-c", '"$@"; exit $?', "sandbox-init"]
 SYSTEM_VIEW = ("bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "sys", "nix")
 # Top-level folders nothing is mounted at or inside: the system's, and those bwrap makes itself.
 SYSTEM_TOP_LEVEL = frozenset({*SYSTEM_VIEW, "boot", "dev", "proc"})
+# What sandboxed commands see without bubblewrap ({who}: whose files, by isolation_description).
+WITHOUT_BWRAP = (
+    "run with resource limits only, {who}, and see the host's whole file system (whatever that uid may "
+    "read: other tasks, graders, checkouts, harnessrl's source) and its network (every local server, the "
+    "trainer's adapter routes, the internet)"
+)
 # What a run says of the isolation when bubblewrap does not work here.
 WEAKER_ISOLATION = (
     "rlimits-only: bubblewrap is missing or does not work here, so sandboxed commands (the shell tool, "
-    "agent programs, graders) run with resource limits and a uid of their own but see the host's whole "
-    "file system (whatever that uid may read: other tasks, graders, checkouts) and its network; "
-    "install bubblewrap (e.g. `apt-get install bubblewrap`) for isolation by construction"
+    "agent programs, graders) " + WITHOUT_BWRAP + "; install bubblewrap (e.g. `apt-get install bubblewrap`) "
+    "for isolation by construction, or pass `--isolation required` to refuse to run without it"
 )
 _DISK_POLL_S = 0.5  # how often the size of a command's writable folders is measured
 
@@ -126,7 +139,38 @@ class ExecResult:
 
 def isolation_description(isolation: str) -> str:
     """How a run config states the isolation level to a reader."""
-    return "bwrap" if isolation == "bwrap" else WEAKER_ISOLATION
+    return "bwrap" if isolation == "bwrap" else WEAKER_ISOLATION.format(who=_whose())
+
+
+def _whose() -> str:
+    """As whom a command runs without bubblewrap."""
+    if os.geteuid() == 0:
+        return "as a uid of their own (we run as root)"
+    return f"as this user (uid {os.geteuid()}: everything it may read and write, its home included)"
+
+
+class IsolationRequired(RuntimeError):
+    """`--isolation required`, and bubblewrap does not work here."""
+
+
+_required = threading.Event()  # set by require_isolation(): run_sandboxed refuses rlimits-only
+
+
+def require_isolation() -> None:
+    """Refuse, from now on in this process, to run a sandboxed command without bubblewrap (the
+    `--isolation required` of every job). Raises IsolationRequired at once when it does not work
+    here, saying what would be visible without it."""
+    _required.set()
+    if isolation_available() != "bwrap":
+        raise IsolationRequired(_refusal())
+
+
+def _refusal() -> str:
+    return (
+        "--isolation required, but bubblewrap is missing or does not work here, so agent programs, the shell "
+        "tool and graders would " + WITHOUT_BWRAP.format(who=_whose()) + ". Install bubblewrap (e.g. "
+        "`apt-get install bubblewrap`) and check that `bwrap --ro-bind / / --unshare-all true` runs"
+    )
 
 
 @functools.cache
@@ -180,11 +224,12 @@ def run_sandboxed(
     program's own files, a Python environment. Under bubblewrap they are bound read-only at their
     own path and nothing else of the host is visible; missing ones are left out. `hidden`:
     folders inside those that the command must not see, each covered by an empty tmpfs (under
-    bubblewrap only). `network`: False (the default) gives the command a network namespace of
-    its own under bubblewrap (loopback only); `forward` then lists the host services it reaches
-    through it and the sandbox services the host reaches (tasks/sandbox_net.py). True keeps the
-    host's network (and ignores `forward`); so does rlimits-only isolation, where a forwarded
-    port is the host's port itself.
+    bubblewrap only; a Python package's folder gets an `__init__.py` that refuses the import).
+    `network`: False (the default) gives the command a network namespace of its own under
+    bubblewrap (loopback only); `forward` then lists the host services it reaches through it and
+    the sandbox services the host reaches (tasks/sandbox_net.py). True keeps the host's network
+    (and ignores `forward`); so does rlimits-only isolation, where a forwarded port is the host's
+    port itself.
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
     point or one `mount_point_problem` refuses, a folder or `read_only` path the sandbox user
@@ -229,6 +274,8 @@ def _run(
 ) -> ExecResult:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    if _required.is_set() and isolation != "bwrap":
+        raise ValueError(_refusal())
     workdir = Path(workdir).resolve()
     binds = _check_mounts({str(workdir): workdir} if mounts is None else mounts)
     cwd = cwd_in_sandbox or next((dst for dst, src in binds.items() if src == workdir), next(iter(binds)))
@@ -240,7 +287,7 @@ def _run(
     relay: list[str] = []
     if forward and isolation == "bwrap" and not network:
         try:
-            relay, relay_paths = relay_argv(list(forward))
+            relay, relay_paths = relay_argv(list(forward), _relay_python())
         except NoRelayPython as e:
             raise ValueError(str(e)) from None
         read_only = [*read_only, *relay_paths]
@@ -285,6 +332,17 @@ def _run(
         )
     finally:
         identity.release()
+
+
+def _relay_python() -> RelayPython:
+    """The Python that runs a command's network relay here (tasks/sandbox_net.py)."""
+    system = tuple(Path("/" + entry) for entry in SYSTEM_VIEW)
+    return relay_python(system, SANDBOX_PATH, unreadable_by_others if os.geteuid() == 0 else _readable)
+
+
+def _readable(path: Path) -> None:
+    """Not root: the command runs as this user, who reads what this process reads."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -501,22 +559,44 @@ def mount_point_problem(dst: str) -> str | None:
 def unreadable_by_others(path: Path) -> str | None:
     """Why a user other than the owner (the sandbox's unprivileged uid) cannot read `path`, with
     what to do about it; None when it can (every folder above it searchable by others, the path
-    itself readable by others, and a folder also searchable)."""
+    itself readable by others, and a folder also searchable). The advice never opens more than
+    `path` itself: a closed folder above it (a home such as /root, a `mktemp -d` folder) is to be
+    left closed and the program put elsewhere."""
     path = Path(path).absolute()
-    fix = (
-        "we run as root, so the sandbox runs the command as an unprivileged user, which cannot read it. "
-        "Make it readable by others (`chmod -R o+rX {what}`; `mktemp -d` makes mode-0700 folders) "
-        "or put it where other users can read it (not under /root or a private temporary folder)"
-    )
+    why = "we run as root, so the sandbox runs the command as an unprivileged user, which cannot read it"
     for parent in reversed(path.parents):
         if not os.stat(parent).st_mode & 0o001:
             shown = oct(os.stat(parent).st_mode & 0o777)[2:]
-            return f"cannot show {path} in the sandbox: {parent} is mode {shown}, and " + fix.format(what=parent)
+            where = (
+                f"cannot show {path} in the sandbox: it is inside {parent} (mode {shown}, closed to other users), "
+                f"and {why}"
+            )
+            if parent != path.parent or _is_home(parent):
+                return (
+                    f"{where}. Leave {parent} closed (opening it would show other users all it holds): install or "
+                    "copy the program into a folder other users can read, e.g. under /opt (`mktemp -d` makes "
+                    "mode-0700 folders: `chmod 755` the one it made)"
+                )
+            return (
+                f"{where}. If {parent} holds the program's own files only, open that one folder "
+                f"(`chmod o+rx {parent}`; `mktemp -d` makes mode-0700 folders), else move the program to a folder "
+                "other users can read"
+            )
     mode = os.stat(path).st_mode
     needs = 0o005 if stat.S_ISDIR(mode) else 0o004
     if mode & needs != needs:
-        return f"cannot show {path} in the sandbox: it is mode {oct(mode & 0o777)[2:]}, and " + fix.format(what=path)
+        fix = f"chmod -R o+rX {path}" if stat.S_ISDIR(mode) else f"chmod o+r {path}"
+        return (
+            f"cannot show {path} in the sandbox: it is mode {oct(mode & 0o777)[2:]}, and {why}. "
+            f"Make it (and it alone) readable by others: `{fix}` (`mktemp -d` makes mode-0700 folders)"
+        )
     return None
+
+
+def _is_home(folder: Path) -> bool:
+    """`folder` is a user's home (of an account, or this process's HOME)."""
+    homes = {Path(entry.pw_dir) for entry in pwd.getpwall() if entry.pw_dir not in ("/", "")}
+    return folder in homes or folder == Path.home()
 
 
 def _check_mounts(mounts: dict[str, Path]) -> dict[str, Path]:
@@ -579,8 +659,11 @@ def _bwrap_argv(
     # one after a read-only one at the same path).
     for dst, src, how in sorted(mounts, key=lambda m: (m[0].rstrip("/").count("/"), m[2] == "--bind")):
         args += [how, src, dst]
-    for folder in hidden:  # an empty, read-only folder in its place
-        args += ["--tmpfs", str(folder), "--remount-ro", str(folder)]
+    for folder in hidden:  # an empty, read-only folder in its place (a package: one that refuses imports)
+        args += ["--tmpfs", str(folder)]
+        if (Path(folder) / "__init__.py").is_file():
+            args += ["--ro-bind", str(net_folder() / HIDDEN_PACKAGE_INIT), str(Path(folder) / "__init__.py")]
+        args += ["--remount-ro", str(folder)]
     args += ["--remount-ro", "/", "--chdir", cwd]
     args += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     if not network:

@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.tasks import net_forward
 
 RELAY_FILE = "net_forward.py"
+# what a hidden Python package's folder holds in the sandbox (sandbox_exec's `hidden`): an import
+# of it fails instead of finding an empty namespace package
+HIDDEN_PACKAGE_INIT = "hidden_package_init.py"
+_HIDDEN_INIT_TEXT = 'raise ImportError("this package is hidden from sandboxed programs")\n'
 _folder_lock = threading.Lock()
 
 
@@ -64,13 +68,15 @@ def _net_folder() -> Path:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     folder.chmod(0o755)  # mkdtemp's 0700 would hide it from the sandbox user
     shutil.copyfile(net_forward.__file__, folder / RELAY_FILE)
-    (folder / RELAY_FILE).chmod(0o644)
+    (folder / HIDDEN_PACKAGE_INIT).write_text(_HIDDEN_INIT_TEXT, encoding="utf-8")
+    for name in (RELAY_FILE, HIDDEN_PACKAGE_INIT):
+        (folder / name).chmod(0o644)
     return folder
 
 
 def net_folder() -> Path:
-    """This process's folder of the relay program and of the Unix sockets of host services
-    (made once, mode 0755, removed with the machine's temporary files)."""
+    """This process's folder of the relay program, the hidden packages' `__init__.py` and the
+    Unix sockets of host services (made once, mode 0755, removed when the process exits)."""
     with _folder_lock:
         folder = _net_folder()
         if not (folder / RELAY_FILE).is_file():  # a temp-folder cleaner removed it meanwhile
@@ -88,31 +94,35 @@ def socket_path(name: str) -> Path:
     return path
 
 
-def relay_python() -> tuple[str, list[Path]]:
-    """(interpreter, host folders to show) that runs the relay in the sandbox: this Python's
-    base interpreter where others can read it, else a python3 of the system (in /usr). Raises
-    NoRelayPython when there is neither."""
-    return _relay_python(os.geteuid() == 0)
+def relay_python(system: tuple[Path, ...], search_path: str, unreadable: Callable[[Path], str | None]) -> RelayPython:
+    """The interpreter that runs the relay in the sandbox, and the host folders to show for it:
+    this Python's base interpreter where the sandbox user can read it (`unreadable` says why
+    not; as root, of another user), else a python3 of the system folders (`system`, searched on
+    `search_path`). Raises NoRelayPython when there is neither."""
+    return _relay_python(system, search_path, unreadable)
+
+
+@dataclass(frozen=True)
+class RelayPython:
+    python: str
+    shown: tuple[Path, ...]  # host folders the sandbox shows for it (its prefix when not a system one)
 
 
 @functools.cache
-def _relay_python(as_root: bool) -> tuple[str, list[Path]]:
-    from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, SYSTEM_VIEW, unreadable_by_others
-
+def _relay_python(system: tuple[Path, ...], search_path: str, unreadable: Callable[[Path], str | None]) -> RelayPython:
     base = Path(getattr(sys, "_base_executable", sys.executable)).resolve()
     prefix = Path(sys.base_prefix).resolve()
-    system = tuple(Path("/" + entry) for entry in SYSTEM_VIEW)
     tried = []
     if base.is_file() and base.is_relative_to(prefix):
-        shown = [] if any(prefix.is_relative_to(s) for s in system) else [prefix]
-        problem = unreadable_by_others(prefix) if as_root and shown else None
+        shown = () if any(prefix.is_relative_to(s) for s in system) else (prefix,)
+        problem = unreadable(prefix) if shown else None
         if problem is None:
-            return str(base), shown
+            return RelayPython(str(base), shown)
         tried.append(problem)
     for name in ("python3", "python"):
-        found = shutil.which(name, path=SANDBOX_PATH)
+        found = shutil.which(name, path=search_path)
         if found is not None and any(Path(found).resolve().is_relative_to(s) for s in system):
-            return found, []
+            return RelayPython(found, ())
     raise NoRelayPython(
         "no Python the sandbox can run for its network relay: "
         + ("; ".join(tried) + "; " if tried else "")
@@ -121,13 +131,12 @@ def _relay_python(as_root: bool) -> tuple[str, list[Path]]:
     )
 
 
-def relay_argv(forwards: list[Forward]) -> tuple[list[str], list[Path]]:
+def relay_argv(forwards: list[Forward], relay: RelayPython) -> tuple[list[str], list[Path]]:
     """(the argv words that start the relay before a command, host paths the sandbox must show
-    read-only for it: the relay's folder and its Python)."""
-    python, shown = relay_python()
+    read-only for it: the relay's folder and its Python's)."""
     folder = net_folder()
-    words = [python, "-I", "-S", str(folder / RELAY_FILE), *(f.argument() for f in forwards), "--"]
-    return words, [folder, *shown]
+    words = [relay.python, "-I", "-S", str(folder / RELAY_FILE), *(f.argument() for f in forwards), "--"]
+    return words, [folder, *relay.shown]
 
 
 RELAY_BIND_FAILED = net_forward.BIND_FAILED

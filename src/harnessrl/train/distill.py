@@ -466,7 +466,7 @@ class DistillRun(lora.WritesAdapter):
             )
         except RunFolderError as e:
             raise DistillError(str(e)) from None
-        self.folder.record_shell_isolation([self.student], self.suite.offers_shell)
+        self.folder.record_shell_isolation([self.student], self.suite.offers_shell, training=True)
         self.folder.record(executor=self.executor.describe())
         if console is None:
             from rich.console import Console
