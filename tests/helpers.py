@@ -1,9 +1,12 @@
-"""Test helpers: scripted policies of known behaviour."""
+"""Test helpers: scripted policies of known behaviour; a rollout server locked by a known key."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from harnessrl.harness.oracle import oracle_script
 from harnessrl.models.scripted import ScriptedPolicy
@@ -125,3 +128,19 @@ def check_recorded_and_triaged(trajectories, run_dir) -> list:
         assert traj.grade is not None and not traj.grade.passed  # random text solves nothing
         assert first_failure_signal(traj) is not None, traj.termination_detail
     return stored
+
+
+# The admin key of the servers the tests start as rollout servers (wire/auth.py).
+ADMIN_KEY = "test-admin-key"
+
+
+@contextlib.contextmanager
+def keyed_server(model, **kwargs) -> Iterator[str]:
+    """`serving(model, **kwargs)` locked by ADMIN_KEY, with $HARNESSRL_ADMIN_KEY set to it for the
+    block, as a trainer pointed at a running server is given it; yields the base URL."""
+    from harnessrl.serve import serving
+    from harnessrl.wire.auth import ADMIN_KEY_ENV
+
+    with pytest.MonkeyPatch.context() as env, serving(model, admin_key=ADMIN_KEY, **kwargs) as url:
+        env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+        yield url

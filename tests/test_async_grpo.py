@@ -17,10 +17,10 @@ import time
 
 import pytest
 import torch
+from helpers import keyed_server
 from test_train_distributed import launch, needs_gloo
 from test_trainer import BASE, SPECS, TextScore, adapter_weights, lines, shrink
 
-from harnessrl.serve import serving
 from harnessrl.store import RunStore
 from harnessrl.train import trainer as trainer_module
 from harnessrl.train.schedulers import make_scheduler
@@ -55,7 +55,7 @@ def stored_episodes(out) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def server():
-    with serving("tiny-random") as url:
+    with keyed_server("tiny-random") as url:  # the trainer's processes inherit $HARNESSRL_ADMIN_KEY
         yield url
 
 

@@ -10,9 +10,9 @@ import json
 import math
 
 import pytest
+from helpers import keyed_server
 from test_trainer import BASE, SPECS, TextScore, lines
 
-from harnessrl.serve import serving
 from harnessrl.store import RunStore
 from harnessrl.train.rollout_server import ADAPTERS_DIR
 from harnessrl.train.trainer import Trainer, TrainError
@@ -32,7 +32,7 @@ def run(out, config):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout-server")
     local = run(root / "local", CONFIG)
-    with serving("tiny-random") as url:
+    with keyed_server("tiny-random") as url:  # the trainer sends $HARNESSRL_ADMIN_KEY
         served = run(root / "served", dataclasses.replace(CONFIG, rollout_servers=[url]))
     return root, local, served
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ADMIN_KEY
 
 from harnessrl.models.base import GenerationRequest, SamplingParams
 from harnessrl.train.rollout_server import (
@@ -37,6 +38,7 @@ from harnessrl.train.rollout_server import (
     teacher_forced,
 )
 from harnessrl.types import Message
+from harnessrl.wire.auth import ADMIN_KEY_ENV
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -59,7 +61,9 @@ class VLLMLike:
     logits, then temperature, then top_k; the defaults (`top_k`, `repetition_penalty`) apply to
     fields a request does not send (vLLM's --generation-config auto); logprobs are raw
     (log softmax of the unprocessed logits) or processed (of what was sampled from). Tool
-    requests are refused as by vLLM without --enable-auto-tool-choice unless `tools`."""
+    requests are refused as by vLLM without --enable-auto-tool-choice unless `tools`. With an
+    `api_key` (vLLM's --api-key) every request without `Authorization: Bearer KEY` gets vLLM's
+    401; `authorizations` keeps each request's header."""
 
     policy: object
     logprobs_mode: str = "processed_logprobs"
@@ -67,9 +71,11 @@ class VLLMLike:
     repetition_penalty: float = 1.0
     tools: bool = False
     hold: threading.Event | None = None  # completion requests wait for it (requests in flight)
+    api_key: str | None = None
 
     def __post_init__(self):
         self.requests: list[tuple[str, dict]] = []
+        self.authorizations: list[tuple[str, str | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
@@ -139,11 +145,22 @@ class VLLMLike:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def refused(self) -> bool:
+                """vLLM's --api-key: 401 for a request without the key."""
+                outer.authorizations.append((self.path, self.headers.get("authorization")))
+                if outer.api_key is None or self.headers.get("authorization") == f"Bearer {outer.api_key}":
+                    return False
+                self._send(401, {"error": "Unauthorized"})
+                return True
+
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "tiny-random", "object": "model"}]})
+                if not self.refused():
+                    self._send(200, {"object": "list", "data": [{"id": "tiny-random", "object": "model"}]})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.refused():
+                    return
                 outer.requests.append((self.path, body))
                 if self.path.endswith(("load_lora_adapter", "unload_lora_adapter")):
                     return self._send(200, "Success")
@@ -267,8 +284,8 @@ def test_harnessrl_serve_passes_the_probe_but_refuses_native_tools(tiny, tmp_pat
     from harnessrl.serve import serving
 
     trained = tiny_peft(tiny)
-    with serving(tiny, served_model_name="tiny-random") as url:
-        servers = RolloutServers([url], run_id="s1")
+    with serving(tiny, served_model_name="tiny-random", admin_key=ADMIN_KEY) as url:
+        servers = RolloutServers([url], run_id="s1", admin_key=ADMIN_KEY)
         servers.publish(lambda folder: trained.save_pretrained(str(folder)), tmp_path, 0)
         report = servers.probe(teacher_forced(trained), temperature=0.7)  # the adapter is applied
         assert report.max_abs_diff < 1e-3
@@ -395,12 +412,14 @@ def served_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("vllm-like") / "run"
     models = ServedModels(HFPolicy(tiny_random_model(), load_tokenizer(), name="tiny-random"), max_loras=2)
-    app = Recording(create_app(models))
+    app = Recording(create_app(models, admin_key=ADMIN_KEY))
     server = BackgroundServer(app)
     root = server.start()
     try:
         config = dataclasses.replace(BASE, eval_every=0, rollout_servers=[f"{root}/v1"])
-        Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+            Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
     finally:
         server.stop()
         models.close()

@@ -14,6 +14,7 @@ from concurrent.futures import Future
 import openai
 import pytest
 import torch
+from helpers import ADMIN_KEY
 from typer.testing import CliRunner
 
 from harnessrl.models import GenerationRequest, PolicyError, SamplingParams
@@ -48,7 +49,7 @@ def _local_only(monkeypatch):
 def served(tokenizer):
     """(base URL, the served HFPolicy): one server for the module."""
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
-    with serving(policy, max_loras=2) as url:
+    with serving(policy, max_loras=2, admin_key=ADMIN_KEY) as url:
         yield url, policy
     policy.close()
 
@@ -93,9 +94,13 @@ def close(a: list[float], b: list[float], tol: float = TOL) -> bool:
 
 
 def post(url: str, route: str, body) -> httpx.Response:
+    """POST with the admin key the servers of this module are started with (the adapter routes
+    need it; the others ignore it)."""
+    key = {"authorization": f"Bearer {ADMIN_KEY}"}
     if isinstance(body, (bytes, str)):
-        return httpx.post(url + route, content=body, headers={"content-type": "application/json"}, timeout=120)
-    return httpx.post(url + route, json=body, timeout=120)
+        headers = {"content-type": "application/json", **key}
+        return httpx.post(url + route, content=body, headers=headers, timeout=120)
+    return httpx.post(url + route, json=body, headers=key, timeout=120)
 
 
 # ------------------------------------------------------------------------------------ answers
@@ -420,7 +425,7 @@ def test_lora_route_errors(tokenizer, adapters, tmp_path):
     not_adapter = tmp_path / "empty"
     not_adapter.mkdir()
     try:
-        with serving(policy, max_loras=1) as url:
+        with serving(policy, max_loras=1, admin_key=ADMIN_KEY) as url:
             for body, words in [
                 ({"lora_name": "tiny-random", "lora_path": str(one)}, "base model"),
                 ({"lora_name": "c", "lora_path": str(tmp_path / "missing")}, "not a folder"),
@@ -442,7 +447,7 @@ def test_max_loras_is_an_lru_of_merged_copies_as_in_vllm(tokenizer, adapters, tm
     moved = shutil.copytree(one, tmp_path / "one")
     models = ServedModels(HFPolicy(tiny_random_model(), tokenizer, name="tiny-random"), max_loras=1)
     try:
-        with serving(models) as url:
+        with serving(models, admin_key=ADMIN_KEY) as url:
             assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(moved)}).status_code == 200
             body = {"model": "a", "messages": WIRE, "max_tokens": 4, "seed": 3, "logprobs": True}
             first = post(url, "/chat/completions", body).json()["choices"][0]
@@ -467,14 +472,14 @@ def test_max_loras_is_an_lru_of_merged_copies_as_in_vllm(tokenizer, adapters, tm
 def test_an_adapter_above_max_lora_rank_is_refused_as_vllm_does(tokenizer, adapters):
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
     try:
-        with serving(policy, max_lora_rank=1) as url:  # the adapters are rank 4
+        with serving(policy, max_lora_rank=1, admin_key=ADMIN_KEY) as url:  # the adapters are rank 4
             refused = post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])})
             # vLLM 0.33: its engine's ValueError comes back as a 500 with this message
             assert refused.status_code == 500
             assert "LoRA rank 4 is greater than max_lora_rank 1." in refused.json()["error"]["message"]
             assert "--max-lora-rank 8" in refused.json()["error"]["message"]
             assert [m["id"] for m in httpx.get(url + "/models").json()["data"]] == ["tiny-random"]
-        with serving(policy, max_lora_rank=8) as url:
+        with serving(policy, max_lora_rank=8, admin_key=ADMIN_KEY) as url:
             assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])}).status_code == 200
         with pytest.raises(ValueError, match="max_lora_rank must be one of 1, 8, 16"):
             ServedModels(policy, max_lora_rank=4)
@@ -485,7 +490,7 @@ def test_an_adapter_above_max_lora_rank_is_refused_as_vllm_does(tokenizer, adapt
 def test_unload_waits_for_the_adapters_requests_in_flight(tokenizer, adapters):
     models = ServedModels(HFPolicy(tiny_random_model(), tokenizer, name="tiny-random"), max_loras=1)
     try:
-        with serving(models) as url:
+        with serving(models, admin_key=ADMIN_KEY) as url:
             assert post(url, "/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters[0])}).status_code == 200
             adapter = next(e.policy for e in models.entries() if e.name == "a")
             body = {"model": "a", "messages": WIRE, "max_tokens": 4, "seed": 2}

@@ -267,14 +267,15 @@ def test_the_cli_flags_reach_the_server(monkeypatch):
 
 
 def test_the_trainers_tool_probe_passes_with_the_flags_and_is_refused_without(tiny_policy, tmp_path):
+    from helpers import ADMIN_KEY
     from test_rollout_vllm import tiny_peft
 
     from harnessrl.train.rollout_server import RolloutServerError, RolloutServers, teacher_forced
 
     trained = tiny_peft(tiny_policy)
     for flags, passes in (({"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}, True), ({}, False)):
-        with serving(tiny_policy, served_model_name="tiny-random", **flags) as url:
-            servers = RolloutServers([url], run_id="tools")
+        with serving(tiny_policy, served_model_name="tiny-random", admin_key=ADMIN_KEY, **flags) as url:
+            servers = RolloutServers([url], run_id="tools", admin_key=ADMIN_KEY)
             servers.publish(lambda folder: trained.save_pretrained(str(folder)), tmp_path / str(passes), 0)
             if passes:
                 report = servers.probe(teacher_forced(trained), temperature=0.7, native_tools=True)

@@ -87,13 +87,37 @@ class ServeConfig(Options):
         "Qwen2.5/Qwen3, json, xml, react, code, or a plugin's; docs/serve.md#native-tool-calls)",
     )
     log_level: str = Field("info", description="the server's log level: critical, error, warning, info, debug, trace")
+    admin_key: Optional[str] = Field(
+        None,
+        description="the key /v1/load_lora_adapter and /v1/unload_lora_adapter need, sent as 'Authorization: "
+        "Bearer KEY' (default: $HARNESSRL_ADMIN_KEY, which keeps it out of the process list; neither given: "
+        "one is drawn and printed at start)",
+    )
+
+
+def _admin_key(given: str | None) -> tuple[str, str]:
+    """(the key of the adapter routes, the line that tells the user how to send it): --admin-key,
+    else $HARNESSRL_ADMIN_KEY, else a fresh key, printed since nobody else knows it."""
+    from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, env_admin_key
+
+    routes = "/v1/load_lora_adapter and /v1/unload_lora_adapter need 'Authorization: Bearer KEY'"
+    if given:
+        return given, f"{routes}, KEY being --admin-key"
+    key = env_admin_key()
+    if key is not None:
+        return key, f"{routes}, KEY being ${ADMIN_KEY_ENV}"
+    key = draw_admin_key()
+    return key, (
+        f"{routes}; neither --admin-key nor ${ADMIN_KEY_ENV} was given, so KEY was drawn: {key}  "
+        f"(export {ADMIN_KEY_ENV}={key} where harnessrl train grpo --rollout-server runs)"
+    )
 
 
 @config_command(ServeConfig)
 def serve_cmd(config: ServeConfig) -> None:
     """Serve a local model over OpenAI's chat completions API (/v1/chat/completions, /v1/models,
-    runtime LoRA adapters; native tool calls with --enable-auto-tool-choice --tool-call-parser);
-    Ctrl-C stops."""
+    runtime LoRA adapters behind an admin key; native tool calls with --enable-auto-tool-choice
+    --tool-call-parser); Ctrl-C stops."""
     from harnessrl.models import ModelUnavailable
 
     if config.dtype == "int8" and config.lora_modules:
@@ -146,12 +170,20 @@ def serve_cmd(config: ServeConfig) -> None:
             except ServeError as e:
                 fail(f"--lora-modules {name}={path}: {e.message}")
         names = ", ".join([models.base_name, *models.adapter_names()])
+        key, how = _admin_key(config.admin_key)
 
         def announce(url: str) -> None:
-            err.print(f"serving {names} at {url}  (Ctrl-C to stop)", markup=False, highlight=False)
+            err.print(f"serving {names} at {url}  (Ctrl-C to stop)\n{how}", markup=False, highlight=False)
 
         try:
-            run_server(models, host=config.host, port=config.port, log_level=config.log_level, announce=announce)
+            run_server(
+                models,
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+                announce=announce,
+                admin_key=key,
+            )
         except OSError as e:
             fail(f"cannot listen on {config.host}:{config.port}: {e}")
     finally:

@@ -5,6 +5,11 @@ With a tool-call parser (ServedModels.tool_call_parser, vLLM's --enable-auto-too
 --tool-call-parser P) a request's `tools` are shown in the prompt and its reply parsed into
 `tool_calls` the way the recording endpoint does it (harness/prompt_tools.py).
 
+The routes that change what the server samples (`POST /v1/load_lora_adapter`,
+`/v1/unload_lora_adapter`) answer only a request that carries the admin key
+(`Authorization: Bearer KEY`, wire/auth.py): 401 without a key, 403 with another one, each
+refusal logged with the route and the client's address. The routes that sample stay open.
+
 Every completion route is async and awaits the policy's `submit` future, so the requests in
 flight together join the engine's running batch (continuous batching), and a request the
 policy fails gets its own 500 while the others complete. Slow work that is not generation
@@ -20,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
@@ -31,6 +36,7 @@ from harnessrl.serve.models import ServedModel, ServedModels
 from harnessrl.serve.tools import offered_tools
 from harnessrl.types import ModelCall
 from harnessrl.wire import messages as ms
+from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, key_matches, presented_key
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError, to_generation
 from harnessrl.wire.http import request_error_message
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
@@ -53,16 +59,43 @@ class UnloadLoraRequest(BaseModel):
     lora_int_id: int | None = None  # sent by some vLLM clients; names are what count here
 
 
-def create_app(models: ServedModels) -> FastAPI:
-    """The app answering for `models` (the caller closes them after the server stops)."""
+def check_admin_key(request: Request, key: str) -> None:
+    """Nothing for a request that carries `key` as `Authorization: Bearer KEY`; ServeError 401
+    for one without a key, 403 for one with another key, logged with the route and the client."""
+    presented = presented_key(request.headers.get("authorization"))
+    if presented is not None and key_matches(presented, key):
+        return
+    client = f"{request.client.host}:{request.client.port}" if request.client else "an unknown client"
+    path = request.url.path
+    if presented is None:
+        log.warning("refused %s %s from %s: no admin key", request.method, path, client)
+        raise ServeError(
+            401,
+            f"{path} changes what this server samples and needs its admin key: send 'Authorization: Bearer KEY' "
+            f"(the key of harnessrl serve --admin-key or ${ADMIN_KEY_ENV}, or the one it drew and printed at start)",
+        )
+    log.warning("refused %s %s from %s: wrong admin key", request.method, path, client)
+    raise ServeError(403, f"{path}: the admin key sent is not this server's")
+
+
+def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI:
+    """The app answering for `models` (the caller closes them after the server stops).
+    `admin_key`: what the adapter routes need (`check_admin_key`); None draws one that nobody
+    is told, which closes those routes (adapters are then loaded on `models` directly)."""
     app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = models
     conversations = app.state.conversations = ConversationStore()  # previous_response_id
+    key = admin_key or draw_admin_key()
+
+    async def admin_only(request: Request) -> None:
+        check_admin_key(request, key)
 
     # errors in OpenAI's shape, in Anthropic's on the Messages routes (ms.error_for)
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
-        return JSONResponse(ms.error_for(request.url.path, exc.status, exc.message, exc.param), status_code=exc.status)
+        body = ms.error_for(request.url.path, exc.status, exc.message, exc.param)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -87,14 +120,14 @@ def create_app(models: ServedModels) -> FastAPI:
     async def list_models() -> dict:
         return {"object": "list", "data": [entry.card() for entry in models.entries()]}
 
-    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/load_lora_adapter", dependencies=[Depends(admin_only)])
     async def load_lora_adapter(body: LoadLoraRequest) -> PlainTextResponse:
         message = await asyncio.to_thread(
             models.load_adapter, body.lora_name, body.lora_path, inplace=body.load_inplace
         )
         return PlainTextResponse(message)
 
-    @app.post("/v1/unload_lora_adapter")
+    @app.post("/v1/unload_lora_adapter", dependencies=[Depends(admin_only)])
     async def unload_lora_adapter(body: UnloadLoraRequest) -> PlainTextResponse:
         return PlainTextResponse(await asyncio.to_thread(models.unload_adapter, body.lora_name))
 

@@ -48,6 +48,7 @@ def serving(
     logprobs_mode: str = "processed_logprobs",
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str | None = None,
+    admin_key: str | None = None,
 ) -> Iterator[str]:
     """Serve `model` over OpenAI's chat completions API from a background thread; yields the
     base URL, e.g. ``http://127.0.0.1:41234/v1`` (for `openai.OpenAI(base_url=...)` or the
@@ -58,11 +59,13 @@ def serving(
     `served_model_name` or its own name; the caller keeps it and closes it, so a trainer can
     serve the policy it trains: the engine drops cached prefixes when the weights change), or a
     ServedModels. `port=0` takes a free port. `lora_modules`: {name: adapter folder} loaded
-    before the server starts; more can be loaded through POST /v1/load_lora_adapter. Adapters
-    are closed on exit. `max_lora_rank`, `generation_config` ("vllm" or "auto") and
-    `logprobs_mode` ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names,
-    and so are `enable_auto_tool_choice` with `tool_call_parser` (both or neither: native tool
-    calls through that tool-call format, harness/prompt_tools.py) (ServedModels; ignored when `model` is a
+    before the server starts; more can be loaded through POST /v1/load_lora_adapter, by a request
+    that carries `admin_key` (`Authorization: Bearer KEY`; without `admin_key` a key nobody is
+    told is drawn, and the adapter routes refuse every request). Adapters are closed on exit.
+    `max_lora_rank`, `generation_config` ("vllm" or "auto") and `logprobs_mode`
+    ("processed_logprobs" or "raw_logprobs") are vLLM's options of those names, and so are
+    `enable_auto_tool_choice` with `tool_call_parser` (both or neither: native tool calls through
+    that tool-call format, harness/prompt_tools.py) (ServedModels; ignored when `model` is a
     ServedModels, which has its own).
 
     The server stops when the block ends: it stops accepting connections, gives requests in
@@ -86,7 +89,8 @@ def serving(
     try:
         for name, path in (lora_modules or {}).items():
             models.load_adapter(name, path)
-        server = BackgroundServer(create_app(models), host=host, port=port, log_level=log_level)
+        app = create_app(models, admin_key=admin_key)
+        server = BackgroundServer(app, host=host, port=port, log_level=log_level)
         root = server.start()
         try:
             yield f"{root}/v1"
@@ -104,9 +108,11 @@ def run_server(
     port: int,
     log_level: str = "info",
     announce: Callable[[str], None] | None = None,
+    admin_key: str | None = None,
 ) -> None:
     """Serve `models` in this thread until Ctrl-C / SIGTERM (the command line). The socket is
-    bound first, so `announce` gets the base URL with the real port (`port=0`: a free one)."""
+    bound first, so `announce` gets the base URL with the real port (`port=0`: a free one).
+    `admin_key`: what the adapter routes need (None: a drawn one, told to nobody)."""
     import uvicorn
 
     from harnessrl.serve.app import create_app
@@ -114,7 +120,10 @@ def run_server(
     sock = bind_socket(host, port)
     try:
         config = uvicorn.Config(
-            create_app(models), log_level=log_level, lifespan="off", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+            create_app(models, admin_key=admin_key),
+            log_level=log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
         if announce is not None:
             announce(f"http://{url_host(host)}:{sock.getsockname()[1]}/v1")

@@ -30,6 +30,12 @@ logprobs compared with the trainer's own teacher-forced recomputation; a server 
 logprobs are raw (vLLM's default), whose defaults truncate or penalise, or that refuses
 native tools a harness needs is refused, naming the server flag to add.
 
+**The admin key** (`admin_key`, $HARNESSRL_ADMIN_KEY in the trainer): sent as
+`Authorization: Bearer KEY` with every request, so `harnessrl serve` lets the trainer, and only
+the trainer, load and unload adapters (its adapter routes need the key), and a vLLM started with
+the key as its API key (which then guards every /v1 route) answers it at all. A server that
+refuses the key stops the run with one message naming the variable.
+
 `RolloutServers` is a Policy over one or more servers. Each request goes to the server with the
 fewest requests outstanding (the first on a tie), with the request's whole 63-bit sampling seed
 (both servers take it), and must come back with its token ids (`return_token_ids`): training
@@ -61,6 +67,7 @@ from typing import Any
 from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
 from harnessrl.models.openai_compat import OpenAIPolicy, parse_completion
 from harnessrl.types import Message, ModelCall
+from harnessrl.wire.auth import ADMIN_KEY_ENV, bearer_headers
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +101,12 @@ class RolloutServerError(RuntimeError):
     sample what the trainer learns from (the probe)."""
 
 
-def _http(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, str]:
-    """(status, text) of one small admin request (the OpenAI client has no LoRA routes);
-    OSError when the server cannot be reached."""
+def _http(method: str, url: str, body: dict | None, timeout: float, key: str | None = None) -> tuple[int, str]:
+    """(status, text) of one small admin request (the OpenAI client has no LoRA routes), with
+    the admin `key` when there is one; OSError when the server cannot be reached."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json", **bearer_headers(key)}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode("utf-8", "replace")
@@ -110,6 +118,20 @@ def _root(url: str) -> str:
     """http://host:port/v1 -> http://host:port (the LoRA routes live under /v1 of the root)."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _key_refused(request: str, status: int, text: str, sent_key: bool) -> RolloutServerError:
+    """The error of a server that answered `request` ("POST URL") with a 401 or 403: which key it
+    wants and how to give it."""
+    if sent_key:
+        why = f"the key in ${ADMIN_KEY_ENV} is not the one it was started with"
+    else:
+        why = f"it needs its admin key and ${ADMIN_KEY_ENV} is not set"
+    return RolloutServerError(
+        f"a rollout server refused {request} (HTTP {status}: {text[:200]}): {why}. Set {ADMIN_KEY_ENV} "
+        f"to the server's key: harnessrl serve's --admin-key or its own ${ADMIN_KEY_ENV} (a key it drew is "
+        "printed at its start); vLLM's --api-key (VLLM_API_KEY)"
+    )
 
 
 def new_run_id() -> str:
@@ -281,7 +303,9 @@ class RolloutServers(Policy):
     """The trainer's adapter, served by `urls` (each an OpenAI-compatible base URL ending in /v1).
 
     `run_id`: this launch's id, the same in every training process (`new_run_id()` in one
-    process, shared); default: a fresh one, right for a single process."""
+    process, shared); default: a fresh one, right for a single process. `admin_key`: sent with
+    every request (`Authorization: Bearer KEY`; the trainer gives $HARNESSRL_ADMIN_KEY); None
+    sends none, for a server without one."""
 
     def __init__(
         self,
@@ -291,6 +315,7 @@ class RolloutServers(Policy):
         max_concurrency: int = 64,
         timeout: float = 600.0,
         max_retries: int = 2,
+        admin_key: str | None = None,
     ):
         if not urls:
             raise ValueError("no rollout server given")
@@ -305,6 +330,7 @@ class RolloutServers(Policy):
         self.name = f"rollout-servers:{ADAPTER_PREFIX}-{run_id}"
         self.max_concurrency = max_concurrency
         self.timeout = timeout
+        self._key = admin_key or None  # never in describe() or the run's records
         self.clients = [
             _ServerClient(
                 ADAPTER_PREFIX,
@@ -316,6 +342,7 @@ class RolloutServers(Policy):
                 return_token_ids=True,
                 full_seeds=True,
                 explicit_sampling=True,
+                api_key=self._key,  # None: $OPENAI_API_KEY or EMPTY, as any openai: model
             )
             for url in self.urls
         ]
@@ -353,12 +380,20 @@ class RolloutServers(Policy):
     def folder_of(self, out: Path, version: int) -> Path:
         return Path(out) / ADAPTERS_DIR / f"v{version}-{self.run_id}"
 
+    def _call(self, method: str, url: str, body: dict | None, timeout: float) -> tuple[int, str]:
+        """`_http` with the admin key; RolloutServerError naming $HARNESSRL_ADMIN_KEY for a 401 or
+        403 (a key does not come right by retrying)."""
+        status, text = _http(method, url, body, timeout, self._key)
+        if status in (401, 403):
+            raise _key_refused(f"{method} {url}", status, text, self._key is not None)
+        return status, text
+
     def check(self) -> list[dict[str, Any]]:
         """GET /v1/models of every server; RolloutServerError naming the first unreachable one."""
         found = []
         for url in self.urls:
             try:
-                status, text = _http("GET", f"{url}/models", None, 30.0)
+                status, text = self._call("GET", f"{url}/models", None, 30.0)
                 if status != 200:
                     raise OSError(f"HTTP {status}: {text[:200]}")
                 models = [m.get("id") for m in json.loads(text).get("data", []) if isinstance(m, dict)]
@@ -386,7 +421,7 @@ class RolloutServers(Policy):
         body = {"lora_name": adapter_name(self.run_id, version), "lora_path": str(folder.resolve())}
         for url in self.urls:
             try:
-                status, text = _http("POST", f"{_root(url)}/v1/load_lora_adapter", body, LOAD_TIMEOUT_S)
+                status, text = self._call("POST", f"{_root(url)}/v1/load_lora_adapter", body, LOAD_TIMEOUT_S)
             except OSError as e:
                 raise RolloutServerError(f"rollout server {url}: cannot load the adapter: {e}") from None
             if status >= 400:
@@ -416,11 +451,11 @@ class RolloutServers(Policy):
             unloaded = True
             for url in self.urls:
                 try:
-                    status, text = _http("POST", f"{_root(url)}/v1/unload_lora_adapter", body, LOAD_TIMEOUT_S)
-                except OSError as e:
+                    status, text = self._call("POST", f"{_root(url)}/v1/unload_lora_adapter", body, LOAD_TIMEOUT_S)
+                except (OSError, RolloutServerError) as e:  # a refused key too: warned, the version kept
                     status, text = 0, str(e)
                 if status == 0 or (status >= 400 and status != 404):  # 404: that server never loaded it
-                    log.warning("rollout server %s did not unload %s: %s", url, body["lora_name"], text[:200])
+                    log.warning("rollout server %s did not unload %s: %s", url, body["lora_name"], text[:500])
                     unloaded = False
             if not unloaded:
                 continue
@@ -516,7 +551,7 @@ class RolloutServers(Policy):
         self, url: str, kind: str, body: dict, recompute: Recompute, t: float, tolerance: float
     ) -> ProbeCheck:
         try:
-            status, text = _http("POST", f"{url}/chat/completions", body, self.timeout)
+            status, text = self._call("POST", f"{url}/chat/completions", body, self.timeout)
         except OSError as e:
             raise RolloutServerError(f"rollout server {url}: the probe request failed: {e}") from None
         if status != 200:
@@ -584,7 +619,7 @@ class RolloutServers(Policy):
         }
         body = {"model": name, "messages": messages, "tools": [tool], "max_tokens": 1, "temperature": 0.0}
         try:
-            status, text = _http("POST", f"{url}/chat/completions", body, self.timeout)
+            status, text = self._call("POST", f"{url}/chat/completions", body, self.timeout)
         except OSError as e:
             raise RolloutServerError(f"rollout server {url}: the tool probe failed: {e}") from None
         if status >= 400:

@@ -265,7 +265,7 @@ class Trainer(lora.WritesAdapter):
             except RunFolderError as e:
                 error = str(e)
             else:
-                self.folder.record_shell_isolation(self.specs, self.suite.offers_shell)
+                self.folder.record_shell_isolation(self.specs, self.suite.offers_shell, training=True)
                 self.folder.record(executor=self.executor.describe())
         error = self.dist.agree(error)  # a refused folder stops every process
         if error is not None:
@@ -314,11 +314,14 @@ class Trainer(lora.WritesAdapter):
         self.servers = None
         if cfg.rollout_servers:
             from harnessrl.train.rollout_server import RolloutServerError, RolloutServers, new_run_id
+            from harnessrl.wire.auth import env_admin_key
 
             # the adapters' names and folders are those of this launch, the same in every process
             run_id = self.dist.broadcast_object(new_run_id() if self.dist.is_main else None)
             try:
-                self.servers = RolloutServers(cfg.rollout_servers, run_id=run_id, max_concurrency=cfg.max_in_flight)
+                self.servers = RolloutServers(
+                    cfg.rollout_servers, run_id=run_id, max_concurrency=cfg.max_in_flight, admin_key=env_admin_key()
+                )
                 self.servers.check()
             except (ValueError, RolloutServerError) as e:
                 raise TrainError(str(e)) from None

@@ -8,6 +8,7 @@ with the same code.
     streaming.py tokens as the engine samples them -> text deltas
     replies.py   one admitted request answered as JSON or as an event stream
     http.py      BackgroundServer (an app on a thread), socket helpers, request validation messages
+    auth.py      the admin key that locks a server's adapter routes (Authorization: Bearer KEY)
 
 This package imports neither serve/ nor harness/: both build on it.
 """
