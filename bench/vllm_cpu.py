@@ -19,6 +19,9 @@ rarely completes a toolcalc task, and a step whose groups are all flat makes no 
 new adapter; `--force-advantages` (timing only, on by default here) gives such groups +-1
 advantages so every step runs its backward pass, optimizer step and adapter sync.
 
+Both servers are locked by the admin key $HARNESSRL_ADMIN_KEY (drawn here when it is unset),
+which vLLM takes as its API key; the children inherit it, and this process sends it too.
+
 Threads: this process and `harnessrl serve` use HARNESSRL_THREADS torch threads (default 1);
 vLLM binds its compute threads itself (on 2 cores: one; VLLM_CPU_OMP_THREADS_BIND overrides).
 
@@ -48,6 +51,24 @@ from results import add_record_argument, record_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESSRL = ROOT / ".venv" / "bin" / "harnessrl"
+
+
+def admin_key() -> str:
+    """$HARNESSRL_ADMIN_KEY, set to a drawn key first when it is unset: the servers and the
+    trainer this script starts inherit it (serve_cpu.sh gives it to vLLM as its API key)."""
+    from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, env_admin_key
+
+    key = env_admin_key() or draw_admin_key()
+    os.environ[ADMIN_KEY_ENV] = key
+    return key
+
+
+def keyed(url: str, data: bytes | None = None) -> urllib.request.Request:
+    """A request to `url` with the admin key (vLLM answers none without it)."""
+    from harnessrl.wire.auth import bearer_headers, env_admin_key
+
+    headers = {"content-type": "application/json", **bearer_headers(env_admin_key())}
+    return urllib.request.Request(url, data=data, method="GET" if data is None else "POST", headers=headers)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,7 +112,7 @@ class Served:
                 self.log.seek(0)
                 raise RuntimeError(f"{self.name} exited ({self.proc.returncode}): {self.log.read()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/models", timeout=2) as r:
+                with urllib.request.urlopen(keyed(f"{self.url}/models"), timeout=2) as r:
                     if r.status == 200:
                         self.start_s = time.perf_counter() - self.started
                         return self
@@ -134,9 +155,7 @@ def load_untrained_adapter(url: str, folder: Path, where: Path) -> str:
     get_peft_model(base, config).save_pretrained(str(where))
     body = json.dumps({"lora_name": "untrained", "lora_path": str(where)}).encode()
     root = url[: -len("/v1")]
-    request = urllib.request.Request(f"{root}/v1/load_lora_adapter", data=body, method="POST")
-    request.add_header("content-type", "application/json")
-    with urllib.request.urlopen(request, timeout=300) as r:
+    with urllib.request.urlopen(keyed(f"{root}/v1/load_lora_adapter", body), timeout=300) as r:
         r.read()
     return "untrained"
 
@@ -196,6 +215,7 @@ def grpo_steps(trainer_model: str, url: str, steps: int, out: Path, force: bool)
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    key = admin_key()
     import torch
 
     torch.set_num_threads(int(os.environ.get("HARNESSRL_THREADS", "1")))
@@ -218,7 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
     with vllm_server(args.model) as server:
         vllm_start_s = server.start_s
         if levels:
-            remote = OpenAIPolicy("base", server.url, max_concurrency=max(levels), full_seeds=True, timeout=900)
+            remote = OpenAIPolicy(
+                "base", server.url, api_key=key, max_concurrency=max(levels), full_seeds=True, timeout=900
+            )
             remote.return_token_ids = True
             vllm = {n: run_eval(remote, jobs, n, sampling) for n in levels}
             with tempfile.TemporaryDirectory(prefix="vllm-lora-") as tmp:

@@ -10,6 +10,8 @@ Three servers, started together once for the module:
   the folder whose generation_config.json sets top_k=5 (as instruct models ship one);
 - `raw`: vLLM's default logprobs mode (raw_logprobs), no tool flags.
 A small recording proxy stands in front of each, so a test sees every request the trainer sent.
+Each is started, as the recipe starts it, with $HARNESSRL_ADMIN_KEY as its API key: every /v1
+request of the tests carries it, and the trainer sends it from the variable.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ADMIN_KEY
 
 from harnessrl.models.base import GenerationRequest, SamplingParams
 from harnessrl.models.chat import render_prompt_ids
 from harnessrl.models.openai_compat import OpenAIPolicy
 from harnessrl.types import Message, ToolSchema
+from harnessrl.wire.auth import ADMIN_KEY_ENV, bearer_headers
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = Path(os.environ.get("HARNESSRL_VLLM_VENV", ROOT / ".venv-vllm"))
@@ -97,11 +101,11 @@ class Proxy:
                 self._forward(raw)
 
             def _forward(self, raw: bytes | None):
+                headers = {"content-type": self.headers.get("content-type", "application/json")}
+                if self.headers.get("authorization") is not None:
+                    headers["authorization"] = self.headers["authorization"]
                 request = urllib.request.Request(
-                    proxy.upstream + self.path,
-                    data=raw,
-                    method=self.command,
-                    headers={"content-type": self.headers.get("content-type", "application/json")},
+                    proxy.upstream + self.path, data=raw, method=self.command, headers=headers
                 )
                 try:
                     with urllib.request.urlopen(request, timeout=600) as r:
@@ -132,16 +136,20 @@ class VLLMServer:
         assert self.proxy is not None
         return f"{self.proxy.root}/v1"
 
+    def models(self) -> urllib.request.Request:
+        """GET /v1/models straight to vLLM, with its API key."""
+        return urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/models", headers=bearer_headers(ADMIN_KEY))
+
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=2) as r:
+            with urllib.request.urlopen(self.models(), timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
 
     def loaded(self) -> list[str]:
         """The adapters vLLM holds now (its /v1/models lists each with the base model as parent)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as r:
+        with urllib.request.urlopen(self.models(), timeout=10) as r:
             return [m["id"] for m in json.loads(r.read())["data"] if m.get("parent")]
 
     def stop(self) -> None:
@@ -163,7 +171,7 @@ def start(name: str, log_dir: Path, *flags: str, **env: str) -> VLLMServer:
         ["sh", str(SERVE), "tiny-random", str(port), *flags],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "KV_CACHE_GB": "1", "VLLM_VENV": str(VLLM_VENV), **env},
+        env={**os.environ, "KV_CACHE_GB": "1", "VLLM_VENV": str(VLLM_VENV), ADMIN_KEY_ENV: ADMIN_KEY, **env},
         start_new_session=True,
     )
     return VLLMServer(name, process, port, log)
@@ -261,10 +269,10 @@ def random_adapter(folder: Path, seed: int):
     return model
 
 
-def post(url: str, body: dict) -> tuple[int, dict | str]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST", headers={"content-type": "application/json"}
-    )
+def post(url: str, body: dict, key: str | None = ADMIN_KEY) -> tuple[int, dict | str]:
+    """(status, JSON body or text) of one POST, with vLLM's API key unless `key` is None."""
+    headers = {"content-type": "application/json", **bearer_headers(key)}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=300) as r:
             text = r.read().decode()
@@ -290,7 +298,9 @@ def test_eval_through_openai_records_vllms_token_ids_as_harnessrl_renders_them(v
     from harnessrl.tasks import get_suite
 
     server = vllm["recipe"]
-    policy = OpenAIPolicy.from_spec(f"openai:base@{server.url}", SamplingParams(temperature=0.7, seed=1))
+    policy = OpenAIPolicy.from_spec(
+        f"openai:base@{server.url}", SamplingParams(temperature=0.7, seed=1), api_key=ADMIN_KEY
+    )
     specs = []
     for name in ("json-tools", "react"):
         data = load_harness(name).to_dict()
@@ -326,7 +336,9 @@ def grpo(out: Path, config):
 
     from harnessrl.train.trainer import Trainer
 
-    Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
+    with pytest.MonkeyPatch.context() as env:  # the trainer sends it to vLLM
+        env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+        Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
@@ -405,7 +417,7 @@ def probed(url: str, tmp_path: Path, folder: Path, temperature: float, native_to
     """The trainer's start-up probe of the server at `url`, with a random adapter published."""
     from harnessrl.train.rollout_server import RolloutServers, teacher_forced
 
-    servers = RolloutServers([url])  # a run id of its own: the probes share servers
+    servers = RolloutServers([url], admin_key=ADMIN_KEY)  # a run id of its own: the probes share servers
     adapter = random_adapter(folder, 3)
     servers.publish(adapter.save_pretrained, tmp_path, 0)
     return servers.probe(teacher_forced(adapter), temperature=temperature, native_tools=native_tools)
@@ -480,7 +492,7 @@ def test_native_tool_calls_with_the_hermes_parser(vllm):
     completion = read_completion(data)
     assert [(c.name, c.arguments) for c in completion.tool_calls] == [("add", {"a": 17, "b": 25})]
     assert len(completion.completion_ids) == len(completion.logprobs) > 0
-    policy = OpenAIPolicy.from_spec(f"openai:base@{server.url}", SamplingParams(temperature=0.0))
+    policy = OpenAIPolicy.from_spec(f"openai:base@{server.url}", SamplingParams(temperature=0.0), api_key=ADMIN_KEY)
     history = [
         question,
         Message(role="assistant", content="", tool_calls=[ToolCall(name="add", arguments={"a": 17, "b": 25})]),
@@ -494,6 +506,24 @@ def test_native_tool_calls_with_the_hermes_parser(vllm):
 
 
 # ------------------------------------------------------------------------------- the stale prefix
+
+
+def test_without_its_api_key_vllm_refuses_the_adapter_routes(vllm, tmp_path):
+    """The recipe's API key ($HARNESSRL_ADMIN_KEY as VLLM_API_KEY): a program that reaches vLLM
+    without it, or with another key, can neither load nor unload an adapter, nor sample (vLLM
+    answers 401 to both); what vLLM holds is unchanged."""
+    server = vllm["recipe"]
+    root = f"http://127.0.0.1:{server.port}"
+    before = server.loaded()
+    intruder = {"lora_name": "intruder", "lora_path": str(tmp_path)}
+    chat = {"model": "base", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    for key in (None, "guess"):
+        assert post(f"{root}/v1/load_lora_adapter", intruder, key=key)[0] == 401
+        for name in before:
+            assert post(f"{root}/v1/unload_lora_adapter", {"lora_name": name}, key=key)[0] == 401
+        assert post(f"{root}/v1/chat/completions", chat, key=key)[0] == 401
+    assert server.loaded() == before
+    assert post(f"{root}/v1/chat/completions", chat)[0] == 200
 
 
 def test_a_same_path_reload_serves_stale_prefix_cache_blocks(vllm, folder, tokenizer, tmp_path):
@@ -554,6 +584,7 @@ def test_the_cpu_recipe_flags_are_the_documented_ones():
         "--enable-lora --max-lora-rank 16 --max-loras 2",
         "--logprobs-mode processed_logprobs --generation-config vllm",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+        'VLLM_API_KEY="$HARNESSRL_ADMIN_KEY"',
     ):
         assert flag in script and flag in doc, flag
     assert "sh examples/vllm/install_cpu.sh" in doc and "sh examples/vllm/serve_cpu.sh" in doc

@@ -13,6 +13,11 @@
 #   MAX_MODEL_LEN   --max-model-len (default 8192, SmolLM2's context)
 #   VLLM_CPU_OMP_THREADS_BIND   vLLM's cores for its compute threads (default: vLLM's `auto`,
 #                   which on this 2-core machine binds one core and leaves one to the API server)
+#   HARNESSRL_ADMIN_KEY  vLLM's API key, which the trainer sends (default: one drawn here and printed)
+# vLLM then answers a /v1 request only with `Authorization: Bearer KEY`: without a key any
+# program that reaches the port (an agent program of the run among them) could load or unload
+# the adapter every rollout samples from. It goes in as VLLM_API_KEY (vLLM's --api-key), kept
+# off the command line, which every process of the machine can read.
 # The server listens on 127.0.0.1:PORT; `exec` makes it this script's process, so killing the
 # script's pid stops it.
 set -eu
@@ -39,6 +44,12 @@ done
 export LD_PRELOAD="$preload${LD_PRELOAD:+:$LD_PRELOAD}"
 # without it vLLM has no /v1/load_lora_adapter and /v1/unload_lora_adapter routes
 export VLLM_ALLOW_RUNTIME_LORA_UPDATING=True
+if [ -z "${HARNESSRL_ADMIN_KEY:-}" ]; then
+    HARNESSRL_ADMIN_KEY=$("$venv/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))')
+    echo "serve_cpu.sh: HARNESSRL_ADMIN_KEY is not set; vLLM's API key was drawn:" \
+        "export HARNESSRL_ADMIN_KEY=$HARNESSRL_ADMIN_KEY where the trainer runs" >&2
+fi
+export VLLM_API_KEY="$HARNESSRL_ADMIN_KEY"
 export VLLM_CPU_KVCACHE_SPACE="${KV_CACHE_GB:-2}"
 exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server \
     --model "$folder" --served-model-name "${SERVED_NAME:-base}" \
