@@ -30,6 +30,7 @@ view, environment and limits), with no task: its workspace is an empty folder of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -53,11 +54,11 @@ from harnessrl.harness.agent_view import (
     command_words,
     host_paths,
 )
+from harnessrl.harness.external import TASK_FILE, agent_environment, agent_limits
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.tasks.sandbox_exec import (
     SANDBOX_PATH,
     SYSTEM_VIEW,
-    ExecLimits,
     ExecResult,
     isolation_available,
     run_sandboxed,
@@ -276,7 +277,7 @@ def _probe(
         (control / "home").mkdir()
         workdir = control / "workspace"
         workdir.mkdir()
-        (control / "task.md").write_text("(the audit's probe: no task)\n", encoding="utf-8")
+        (control / TASK_FILE).write_text("(the audit's probe: no task)\n", encoding="utf-8")
         shutil.copyfile(audit_probe.__file__, control / PROBE_FILE)
         (control / PROBE_FILE).chmod(0o644)
         roots = _roots(spec, argv, read_only, control)
@@ -424,31 +425,12 @@ def _run(
     """Start the probe the way harness/external.py starts the spec's program; what it printed, or
     None (a problem finding says why)."""
     inside = str(workdir)
-    variables = {
-        **spec.env,
-        **extra,
-        "HOME": str(control / "home"),
-        "OPENAI_BASE_URL": f"http://127.0.0.1:{listeners.endpoint_port}/episodes/audit/v1",
-        "OPENAI_API_KEY": "EMPTY",
-        "OPENAI_MODEL": "audit",
-        "HARNESSRL_TASK_FILE": str(control / "task.md"),
-        "HARNESSRL_TASK_ID": "audit",
-        "HARNESSRL_ATTEMPT": "0",
-        "HARNESSRL_WORKSPACE": inside,
-        "HARNESSRL_ANSWER_FILE": str(control / "answer.txt"),
-        "HARNESSRL_MAX_MODEL_CALLS": str(spec.limits.max_model_calls),
-    }
-    if "PYTHONPATH" in spec.env and "PYTHONPATH" in extra:
-        variables["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
-    lim = spec.limits
-    limits = ExecLimits(
-        wall_s=min(lim.wall_s, PROBE_WALL_S),
-        cpu_s=lim.cpu_s,
-        memory_mb=lim.memory_mb,
-        file_size_mb=lim.file_size_mb,
-        processes=lim.processes,
-        disk_mb=lim.disk_mb,
-        output_bytes=max(lim.output_bytes, 1_000_000),
+    url = f"http://127.0.0.1:{listeners.endpoint_port}/episodes/audit/v1"
+    variables = agent_environment(
+        spec, extra, control=control, inside=inside, url=url, model="audit", task_id="audit", attempt=0
+    )
+    limits = dataclasses.replace(
+        agent_limits(spec, PROBE_WALL_S), output_bytes=max(spec.limits.output_bytes, 1_000_000)
     )
     try:
         result: ExecResult = run_sandboxed(

@@ -435,32 +435,17 @@ class ExternalEpisodes:
             except NoAgentPython as e:
                 return str(e)
             argv = [python if w == PYTHON_PLACEHOLDER else w for w in argv]
-        variables = {
-            **spec.env,
-            **extra,
-            "HOME": str(control / "home"),
-            "OPENAI_BASE_URL": url,
-            "OPENAI_API_KEY": "EMPTY",
-            "OPENAI_MODEL": episode.model_name,
-            "HARNESSRL_TASK_FILE": str(control / TASK_FILE),
-            "HARNESSRL_TASK_ID": job.task.id,
-            "HARNESSRL_ATTEMPT": str(job.attempt),
-            "HARNESSRL_WORKSPACE": inside,
-            "HARNESSRL_ANSWER_FILE": str(control / ANSWER_FILE),
-            "HARNESSRL_MAX_MODEL_CALLS": str(spec.limits.max_model_calls),
-        }
-        if "PYTHONPATH" in spec.env and "PYTHONPATH" in extra:
-            variables["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
-        lim = spec.limits
-        limits = ExecLimits(
-            wall_s=lim.wall_s,
-            cpu_s=lim.cpu_s,
-            memory_mb=lim.memory_mb,
-            file_size_mb=lim.file_size_mb,
-            processes=lim.processes,
-            disk_mb=lim.disk_mb,
-            output_bytes=lim.output_bytes,
+        variables = agent_environment(
+            spec,
+            extra,
+            control=control,
+            inside=inside,
+            url=url,
+            model=episode.model_name,
+            task_id=job.task.id,
+            attempt=job.attempt,
         )
+        limits = agent_limits(spec)
         done = threading.Event()
 
         def watch_run() -> None:  # Ctrl-C of the run stops the program too
@@ -489,6 +474,53 @@ class ExternalEpisodes:
             return f"cannot start the agent program: {e}"
         finally:
             done.set()
+
+
+def agent_environment(
+    spec: ExternalHarnessSpec,
+    extra: dict[str, str],
+    *,
+    control: Path,
+    inside: str,
+    url: str,
+    model: str,
+    task_id: str,
+    attempt: int,
+) -> dict[str, str]:
+    """The environment variables of the contract (docs/external-harness.md) for a program the
+    spec starts: its own `env`, `extra` (what `{python}` needs), and the episode's (the endpoint's
+    `url`, the control folder's files, the workspace `inside` the sandbox)."""
+    variables = {
+        **spec.env,
+        **extra,
+        "HOME": str(control / "home"),
+        "OPENAI_BASE_URL": url,
+        "OPENAI_API_KEY": "EMPTY",
+        "OPENAI_MODEL": model,
+        "HARNESSRL_TASK_FILE": str(control / TASK_FILE),
+        "HARNESSRL_TASK_ID": task_id,
+        "HARNESSRL_ATTEMPT": str(attempt),
+        "HARNESSRL_WORKSPACE": inside,
+        "HARNESSRL_ANSWER_FILE": str(control / ANSWER_FILE),
+        "HARNESSRL_MAX_MODEL_CALLS": str(spec.limits.max_model_calls),
+    }
+    if "PYTHONPATH" in spec.env and "PYTHONPATH" in extra:
+        variables["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
+    return variables
+
+
+def agent_limits(spec: ExternalHarnessSpec, wall_s: float | None = None) -> ExecLimits:
+    """The sandbox limits of the spec's program (`wall_s`: a shorter wall clock)."""
+    lim = spec.limits
+    return ExecLimits(
+        wall_s=lim.wall_s if wall_s is None else min(lim.wall_s, wall_s),
+        cpu_s=lim.cpu_s,
+        memory_mb=lim.memory_mb,
+        file_size_mb=lim.file_size_mb,
+        processes=lim.processes,
+        disk_mb=lim.disk_mb,
+        output_bytes=lim.output_bytes,
+    )
 
 
 @dataclass
