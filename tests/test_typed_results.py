@@ -32,6 +32,7 @@ TOOL_ARGS = "a tool call's arguments: keyword arguments of the task's tool"
 
 ALLOWED: dict[str, str] = {
     "audit:AuditReport.to_json": TO_JSON,
+    "audit_agent:HarnessAudit.to_json": TO_JSON,
     "cli.common:config_fields": "name -> pydantic FieldInfo of any config model: keyword arguments of the model",
     "config:cli": "the json_schema_extra of a config field: a pydantic hook that takes a plain dict",
     "evolve.acceptance:NoiseEstimate.to_json": TO_JSON,
