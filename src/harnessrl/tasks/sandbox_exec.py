@@ -76,6 +76,7 @@ from harnessrl.tasks.sandbox_net import (
     relay_python,
 )
 
+_OWN_PACKAGE = Path(__file__).resolve().parents[1]  # harnessrl's package folder
 SANDBOX_UID = 65534  # "nobody": the uid a command runs as under bwrap when we are root
 # The uids (and gids) a command gets one of, for the call, when its process limit must be set
 # outside a user namespace (see the module docstring). 1.9e9 lies in the span no distribution,
@@ -291,6 +292,8 @@ def _run(
         except NoRelayPython as e:
             raise ValueError(str(e)) from None
         read_only = [*read_only, *relay_paths]
+        # the relay's Python prefix may hold harnessrl itself (installed without a venv): hidden
+        hidden = [*hidden, *(p for p in [_OWN_PACKAGE] if any(p.is_relative_to(r) for r in relay_paths))]
     visible = [Path(p).absolute() for p in read_only if os.path.exists(p)]
     if os.geteuid() == 0:  # the command runs as an unprivileged uid (below): it must reach these
         for path in visible:
