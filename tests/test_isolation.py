@@ -275,7 +275,8 @@ def test_a_string_command_runs_its_script_in_the_sandbox(tokenizer):
 
 def test_openclaw_example_names_its_installed_files():
     spec = load_spec(ROOT / "examples" / "agents" / "openclaw.yaml")
-    assert isinstance(spec, ExternalHarnessSpec) and spec.read_only == [str(ROOT / ".agents")]
+    assert isinstance(spec, ExternalHarnessSpec)
+    assert spec.read_only == [str(ROOT / ".agents" / "node"), str(ROOT / ".agents" / "openclaw")]  # not the others
 
 
 def connect_agent(name: str, network: str, ports: list[int], bind: int | None = None) -> ExternalHarnessSpec:
