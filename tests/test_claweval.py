@@ -336,7 +336,7 @@ def fixed_port_checkout():
         p01, p02 = root / "tasks" / "P01_fixed_port_ledger", root / "tasks" / "P02_fixed_port_ledger"
         shutil.copytree(p01, p02)
         raw = yaml.safe_load((p01 / "task.yaml").read_text())
-        raw.update(task_id=p02.name, expected_entry="ordered 3 chairs")
+        raw.update(task_id=p02.name)
         raw["prompt"]["text"] = "Have the clerk file the entry 'ordered 3 chairs' in the ledger."
         (p02 / "task.yaml").write_text(yaml.safe_dump(raw))
         yield root

@@ -113,6 +113,26 @@ def _read_for_snapshot(path: str, ws: Workspace) -> dict[str, Any]:
         }
 
 
+def call_id(index: int) -> str:
+    """The id of the episode's `index`-th executed call (in `env.calls`) in what the grader
+    reads: its `tool_use` block's id, its `tool_result`'s `tool_use_id`, and the `tool_use_id` of
+    the dispatch it made."""
+    return f"call_{index:04d}"
+
+
+def claw_dispatches(env: Environment) -> list[dict[str, Any]]:
+    """Claw-Eval's ToolDispatch records of the episode's service calls, every field harnessrl
+    knows (`trace_id` and `type` are the driver's): `tool_use_id` names the call's `tool_use`
+    block in the messages, as Claw-Eval's dispatcher names the model's tool_use id."""
+    out = []
+    for d in getattr(env, "dispatches", []):
+        record = {k: v for k, v in d.items() if k != "call_index"}
+        if "call_index" in d:
+            record["tool_use_id"] = call_id(d["call_index"])
+        out.append(record)
+    return out
+
+
 def claw_messages(env: Environment, prompt: str) -> list[dict[str, Any]]:
     """The episode as Claw-Eval's trace messages (Anthropic-style content blocks): the prompt, for
     every executed call an assistant `tool_use` and a user `tool_result`, and the submitted
@@ -123,11 +143,11 @@ def claw_messages(env: Environment, prompt: str) -> list[dict[str, Any]]:
     for i, (name, args, output) in enumerate(env.calls):
         if name == "submit":
             continue
-        call_id = f"call_{i:04d}"
+        use_id = call_id(i)
         messages.append(
-            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": dict(args)}]}
+            {"role": "assistant", "content": [{"type": "tool_use", "id": use_id, "name": name, "input": dict(args)}]}
         )
-        block = {"type": "tool_result", "tool_use_id": call_id, "content": [{"type": "text", "text": output}]}
+        block = {"type": "tool_result", "tool_use_id": use_id, "content": [{"type": "text", "text": output}]}
         messages.append({"role": "user", "content": [{**block, "is_error": errors.get(i, False)}]})
     if env.answer:
         messages.append({"role": "assistant", "content": [{"type": "text", "text": env.answer}]})

@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,7 @@ def service_tool(spec: dict[str, Any], endpoint: dict[str, str]) -> Tool:
                 "response_status": status,
                 "response_body": body,
                 "latency_ms": (time.monotonic() - t0) * 1000,
+                "timestamp": datetime.now(timezone.utc).isoformat(),  # when it was answered
             }
         )
         return ToolOutput(shown=head_and_tail(text, SHOWN_CHARS), full=text, ok=status < 400)

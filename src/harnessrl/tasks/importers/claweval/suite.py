@@ -13,6 +13,7 @@ from harnessrl.tasks.base import Environment
 from harnessrl.tasks.importers.claweval.grading import (
     PASS_THRESHOLD,
     JudgeBridge,
+    claw_dispatches,
     claw_messages,
     env_snapshot,
     grade_from_scores,
@@ -213,7 +214,7 @@ class ClawEvalSuite(ImportedSuite):
         snapshot = env_snapshot(tf, env.workspace)
         trace = {
             "messages": claw_messages(env, tf.raw["prompt"]["text"]),
-            "dispatches": [{k: v for k, v in d.items() if k != "call_index"} for d in env.dispatches],
+            "dispatches": claw_dispatches(env),
             "audit_data": audit,
             "env_snapshot": snapshot,
             "judge": self.judge is not None,
