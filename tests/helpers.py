@@ -1,10 +1,12 @@
-"""Test helpers: scripted policies of known behaviour; a rollout server locked by a known key."""
+"""Test helpers: scripted policies of known behaviour; a rollout server locked by a known key; the
+Claw-Eval fixture's notes task solved through the task tools an episode serves over MCP."""
 
 from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +146,57 @@ def keyed_server(model, **kwargs) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as env, serving(model, admin_key=ADMIN_KEY, **kwargs) as url:
         env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
         yield url
+
+
+# The Claw-Eval fixture's notes task (S01: a notes service; its grader reads the service's audit
+# and the dispatches), solved by an agent program through the task's tools served over MCP.
+CLAWEVAL_FIXTURE = Path(__file__).parent / "fixtures" / "claweval"
+NOTES_CALLS = [("notes_list", {}), ("notes_add", {"title": "Follow up: Renew the parking permit"})]
+NOTES_ANSWER = "Added the follow-up note."
+
+
+def claweval_notes_task():
+    """S01_notes_followup of the Claw-Eval fixture; skipped without bubblewrap (its service and
+    grader need it)."""
+    from harnessrl.tasks.importers import ClawEvalSuite
+    from harnessrl.tasks.sandbox_exec import isolation_available
+
+    if isolation_available() != "bwrap":
+        pytest.skip("the Claw-Eval fixture's grader and service need bubblewrap")
+    [task] = [t for t in ClawEvalSuite(CLAWEVAL_FIXTURE).tasks("dev") if t.data["native_id"] == "S01_notes_followup"]
+    return task
+
+
+def notes_solver(prefix: str) -> ScriptedPolicy:
+    """The notes task's solution as an agent's model makes it: each served tool called under the
+    agent's name for it (`prefix` + the tool's), one a turn (hermes), then the final reply."""
+    from harnessrl.harness.protocols import get_protocol
+    from harnessrl.types import ToolCall
+
+    def reply(messages: list[Message]) -> str:
+        turn = sum(m.role == "assistant" for m in messages)
+        if turn < len(NOTES_CALLS):
+            name, arguments = NOTES_CALLS[turn]
+            return get_protocol("hermes").render_call(ToolCall(name=prefix + name, arguments=arguments))
+        return NOTES_ANSWER
+
+    return ScriptedPolicy(reply, name="solver")
+
+
+def check_notes_solved(traj, prefix: str) -> None:
+    """The notes task passed through the served tools: graded 1.0 by its own grader, the three
+    tools offered under the agent's names, both calls run over MCP and matched to the steps that
+    made them, each step holding the service's own answer."""
+    agent = traj.meta["agent"]
+    assert not traj.is_infra_error and not traj.refused_requests, (traj.infra_error, agent["stderr"][-3000:])
+    assert traj.termination == Termination.submitted, (traj.termination_detail, agent["stderr"][-3000:])
+    assert traj.grade.score == 1.0 and traj.grade.passed, traj.grade
+    assert traj.answer.strip() == NOTES_ANSWER
+    system = "\n".join(m.content or "" for m in traj.steps[0].model_call.messages if m.role == "system")
+    for name in ("notes_list", "notes_add", "notes_delete"):
+        assert f'"name": "{prefix}{name}"' in system, name
+    assert traj.meta["mcp"]["tools"] == ["notes_list", "notes_add", "notes_delete"]
+    assert [(c["call"]["name"], c["step"]) for c in traj.meta["mcp"]["calls"]] == [("notes_list", 0), ("notes_add", 1)]
+    listing, adding = traj.steps[0].tool_results[0], traj.steps[1].tool_results[0]
+    assert listing.name == "notes_list" and "Renew the parking permit" in listing.output
+    assert adding.name == "notes_add" and adding.ok and '"status": "added"' in adding.output

@@ -150,9 +150,10 @@ def test_responses_logprobs_are_included_when_asked(client):
         ({"tools": [TOOL]}, "native tool calls are not supported"),  # as chat completions on this server
         # what Codex CLI sends unless its config says otherwise (examples/agents/codex.py does)
         ({"reasoning": {"summary": "auto"}}, "'reasoning.summary' is not supported with this model"),
+        # a namespace's tools are served as its function and custom tools are, nothing else in it
         (
-            {"tools": [{"type": "namespace", "name": "multi_agent_v1", "tools": [TOOL]}]},
-            r"\(multi_agent_v1\): 'namespace'",
+            {"tools": [TOOL, {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "web_search"}]}]},
+            r"tools\[1\].tools\[0\]: 'web_search'",
         ),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]}, "a custom tool's format"),
@@ -385,6 +386,30 @@ def test_a_custom_tool_call_is_answered_as_a_custom_tool_call_item(endpoint, tok
     # the call and its output are in the next prompt, in the tool-call format
     assert [m.role for m in two.model_call.messages[-3:]] == ["user", "assistant", "tool"]
     assert "Begin Patch" in two.model_call.messages[-2].content
+
+
+def test_the_tools_of_a_namespace_are_served_as_codex_sends_an_mcp_servers_tools(endpoint, tokenizer):
+    """A `namespace` tool (Codex groups an MCP server's tools under `mcp__<server>`): the model is
+    shown each tool as `<namespace>__<tool>`, its call comes back with the tool's own name and the
+    namespace, and such a call in the input is read back under the same shown name."""
+    notes = {"type": "function", "name": "notes_list", "parameters": {"type": "object", "properties": {}}}
+    group = {"type": "namespace", "name": "mcp__harnessrl", "description": "Task tools.", "tools": [notes]}
+    episode = episode_for(endpoint, [hermes("mcp__harnessrl__notes_list", {}), "Two notes."], tokenizer)
+    client = openai.OpenAI(base_url=endpoint.url(episode), api_key="EMPTY", max_retries=0)
+    first = client.post("/responses", body={"model": "m", "input": "list", "tools": [group, TOOL]}, cast_to=object)
+    [call] = first["output"]
+    assert call["type"] == "function_call" and call["name"] == "notes_list" and call["namespace"] == "mcp__harnessrl"
+    made = {k: call[k] for k in ("type", "call_id", "name", "namespace", "arguments")}
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "n1, n2"}
+    body = {"model": "m", "input": [{"role": "user", "content": "list"}, made, output], "tools": [group]}
+    second = client.post("/responses", body=body, cast_to=object)
+    assert second["output"][0]["content"][0]["text"] == "Two notes."
+    one, two = episode.steps()
+    [recorded] = one.tool_calls
+    assert recorded.name == "mcp__harnessrl__notes_list" and one.tool_results[0].output == "n1, n2"
+    system = one.model_call.messages[0].content
+    assert '"name": "mcp__harnessrl__notes_list"' in system and '"name": "read_file"' in system
+    assert "mcp__harnessrl__notes_list" in two.model_call.messages[-2].content  # the call, read back
 
 
 def test_a_custom_tool_call_streams_its_input_events(endpoint, tokenizer):

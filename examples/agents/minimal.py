@@ -12,8 +12,12 @@ of the contract (docs/external-harness.md):
     HARNESSRL_WORKSPACE              the folder to work in (also the current folder)
     HARNESSRL_ANSWER_FILE            where the final answer goes
     HARNESSRL_MAX_MODEL_CALLS        the episode's budget of model calls
+    HARNESSRL_MCP_URL                where the episode serves its task's own tools over MCP
+                                     (Streamable HTTP), when it has any
 
-AGENT_MAX_TOKENS (set in minimal.yaml's env) bounds each reply.
+With HARNESSRL_MCP_URL set, the tools listed there are offered to the model beside the four
+own ones, and a call of one of them goes to the server (`tools/call`): a few lines of JSON-RPC
+over HTTP with the standard library. AGENT_MAX_TOKENS (set in minimal.yaml's env) bounds each reply.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
 from pathlib import Path
 
 from openai import OpenAI
@@ -103,6 +108,56 @@ def run_tool(name: str, args: dict) -> str:
     raise ToolError(f"unknown tool {name!r}")
 
 
+class TaskTools:
+    """The task's own tools, served over MCP at `url`: listed once, each call a JSON-RPC request."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.next_id = 0
+        self.rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "minimal"}})
+        self.rpc("notifications/initialized")
+        self.tools = self.rpc("tools/list")["tools"]
+        self.names = {t["name"] for t in self.tools}
+
+    def rpc(self, method: str, params: dict | None = None) -> dict:
+        message: dict = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+        if not method.startswith("notifications/"):
+            self.next_id += 1
+            message["id"] = self.next_id
+        request = urllib.request.Request(
+            self.url,
+            data=json.dumps(message).encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            body = response.read()
+        if "id" not in message:
+            return {}
+        answer = json.loads(body)
+        if "error" in answer:
+            raise ToolError(answer["error"]["message"])
+        return answer["result"]
+
+    def offered(self) -> list[dict]:
+        """The tools as the model is offered them (OpenAI's function tools)."""
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "parameters": t["inputSchema"],
+                },
+            }
+            for t in self.tools
+        ]
+
+    def call(self, name: str, args: dict) -> str:
+        result = self.rpc("tools/call", {"name": name, "arguments": args})
+        text = "\n".join(part.get("text", "") for part in result.get("content", []) if part.get("type") == "text")
+        return f"error: {text}" if result.get("isError") else text
+
+
 def submit(answer: str) -> int:
     Path(os.environ["HARNESSRL_ANSWER_FILE"]).write_text(answer)
     return 0
@@ -114,8 +169,12 @@ def main() -> int:
     max_tokens = int(os.environ.get("AGENT_MAX_TOKENS", "256"))
     task = Path(os.environ["HARNESSRL_TASK_FILE"]).read_text()
     messages: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    served = TaskTools(os.environ["HARNESSRL_MCP_URL"]) if os.environ.get("HARNESSRL_MCP_URL") else None
+    # a served tool of the same name as an own one (mcp_tools: all) takes its place
+    tools = [t for t in TOOLS if not served or t["function"]["name"] not in served.names]
+    tools += served.offered() if served else []
     for _ in range(int(os.environ.get("HARNESSRL_MAX_MODEL_CALLS", "20"))):
-        reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens)
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=max_tokens)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:  # a reply without a tool call is the final answer
@@ -125,7 +184,10 @@ def main() -> int:
                 args = json.loads(call.function.arguments or "{}")
                 if call.function.name == "submit":
                     return submit(str(args.get("answer", "")))
-                output = run_tool(call.function.name, args)
+                if served is not None and call.function.name in served.names:
+                    output = served.call(call.function.name, args)
+                else:
+                    output = run_tool(call.function.name, args)
             except (ToolError, KeyError, TypeError, ValueError, OSError) as exc:
                 output = f"error: {exc}"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})

@@ -99,10 +99,13 @@ def _loop_at(acting: list[Step], i: int) -> str | None:
 
 def _observed_tools(call: ToolCall, result: ToolResult) -> list[str]:
     """The tools whose output the model saw in one result: the call's own and, for a helper tool,
-    each call made inside it (the model sees those outputs only when the helper succeeded)."""
+    each call made inside it (the model sees those outputs only when the helper succeeded). A
+    task tool an agent program called over MCP ran under its own name (`result.name`), which its
+    model knows by another (`mcp__harnessrl__<tool>`): both count."""
     if not result.ok:
         return []
-    return [call.name] + [inner.call.name for inner in result.inner_calls if inner.result.ok]
+    names = list(dict.fromkeys([call.name, result.name]))
+    return names + [inner.call.name for inner in result.inner_calls if inner.result.ok]
 
 
 def _is_submission(step: Step, last: bool) -> bool:

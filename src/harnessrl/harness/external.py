@@ -51,6 +51,7 @@ from typing import Protocol as Interface
 
 from harnessrl.harness.agent_view import NoAgentPython, agent_private_paths, agent_python, host_paths
 from harnessrl.harness.loops import check_tool_call, episode_id, short_traceback
+from harnessrl.harness.mcp_tools import TaskToolServer, find_call, served_tools
 from harnessrl.harness.prompt_tools import PromptTools, reply_message
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.recording import RecordingEndpoint
@@ -66,6 +67,7 @@ from harnessrl.types import (
     RefusedRequest,
     Step,
     Termination,
+    ToolCall,
     ToolResult,
     ToolSchema,
     Trajectory,
@@ -86,6 +88,7 @@ _STRIPPED_CALL_ID = re.compile(r"^call(\d{2,})$")
 _STOP_POLL_S = 0.2  # how often a running program looks whether the run was interrupted
 MAX_REFUSED_RECORDED = 100  # refused requests kept per episode (a program may loop on one)
 REFUSAL_DETAIL_CHARS = 200  # of the first refusal's message, in the termination detail
+MAX_TOOL_CALLS_RECORDED = 200  # task tool calls over MCP kept in the meta per episode
 
 
 class ExternalJob(Interface):
@@ -162,6 +165,9 @@ class ExternalEpisode:
         self.infra_error: str | None = None
         self.refusals: list[RefusedRequest] = []  # the first MAX_REFUSED_RECORDED
         self.refused_total = 0
+        self.tool_server: TaskToolServer | None = None  # the task's tools over MCP, where it serves any
+        self.tool_calls: list[dict[str, Any]] = []  # the calls of them, in order (the first MAX_TOOL_CALLS_RECORDED)
+        self.tool_calls_total = 0
 
     # -- requests (called by the endpoint) ------------------------------------------------------------
     def admit(self, body: ChatCompletionRequest) -> Turn:
@@ -315,6 +321,37 @@ class ExternalEpisode:
                     RefusedRequest(method=method, route=route, status=status, message=message, after_calls=self.calls)
                 )
 
+    def tool_called(self, call: ToolCall, result: ToolResult) -> None:
+        """A task tool the agent called over MCP ran, or was refused: its result is the result of
+        the model's call it carries out (`find_call`: the first recorded call still without one
+        that names the tool), where one does, and the call is kept for the meta either way."""
+        with self._lock:
+            open_calls = [
+                (index, k, made)
+                for index, rec in sorted(self._recorded.items())
+                for k, made in enumerate(rec.step.tool_calls)
+                if k not in rec.results
+            ]
+            found = find_call(open_calls, call.name, call.arguments)
+            if found is not None:
+                self._recorded[found[0]].results[found[1]] = result
+            if len(self.tool_calls) < MAX_TOOL_CALLS_RECORDED:
+                self.tool_calls.append(
+                    {
+                        "call": call.model_dump(),
+                        "result": result.model_dump(exclude_none=True),
+                        "step": None if found is None else found[0],
+                        "position": None if found is None else found[1],
+                    }
+                )
+            self.tool_calls_total += 1
+
+    def tool_crashed(self, message: str) -> None:
+        """A task tool crashed on our side: the episode is an infrastructure error."""
+        with self._lock:
+            self.infra_error = message
+            self._end(Termination.error, "a task tool crashed")
+
     def _end(self, termination: Termination, detail: str) -> None:
         """(under the lock) The episode ends here: the program is stopped."""
         if self.termination is None:
@@ -381,6 +418,9 @@ class ExternalEpisodes:
         except Exception as e:
             return record.infra(f"environment setup failed: {short_traceback(e)}")
         episode = ExternalEpisode(job, policy, sampling, self.count)
+        tools = served_tools(job.task, external_spec(job).mcp_tools)
+        if tools:
+            episode.tool_server = TaskToolServer(tools, env, episode.tool_called, episode.tool_crashed)
         control = Path(tempfile.mkdtemp(prefix="harnessrl-agent-"))
         control.chmod(0o711)  # the sandbox user must reach a workspace made inside it
         try:
@@ -393,6 +433,8 @@ class ExternalEpisodes:
                 result = self._run_program(job, env, episode, endpoint, control, stop)
             finally:
                 endpoint.unregister(episode)  # nothing more is answered or recorded
+                if episode.tool_server is not None:
+                    episode.tool_server.close()  # a call still running ends before grading
             if stop.is_set():
                 env.close()
                 return None
@@ -444,6 +486,7 @@ class ExternalEpisodes:
             model=episode.model_name,
             task_id=job.task.id,
             attempt=job.attempt,
+            mcp_url=endpoint.mcp_url(episode) if episode.tool_server is not None else None,
         )
         limits = agent_limits(spec)
         done = threading.Event()
@@ -486,10 +529,12 @@ def agent_environment(
     model: str,
     task_id: str,
     attempt: int,
+    mcp_url: str | None = None,
 ) -> dict[str, str]:
     """The environment variables of the contract (docs/external-harness.md) for a program the
     spec starts: its own `env`, `extra` (what `{python}` needs), and the episode's (the endpoint's
-    `url`, the control folder's files, the workspace `inside` the sandbox)."""
+    `url`, the control folder's files, the workspace `inside` the sandbox, and `mcp_url` where
+    the episode serves its task's tools over MCP)."""
     variables = {
         **spec.env,
         **extra,
@@ -504,6 +549,8 @@ def agent_environment(
         "HARNESSRL_ANSWER_FILE": str(control / ANSWER_FILE),
         "HARNESSRL_MAX_MODEL_CALLS": str(spec.limits.max_model_calls),
     }
+    if mcp_url is not None:
+        variables["HARNESSRL_MCP_URL"] = mcp_url
     if "PYTHONPATH" in spec.env and "PYTHONPATH" in extra:
         variables["PYTHONPATH"] = os.pathsep.join([spec.env["PYTHONPATH"], extra["PYTHONPATH"]])
     return variables
@@ -565,6 +612,9 @@ class _Record:
         }
         if episode.refused_total > len(episode.refusals):
             meta["refused_requests_total"] = episode.refused_total
+        if episode.tool_server is not None:
+            served = [t.name for t in episode.tool_server.tools]
+            meta["mcp"] = {"tools": served, "calls": episode.tool_calls, "calls_total": episode.tool_calls_total}
         answer = _read_answer(control / ANSWER_FILE)
         termination, detail, credited = _outcome(episode, result, answer, bool(steps))
         infra_error = episode.infra_error

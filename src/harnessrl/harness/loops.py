@@ -391,29 +391,7 @@ class Episode:
         return result
 
     def _run_tool(self, tool: Tool, tc: ToolCall, args: dict[str, Any]) -> ToolResult:
-        try:
-            output = tool.fn(self.env, **args)
-        except ToolBlocked as e:
-            reason = BlockReason(e.reason) if e.reason in BlockReason.__members__ else BlockReason.sandbox
-            return ToolResult(name=tc.name, output=str(e), ok=False, blocked=reason)
-        except ToolFailed as e:
-            return ToolResult(name=tc.name, output=f"error: {e}", ok=False)
-        except Exception as e:
-            raise InfraError(f"tool '{tc.name}' crashed: {short_traceback(e)}") from e
-        if isinstance(output, ToolOutput):  # the tool chose what the model sees; the store keeps it all
-            self.env.calls.append((tc.name, args, output.full))
-            full = None if output.full == output.shown else output.full
-            return ToolResult(name=tc.name, output=output.shown, ok=output.ok, full_output=full)
-        output = str(output)
-        self.env.calls.append((tc.name, args, output))
-        if len(output) > MAX_OBSERVATION_CHARS:
-            return ToolResult(
-                name=tc.name,
-                output=output[:MAX_OBSERVATION_CHARS]
-                + f"\n[... {len(output) - MAX_OBSERVATION_CHARS} more characters]",
-                full_output=output,
-            )
-        return ToolResult(name=tc.name, output=output)
+        return run_tool(self.env, tool, tc, args)
 
     # -- end ----------------------------------------------------------------------------------------
     def finish(self) -> Trajectory:
@@ -476,6 +454,37 @@ def check_tool_call(
             return tool, args, None
         reason, output = BlockReason.invalid_arguments, f"invalid arguments for {call.name}: {error}"
     return tool, {}, ToolResult(name=call.name, output=output, ok=False, blocked=reason)
+
+
+def run_tool(env: Environment, tool: Tool, tc: ToolCall, args: dict[str, Any]) -> ToolResult:
+    """Run one checked call of `tool` on `env` (its arguments `args` as check_tool_call returned
+    them) and record it in `env.calls`: a refusal (ToolBlocked) is a blocked call, an ordinary
+    failure (ToolFailed) a failed one, and any other exception an InfraError. What the model is
+    shown of a long output is cut at MAX_OBSERVATION_CHARS; the result keeps it whole. The
+    built-in loops and the task tools served over MCP to agent programs (harness/mcp_tools.py)
+    run every call through here."""
+    try:
+        output = tool.fn(env, **args)
+    except ToolBlocked as e:
+        reason = BlockReason(e.reason) if e.reason in BlockReason.__members__ else BlockReason.sandbox
+        return ToolResult(name=tc.name, output=str(e), ok=False, blocked=reason)
+    except ToolFailed as e:
+        return ToolResult(name=tc.name, output=f"error: {e}", ok=False)
+    except Exception as e:
+        raise InfraError(f"tool '{tc.name}' crashed: {short_traceback(e)}") from e
+    if isinstance(output, ToolOutput):  # the tool chose what the model sees; the store keeps it all
+        env.calls.append((tc.name, args, output.full))
+        full = None if output.full == output.shown else output.full
+        return ToolResult(name=tc.name, output=output.shown, ok=output.ok, full_output=full)
+    output = str(output)
+    env.calls.append((tc.name, args, output))
+    if len(output) > MAX_OBSERVATION_CHARS:
+        return ToolResult(
+            name=tc.name,
+            output=output[:MAX_OBSERVATION_CHARS] + f"\n[... {len(output) - MAX_OBSERVATION_CHARS} more characters]",
+            full_output=output,
+        )
+    return ToolResult(name=tc.name, output=output)
 
 
 def short_traceback(e: BaseException) -> str:

@@ -6,6 +6,7 @@ run's policy and recorded as a step.
     http://127.0.0.1:PORT/episodes/<token>/v1/responses
     http://127.0.0.1:PORT/episodes/<token>/v1/messages   (+ /count_tokens, recorded as nothing)
     http://127.0.0.1:PORT/episodes/<token>/v1/models
+    http://127.0.0.1:PORT/episodes/<token>/mcp           (the task's tools over MCP: harness/mcp_tools.py)
 
 The token is drawn per episode (`secrets`), so an agent reaches its own episode only; a token
 that names no running episode is a 404. What a request becomes, which limits apply and what is
@@ -32,9 +33,10 @@ from typing import Protocol as Interface
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from harnessrl.harness.mcp_tools import serve as serve_mcp
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.tasks.sandbox_net import Forward
 from harnessrl.types import ModelCall
@@ -117,6 +119,10 @@ class RecordingEndpoint:
         if self.root is None:
             raise RuntimeError("the recording endpoint is not running")
         return f"{self.root}/episodes/{episode.token}/v1"
+
+    def mcp_url(self, episode: RecordedEpisode) -> str:
+        """The URL of the episode's task tools over MCP ($HARNESSRL_MCP_URL)."""
+        return self.url(episode).removesuffix("/v1") + "/mcp"
 
     def register(self, episode: RecordedEpisode) -> None:
         with self._lock:
@@ -251,5 +257,13 @@ class RecordingEndpoint:
             episode = self._episode(token)
             chat = to_messages_chat(body, counting=True)
             return {"input_tokens": await asyncio.to_thread(episode.count_tokens, chat)}
+
+        @app.api_route("/episodes/{token}/mcp", methods=["GET", "POST", "DELETE"])
+        async def mcp(token: str, request: Request) -> Response:
+            episode = self._episode(token)
+            server = getattr(episode, "tool_server", None)
+            if server is None:
+                raise ServeError(404, "this episode serves no task tools over MCP (mcp_tools: none, or none to serve)")
+            return await serve_mcp(request, server, lambda s, m: episode.refused(request.method, "/mcp", s, m))
 
         return app

@@ -307,6 +307,7 @@ RESERVED_ENV = (
     "HARNESSRL_ANSWER_FILE",
     "HARNESSRL_AGENT_DIR",
     "HARNESSRL_MAX_MODEL_CALLS",
+    "HARNESSRL_MCP_URL",
 )
 PYTHON_PLACEHOLDER = "{python}"  # a command word: a Python that has harnessrl's packages (openai)
 
@@ -337,6 +338,11 @@ class ExternalHarnessSpec(_Spec):
     # and reaches the recording endpoint only; "host": the host's network (every loopback service,
     # and the internet where the machine has it), recorded in each trajectory's meta
     network: Literal["sandbox", "host"] = "sandbox"
+    # which of the task's tools the episode serves the program over MCP (harness/mcp_tools.py,
+    # at $HARNESSRL_MCP_URL): "auto" those an agent has no own stand-in for (all but the
+    # workspace file tools and submit: a task's services, calculators, ...), "all" the file
+    # tools too, "none" no server
+    mcp_tools: Literal["auto", "all", "none"] = "auto"
 
     @field_validator("command")
     @classmethod

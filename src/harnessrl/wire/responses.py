@@ -7,12 +7,15 @@ the `input` items: messages (role + text content; a `developer` message is a sys
 `*_output` items (`tool` messages). Function tools take the chat shape. A custom (freeform) tool,
 whose input is raw text rather than JSON arguments (Codex's `apply_patch`), is shown as a function
 with one string argument, `input`, described by the tool's grammar when it has one; a call of it
-comes back as a `custom_tool_call` item holding that text. Everything after that (rendering,
+comes back as a `custom_tool_call` item holding that text. A tool namespace (a group of function
+and custom tools under one name, as Codex sends an MCP server's tools) is shown as its tools,
+each named `<namespace>__<tool>`; a call of one comes back with its own `name` and the
+`namespace`, and such items in the input are read back the same way. Everything after that (rendering,
 limits, recording, tool-call parsing) is the chat path's, so a Responses call is served, recorded
 and refused exactly as a chat completion is.
 
 What cannot be served exactly is refused with a 400 naming it: built-in tools (web_search,
-file_search, computer use, code interpreter, MCP, tool namespaces, ...), reasoning (`reasoning`
+file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning`
 settings and reasoning input items: the local models do not reason), `background` mode,
 server-side `conversation`s, prompt templates (`prompt`), structured output (`text.format` other
 than text), `text.verbosity` other than medium, `truncation: "auto"`, non-text input (images,
@@ -191,6 +194,8 @@ def input_messages(items: str | list[Any]) -> list[dict]:
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
                 raise ServeError(400, f"{where}: a {kind} item needs name and call_id", param="input")
+            if isinstance(item.get("namespace"), str) and item["namespace"]:
+                name = namespaced(item["namespace"], name)
             if kind == "function_call":
                 arguments = _arguments(item.get("arguments"), where)
             elif isinstance(item.get("input"), str):
@@ -261,27 +266,64 @@ def custom_as_function(tool: dict, where: str) -> dict:
     return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
+def namespaced(namespace: str, name: str) -> str:
+    """The name the model is shown for the tool `name` of a tool namespace."""
+    return f"{namespace}__{name}"
+
+
+def flat_tools(body: ResponsesRequest) -> list[tuple[Any, str | None, str]]:
+    """The request's tools with each namespace's tools in its place: (tool, its namespace or
+    None, where it is in the request)."""
+    out: list[tuple[Any, str | None, str]] = []
+    for k, tool in enumerate(body.tools or []):
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+            inner = tool.get("tools")
+            out += [
+                (t, tool["name"], f"tools[{k}].tools[{j}]")
+                for j, t in enumerate(inner if isinstance(inner, list) else [])
+            ]
+        else:
+            out.append((tool, None, f"tools[{k}]"))
+    return out
+
+
+def _shown_name(tool: dict, namespace: str | None) -> Any:
+    name = tool.get("name")
+    return namespaced(namespace, name) if namespace is not None and isinstance(name, str) else name
+
+
 def custom_tool_names(body: ResponsesRequest) -> set[str]:
-    tools = [t for t in body.tools or [] if isinstance(t, dict) and t.get("type") == "custom"]
-    return {t["name"] for t in tools if isinstance(t.get("name"), str)}
+    tools = [(t, ns) for t, ns, _ in flat_tools(body) if isinstance(t, dict) and t.get("type") == "custom"]
+    return {_shown_name(t, ns) for t, ns in tools if isinstance(t.get("name"), str)}
+
+
+def namespaced_tools(body: ResponsesRequest) -> dict[str, tuple[str, str]]:
+    """{the name the model is shown: (namespace, the tool's own name)} for the tools of namespaces."""
+    return {
+        _shown_name(t, ns): (ns, t["name"])
+        for t, ns, _ in flat_tools(body)
+        if ns is not None and isinstance(t, dict) and isinstance(t.get("name"), str)
+    }
 
 
 def chat_tools(body: ResponsesRequest) -> tuple[list[dict] | None, Any]:
     """(tools, tool_choice) in the chat shape; 400 for built-in tools."""
     tools = []
-    for k, tool in enumerate(body.tools or []):
+    for tool, namespace, where in flat_tools(body):
         kind = tool.get("type") if isinstance(tool, dict) else None
+        if namespace is not None and kind in ("function", "custom"):
+            tool = {**tool, "name": _shown_name(tool, namespace)}
         if kind == "custom":
-            tools.append(custom_as_function(tool, f"tools[{k}]"))
+            tools.append(custom_as_function(tool, where))
             continue
         if kind != "function":
             name = tool.get("name") if isinstance(tool, dict) else None
             named = f" ({name})" if isinstance(name, str) else ""
             raise ServeError(
                 400,
-                f"tools[{k}]{named}: {kind or 'untyped'!r} tools are not supported by this server: only function "
-                "and custom tools (built-in tools such as web_search, file_search, code_interpreter or mcp, and "
-                "tool namespaces, are not served)",
+                f"{where}{named}: {kind or 'untyped'!r} tools are not supported by this server: only function "
+                "and custom tools, alone or in a namespace (built-in tools such as web_search, file_search, "
+                "code_interpreter or mcp are not served)",
                 param="tools",
             )
         fn = {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None}
@@ -407,10 +449,12 @@ def output_items(
         items.append(
             {"id": message_id, "type": "message", "role": "assistant", "status": "completed", "content": [part]}
         )
-    custom = custom_tool_names(body)
+    custom, grouped = custom_tool_names(body), namespaced_tools(body)
     for entry in tool_calls:
         name, arguments = entry["function"]["name"], entry["function"]["arguments"]
         item = {"call_id": entry["id"], "name": name, "status": "completed"}
+        if name in grouped:  # a tool of a namespace: its own name, and the namespace
+            item.update(namespace=grouped[name][0], name=grouped[name][1])
         if name in custom:
             items.append(
                 {"id": "ctc_" + entry["id"], "type": "custom_tool_call", **item, "input": custom_input(arguments)}
