@@ -18,7 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
+from helpers import (
+    check_notes_solved,
+    check_recorded_and_triaged,
+    check_solved_step_by_step,
+    claweval_notes_task,
+    notes_solver,
+    solution_policy,
+    workspace_tasks,
+)
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
@@ -117,3 +125,17 @@ def test_claude_code_on_the_tiny_random_model_is_recorded_and_triaged(tokenizer,
         assert traj.termination == Termination.exited and "exit code 1" in traj.termination_detail
         assert "output token maximum" in traj.meta["agent"]["stdout"]
         assert first_failure_signal(traj).cls == "no_delivery"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_claude_code_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Claude Code lists the episode's MCP server (the task's notes tools, as
+    mcp__harnessrl__<tool>), the scripted model calls two of them, Claude Code runs them over
+    MCP, harnessrl runs them in the episode against the task's notes service, and the task's own
+    grader, reading their dispatches and the service's audit, passes it."""
+    spec = installed()
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("mcp__harnessrl__"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "mcp__harnessrl__")

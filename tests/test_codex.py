@@ -19,7 +19,15 @@ import platform
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
+from helpers import (
+    check_notes_solved,
+    check_recorded_and_triaged,
+    check_solved_step_by_step,
+    claweval_notes_task,
+    notes_solver,
+    solution_policy,
+    workspace_tasks,
+)
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
@@ -181,3 +189,18 @@ def test_a_model_family_codex_does_not_know_ends_the_episode_saying_so():
     assert traj.termination == Termination.exited and not traj.steps and not traj.is_infra_error
     assert "CODEX_MODEL_FAMILY 'gpt-none' is not in Codex's bundled catalog: " in traj.termination_detail
     assert "gpt-5.5" in traj.termination_detail  # the families it has are named
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_codex_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Codex lists the episode's MCP server from the config.toml codex.py writes (the task's notes
+    tools, a namespace mcp__harnessrl shown as mcp__harnessrl__<tool>), the scripted model calls
+    two of them, Codex runs them over MCP, harnessrl runs them in the episode against the task's
+    notes service, and the task's own grader, reading their dispatches and the service's audit,
+    passes it."""
+    spec = installed()
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("mcp__harnessrl__"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "mcp__harnessrl__")

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import check_notes_solved, claweval_notes_task, notes_solver
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
@@ -259,3 +260,20 @@ def test_tool_results_are_recorded_when_the_agent_strips_the_underscores_from_ca
     assert [r.output for r in first.tool_results] == ["Rcall00", "Rcall01"]
     assert [r.output for r in second.tool_results] == [f"Rcall1{k}" for k in range(12)]
     assert not last.tool_calls
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_openclaw_lean_solves_a_claweval_service_task_through_the_mcp_tools():
+    """The Claw-Eval fixture's notes task: openclaw.sh names the episode's MCP server in
+    OpenClaw's config (mcp.servers.harnessrl), the lean settings allow its tools (bundle-mcp),
+    OpenClaw offers them to the model as harnessrl__<tool> beside its own five, the scripted
+    model calls two, OpenClaw runs them over MCP, harnessrl runs them against the task's notes
+    service, and the task's own grader passes it."""
+    spec = installed(LEAN)
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("harnessrl__"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "harnessrl__")
+    served = {"harnessrl__notes_list", "harnessrl__notes_add", "harnessrl__notes_delete"}
+    assert offered(traj) == {"read", "write", "edit", "ls", "exec"} | served

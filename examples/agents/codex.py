@@ -10,9 +10,14 @@ The glue is what Codex's command line cannot say, written per episode into its o
 - with CODEX_MODEL_FAMILY set (codex.yaml sets it), a model catalog entry for the served model,
   made from that family's entry in the catalog bundled in the installed Codex itself (its prompt
   and tool set: `apply_patch` as a custom freeform tool, `exec_command`, ...) with what the
-  served model does not have taken out: reasoning levels and summaries, verbosity, images, and a
-  context window of CODEX_CONTEXT_WINDOW. Without it Codex uses its fallback metadata for an
+  served model does not have taken out: reasoning levels and summaries, verbosity, images,
+  OpenAI's hosted tool search (MCP tools are listed to the model itself), and a context window of
+  CODEX_CONTEXT_WINDOW. Without it Codex uses its fallback metadata for an
   unknown model (a different prompt and tools, no apply_patch).
+
+Where the episode serves its task's tools over MCP (HARNESSRL_MCP_URL), config.toml names that
+server as Codex's MCP server `harnessrl` (Streamable HTTP: `url`), whose tools reach the model as
+`mcp__harnessrl__<tool>`.
 
 Then `codex exec` on the task, with stdin closed (it waits on an open one), its last message
 written to the answer file when it succeeds.
@@ -86,6 +91,8 @@ def model_entry(codex: Path, env: dict[str, str], family: str, model: str, windo
         "support_verbosity": False,
         "default_verbosity": None,
         "input_modalities": ["text"],
+        # MCP tools listed to the model itself, not behind OpenAI's hosted tool_search
+        "supports_search_tool": False,
         "context_window": window,
         "max_context_window": window,
         "upgrade": None,
@@ -133,6 +140,8 @@ def config(env: dict[str, str], catalog: Path | None) -> str:
         'env_key = "OPENAI_API_KEY"',
         'wire_api = "responses"',
     ]
+    if env.get("HARNESSRL_MCP_URL"):
+        lines += [f"[mcp_servers.{PROVIDER}]", f"url = {toml(env['HARNESSRL_MCP_URL'])}"]
     return "\n".join(lines) + "\n"
 
 

@@ -48,6 +48,13 @@ const config = {
   update: { checkOnStart: false },
   telemetry: { enabled: false },
 };
+// the task's own tools, where the episode serves them over MCP (Streamable HTTP)
+if (env.HARNESSRL_MCP_URL) {
+  config.mcp = { servers: { harnessrl: { url: env.HARNESSRL_MCP_URL, transport: "streamable-http" } } };
+  // listed to the model itself, not behind OpenClaw's tool search (settings of the spec's own
+  // decide that themselves: openclaw_lean.json5 turns it off and allows the MCP tools)
+  if (!env.OPENCLAW_SETTINGS) config.tools = { toolSearch: false };
+}
 // OpenClaw settings of the spec's choosing (OPENCLAW_SETTINGS), copied beside this file:
 // OpenClaw reads them first and the keys above win over theirs
 if (env.OPENCLAW_SETTINGS) config.$include = "./openclaw.settings.json5";
