@@ -1,10 +1,12 @@
-"""The recording endpoint: OpenAI's chat completions and Responses API and Anthropic's Messages
-API for external agent programs, one route prefix per episode, every request answered by the
-run's policy and recorded as a step.
+"""The recording endpoint: OpenAI's chat completions and Responses API, Anthropic's Messages API
+and Google's Gemini API for external agent programs, one route prefix per episode, every request
+answered by the run's policy and recorded as a step.
 
     http://127.0.0.1:PORT/episodes/<token>/v1/chat/completions
     http://127.0.0.1:PORT/episodes/<token>/v1/responses
     http://127.0.0.1:PORT/episodes/<token>/v1/messages   (+ /count_tokens, recorded as nothing)
+    http://127.0.0.1:PORT/episodes/<token>/v1beta/models/MODEL:generateContent
+                       (+ :streamGenerateContent, :countTokens recorded as nothing; the same under /v1)
     http://127.0.0.1:PORT/episodes/<token>/v1/models
     http://127.0.0.1:PORT/episodes/<token>/mcp           (the task's tools over MCP: harness/mcp_tools.py)
 
@@ -12,11 +14,12 @@ The token is drawn per episode (`secrets`), so an agent reaches its own episode 
 that names no running episode is a 404. What a request becomes, which limits apply and what is
 recorded is the episode's business (harness/external.py, `RecordedEpisode`): this module only
 routes, awaits the policy and writes the wire format (wire/chat.py, wire/responses.py,
-wire/replies.py, wire/messages.py). A Responses or Messages request is admitted as the chat
-completion it means, so it is limited and recorded exactly as one; the conversations behind
-`previous_response_id` are kept per episode and dropped with it. Every request the endpoint
-refuses under a running episode's address (an unknown route, a malformed body, a request past a
-limit) is told to the episode (`refused`), which keeps it in the trajectory.
+wire/replies.py, wire/messages.py, wire/gemini.py). A Responses, Messages or Gemini request is
+admitted as the chat completion it means, so it is limited and recorded exactly as one; the
+conversations behind `previous_response_id` are kept per episode and dropped with it. Every
+request the endpoint refuses under a running episode's address (an unknown route, a malformed
+body, a request past a limit) is told to the episode (`refused`), which keeps it in the
+trajectory.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ from harnessrl.harness.mcp_tools import serve as serve_mcp
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.tasks.sandbox_net import Forward
 from harnessrl.types import ModelCall
+from harnessrl.wire import gemini
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError
+from harnessrl.wire.gemini import error_for
 from harnessrl.wire.http import BackgroundServer, request_error_message
-from harnessrl.wire.messages import MessagesRequest, error_for, messages_reply
+from harnessrl.wire.messages import MessagesRequest, messages_reply
 from harnessrl.wire.messages import to_chat as to_messages_chat
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
@@ -52,7 +57,8 @@ log = logging.getLogger(__name__)
 
 _EPISODE_PATH = re.compile(r"^/episodes/(?P<token>[^/]+)(?P<route>/.*)?$")
 ROUTES_SERVED = (
-    "GET /v1/models, POST /v1/chat/completions, POST /v1/responses, POST /v1/messages and "
+    "GET /v1/models, POST /v1/chat/completions, POST /v1/responses, POST /v1beta/models/MODEL:generateContent, "
+    ":streamGenerateContent and :countTokens (or /v1/models/MODEL:...), POST /v1/messages and "
     "POST /v1/messages/count_tokens"
 )
 
@@ -193,6 +199,16 @@ class RecordingEndpoint:
             raise ServeError(404, "no running episode has this address (it ended, or the token is wrong)")
         return episode
 
+    async def _gemini(
+        self, token: str, model: str, body: gemini.GenerateContentRequest, *, stream: bool, alt: str | None
+    ) -> Any:
+        """A Gemini generateContent request, admitted as the chat completion it means."""
+        episode = self._episode(token)
+        name = gemini.model_name(model)
+        chat = gemini.to_chat(body, name, stream=stream)
+        turn = await asyncio.to_thread(episode.admit, chat)  # ServeError: refused (limits, bad input)
+        return await gemini.gemini_reply(self._exchange(episode, turn, name), body, stream=stream, sse=alt == "sse")
+
     # -- the app ------------------------------------------------------------------------------------
     def _app(self) -> FastAPI:
         app = FastAPI(title="harnessrl recording endpoint", docs_url=None, redoc_url=None, openapi_url=None)
@@ -257,6 +273,26 @@ class RecordingEndpoint:
             episode = self._episode(token)
             chat = to_messages_chat(body, counting=True)
             return {"input_tokens": await asyncio.to_thread(episode.count_tokens, chat)}
+
+        async def generate_content(token: str, model: str, body: gemini.GenerateContentRequest) -> Any:
+            return await self._gemini(token, model, body, stream=False, alt=None)
+
+        async def stream_generate_content(
+            token: str, model: str, body: gemini.GenerateContentRequest, alt: str | None = None
+        ) -> Any:
+            return await self._gemini(token, model, body, stream=True, alt=alt)
+
+        async def gemini_count_tokens(token: str, model: str, body: gemini.CountTokensRequest) -> dict:
+            episode = self._episode(token)
+            chat = gemini.to_chat(body.request(), gemini.model_name(model), counting=True)
+            return {"totalTokens": await asyncio.to_thread(episode.count_tokens, chat)}
+
+        for version in gemini.VERSIONS:
+            app.post(f"/episodes/{{token}}/{version}/models/{{model:path}}:generateContent")(generate_content)
+            app.post(f"/episodes/{{token}}/{version}/models/{{model:path}}:streamGenerateContent")(
+                stream_generate_content
+            )
+            app.post(f"/episodes/{{token}}/{version}/models/{{model:path}}:countTokens")(gemini_count_tokens)
 
         @app.api_route("/episodes/{token}/mcp", methods=["GET", "POST", "DELETE"])
         async def mcp(token: str, request: Request) -> Response:

@@ -1,6 +1,7 @@
-"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API and
-Anthropic's Messages API over the local engine (a Responses or Messages request is served as the
-chat completion it means: wire/responses.py, wire/messages.py).
+"""The FastAPI app of `harnessrl serve`: OpenAI's chat completions and Responses API, Anthropic's
+Messages API and Google's Gemini API over the local engine (a Responses, Messages or Gemini
+request is served as the chat completion it means: wire/responses.py, wire/messages.py,
+wire/gemini.py).
 With a tool-call parser (ServedModels.tool_call_parser, vLLM's --enable-auto-tool-choice
 --tool-call-parser P) a request's `tools` are shown in the prompt and its reply parsed into
 `tool_calls` the way the recording endpoint does it (harness/prompt_tools.py).
@@ -35,6 +36,7 @@ from harnessrl.harness.prompt_tools import reply_message
 from harnessrl.serve.models import ServedModel, ServedModels
 from harnessrl.serve.tools import offered_tools
 from harnessrl.types import ModelCall
+from harnessrl.wire import gemini as gm
 from harnessrl.wire import messages as ms
 from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, key_matches, presented_key
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError, to_generation
@@ -90,26 +92,26 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
     async def admin_only(request: Request) -> None:
         check_admin_key(request, key)
 
-    # errors in OpenAI's shape, in Anthropic's on the Messages routes (ms.error_for)
+    # errors in OpenAI's shape, in Anthropic's on the Messages routes and Google's on the Gemini ones (gm.error_for)
     @app.exception_handler(ServeError)
     async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
-        body = ms.error_for(request.url.path, exc.status, exc.message, exc.param)
+        body = gm.error_for(request.url.path, exc.status, exc.message, exc.param)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(body, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(ms.error_for(request.url.path, 400, request_error_message(exc)), status_code=400)
+        return JSONResponse(gm.error_for(request.url.path, 400, request_error_message(exc)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        body = ms.error_for(request.url.path, exc.status_code, str(exc.detail))
+        body = gm.error_for(request.url.path, exc.status_code, str(exc.detail))
         return JSONResponse(body, status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        body = ms.error_for(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
+        body = gm.error_for(request.url.path, 500, f"internal error: {type(exc).__name__}: {exc}")
         return JSONResponse(body, status_code=500)
 
     @app.get("/health")
@@ -228,14 +230,31 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
     async def messages(body: ms.MessagesRequest) -> Any:
         return await ms.messages_reply(await admit(ms.to_chat(body)), body)
 
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(body: ms.MessagesRequest) -> dict:
-        chat = ms.to_chat(body, counting=True)
+    async def prompt_length(chat: ChatCompletionRequest) -> int:
+        """The prompt tokens `chat` would take on its model (the count_tokens routes)."""
         entry = await asyncio.to_thread(models.acquire, chat.model)
         try:
-            prompt = (await asyncio.to_thread(render, entry, chat))[3]
+            return len((await asyncio.to_thread(render, entry, chat))[3])
         finally:
             models.release(entry)
-        return {"input_tokens": len(prompt)}
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: ms.MessagesRequest) -> dict:
+        return {"input_tokens": await prompt_length(ms.to_chat(body, counting=True))}
+
+    async def generate_content(model: str, body: gm.GenerateContentRequest) -> Any:
+        return await gm.gemini_reply(await admit(gm.to_chat(body, gm.model_name(model))), body)
+
+    async def stream_generate_content(model: str, body: gm.GenerateContentRequest, alt: str | None = None) -> Any:
+        exchange = await admit(gm.to_chat(body, gm.model_name(model), stream=True))
+        return await gm.gemini_reply(exchange, body, stream=True, sse=alt == "sse")
+
+    async def gemini_count_tokens(model: str, body: gm.CountTokensRequest) -> dict:
+        return {"totalTokens": await prompt_length(gm.to_chat(body.request(), gm.model_name(model), counting=True))}
+
+    for version in gm.VERSIONS:
+        app.post(f"/{version}/models/{{model:path}}:generateContent")(generate_content)
+        app.post(f"/{version}/models/{{model:path}}:streamGenerateContent")(stream_generate_content)
+        app.post(f"/{version}/models/{{model:path}}:countTokens")(gemini_count_tokens)
 
     return app

@@ -5,6 +5,7 @@ with the same code.
     chat.py      OpenAI's chat completions format (requests in, responses out, errors; ServeError)
     responses.py OpenAI's Responses API as a front of the chat path (requests, items, events)
     messages.py  Anthropic's Messages API as a front of the chat path (blocks, events, errors)
+    gemini.py    Google's Gemini API as a front of the chat path (contents and parts, SSE chunks, errors)
     streaming.py tokens as the engine samples them -> text deltas
     replies.py   one admitted request answered as JSON or as an event stream
     http.py      BackgroundServer (an app on a thread), socket helpers, request validation messages
