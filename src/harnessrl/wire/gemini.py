@@ -148,7 +148,7 @@ class FunctionDeclaration(_Fields):
     behavior: str | None = None
 
 
-class Tool(_Fields):
+class GeminiTool(_Fields):
     """A tool: function declarations, or one of Google's built-in tools (each a field of its own,
     all refused: an unknown field here is one too)."""
 
@@ -186,7 +186,7 @@ class GenerateContentRequest(_Fields):
     model: str | None = None  # the path names the model; some clients repeat it here
     contents: list[Content] | None = None
     system_instruction: Content | str | None = None
-    tools: list[Tool] | None = None
+    tools: list[GeminiTool] | None = None
     tool_config: dict[str, Any] | None = None
     generation_config: GenerationConfig | None = None
     safety_settings: list[Any] | None = None
