@@ -587,20 +587,38 @@ def test_seeded_script_gives_the_same_episodes_at_any_concurrency(tokenizer):
     assert len(texts) > 3  # the seeds really vary the replies
 
 
-def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp_path, request):
-    """SIGINT while an episode sits in a 3 s tool: run() raises KeyboardInterrupt at once, the
-    episodes recorded before are in the store, and no episode starts afterwards."""
+@pytest.mark.parametrize(
+    ("tool_s", "grace_s", "waited"),
+    [(3.0, 10.0, (3.0, 6.0)), (20.0, 1.0, (1.0, 4.0))],
+    ids=["tool-returns", "tool-stuck"],
+)
+def test_ctrl_c_stops_the_run_once_its_episodes_wound_down_and_keeps_what_was_recorded(
+    tool_s, grace_s, waited, tokenizer, tmp_path, request, monkeypatch
+):
+    """SIGINT while an episode sits in a slow tool: run() raises KeyboardInterrupt once that tool
+    has returned and the episode's environment is closed (a tool of 3 s), or after the grace
+    (STOP_GRACE_S) when it does not return in time; the episodes recorded before are in the
+    store, the interrupted one is not, and no episode starts afterwards."""
     import os
     import signal
+
+    from harnessrl import rollout
+    from harnessrl.tasks.base import Environment
 
     # Python's own SIGINT handler, even where this process started with SIGINT ignored (a shell
     # without job control ignores it for the commands it runs in the background)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
+    monkeypatch.setattr(rollout, "STOP_GRACE_S", grace_s)
+    closed: list[int] = []
+    close = Environment.close
+    monkeypatch.setattr(Environment, "close", lambda env: (closed.append(id(env)), close(env))[1])
     started: list[str] = []
+    slow_env: list[int] = []
 
     def interrupting_work(env, seconds):
         if seconds:
+            slow_env.append(id(env))
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while this tool runs
             time.sleep(seconds)
         return "worked"
@@ -616,7 +634,7 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp
 
     def script(messages):
         if any(m.content == slow_instruction for m in messages):
-            return '{"tool": "work", "arguments": {"seconds": 3.0}}'
+            return f'{{"tool": "work", "arguments": {{"seconds": {tool_s}}}}}'
         return '{"tool": "submit", "arguments": {}}'
 
     spec = with_rules(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
@@ -631,7 +649,10 @@ def test_ctrl_c_stops_the_run_at_once_and_keeps_what_was_recorded(tokenizer, tmp
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             runner.run(make_jobs(tasks, [spec], 1))
-        assert time.monotonic() - t0 < 2.0  # the 3 s tool was not waited for
+        took = time.monotonic() - t0
+        assert waited[0] - 0.5 < took < waited[1], took
+        # the slow episode's environment is closed once its tool returned, not before
+        assert (slow_env[0] in closed) == (tool_s < grace_s)
         stored = {t.task_id for t in store.trajectories(with_tokens=False)}
         n_started = len(started)
         time.sleep(0.5)

@@ -28,9 +28,13 @@ Failures:
   alone: it is re-run from scratch up to `max_retries` times, then recorded with termination
   `error` (excluded from metric denominators). The other episodes and the run go on. So is the
   loss of the worker that held an episode (a remote executor's process or node dying).
-- Ctrl-C: no new episode starts and `run` raises KeyboardInterrupt at once; every episode
-  recorded before is already stored. Episodes still running stop at their next turn (their
-  workspaces are removed) and are not recorded.
+- Ctrl-C (and SIGTERM, which the command line turns into the same KeyboardInterrupt): no new
+  episode starts; every episode recorded before is already stored. Episodes still running stop
+  at their next turn and are not recorded: an agent program is killed, a request waiting for
+  the model is withdrawn, the environment is closed (its workspace removed, its services
+  stopped). `run` gives them STOP_GRACE_S to get there, then raises KeyboardInterrupt; an
+  episode stuck longer (a tool that does not return) is left behind in its daemon thread, so the
+  process can still exit. A second Ctrl-C cuts the wait short.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol, Sequence
@@ -59,6 +63,8 @@ if TYPE_CHECKING:
 
 # how often an episode waiting for its reply looks whether the run was interrupted (seconds)
 _STOP_POLL_S = 0.2
+# how long an interrupted run waits for its running episodes to wind down (seconds)
+STOP_GRACE_S = 10.0
 
 
 @dataclass
@@ -169,8 +175,7 @@ class Runner:
         console = Console(stderr=True)
         # Not a terminal (CI logs, `make demo | tee`): no live bar, a plain line every ~10 %.
         log_every = 0 if console.is_terminal or not self.progress else max(1, total // 10)
-        pool = ThreadPoolExecutor(max_workers=self.max_in_flight, thread_name_prefix="episode")
-        clean_exit = False
+        running = 0  # episodes handed to a worker thread and not handed back yet
         try:
             with Progress(
                 TextColumn("[bold]episodes"),
@@ -211,23 +216,30 @@ class Runner:
                             highlight=False,
                         )
 
-                running = 0
                 while pending or running:
                     while pending and running < self.max_in_flight:
-                        pool.submit(self._worker, *pending.popleft(), sampling, stop, finished)
-                        running += 1
+                        position, job = pending.popleft()
+                        # a daemon thread per episode: one stuck in a tool never holds the process's exit
+                        worker = threading.Thread(
+                            target=self._worker,
+                            args=(position, job, sampling, stop, finished),
+                            name=f"episode-{position}",
+                            daemon=True,
+                        )
+                        running += 1  # (first: Ctrl-C may come while it starts)
+                        worker.start()
                     position, job, outcome = finished.get()  # Ctrl-C interrupts this wait
                     running -= 1
                     if isinstance(outcome, BaseException):
                         raise outcome  # a bug outside every episode hook: the run cannot go on
                     if outcome is not None:
                         record(position, outcome, job)
-            clean_exit = True
         finally:
             self.stats.wall_s = max(time.monotonic() - t_start, 1e-9)
-            # on an interruption or error, do not wait: the running episodes see `stop` at their next turn
+            # on an interruption or error the running episodes see `stop` at their next turn
             stop.set()
-            pool.shutdown(wait=clean_exit, cancel_futures=True)
+            if running:
+                _wind_down(finished, running, STOP_GRACE_S)
             if self._external is not None:  # the recording endpoint lives as long as the run
                 self._external.close()
                 self._external = None
@@ -302,6 +314,18 @@ class Runner:
             self.stats.model_s += latency
             if call is not None:
                 self.stats.completion_tokens += call.completion_tokens
+
+
+def _wind_down(finished: queue.SimpleQueue, running: int, grace_s: float) -> None:
+    """Wait (at most `grace_s`, less if Ctrl-C comes again) until the `running` episodes of an
+    interrupted run have handed back what they hold: their programs killed, environments closed."""
+    deadline = time.monotonic() + grace_s
+    try:
+        while running and (left := deadline - time.monotonic()) > 0:
+            finished.get(timeout=left)
+            running -= 1
+    except (queue.Empty, KeyboardInterrupt):
+        pass
 
 
 def _wait(future: Future[ModelCall], stop: threading.Event) -> ModelCall:

@@ -1,12 +1,14 @@
-"""What every command of the command line shares: the consoles, `fail`, `job_errors` (errors and
-Ctrl-C around a long job), model-spec checks, and
+"""What every command of the command line shares: the consoles, `fail`, `job_errors` (errors,
+Ctrl-C and SIGTERM around a long job), model-spec checks, and
 `config_command`, which builds a command's options from its pydantic config (every option is
 declared once, as a field with its bounds and help text)."""
 
 from __future__ import annotations
 
 import inspect
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, NoReturn
@@ -27,6 +29,38 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `timeout`, `kill` and batch schedulers send) arrived: raised in the main
+    thread where Ctrl-C raises KeyboardInterrupt, so a job stops the same way."""
+
+
+INTERRUPTED = 130  # the exit status after Ctrl-C (128 + SIGINT)
+TERMINATED = 143  # after SIGTERM (128 + SIGTERM)
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Inside this block SIGTERM raises Terminated in the main thread (once: a later SIGTERM
+    while the job winds down is ignored, SIGKILL still ends it); the previous handler is put back
+    after. Outside the main thread, where no handler can be set, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def job_errors(
     out: str | Path,
@@ -38,14 +72,18 @@ def job_errors(
 ) -> Iterator[None]:
     """Around a long-running command's job: a user error (one of `errors`) is one line on stderr
     and exit 2, a failure of the run itself (one of `failures`, e.g. training diverged) exit 1,
-    never a traceback; Ctrl-C says what is kept (`saved`) and how to continue in `out`, and exits
-    130. `say=False` (a process other than rank 0 under torchrun) exits the same, silently."""
+    never a traceback; Ctrl-C and SIGTERM stop the job alike (what it runs winds down as the
+    KeyboardInterrupt passes: episodes, agent programs, services), say what is kept (`saved`) and
+    how to continue in `out`, and exit 130 (Ctrl-C) or 143 (SIGTERM). `say=False` (a process other
+    than rank 0 under torchrun) exits the same, silently."""
     try:
-        yield
-    except KeyboardInterrupt:
+        with sigterm_interrupts():
+            yield
+    except KeyboardInterrupt as e:
+        how, code = ("terminated (SIGTERM)", TERMINATED) if isinstance(e, Terminated) else ("interrupted", INTERRUPTED)
         if say:
-            err.print(f"interrupted: {saved}; continue with --resume --out {out}", highlight=False)
-        raise typer.Exit(130) from None
+            err.print(f"{how}: {saved}; continue with --resume --out {out}", highlight=False)
+        raise typer.Exit(code) from None
     except (*errors, *failures) as e:
         code = 2 if isinstance(e, errors) else 1
         if say:

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions)
 
+# The exit status of an evaluation whose every episode was an infrastructure error: it ran, but
+# measured nothing (a dead model server, an agent program the sandbox cannot start, a broken grader).
+NOTHING_MEASURED = 3
+
 
 def _fmt(x: Any) -> str:
     return "-" if x is None else f"{x:.3f}"
@@ -54,9 +58,51 @@ def print_summary_table(summary: EvalSummary) -> None:
     out.print(table)
 
 
+def _first_infra_error(folder: Path, harness: str) -> str:
+    """The infrastructure error of the first stored episode of `harness` that has one."""
+    from harnessrl.store import RunStore
+
+    with RunStore(folder) as store:
+        for t in store.trajectories(harness=harness, with_tokens=False):
+            if t.is_infra_error:
+                return t.infra_error or t.termination_detail
+    return ""
+
+
+def check_measured(summary: EvalSummary, folder: Path) -> None:
+    """Exit NOTHING_MEASURED, with the first error, when every episode of the run was an
+    infrastructure error; a warning for each harness of which that is true while others measured."""
+    empty = [name for name, m in summary.harnesses.items() if m.n_episodes == 0 and m.n_infra_errors]
+    if not empty:
+        return
+    if len(empty) < len(summary.harnesses):
+        for name in empty:
+            m = summary.harnesses[name]
+            err.print(
+                f"warning: every episode of harness {name} ({m.n_infra_errors}) was an infrastructure error; "
+                f"the first: {_first_infra_error(folder, name)}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+        return
+    n = sum(m.n_infra_errors for m in summary.harnesses.values())
+    fail(
+        f"every episode of the run ({n}) was an infrastructure error, so nothing was measured; "
+        f"the first: {_first_infra_error(folder, empty[0])}",
+        NOTHING_MEASURED,
+    )
+
+
 @config_command(EvalConfig, EvalRun)
 def eval_cmd(config: EvalConfig, run: Any) -> None:
-    """Evaluate a model on a suite through one or more harnesses."""
+    """Evaluate a model on a suite through one or more harnesses.
+
+    Exit status: 0 the run finished;
+    2 a configuration error (nothing ran);
+    3 every episode was an infrastructure error, so nothing was measured (the first error is shown);
+    130 Ctrl-C, 143 SIGTERM (finished episodes are kept: continue with --resume).
+    """
     from harnessrl.executors import ExecutorError
     from harnessrl.jobs.evaluate import EvalError, run_eval
 
@@ -67,6 +113,7 @@ def eval_cmd(config: EvalConfig, run: Any) -> None:
             )
     print_summary_table(summary)
     out.print(f"run folder: {run.out}  (summary.json, run.db)", highlight=False)
+    check_measured(summary, Path(run.out))
 
 
 def summary_cmd(run: Annotated[Path, typer.Argument(help="run folder")]) -> None:

@@ -49,6 +49,7 @@ from harnessrl.wire.gemini import error_for
 from harnessrl.wire.http import BackgroundServer, request_error_message
 from harnessrl.wire.messages import MessagesRequest, messages_reply
 from harnessrl.wire.messages import to_chat as to_messages_chat
+from harnessrl.wire.pending import PendingReplies
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.wire.streaming import token_streaming
@@ -102,6 +103,9 @@ class RecordingEndpoint:
         self._episodes: dict[str, RecordedEpisode] = {}
         self._stores: dict[str, ConversationStore] = {}  # per episode: previous_response_id
         self._lock = threading.Lock()
+        # the replies each episode waits for: given up when it ends (its program was stopped, by
+        # its wall clock say, while the model still generated) and when the endpoint stops
+        self._replies = PendingReplies()
         self._server = BackgroundServer(self._app(), host=host, name="recording", unix_path=unix_path)
         self.root: str | None = None
 
@@ -117,6 +121,7 @@ class RecordingEndpoint:
         return Forward(listen=int(self.root.rsplit(":", 1)[1]), connect=self._server.unix_path)
 
     def stop(self) -> None:
+        self._replies.abandon_all("the run ended before the reply")  # nothing holds the shutdown
         self._server.stop()
         self.root = None
 
@@ -133,11 +138,18 @@ class RecordingEndpoint:
     def register(self, episode: RecordedEpisode) -> None:
         with self._lock:
             self._episodes[episode.token] = episode
+        self._replies.open(episode.token)
 
     def unregister(self, episode: RecordedEpisode) -> None:
         with self._lock:
             self._episodes.pop(episode.token, None)
             self._stores.pop(episode.token, None)
+        self._replies.abandon(episode.token, "the episode ended before the reply")
+
+    def _live(self, episode: RecordedEpisode) -> bool:
+        """Whether `episode` still runs here (after it ended, nothing more is recorded in it)."""
+        with self._lock:
+            return self._episodes.get(episode.token) is episode
 
     def _conversations(self, token: str) -> ConversationStore:
         with self._lock:
@@ -163,9 +175,11 @@ class RecordingEndpoint:
             started[0] = time.monotonic()
             # submit may render the prompt in the calling thread: the caller keeps it off the event loop
             if on_token is None:
-                return policy.submit(turn.request, episode.sampling)
-            assert streaming is not None  # on_token is given only to a `live` exchange
-            return streaming.submit(turn.request, episode.sampling, on_token=on_token)
+                generation = policy.submit(turn.request, episode.sampling)
+            else:
+                assert streaming is not None  # on_token is given only to a `live` exchange
+                generation = streaming.submit(turn.request, episode.sampling, on_token=on_token)
+            return self._replies.follow(episode.token, generation)
 
         def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
             latency = time.monotonic() - started[0]
@@ -173,9 +187,13 @@ class RecordingEndpoint:
             # they came; a policy that times nothing gets the latency this endpoint saw
             if call.latency_s is None:
                 call = call.model_copy(update={"latency_s": latency})
+            if not self._live(episode):  # it ended meanwhile: its trajectory is being written
+                return call, None
             return call, episode.record(turn, call, latency)
 
         def failed(message: str) -> str:
+            if not self._live(episode):  # an abandoned reply, not the backend's failure
+                return message
             episode.backend_failed(message, time.monotonic() - started[0])
             return f"the model backend failed: {message}"
 

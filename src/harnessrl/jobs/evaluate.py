@@ -236,9 +236,14 @@ def run_eval(
         if model.kind == "oracle":
             run_oracle(todo, store, config.retries, run.progress, executor, config.max_in_flight)
             return write_summary(store, folder.config, run.out)
-        run_into_store(
-            store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
-        )
+        try:
+            run_into_store(
+                store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
+            )
+        finally:  # a local model's engine thread ends here, a step in progress cut short
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
         return write_summary(store, folder.config, run.out)
 
 

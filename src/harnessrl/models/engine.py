@@ -44,10 +44,12 @@ implementation (the default of transformers' Llama, Qwen2, Mistral without slidi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
@@ -98,6 +100,20 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# the engines whose driver thread was started and not closed (see _close_at_exit)
+_STARTED: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every engine still driven by its thread when the interpreter exits. The driver is a
+    daemon thread: left inside a forward (a request nobody waits for any more, e.g. of an agent
+    killed mid-call), it would still be in torch while the interpreter and torch's thread pools
+    are torn down, and the process aborts ("terminate called without an active exception").
+    Closing it lets the step in progress finish and the thread end first."""
+    for engine in list(_STARTED):
+        engine.close()
 
 
 class Engine:
@@ -198,6 +214,7 @@ class Engine:
         self._step_lock = threading.RLock()  # one step at a time (re-entrant: clear_cache inside paused)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stepping = False  # a step runs (its requests may be out of the queue and not in a row yet)
         # Seconds of batched decode steps run so far, and the start of the one running now (None
         # outside one). Every running row takes part in every decode step, so a row's decode_s
         # is this clock when it finishes minus the clock when it joined: two stamps per request
@@ -309,6 +326,7 @@ class Engine:
     def step(self) -> bool:
         """Admit what fits, then one decode step for every running request. False if idle."""
         with self._step_lock, torch.inference_mode():
+            self._stepping = True
             model = self.model
             was_training = model.training
             if was_training:  # (train() walks every module: not on every step when already in eval)
@@ -323,6 +341,7 @@ class Engine:
                 finished, self._finished = self._finished, []
                 for future, completion in finished:
                     future.set_result(completion)
+                self._stepping = False
             if not self._rows and self._inflight is None and self._chunked is None:
                 self.runner.kv.release()
             with self._lock:
@@ -367,19 +386,27 @@ class Engine:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._drive, name="harnessrl-engine", daemon=True)
                 self._thread.start()
+                _STARTED.add(self)
         return self
 
     def close(self) -> None:
-        """Stop the driver thread; fail what is still waiting or running with EngineClosed."""
+        """Stop the driver thread; fail what is still waiting or running with EngineClosed. A
+        step in progress in another thread is cut short at the model's next module call (a long
+        prefill would otherwise hold the close, and the process's exit, for all its length)."""
         with self._lock:
             self._closed = True
+            busy = self._busy() or self._stepping
             self._work.notify_all()
+        _STARTED.discard(self)
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        cut_short = self.runner.forwards_refused() if busy else contextlib.nullcontext()
+        with cut_short:
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
+            with self._step_lock:
+                for req in self._drop_all():
+                    self._fail(req, EngineClosed("the engine was closed before the request finished"))
         with self._step_lock:
-            for req in self._drop_all():
-                self._fail(req, EngineClosed("the engine was closed before the request finished"))
             self.prefix_cache.clear()
             self.runner.close()
 
@@ -452,9 +479,13 @@ class Engine:
             try:
                 self.step()
             except Exception as exc:
+                if self._closed:  # (a step cut short by `close`)
+                    failure: Exception = EngineClosed("the engine was closed before the request finished")
+                else:
+                    failure = EngineError(f"engine step failed: {type(exc).__name__}: {exc}")
                 with self._step_lock:
                     for req in self._drop_all():
-                        self._fail(req, EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+                        self._fail(req, failure)
 
     def _invalidate(self) -> None:
         self._generation += 1
@@ -643,6 +674,9 @@ class Engine:
 
     def _prefill_failed(self, req: RequestState, exc: BaseException) -> None:
         self._unlock(req)
+        if self._closed:  # (a prefill cut short by `close`)
+            self._fail(req, EngineClosed("the engine was closed before the request finished"))
+            return
         self._fail(req, EngineError(f"prefill failed: {type(exc).__name__}: {exc}"))
 
     def _join(self, req: RequestState, row: int, cached: int, logits: torch.Tensor) -> None:

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 _CAPACITY_STEP = 256  # batch cache capacity grows in multiples of this many tokens
 
 
+class ForwardRefused(RuntimeError):
+    """A module of the model was called while its engine was closing (`forwards_refused`)."""
+
+
 class BatchKV:
     """The running rows' keys and values: (layers, 2, rows, kv_heads, capacity, head_dim)."""
 
@@ -439,6 +443,23 @@ class ForwardRunner:
             self.packed.clear()
         if self.fast is not None:
             self.fast.clear()
+
+    @contextlib.contextmanager
+    def forwards_refused(self) -> Iterator[None]:
+        """Inside this block every module call of the model raises ForwardRefused, so a forward
+        running on another thread (a step, a prefill on the prefill thread) stops at its next
+        layer instead of running to its end: what closing the engine needs. Nothing is left on
+        the model after the block."""
+
+        def refuse(module: torch.nn.Module, args: object) -> None:
+            raise ForwardRefused("the engine is closing")
+
+        handles = [m.register_forward_pre_hook(refuse) for m in self.model.modules()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def close(self) -> None:
         self.kv.release()
