@@ -289,7 +289,10 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
     assert escape_etc not in escaped and f"refused {escape_etc}" in stderr
     if repo_refused:
         assert not escaped, f"a write outside the workspace reached the host: {escaped}"
-        assert f"refused {escape_in_repo}" in stderr
+        # under bubblewrap a checkout under /tmp lies in the sandbox's own /tmp: the write may land
+        # there (and vanish with it); anywhere else the folder does not exist in the sandbox
+        if not (isolation == "bwrap" and escape_in_repo.is_relative_to("/tmp")):
+            assert f"refused {escape_in_repo}" in stderr
 
     flood = by["flood"]
     agent_meta = flood.meta["agent"]
