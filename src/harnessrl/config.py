@@ -148,6 +148,17 @@ class ExecutorOptions(RunOptions):
         return self
 
 
+# `--preflight/--no-preflight` of the jobs that run episodes through harnesses (eval, train grpo)
+PREFLIGHT = (
+    bool,
+    Field(
+        True,
+        description="first measure each harness's first request against a local model's context "
+        "(harnessrl preflight) and refuse to run a harness whose request cannot fit",
+    ),
+)
+
+
 def run_options(
     default_out: str, resume_help: str | None = None, base: type[RunOptions] = RunOptions, **extra: Any
 ) -> type[RunOptions]:

@@ -3,6 +3,7 @@
 harness.py   harness list / show / validate / schema
 tasks.py     tasks list / show, models list
 eval.py      eval, summary
+preflight.py preflight (each harness's first request against the model's context)
 export.py    export (JSONL, Inspect AI logs, Harbor ATIF)
 report.py    triage, report, view
 evolve.py    evolve
@@ -26,6 +27,7 @@ from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.export import export_cmd
 from harnessrl.cli.harness import harness_app
 from harnessrl.cli.improve import improve_cmd
+from harnessrl.cli.preflight import preflight_cmd
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
 from harnessrl.cli.serve import serve_cmd
 from harnessrl.cli.study import study_cmd
@@ -43,6 +45,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(train_app, name="train")
 app.command("eval")(eval_cmd)
 app.command("summary")(summary_cmd)
+app.command("preflight")(preflight_cmd)
 app.command("export")(export_cmd)
 app.command("triage")(triage_cmd)
 app.command("report")(report_cmd)

@@ -9,12 +9,14 @@ import typer
 from rich.table import Table
 
 from harnessrl.cli.common import config_command, err, executor_for, fail, job_errors, out
-from harnessrl.config import EvalConfig, ExecutorOptions, run_options
+from harnessrl.config import PREFLIGHT, EvalConfig, ExecutorOptions, run_options
 
 if TYPE_CHECKING:
     from harnessrl.results import EvalSummary
 
-EvalRun = run_options("runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions)
+EvalRun = run_options(
+    "runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions, preflight=PREFLIGHT
+)
 
 # The exit status of an evaluation whose every episode was an infrastructure error: it ran, but
 # measured nothing (a dead model server, an agent program the sandbox cannot start, a broken grader).
@@ -99,7 +101,7 @@ def eval_cmd(config: EvalConfig, run: Any) -> None:
     """Evaluate a model on a suite through one or more harnesses.
 
     Exit status: 0 the run finished;
-    2 a configuration error (nothing ran);
+    2 a configuration error, or a harness whose first request cannot fit the model (nothing ran);
     3 every episode was an infrastructure error, so nothing was measured (the first error is shown);
     130 Ctrl-C, 143 SIGTERM (finished episodes are kept: continue with --resume).
     """
@@ -109,7 +111,11 @@ def eval_cmd(config: EvalConfig, run: Any) -> None:
     with job_errors(run.out, "finished episodes are saved", (EvalError, ExecutorError)):
         with executor_for(run) as executor:
             summary = run_eval(
-                config, run, log=lambda m: err.print(m, highlight=False, markup=False), executor=executor
+                config,
+                run,
+                log=lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True),
+                executor=executor,
+                preflight=run.preflight,
             )
     print_summary_table(summary)
     out.print(f"run folder: {run.out}  (summary.json, run.db)", highlight=False)

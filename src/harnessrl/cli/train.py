@@ -10,7 +10,7 @@ import typer
 from pydantic import Field
 
 from harnessrl.cli.common import config_command, err, executor_for, job_errors, out
-from harnessrl.config import ExecutorOptions, cli, run_options
+from harnessrl.config import PREFLIGHT, ExecutorOptions, cli, run_options
 from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
 
 train_app = typer.Typer(
@@ -19,7 +19,9 @@ train_app = typer.Typer(
     "or toward the model under another harness (on-policy distillation).",
 )
 
-TrainRun = run_options("runs/train", "continue the run in --out from its checkpoint", base=ExecutorOptions)
+TrainRun = run_options(
+    "runs/train", "continue the run in --out from its checkpoint", base=ExecutorOptions, preflight=PREFLIGHT
+)
 DistillRunOptions = run_options("runs/distill", "continue the run in --out from its checkpoint", base=ExecutorOptions)
 SFTRunOptions = run_options(
     "runs/sft",
@@ -64,6 +66,8 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
     with job_errors(run.out, CHECKPOINT_SAVED, (TrainError, ExecutorError), (TrainingDiverged,), say=main):
         with executor_for(run) as executor:
             trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
+            if run.preflight:
+                _preflight(config.model, trainer, say=main)
             executor.start()  # connect before the model loads
             summary = trainer.run()
     if not main:
@@ -74,6 +78,23 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _preflight(model: str, trainer: Any, *, say: bool) -> None:
+    """`--preflight`: each harness's first request of the first train task measured against the
+    model's context; TrainError (exit 2) where one cannot fit (harnessrl.preflight)."""
+    from harnessrl.models.base import ModelUnavailable
+    from harnessrl.preflight import check_before_run
+    from harnessrl.train.trainer import TrainError
+
+    tasks = trainer.suite.tasks("train", 1)
+    if not tasks:
+        return
+    log = (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True)) if say else (lambda m: None)
+    try:
+        check_before_run(model, [*trainer.specs, *trainer.eval_specs], tasks[0], log)
+    except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
+        raise TrainError(str(e)) from None
 
 
 @train_app.command("sft")

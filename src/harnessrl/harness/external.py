@@ -383,6 +383,10 @@ class ExternalEpisodes:
     """Plays the external episodes of one `Runner.run`: the recording endpoint is started by the
     first one and stopped by `close()` (at the end of the run)."""
 
+    # what serves and what records the episodes (preflight's own note the route and tools of a request)
+    endpoint_class: type[RecordingEndpoint] = RecordingEndpoint
+    episode_class: type[ExternalEpisode] = ExternalEpisode
+
     def __init__(self, count: Callable[[float, ModelCall | None], None]):
         self.count = count
         self._endpoint: RecordingEndpoint | None = None
@@ -394,7 +398,7 @@ class ExternalEpisodes:
             if self._closed:
                 raise RuntimeError("the run has ended")
             if self._endpoint is None:
-                endpoint = RecordingEndpoint(unix_path=socket_path(f"recording-{secrets.token_hex(6)}.sock"))
+                endpoint = self.endpoint_class(unix_path=socket_path(f"recording-{secrets.token_hex(6)}.sock"))
                 endpoint.start()
                 self._endpoint = endpoint
             return self._endpoint
@@ -417,7 +421,7 @@ class ExternalEpisodes:
             env = job.task.make_env()
         except Exception as e:
             return record.infra(f"environment setup failed: {short_traceback(e)}")
-        episode = ExternalEpisode(job, policy, sampling, self.count)
+        episode = self.episode_class(job, policy, sampling, self.count)
         tools = served_tools(job.task, external_spec(job).mcp_tools)
         if tools:
             episode.tool_server = TaskToolServer(tools, env, episode.tool_called, episode.tool_crashed)

@@ -116,9 +116,13 @@ def run_eval(
     run: RunOptions,
     log: Callable[[str], None] = lambda message: None,
     executor: Executor | None = None,
+    *,
+    preflight: bool = False,
 ) -> EvalSummary:
     """Evaluate `config.model` on the suite through every harness; returns the summary.
-    `executor`: where the episodes run (default: this process); the caller closes it."""
+    `executor`: where the episodes run (default: this process); the caller closes it.
+    `preflight`: first measure each harness's first request of the first task against a local
+    model's context (harnessrl.preflight), and refuse (EvalError) where one cannot fit."""
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
@@ -175,6 +179,14 @@ def run_eval(
         raise
     except ValueError as e:
         raise EvalError(str(e)) from None
+    if preflight:
+        from harnessrl.models.base import ModelUnavailable
+        from harnessrl.preflight import check_before_run
+
+        try:
+            check_before_run(config.model, specs, task_list[0], log)
+        except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
+            raise EvalError(str(e)) from None
 
     record = evaluation_record(
         config.suite,

@@ -1,0 +1,529 @@
+"""Preflight: the first request each harness would send the model, measured against the model's
+context before anything runs (`harnessrl preflight`, and `eval` / `train grpo` by default).
+
+For each harness, on the first task:
+
+- a loop harness's first request is built as its episode builds it (system prompt with the tool
+  block in its protocol, demonstrations, the task) without any model call;
+- an external agent is run as an episode runs it (the same sandbox, environment variables and
+  recording endpoint) until its first model call; a stand-in for the model (`FirstRequest`)
+  keeps that request, its tools already shown in the spec's `tool_protocol` as a local model
+  gets them, and fails it, so the program is stopped. The route it used is its dialect.
+
+The request is rendered through the model's chat template and counted with its tokenizer, and
+compared with its context (`max_position_embeddings`): `fits`, `tight` (a reply of the
+harness's max_new_tokens would be cut: fewer tokens are left), `too big` (the prompt alone does
+not fit: the endpoint refuses it, the engine cannot run it). The report names the request's parts
+(tool definitions, system prompt, messages, the template's markup) and the largest tool
+definitions, and says what to trim. A model served elsewhere (`openai:`) renders its prompts on
+its own server: its requests are captured and sized in characters, their tokens `unknown`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from harnessrl.harness.external import ExternalEpisode, Turn
+from harnessrl.harness.recording import RecordingEndpoint
+from harnessrl.harness.spec import AnyHarnessSpec, ExternalHarnessSpec, HarnessSpec
+from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
+from harnessrl.types import Message, ModelCall, ToolSchema
+from harnessrl.wire.chat import ChatCompletionRequest
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from harnessrl.tasks.base import Task
+
+Verdict = Literal["fits", "tight", "too big", "unknown", "no request"]
+WAIT_S = 120.0  # how long an agent program gets to make its first model call
+TOP_TOOLS = 3  # the largest tool definitions named in a report
+# the route of a model call on the recording endpoint -> the API it speaks
+_DIALECTS = (
+    ("/chat/completions", "chat"),
+    ("/responses", "responses"),
+    ("/messages/count_tokens", ""),  # counting, not a model call
+    ("/messages", "messages"),
+    (":generateContent", "gemini"),
+    (":streamGenerateContent", "gemini"),
+)
+
+
+class Part(BaseModel):
+    """One part of a first request and its size (tokens, or characters where tokens are unknown)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    part: str
+    size: int
+
+
+class PreflightReport(BaseModel):
+    """The first request of one harness for one model (see the module docstring). Sizes are in
+    tokens of the model's tokenizer, or in characters when `unit` says so (a model served
+    elsewhere)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: str
+    kind: Literal["loop", "external"]
+    model: str
+    task: str
+    dialect: str  # chat, responses, messages or gemini (an agent program); "-" for a loop harness
+    tool_format: str  # the protocol the tools are shown and parsed in (its `native` variant: the template's)
+    unit: Literal["tokens", "characters"]
+    context: int | None  # the model's (None: not known here)
+    verdict: Verdict
+    # the rest is None (empty) when no request was captured
+    tools: int = 0
+    prompt: int | None = None  # the whole rendered request
+    system: int | None = None  # the system prompt, its tool block left out
+    tool_definitions: int | None = None
+    max_new_tokens: int | None = None
+    left: int | None = None  # context - prompt
+    parts: list[Part] = []  # largest first
+    largest_tools: list[Part] = []
+    advice: str = ""
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------------ the model
+
+
+@dataclass
+class PromptModel:
+    """What a request is measured with: the model's tokenizer and chat template (rendered as
+    HFPolicy renders a prompt) and its context; `tokenizer` None for a model served elsewhere."""
+
+    name: str
+    tokenizer: Any
+    context: int | None
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        from harnessrl.models import chat
+
+        role = chat.default_tool_role(self.tokenizer)
+        return chat.render_prompt_ids(self.tokenizer, request.messages, role, request.tools)
+
+    def size(self, text: str) -> int:
+        if self.tokenizer is None:
+            return len(text)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    @property
+    def unit(self) -> Literal["tokens", "characters"]:
+        return "characters" if self.tokenizer is None else "tokens"
+
+
+def prompt_model(spec: str) -> PromptModel:
+    """The tokenizer and context of a model spec, without loading its weights where it can be
+    helped (a named model's context from its config; hf:PATH's tokenizer and config from its
+    folder). ValueError for a spec that names no model, ModelUnavailable for one that cannot be read."""
+    from harnessrl.models.spec import ModelSpec
+
+    parsed = ModelSpec.parse(spec)
+    if parsed.kind == "openai" or parsed.kind == "oracle":
+        return PromptModel(spec, None, None)
+    if parsed.kind == "named":
+        from harnessrl.models.embedded import load_tokenizer
+
+        return PromptModel(spec, load_tokenizer(), _named_context(parsed.name))
+    return _hf_prompt_model(spec, Path(parsed.path).expanduser())
+
+
+def _named_context(name: str) -> int | None:
+    from harnessrl.models import embedded
+
+    if name == "smollm2-135m" and embedded.is_complete(embedded.smollm2_model_dir()):
+        folder = embedded.smollm2_model_dir()  # converted already: read its config, not its weights
+    else:
+        folder = embedded.model_folder(name)
+    return _context_of(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+
+
+def _context_of(config: dict[str, Any]) -> int | None:
+    context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return int(context) if context else None
+
+
+def _hf_prompt_model(spec: str, path: Path) -> PromptModel:
+    from transformers import AutoTokenizer
+
+    from harnessrl.models import chat
+    from harnessrl.models.base import ModelUnavailable
+
+    folder = path
+    if path.is_dir() and (path / "adapter_config.json").is_file():  # a LoRA adapter: its base model's
+        meta = path / "harnessrl.json"
+        base = json.loads(meta.read_text(encoding="utf-8")).get("base_model") if meta.is_file() else None
+        if base is None:
+            base = "hf:" + str(json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path"))
+        return prompt_model(base)
+    if path.is_file() and path.suffix == ".gguf":
+        raise ModelUnavailable(f"{path}: preflight reads a model folder, not a .gguf file (use --no-preflight)")
+    if not (path / "config.json").is_file():
+        raise ModelUnavailable(f"{path} is not a transformers model folder (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelUnavailable(f"cannot read the tokenizer of {path}: {type(exc).__name__}: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = chat.CHATML_TEMPLATE  # as HFPolicy.from_pretrained does
+    return PromptModel(spec, tokenizer, _context_of(json.loads((path / "config.json").read_text(encoding="utf-8"))))
+
+
+# ----------------------------------------------------------------------------- the first request
+
+
+@dataclass
+class Captured:
+    """A first request as the model would get it, and what it is made of."""
+
+    request: GenerationRequest
+    tools: list[ToolSchema]
+    tool_block: str  # the tools as the request shows them in its system prompt ("" when not there)
+    dialect: str
+    tool_format: str
+
+
+def first_loop_request(spec: HarnessSpec, task: Task) -> Captured:
+    """The first request of a loop harness's episode of `task` (its environment set up and closed)."""
+    from harnessrl.harness.loops import Episode
+
+    episode = Episode(task, spec, attempt=0)
+    try:
+        request = episode.request()
+    finally:
+        episode.env.close()
+    block = episode.protocol.render_tools(episode.schemas)
+    system = request.messages[0].content if request.messages and request.messages[0].role == "system" else ""
+    native = spec.protocol.native_tools
+    return Captured(
+        request=request,
+        tools=list(episode.schemas),
+        tool_block=block if block and block in system else "",
+        dialect="-",
+        tool_format=f"{spec.protocol.format} (native)" if native else spec.protocol.format,
+    )
+
+
+class FirstRequest(Policy):
+    """Stands for the model in an agent's preflight episode: keeps the first request the program
+    sends (and which route it came by) and fails it, so the episode ends and the program is
+    stopped. No context is enforced here (a request too big for the model is still measured);
+    `prompt_ids` answers the Messages API's count_tokens with the model's own count."""
+
+    native_tool_calls = False
+
+    def __init__(self, model: PromptModel):
+        self.name = model.name
+        self.measure = model
+        self.requests: list[GenerationRequest] = []
+        self.tools: dict[int, list[ToolSchema]] = {}  # id of an admitted request -> the agent's tools
+        if model.tokenizer is not None:
+            self.prompt_ids = model.prompt_ids
+
+    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+        self.requests.append(request)
+        future: Future[ModelCall] = Future()
+        future.set_exception(PolicyError("preflight: the first request is measured, not answered"))
+        return future
+
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
+        raise PolicyError("preflight: requests are measured, not answered")
+
+
+class _ToolsNoted(ExternalEpisode):
+    """An agent's episode that tells its FirstRequest the tools of each request it admits."""
+
+    def admit(self, body: ChatCompletionRequest) -> Turn:
+        turn = super().admit(body)
+        if isinstance(self.policy, FirstRequest):
+            self.policy.tools[id(turn.request)] = turn.tools
+        return turn
+
+
+class _RoutesNoted(RecordingEndpoint):
+    """The recording endpoint, noting the path of every request it gets in `paths` (a subclass
+    names the list): the route of a model call is its dialect."""
+
+    paths: list[str]
+
+    def _app(self) -> FastAPI:
+        from starlette.requests import Request
+
+        app = super()._app()
+
+        @app.middleware("http")
+        async def note(request: Request, call_next: Any) -> Any:
+            self.paths.append(request.url.path)
+            return await call_next(request)
+
+        return app
+
+
+def _dialect(paths: list[str]) -> str:
+    for path in paths:
+        for suffix, name in _DIALECTS:
+            if path.endswith(suffix):
+                if name:
+                    return name
+                break
+    return "?"
+
+
+def first_agent_request(
+    spec: ExternalHarnessSpec, task: Task, model: PromptModel, wait_s: float = WAIT_S
+) -> Captured | str:
+    """Run the agent program on `task` as an episode until its first model call (at most
+    `wait_s`, or its own wall clock); the request, or why there is none."""
+    from harnessrl.harness.external import ExternalEpisodes
+    from harnessrl.rollout import Job
+
+    paths: list[str] = []
+
+    class Noted(_RoutesNoted):
+        pass
+
+    Noted.paths = paths
+
+    class Episodes(ExternalEpisodes):
+        endpoint_class = Noted
+        episode_class = _ToolsNoted
+
+    standin = FirstRequest(model)
+    episodes = Episodes(lambda latency, call: None)
+    stop = threading.Event()
+    timer = threading.Timer(wait_s, stop.set)
+    timer.daemon = True
+    timer.start()
+    try:
+        trajectory = episodes.play(Job(task, spec, 0), standin, SamplingParams(), stop)
+    finally:
+        timer.cancel()
+        episodes.close()
+    if not standin.requests:
+        if trajectory is None:
+            return f"the agent made no model call within {wait_s:g} s"
+        if trajectory.is_infra_error:
+            return f"the agent did not run: {trajectory.infra_error}"
+        return f"the agent made no model call: {trajectory.termination_detail}"
+    from harnessrl.harness.protocols import get_protocol
+
+    request = standin.requests[0]
+    tools = standin.tools.get(id(request), [])
+    block = get_protocol(spec.tool_protocol, lenient=True).render_tools(tools) if tools else ""
+    system = request.messages[0].content if request.messages and request.messages[0].role == "system" else ""
+    return Captured(
+        request=request,
+        tools=tools,
+        tool_block=block if block and block in system else "",
+        dialect=_dialect(paths),
+        tool_format=spec.tool_protocol,
+    )
+
+
+# -------------------------------------------------------------------------------------- measuring
+
+
+def measure(spec: AnyHarnessSpec, task: Task, model: PromptModel, captured: Captured | str) -> PreflightReport:
+    """The report of one harness's first request (or of why there is none)."""
+    kind: Literal["loop", "external"] = "external" if isinstance(spec, ExternalHarnessSpec) else "loop"
+    common: dict[str, Any] = {"harness": spec.name, "kind": kind, "model": model.name, "task": task.id}
+    common.update(unit=model.unit, context=model.context)
+    if isinstance(captured, str):
+        tool_format = spec.tool_protocol if isinstance(spec, ExternalHarnessSpec) else spec.protocol.format
+        return PreflightReport(**common, dialect="?", tool_format=tool_format, verdict="no request", note=captured)
+    request = captured.request
+    if model.tokenizer is not None:
+        prompt = len(model.prompt_ids(request))
+    else:
+        prompt = sum(len(m.content) for m in request.messages)  # (the tool block is in the system prompt)
+    system_text = request.messages[0].content if request.messages and request.messages[0].role == "system" else ""
+    block = model.size(captured.tool_block) if captured.tool_block else 0
+    system = max(0, model.size(system_text) - block) if system_text else 0
+    if not captured.tool_block and captured.tools and model.tokenizer is not None:
+        # tools shown by the chat template itself: what they add to the rendering
+        block = max(0, prompt - len(model.prompt_ids(request.model_copy(update={"tools": None}))))
+    rest = [m for m in request.messages if m.role != "system"]
+    messages = sum(model.size(m.content) for m in rest)
+    parts = [
+        Part(part=f"tool definitions ({len(captured.tools)} tools)", size=block),
+        Part(part="system prompt", size=system),
+        Part(part=_messages_part(rest, kind == "loop"), size=messages),
+    ]
+    if model.tokenizer is not None:
+        parts.append(Part(part="chat template markup", size=max(0, prompt - block - system - messages)))
+    parts = sorted((p for p in parts if p.size), key=lambda p: -p.size)
+    largest = _largest_tools(spec, captured.tools, model)
+    left = None if model.context is None or model.tokenizer is None else model.context - prompt
+    max_new = request.max_new_tokens
+    verdict: Verdict = "unknown" if left is None else "too big" if left <= 0 else "tight" if left < max_new else "fits"
+    report = PreflightReport(
+        **common,
+        dialect=captured.dialect,
+        tool_format=captured.tool_format,
+        verdict=verdict,
+        tools=len(captured.tools),
+        prompt=prompt,
+        system=system,
+        tool_definitions=block,
+        max_new_tokens=max_new,
+        left=left,
+        parts=parts,
+        largest_tools=largest,
+    )
+    report.advice = advice(report, spec)
+    if model.tokenizer is None:
+        report.note = f"{model.name} renders its prompts on its own server: sizes are characters, tokens unknown here"
+    return report
+
+
+def _messages_part(messages: list[Message], loop: bool) -> str:
+    if loop and sum(m.role == "user" for m in messages) > 1:  # its demonstrations come before the task
+        return f"messages ({len(messages)}: demonstrations and the task)"
+    return f"messages ({len(messages)}: the task)" if len(messages) == 1 else f"messages ({len(messages)})"
+
+
+def _largest_tools(spec: AnyHarnessSpec, tools: list[ToolSchema], model: PromptModel) -> list[Part]:
+    from harnessrl.harness.protocols import get_protocol
+
+    name = spec.tool_protocol if isinstance(spec, ExternalHarnessSpec) else spec.protocol.format
+    protocol = get_protocol(name, lenient=True)
+    sized = [Part(part=t.name, size=model.size(protocol.render_tools([t]))) for t in tools]
+    return sorted(sized, key=lambda p: -p.size)[:TOP_TOOLS]
+
+
+def advice(report: PreflightReport, spec: AnyHarnessSpec) -> str:
+    """What to trim, for a request that does not leave room for a whole reply ("" when it does)."""
+    if report.verdict not in ("tight", "too big") or report.prompt is None or report.context is None:
+        return ""
+    assert report.max_new_tokens is not None and report.left is not None
+    external = isinstance(spec, ExternalHarnessSpec)
+    short = report.max_new_tokens - report.left
+    lines = [
+        f"the prompt takes {report.prompt:,} of the model's {report.context:,} tokens: "
+        + (
+            "it does not fit at all"
+            if report.verdict == "too big"
+            else f"{report.left:,} are left for a reply of up to {report.max_new_tokens:,}"
+        )
+        + f"; {short:,} tokens must go for a whole reply"
+    ]
+    for part in report.parts:
+        if part.part.startswith("tool definitions"):
+            tools = ", ".join(f"{t.part} ({t.size:,})" for t in report.largest_tools)
+            where = (
+                "in the agent's own settings or command line"
+                if external
+                else "(the harness's helper tools, the suite's shell)"
+            )
+            lines.append(f"limit the tools {where}: {part.part} take {part.size:,} tokens; the largest: {tools}")
+        elif part.part == "system prompt":
+            whose = (
+                "the agent's system prompt (its settings, memory and instruction files)"
+                if external
+                else "the spec's system_prompt or bootstrap files"
+            )
+            lines.append(f"shorten {whose}: {part.size:,} tokens")
+        elif part.part.startswith("messages") and "demonstrations" in part.part:
+            lines.append(f"show fewer demonstrations (rules.demonstrations): {part.part} take {part.size:,} tokens")
+    limit = "limits.max_new_tokens" if external else "rules.max_new_tokens"
+    if report.verdict == "tight":
+        lines.append(f"or lower {limit} ({report.max_new_tokens:,}) below {report.left:,}")
+    lines.append("or use a model with a longer context")
+    return "; ".join(lines)
+
+
+def preflight(
+    specs: list[AnyHarnessSpec],
+    task: Task,
+    model: PromptModel,
+    *,
+    wait_s: float = WAIT_S,
+    on_report: Callable[[PreflightReport], None] | None = None,
+) -> list[PreflightReport]:
+    """The report of every harness's first request of `task` for `model`, in `specs` order
+    (`on_report(report)` is told of each as it is made)."""
+    reports = []
+    for spec in specs:
+        if isinstance(spec, ExternalHarnessSpec):
+            captured: Captured | str = first_agent_request(spec, task, model, wait_s)
+        else:
+            captured = first_loop_request(spec, task)
+        report = measure(spec, task, model, captured)
+        if on_report is not None:
+            on_report(report)
+        reports.append(report)
+    return reports
+
+
+def refusal(reports: list[PreflightReport]) -> str | None:
+    """Why a run must not start (a harness whose first request does not fit the model), or None."""
+    too_big = [r for r in reports if r.verdict == "too big"]
+    if not too_big:
+        return None
+    lines = [
+        f"harness {r.harness}: its first request ({r.prompt:,} tokens of {r.task}) does not fit "
+        f"{r.model}'s context of {r.context:,} tokens; {r.advice}"
+        for r in too_big
+    ]
+    return "\n".join(lines) + "\n(--no-preflight runs it anyway: every such request is refused)"
+
+
+class PreflightRefused(ValueError):
+    """A harness's first request does not fit the model: the run must not start."""
+
+
+def check_before_run(
+    model_spec: str,
+    specs: list[AnyHarnessSpec],
+    task: Task,
+    log: Callable[[str], None],
+    *,
+    wait_s: float = WAIT_S,
+) -> list[PreflightReport]:
+    """What `eval` and `train grpo` run first: every harness's first request of `task` measured
+    for a local model, one line each through `log` (with the advice where it is tight); raises
+    PreflightRefused where one does not fit. A model served elsewhere is not checked (its server
+    renders the prompts), nor is the oracle (no model)."""
+    from harnessrl.models.spec import ModelSpec
+
+    if not ModelSpec.parse(model_spec).local:
+        return []
+    model = prompt_model(model_spec)
+
+    def say(r: PreflightReport) -> None:
+        if r.prompt is None:
+            log(f"preflight: {r.harness}: no first request measured ({r.note})")
+            return
+        log(f"preflight: {r.harness}: {summary_line(r)}")
+        if r.verdict == "tight":
+            log(f"preflight: {r.harness}: warning: {r.advice}")
+
+    reports = preflight(specs, task, model, wait_s=wait_s, on_report=say)
+    why = refusal(reports)
+    if why is not None:
+        raise PreflightRefused(why)
+    return reports
+
+
+def summary_line(r: PreflightReport) -> str:
+    """`7,672 of 8,192 tokens, 520 left (max_new_tokens 1,024): tight`, for one report."""
+    if r.prompt is None:
+        return f"no request: {r.note}"
+    unit = r.unit
+    if r.context is None or r.left is None:
+        return f"{r.prompt:,} {unit}, context unknown: {r.verdict}"
+    return f"{r.prompt:,} of {r.context:,} {unit}, {r.left:,} left (max_new_tokens {r.max_new_tokens:,}): {r.verdict}"
