@@ -57,7 +57,7 @@ _DIALECTS = (
 )
 
 
-class Part(BaseModel):
+class PromptPart(BaseModel):
     """One part of a first request and its size (tokens, or characters where tokens are unknown)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -89,8 +89,8 @@ class PreflightReport(BaseModel):
     tool_definitions: int | None = None
     max_new_tokens: int | None = None
     left: int | None = None  # context - prompt
-    parts: list[Part] = []  # largest first
-    largest_tools: list[Part] = []
+    parts: list[PromptPart] = []  # largest first
+    largest_tools: list[PromptPart] = []
     advice: str = ""
     note: str = ""
 
@@ -359,12 +359,12 @@ def measure(spec: AnyHarnessSpec, task: Task, model: PromptModel, captured: Capt
     rest = [m for m in request.messages if m.role != "system"]
     messages = sum(model.size(m.content) for m in rest)
     parts = [
-        Part(part=f"tool definitions ({len(captured.tools)} tools)", size=block),
-        Part(part="system prompt", size=system),
-        Part(part=_messages_part(rest, kind == "loop"), size=messages),
+        PromptPart(part=f"tool definitions ({len(captured.tools)} tools)", size=block),
+        PromptPart(part="system prompt", size=system),
+        PromptPart(part=_messages_part(rest, kind == "loop"), size=messages),
     ]
     if model.tokenizer is not None:
-        parts.append(Part(part="chat template markup", size=max(0, prompt - block - system - messages)))
+        parts.append(PromptPart(part="chat template markup", size=max(0, prompt - block - system - messages)))
     parts = sorted((p for p in parts if p.size), key=lambda p: -p.size)
     largest = _largest_tools(spec, captured.tools, model)
     left = None if model.context is None or model.tokenizer is None else model.context - prompt
@@ -396,12 +396,12 @@ def _messages_part(messages: list[Message], loop: bool) -> str:
     return f"messages ({len(messages)}: the task)" if len(messages) == 1 else f"messages ({len(messages)})"
 
 
-def _largest_tools(spec: AnyHarnessSpec, tools: list[ToolSchema], model: PromptModel) -> list[Part]:
+def _largest_tools(spec: AnyHarnessSpec, tools: list[ToolSchema], model: PromptModel) -> list[PromptPart]:
     from harnessrl.harness.protocols import get_protocol
 
     name = spec.tool_protocol if isinstance(spec, ExternalHarnessSpec) else spec.protocol.format
     protocol = get_protocol(name, lenient=True)
-    sized = [Part(part=t.name, size=model.size(protocol.render_tools([t]))) for t in tools]
+    sized = [PromptPart(part=t.name, size=model.size(protocol.render_tools([t]))) for t in tools]
     return sorted(sized, key=lambda p: -p.size)[:TOP_TOOLS]
 
 

@@ -107,11 +107,8 @@ _STARTED: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 @atexit.register
 def _close_at_exit() -> None:
-    """Close every engine still driven by its thread when the interpreter exits. The driver is a
-    daemon thread: left inside a forward (a request nobody waits for any more, e.g. of an agent
-    killed mid-call), it would still be in torch while the interpreter and torch's thread pools
-    are torn down, and the process aborts ("terminate called without an active exception").
-    Closing it lets the step in progress finish and the thread end first."""
+    """Close every engine still driven by its daemon thread at exit: left inside a forward (a reply
+    nobody awaits), it would be in torch while torch is torn down, and the process aborts."""
     for engine in list(_STARTED):
         engine.close()
 
