@@ -325,14 +325,17 @@ def test_an_openai_client_agent_passes_a_task_through_the_responses_api(mode, to
     assert not traj.refused_requests
 
 
-def test_an_agent_calling_an_unserved_route_gets_a_termination_naming_it(tokenizer, tmp_path):
+def test_an_agent_calling_an_unserved_route_is_an_infrastructure_error_naming_it(tokenizer, tmp_path):
+    """A route the endpoint does not serve (another API dialect) is ours to answer for: the
+    episode is an infrastructure error (retried, never scored 0 as the model's failure)."""
     from harnessrl.store import RunStore
 
     traj = run(
         ScriptedPolicy(["x"], tokenizer=tokenizer, name="replies"), agent_spec("wrong-route"), create_file_task()
     )
-    assert traj.termination == Termination.exited and not traj.steps
-    assert "the agent's POST /v1/foo got 404 (route not served" in traj.termination_detail
+    assert traj.termination == Termination.error and traj.is_infra_error and not traj.steps and traj.grade is None
+    assert "the agent's POST /v1/foo got 404 (route not served" in traj.infra_error
+    assert "does not serve (not the model's failure)" in traj.infra_error
     [refused] = traj.refused_requests
     assert (refused.method, refused.route, refused.status, refused.after_calls) == ("POST", "/v1/foo", 404, 0)
     assert traj.meta["agent"]["stdout"].strip() == "refused: 404"

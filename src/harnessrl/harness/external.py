@@ -31,7 +31,9 @@ it left is credited, and the detail names the first request the endpoint refused
 "the agent's POST /v1/foo got 404 (route not served: ...)"), `timeout` (past `limits.wall_s`),
 `max_steps` / `max_tokens` (a request past `limits.max_model_calls` / `limits.max_total_tokens`:
 refused, and the program is stopped), and `error` for our side only (the model backend failed,
-the sandbox could not start the program, the grader crashed): retried like any infrastructure error.
+the sandbox could not start the program, the grader crashed, the program made no model call and
+its first refused request was a route the endpoint does not serve): retried like any
+infrastructure error.
 """
 
 from __future__ import annotations
@@ -622,6 +624,8 @@ class _Record:
         answer = _read_answer(control / ANSWER_FILE)
         termination, detail, credited = _outcome(episode, result, answer, bool(steps))
         infra_error = episode.infra_error
+        if not steps and (unserved := _unserved_route(episode)):  # our side: not the model's failure
+            termination, detail, infra_error = Termination.error, "infrastructure error", unserved
         grade = None
         try:
             if termination != Termination.error:
@@ -687,6 +691,17 @@ def _outcome(
         Termination.exited,
         f"ended without an answer file ({how}){f'; first refused: {first}' if first else ''}",
         True,
+    )
+
+
+def _unserved_route(episode: ExternalEpisode) -> str:
+    """Why an episode whose agent made no model call is ours to answer for: its first refused
+    request asked for a route the endpoint does not serve (another API dialect); "" otherwise."""
+    if not episode.refusals or episode.refusals[0].status not in (404, 405):
+        return ""
+    return (
+        f"{_first_refusal(episode)}; the agent made no model call: it speaks an API or route the "
+        "recording endpoint does not serve (not the model's failure)"
     )
 
 
