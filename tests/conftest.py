@@ -6,6 +6,22 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files against vLLM first, then those with slow end-to-end tests, the rest after (each
+    file's tests stay together and in order): `make test` hands whole files to its workers in this
+    order (`--dist loadfile`), and a long file started last keeps one worker busy alone."""
+
+    def weight(item) -> int:
+        marks = {m.name for m in item.iter_markers()}
+        return 0 if "vllm" in marks else 1 if "slow" in marks else 2
+
+    first: dict[str, int] = {}
+    for item in items:
+        path = str(item.path)
+        first[path] = min(first.get(path, 2), weight(item))
+    items.sort(key=lambda item: first[str(item.path)])
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from harnessrl.models.embedded import load_tokenizer
