@@ -9,7 +9,9 @@ answer), because no model here can act on its prompt. Then the same two tasks on
 embedded-size tiny random model (8,192 positions: the spec's three tools keep Gemini CLI's prompt
 within it, ~6,460 tokens): the endpoint serves Gemini CLI's real prompt to a real (random)
 model, and whatever it writes the episode is Gemini CLI's, recorded and triaged, never an
-infrastructure error.
+infrastructure error. Last, the Claw-Eval fixture's notes task through the task's own tools,
+which the glue adds to Gemini CLI's settings as an MCP server (the model sees them as
+mcp_harnessrl_<tool>).
 
 Skipped, saying why, where Gemini CLI is not installed (examples/agents/install_gemini_cli.sh).
 """
@@ -19,7 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
+from helpers import (
+    check_notes_solved,
+    check_recorded_and_triaged,
+    check_solved_step_by_step,
+    claweval_notes_task,
+    notes_solver,
+    solution_policy,
+    workspace_tasks,
+)
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
@@ -120,3 +130,19 @@ def test_gemini_cli_on_the_tiny_random_model_is_recorded_and_triaged(tokenizer, 
         assert traj.termination == Termination.submitted and traj.meta["agent"]["exit_code"] == 0
         assert traj.answer.strip() == step.model_call.text.strip()
         assert first_failure_signal(traj).cls == "insufficient_evidence"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gemini_cli_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Gemini CLI lists the episode's MCP server (the task's notes tools, as
+    mcp_harnessrl_<tool>), the scripted model calls two of them, Gemini CLI runs them over MCP,
+    harnessrl runs them in the episode against the task's notes service, and the task's own
+    grader, reading their dispatches and the service's audit, passes it."""
+    spec = installed()
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("mcp_harnessrl_"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "mcp_harnessrl_")
+    # its three tools and the task's three keep the first prompt within the embedded model's context
+    assert len(traj.steps[0].model_call.prompt_ids) < 8192

@@ -30,6 +30,18 @@ settings=${GEMINI_CLI_SETTINGS:-gemini_cli.settings.json}
 case $settings in /*) ;; *) settings=$here/$settings ;; esac
 mkdir -p "$HOME/.gemini"
 cp "$settings" "$HOME/.gemini/settings.json"
+# where the episode serves its task's own tools over MCP (Streamable HTTP), that server joins the
+# copied settings as its only MCP server, trusted (no confirmation), and its tools join tools.core
+# (an allowlist that hides every other tool, MCP tools included); they reach the model as
+# mcp_harnessrl_<tool>
+if [ -n "${HARNESSRL_MCP_URL:-}" ]; then
+    "$node_bin/node" -e 'const fs = require("fs");
+const file = process.argv[1];
+const settings = JSON.parse(fs.readFileSync(file, "utf8"));
+settings.mcpServers = { harnessrl: { type: "http", url: process.argv[2], trust: true } };
+if (settings.tools?.core) settings.tools.core.push("mcp_harnessrl_*");
+fs.writeFileSync(file, JSON.stringify(settings, null, 2) + "\n");' "$HOME/.gemini/settings.json" "$HARNESSRL_MCP_URL"
+fi
 export PATH GOOGLE_GEMINI_BASE_URL GEMINI_API_KEY GEMINI_CLI_TRUST_WORKSPACE GEMINI_CLI_HOME
 
 cd "$HARNESSRL_WORKSPACE"
