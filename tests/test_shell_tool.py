@@ -119,7 +119,7 @@ def test_escapes_and_runaway_commands_are_contained_and_recorded(tmp_path, token
     escape_target = REPO / "shell-escape-probe"
     commands = [
         f"touch /etc/shell-escape-probe; touch {escape_target}",
-        "bomb() { bomb & bomb & sleep 5.4321; }; bomb",
+        "bomb() { bomb & bomb & sleep 6.5432; }; bomb",  # its own marker: test_sandbox_exec counts 5.4321
         "sleep 1000",
         "head -c 200000 /dev/zero | tr '\\0' y",
         "head -c 5000000 /dev/zero > big.bin",
