@@ -27,11 +27,15 @@ PACKAGE = PACKAGE_DIR.name
 # import, deferred or type-only included). Models are a door to a model: they know nothing of the
 # harnesses that prompt them or the tasks those harnesses run. Harnesses know nothing of
 # `harnessrl serve`: the HTTP formats both answer with (chat completions, Responses, Messages) are
-# the wire package below them, which knows neither.
+# the wire package below them, which knows neither. Trainers and the evolution know nothing of
+# the jobs: jobs (eval, study, improve) are the entries above them and call them, and what both
+# share, the evaluation folder (eval_folder.py), lives below both.
 FORBIDDEN_IMPORTS: dict[str, tuple[str, ...]] = {
     f"{PACKAGE}.models": (f"{PACKAGE}.harness", f"{PACKAGE}.tasks"),
     f"{PACKAGE}.harness": (f"{PACKAGE}.serve",),
     f"{PACKAGE}.wire": (f"{PACKAGE}.serve", f"{PACKAGE}.harness"),
+    f"{PACKAGE}.train": (f"{PACKAGE}.jobs",),
+    f"{PACKAGE}.evolve": (f"{PACKAGE}.jobs",),
 }
 
 # Private names (`_name`) one module imports from another, tolerated for now (none left), each with why it

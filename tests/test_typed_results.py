@@ -59,7 +59,6 @@ ALLOWED: dict[str, str] = {
     "harness.spec:ExternalHarnessSpec.to_dict": TO_JSON,
     "harness.spec:HarnessSpec.to_dict": TO_JSON,
     "harness.spec:spec_json_schema": SCHEMA,
-    "jobs.evaluate:evaluation_record": "the configuration an evaluation run folder records and compares on resume",
     "jobs.stages:Stages.read": "stages.json as stored: each finished stage's facts, read back by its stage",
     "jobs.study_analysis:cell_analysis": "a cell's record, per-task scores and failure rates: compare_cells' input",
     "models.base:Policy.describe": DESCRIBE,
@@ -129,7 +128,8 @@ ALLOWED: dict[str, str] = {
 # Jobs and comparisons: each returns a typed result (never a dict, never in ALLOWED).
 TYPED: dict[str, str] = {
     "jobs.evaluate:run_eval": "EvalSummary",
-    "jobs.evaluate:write_summary": "EvalSummary",
+    "eval_folder:write_summary": "EvalSummary",
+    "eval_folder:EvaluationFolder.summary": "EvalSummary",
     "train.trainer:Trainer.run": "TrainResult",
     "train.trainer:Trainer.evaluate": "TrainEval | None",
     "train.distill:DistillRun.run": "TrainResult",

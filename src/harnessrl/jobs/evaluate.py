@@ -7,108 +7,21 @@ unfinished episodes run, and summary.json is written from the run database.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from harnessrl.config import EvalConfig, RunOptions
-from harnessrl.metrics import HarnessSummary, harness_summary
+from harnessrl.eval_folder import EvaluationFolder
+from harnessrl.eval_folder import write_summary as write_summary  # cli/eval.py's `summary` reads it here
 from harnessrl.models import LOCAL_FORMS
 from harnessrl.results import EvalSummary
-from harnessrl.rundir import RunFolder, RunFolderError
-from harnessrl.store import RunStore
+from harnessrl.rundir import RunFolderError
 
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
-    from harnessrl.models.base import Policy
-    from harnessrl.rollout import EpisodePolicies
-
-SUMMARY = "summary.json"
 
 
 class EvalError(ValueError):
     """A configuration or run-folder problem, reported before any episode runs."""
-
-
-def summaries(store: RunStore, attempts: int) -> dict[str, HarnessSummary]:
-    """The per-harness summary of every harness in a run database."""
-    return {
-        h: harness_summary(list(store.trajectories(harness=h, with_tokens=False)), attempts) for h in store.harnesses()
-    }
-
-
-def write_summary(store: RunStore, config: dict[str, Any], folder: Path) -> EvalSummary:
-    """summary.json of an evaluation run (its recorded `config`), recomputed from the database."""
-    summary = EvalSummary(
-        suite=config["suite"],
-        split=config["split"],
-        model=config["model"],
-        seed=config["seed"],
-        harnesses=summaries(store, config["attempts"]),
-    )
-    (Path(folder) / SUMMARY).write_text(json.dumps(summary.model_dump(), indent=2) + "\n", encoding="utf-8")
-    return summary
-
-
-def evaluation_record(
-    suite: str,
-    split: str,
-    model: str,
-    tasks: list,
-    specs: list,
-    attempts: int,
-    sampling,
-    retries: int,
-    *,
-    api_key_env: str | None = None,
-    judge_model: str | None = None,
-    judge_api_key_env: str | None = None,
-) -> dict[str, Any]:
-    """What an evaluation run folder records (config.json, compared on resume). Every job that
-    writes an evaluation folder (eval, a study's stages, sft's sampling) records exactly this, so
-    `summary`, `report` and `--from` read them alike."""
-    return {
-        "suite": suite,
-        "split": split,
-        "model": model,
-        "seed": sampling.seed,
-        "tasks": len(tasks),
-        "task_ids": [t.id for t in tasks],
-        "attempts": attempts,
-        "sampling": sampling.model_dump(),
-        "harnesses": {s.name: s.to_dict() for s in specs},
-        "max_retries": retries,
-        "api_key_env": api_key_env,  # the variable's name only, never the key
-        "judge_model": judge_model,
-        "judge_api_key_env": judge_api_key_env,
-    }
-
-
-def run_into_store(
-    store: RunStore,
-    todo: list,
-    policy: Policy | EpisodePolicies,
-    sampling,
-    max_in_flight: int,
-    retries: int,
-    progress: bool,
-    executor: Executor | None = None,
-) -> None:
-    """Run the jobs still to do with `policy` (episodes where `executor` puts them, default in
-    this process), each finished episode stored as it ends."""
-    from harnessrl.rollout import Runner
-
-    store.set_meta("model", policy.describe())
-    runner = Runner(
-        policy,
-        sampling,
-        max_in_flight=max_in_flight,
-        max_retries=retries,
-        on_episode=store.add,
-        progress=progress,
-        executor=executor,
-    )
-    runner.run(todo)
 
 
 def run_eval(
@@ -128,7 +41,6 @@ def run_eval(
     from harnessrl.harness.spec import SpecError
     from harnessrl.models import check_spec, load_policy
     from harnessrl.models.base import SamplingParams
-    from harnessrl.rollout import make_jobs
     from harnessrl.tasks import get_suite
 
     # -- every config error before any work -----------------------------------------------------------
@@ -188,7 +100,8 @@ def run_eval(
         except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
             raise EvalError(str(e)) from None
 
-    record = evaluation_record(
+    evaluation = EvaluationFolder(
+        run.out,
         config.suite,
         config.split,
         config.model,
@@ -201,6 +114,7 @@ def run_eval(
         judge_model=config.judge_model,
         judge_api_key_env=config.judge_api_key_env,
     )
+    record = evaluation.record
     if local:
         # The dtype as it resolves here, and only when it is not float32: runs from before the
         # option resume as they were, and an "auto" run is not continued in another precision on
@@ -211,26 +125,25 @@ def run_eval(
         record["device"] = str(device)
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
     try:
-        folder = RunFolder.open(run.out, "evaluation", record, resume=run.resume, may_differ=("device",))
+        evaluation.open(resume=run.resume, may_differ=("device",))
     except RunFolderError as e:
         raise EvalError(str(e)) from None
     try:  # connect, and check that every task and harness can go where the episodes run
         executor.prepare(task_list, specs)
     except ExecutorError as e:
         raise EvalError(str(e)) from None
-    try:
-        folder.start()
-        store = folder.store(meta_config=folder.config)
-        folder.record_shell_isolation(specs, any(t.offers_shell for t in task_list))
-    except RunFolderError as e:
-        raise EvalError(str(e)) from None
-    with folder:
-        jobs = make_jobs(task_list, specs, config.attempts)
-        todo = folder.todo(jobs)
+    with evaluation:
+        try:
+            evaluation.start()
+        except RunFolderError as e:
+            raise EvalError(str(e)) from None
+        todo = evaluation.todo()
         if run.resume:
-            log(f"resuming: {len(jobs) - len(todo)} of {len(jobs)} episodes already finished")
+            jobs = len(evaluation.jobs)
+            log(f"resuming: {jobs - len(todo)} of {jobs} episodes already finished")
 
         # -- the models (slow) ----------------------------------------------------------------------
+        policy = None  # the oracle
         if model.kind != "oracle":
             try:
                 policy = (
@@ -245,31 +158,10 @@ def run_eval(
                 judge.load()
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
-        if model.kind == "oracle":
-            run_oracle(todo, store, config.retries, run.progress, executor, config.max_in_flight)
-            return write_summary(store, folder.config, run.out)
         try:
-            run_into_store(
-                store, todo, policy, sampling, config.max_in_flight, config.retries, run.progress, executor=executor
-            )
+            evaluation.run(todo, policy, config.max_in_flight, run.progress, executor)
         finally:  # a local model's engine thread ends here, a step in progress cut short
             close = getattr(policy, "close", None)
             if close is not None:
                 close()
-        return write_summary(store, folder.config, run.out)
-
-
-def run_oracle(
-    todo,
-    store: RunStore,
-    retries: int,
-    progress: bool,
-    executor: Executor | None = None,
-    max_in_flight: int = 16,
-) -> None:
-    """`--model oracle`: the jobs with the oracle (harness/oracle.py), each episode replaying its
-    own task's solution through its harness (each job names its own), `max_in_flight` at once."""
-    from harnessrl.harness.oracle import Oracle
-    from harnessrl.models.base import SamplingParams
-
-    run_into_store(store, todo, Oracle(), SamplingParams(), max_in_flight, retries, progress, executor=executor)
+        return evaluation.summary()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from pydantic import BaseModel
 
-from harnessrl.rundir import STAGES_JSON, RunFolder, RunFolderError, as_json, holds_run, write_json
+from harnessrl.rundir import STAGES_JSON, RunFolderError, as_json, holds_run, write_json
 
 # A factory for tests and embedding: (stage, model spec) -> the policy to run that evaluation
 # stage with, or None to load the model spec as usual. Stages: seed-eval, collect, cells/<cell>.
@@ -195,38 +195,31 @@ class Stages:
     def measure(self, stage: str, split: str, tasks: list, spec, model: str, attempts: int, may_differ=()) -> list:
         """Evaluate `spec` with `model` on `tasks` x `attempts` in the run folder OUT/<stage> (an
         ordinary evaluation run folder, resumed when it holds one); returns its trajectories."""
-        from harnessrl.jobs.evaluate import evaluation_record, run_into_store, run_oracle, write_summary
+        from harnessrl.eval_folder import EvaluationFolder
         from harnessrl.models import ORACLE
         from harnessrl.models.base import SamplingParams
-        from harnessrl.rollout import make_jobs
 
         c = self.config
         sampling = SamplingParams(temperature=c.temperature, seed=c.seed)
-        record = evaluation_record(c.suite, split, model, tasks, [spec], attempts, sampling, c.retries)
         path = self.out / stage
-        try:
-            folder = RunFolder.open(path, "evaluation", record, resume=holds_run(path), may_differ=may_differ).start()
-            store = folder.store(meta_config=folder.config)
-            folder.record_shell_isolation([spec], any(t.offers_shell for t in tasks))
-        except RunFolderError as e:
-            raise StageError(f"{stage}: {e}") from None
-        with folder:
-            jobs = make_jobs(tasks, [spec], attempts)
-            todo = folder.todo(jobs)
+        evaluation = EvaluationFolder(path, c.suite, split, model, tasks, [spec], attempts, sampling, c.retries)
+        with evaluation:
+            try:
+                evaluation.open(resume=holds_run(path), may_differ=may_differ).start()
+            except RunFolderError as e:
+                raise StageError(f"{stage}: {e}") from None
+            todo, jobs = evaluation.todo(), evaluation.jobs
             if todo:
                 self.log(
                     f"{stage}: {spec.name} x {model}, {len(todo)} episodes"
                     + (f" ({len(jobs) - len(todo)} already done)" if len(todo) < len(jobs) else "")
                 )
                 policy = self.policy_factory(stage, model) if self.policy_factory is not None else None
-                if policy is None and model.strip() == ORACLE:
-                    run_oracle(todo, store, c.retries, self.progress)
-                else:
-                    policy = policy if policy is not None else self.load(stage, model)
-                    run_into_store(store, todo, policy, sampling, c.max_in_flight, c.retries, self.progress)
-            write_summary(store, folder.config, path)
-            wanted = {j.key for j in jobs}
-            return [t for t in store.trajectories(with_tokens=False) if t.key in wanted]
+                if policy is None and model.strip() != ORACLE:
+                    policy = self.load(stage, model)
+                evaluation.run(todo, policy, c.max_in_flight, self.progress)  # policy None: the oracle
+            evaluation.summary()
+            return evaluation.trajectories()
 
     def stored(self, stage: str) -> list:
         """The trajectories of a finished evaluation stage, read without opening it as a run."""

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.eval_folder import EvaluationFolder
 from harnessrl.harness.spec import HarnessSpec
-from harnessrl.rundir import RunFolder, RunFolderError, holds_run
+from harnessrl.rundir import RunFolderError, holds_run
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.sft_data import EpisodeSelection, SFTError
 from harnessrl.types import Trajectory
@@ -41,8 +42,7 @@ class SamplingPlan:
     tasks: list  # harnessrl.tasks.base.Task
     spec: HarnessSpec
     attempts: int
-    sampling: Any  # SamplingParams
-    folder: RunFolder
+    folder: EvaluationFolder  # sampled with the plan's sampling parameters
     path: Path
 
 
@@ -106,7 +106,6 @@ def plan_sampling(
     """Everything --sample needs, checked; the sampling run folder opened (not written)."""
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
-    from harnessrl.jobs.evaluate import evaluation_record
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
@@ -136,10 +135,12 @@ def plan_sampling(
     splits = sorted({t.split for t in tasks})
     # the record `harnessrl eval` writes, so that the folder is an evaluation run
     split = splits[0] if len(splits) == 1 else ",".join(splits)
-    record = evaluation_record(suite_name, split, config.model, tasks, [spec], config.sample, sampling, MAX_RETRIES)
     path = Path(out).expanduser() / SAMPLES_DIR
+    folder = EvaluationFolder(
+        path, suite_name, split, config.model, tasks, [spec], config.sample, sampling, MAX_RETRIES
+    )
     try:
-        folder = RunFolder.open(path, "evaluation", record, resume=holds_run(path))
+        folder.open(resume=holds_run(path))
     except RunFolderError as e:
         if holds_run(path):
             raise SFTError(
@@ -147,32 +148,27 @@ def plan_sampling(
                 f"the same options ({e})"
             ) from None
         raise SFTError(f"--sample: {e}") from None
-    return SamplingPlan(tasks, spec, config.sample, sampling, folder, path)
+    return SamplingPlan(tasks, spec, config.sample, folder, path)
 
 
 def run_samples(plan: SamplingPlan, policy, progress: bool = True, say=lambda text: None) -> list[Trajectory]:
     """The attempts of the plan still missing from its folder, through the runner; returns
     every attempt in the folder. Writes summary.json as `harnessrl eval` does."""
-    from harnessrl.jobs.evaluate import run_into_store, write_summary
-    from harnessrl.rollout import make_jobs
-
     folder = plan.folder
-    try:
-        store = folder.store(meta_config=folder.config)
-    except RunFolderError as e:
-        raise SFTError(f"--sample: {e}") from None
-    folder.record_shell_isolation([plan.spec], any(t.offers_shell for t in plan.tasks))
     with folder:
-        jobs = make_jobs(plan.tasks, [plan.spec], plan.attempts)
-        todo = folder.todo(jobs)
+        try:
+            folder.start()
+        except RunFolderError as e:
+            raise SFTError(f"--sample: {e}") from None
+        todo = folder.todo()
         say(
-            f"sampling {len(todo)} of {len(jobs)} attempts ({plan.attempts} per task, {len(plan.tasks)} tasks, "
-            f"{plan.spec.name}) into {plan.path}"
+            f"sampling {len(todo)} of {len(folder.jobs)} attempts ({plan.attempts} per task, {len(plan.tasks)} "
+            f"tasks, {plan.spec.name}) into {plan.path}"
         )
         if todo:
-            run_into_store(store, todo, policy, plan.sampling, MAX_IN_FLIGHT, MAX_RETRIES, progress)
-        write_summary(store, folder.config, plan.path)
-        return list(store.trajectories(harness=plan.spec.name, with_tokens=False))
+            folder.run(todo, policy, MAX_IN_FLIGHT, progress)
+        folder.summary()
+        return list(folder.store.trajectories(harness=plan.spec.name, with_tokens=False))
 
 
 def best_attempts(
