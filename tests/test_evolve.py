@@ -705,13 +705,16 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
     assert r.exit_code == 2 and "finished and locked" in r.output
 
 
-def test_the_command_line_resume_takes_a_new_iterations_and_nothing_else(tmp_path, monkeypatch):
+def test_the_command_line_resume_takes_the_recorded_options_and_refuses_a_given_difference(tmp_path, monkeypatch):
+    """The one resume rule (harnessrl.kernel): options left out take the recorded values, a given
+    --iterations changes the search length (said), a given --rollouts that differs is refused."""
     from typer.testing import CliRunner
 
     import harnessrl.evolve.run as evolve_run
     from harnessrl.cli import app
 
     seen = []
+    real_run_evolve = evolve_run.run_evolve
 
     def fake_run_evolve(config, out, **kw):
         seen.append(config)
@@ -720,15 +723,19 @@ def test_the_command_line_resume_takes_a_new_iterations_and_nothing_else(tmp_pat
     monkeypatch.setattr(evolve_run, "run_evolve", fake_run_evolve)
     folder = tmp_path / "evo"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config(iterations=5, rollouts=8).to_json()))
+    (folder / "config.json").write_text(json.dumps(config(model="tiny-random", iterations=5, rollouts=8).to_json()))
     (folder / "state.json").write_text(json.dumps({"phase": "search"}))
-    base = ["evolve", "--out", str(folder), "--resume", "--rollouts", "2"]
+    base = ["evolve", "--out", str(folder), "--resume"]
     r = CliRunner().invoke(app, [*base, "--iterations", "1"])
     assert r.exit_code == 2 and "stopped by the test" in r.output
-    assert "5 -> 1 iterations" in r.output
-    assert (seen[-1].iterations, seen[-1].rollouts) == (1, 8)  # --rollouts stays the stored one
+    assert "--iterations changed: 5 -> 1" in r.output
+    assert (seen[-1].iterations, seen[-1].rollouts, seen[-1].model) == (1, 8, "tiny-random")  # the rest recorded
     CliRunner().invoke(app, base)
     assert seen[-1].iterations == 5  # not given: the stored search length
+    monkeypatch.setattr(evolve_run, "run_evolve", real_run_evolve)
+    r = CliRunner().invoke(app, [*base, "--rollouts", "2"])
+    assert r.exit_code == 2 and "rollouts (8 -> 2)" in r.output, r.output
+    assert "Leave those options out" in r.output
 
 
 def test_degenerate_noise_falls_back_to_the_floor_and_says_so(tmp_path, tokenizer):

@@ -93,13 +93,14 @@ def test_judge_model_grades_the_judged_parts_and_is_part_of_the_run_config(tmp_p
     with RunStore(out) as store:
         assert store.config["judge_model"] == judge_server.spec()
 
-    # resuming with another judge, or none, is a configuration change and is refused
-    for other in (["--judge-model", "tiny-random"], []):
-        r = eval_pinchbench(tmp_path, out, "--resume", *other)
-        assert r.exit_code == 2, r.output
-        assert "different configuration" in r.output and "judge_model" in r.output
-    r = eval_pinchbench(tmp_path, out, "--resume", "--judge-model", judge_server.spec())
-    assert r.exit_code == 0 and "3 of 3 episodes already finished" in r.output
+    # resuming with another judge is a configuration change and is refused; left out, the
+    # recorded judge is the one (the resume rule)
+    r = eval_pinchbench(tmp_path, out, "--resume", "--judge-model", "tiny-random")
+    assert r.exit_code == 2, r.output
+    assert "different configuration" in r.output and "judge_model" in r.output
+    for same in (["--judge-model", judge_server.spec()], []):
+        r = eval_pinchbench(tmp_path, out, "--resume", *same)
+        assert r.exit_code == 0 and "3 of 3 episodes already finished" in r.output, r.output
 
 
 def test_the_judge_grades_the_oracles_episodes_too(tmp_path, judge_server):

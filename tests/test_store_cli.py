@@ -285,8 +285,11 @@ def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path
         trajectories = list(store.trajectories())
     assert len(trajectories) == 1 and not any(t.is_infra_error for t in trajectories)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    # the resume rule: --dtype left out is the recorded bfloat16; another one given is refused
     r = cli.invoke(app, [*args, "--model", "tiny-random", "--no-progress", "--resume"])
-    assert r.exit_code == 2 and "different configuration" in r.output
+    assert r.exit_code == 0 and "1 of 1 episodes already finished" in r.output, r.output
+    r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "float32", "--no-progress", "--resume"])
+    assert r.exit_code == 2 and "different configuration" in r.output and "dtype" in r.output
 
 
 def test_cli_eval_in_int8_quantizes_the_linear_layers_and_records_it(tmp_path):
@@ -320,7 +323,7 @@ def test_cli_eval_oracle_tells_apart_tasks_worded_alike(tmp_path):
 
 @pytest.mark.parametrize(
     "command, message",
-    [(["train", "grpo"], "cannot train 'oracle'"), (["evolve"], "only `harnessrl eval` runs it")],
+    [(["train", "grpo"], "only `harnessrl eval` runs it"), (["evolve"], "only `harnessrl eval` runs it")],
 )
 def test_the_oracle_is_refused_where_a_model_is_trained_or_evolved(tmp_path, command, message):
     r = cli.invoke(app, [*command, "--model", "oracle", "--out", str(tmp_path / "o"), "--no-progress"])

@@ -61,6 +61,8 @@ ALLOWED: dict[str, str] = {
     "harness.spec:spec_json_schema": SCHEMA,
     "jobs.stages:Stages.read": "stages.json as stored: each finished stage's facts, read back by its stage",
     "jobs.study_analysis:cell_analysis": "a cell's record, per-task scores and failure rates: compare_cells' input",
+    "kernel:option_values": "a job config's options as JSON values: what options.json keeps, whatever the config type",
+    "kernel:stored_options": STORED_CONFIG,
     "models.base:Policy.describe": DESCRIBE,
     "models.engine_config:EngineConfig.to_dict": TO_JSON,
     "models.hf:HFPolicy.describe": DESCRIBE,

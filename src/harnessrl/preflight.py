@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from harnessrl.errors import JobError
 from harnessrl.harness.external import ExternalEpisode, Turn
 from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import AnyHarnessSpec, ExternalHarnessSpec, HarnessSpec
@@ -482,7 +483,7 @@ def refusal(reports: list[PreflightReport]) -> str | None:
     return "\n".join(lines) + "\n(--no-preflight runs it anyway: every such request is refused)"
 
 
-class PreflightRefused(ValueError):
+class PreflightRefused(JobError):
     """A harness's first request does not fit the model: the run must not start."""
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from harnessrl import __version__
+from harnessrl.errors import JobError
 
 if TYPE_CHECKING:
     from harnessrl.harness.spec import AnyHarnessSpec
@@ -50,7 +51,7 @@ STUDY_JSON = "study.json"
 MACHINE_KEYS = ("harnessrl_version", "shell_isolation", "executor", "rollout_probe")
 
 
-class RunFolderError(ValueError):
+class RunFolderError(JobError):
     """A run folder cannot be used as asked (already holds a run, nothing to resume, locked, ...)."""
 
 
@@ -126,8 +127,9 @@ class RunFolder:
                 shown = ", ".join(f"{k} ({_shown(k, old.get(k))} -> {_shown(k, folder.config.get(k))})" for k in diff)
                 allowed = ", ".join("--" + k.replace("_", "-") for k in may_differ)
                 raise RunFolderError(
-                    f"--resume with a different configuration than the run in {path}: {shown}. Resume with the "
-                    f"same options{f' (only {allowed} may change)' if allowed else ''}, or start a new --out"
+                    f"--resume with a different configuration than the run in {path}: {shown}. Leave those options "
+                    f"out to continue with the recorded values{f' (only {allowed} may change)' if allowed else ''}, "
+                    "or start a new --out"
                 )
             folder.config = {**{k: old[k] for k in MACHINE_KEYS if k in old}, **folder.config}
         return folder

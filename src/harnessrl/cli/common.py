@@ -17,6 +17,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from harnessrl.errors import JobError
+
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
 out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
@@ -62,20 +64,14 @@ def sigterm_interrupts() -> Iterator[None]:
 
 
 @contextmanager
-def job_errors(
-    out: str | Path,
-    saved: str,
-    errors: tuple[type[BaseException], ...] = (),
-    failures: tuple[type[BaseException], ...] = (),
-    *,
-    say: bool = True,
-) -> Iterator[None]:
-    """Around a long-running command's job: a user error (one of `errors`) is one line on stderr
-    and exit 2, a failure of the run itself (one of `failures`, e.g. training diverged) exit 1,
-    never a traceback; Ctrl-C and SIGTERM stop the job alike (what it runs winds down as the
-    KeyboardInterrupt passes: episodes, agent programs, services), say what is kept (`saved`) and
-    how to continue in `out`, and exit 130 (Ctrl-C) or 143 (SIGTERM). `say=False` (a process other
-    than rank 0 under torchrun) exits the same, silently."""
+def job_errors(out: str | Path, saved: str, *, say: bool = True) -> Iterator[None]:
+    """Around a long-running command's job: a JobError (harnessrl.errors, the one error every job
+    raises) is one line on stderr and its exit status (2 a user error; 1 a failure of the run
+    itself, e.g. training diverged), never a traceback; Ctrl-C and SIGTERM stop the job alike
+    (what it runs winds down as the KeyboardInterrupt passes: episodes, agent programs,
+    services), say what is kept (`saved`) and how to continue in `out`, and exit 130 (Ctrl-C) or
+    143 (SIGTERM). `say=False` (a process other than rank 0 under torchrun) exits the same,
+    silently."""
     try:
         with sigterm_interrupts():
             yield
@@ -84,11 +80,10 @@ def job_errors(
         if say:
             err.print(f"{how}: {saved}; continue with --resume --out {out}", highlight=False)
         raise typer.Exit(code) from None
-    except (*errors, *failures) as e:
-        code = 2 if isinstance(e, errors) else 1
+    except JobError as e:
         if say:
-            fail(str(e), code)
-        raise typer.Exit(code) from None
+            fail(str(e), e.exit_code)
+        raise typer.Exit(e.exit_code) from None
 
 
 def _require_isolation() -> None:
@@ -162,6 +157,12 @@ def config_fields(model: type) -> dict[str, Any]:
 
 
 _GIVEN: set[str] = set()
+
+
+def given_options() -> frozenset[str]:
+    """The options (field names) written on the running command's line: the resume rule fills
+    in the others from the run being resumed (harnessrl.kernel)."""
+    return frozenset(_GIVEN)
 
 
 def given_on_command_line(name: str) -> bool:

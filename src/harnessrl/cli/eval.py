@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, executor_for, fail, job_errors, out
+from harnessrl.cli.common import config_command, err, executor_for, fail, given_options, job_errors, out
 from harnessrl.config import PREFLIGHT, EvalConfig, ExecutorOptions, run_options
 
 if TYPE_CHECKING:
@@ -105,18 +105,17 @@ def eval_cmd(config: EvalConfig, run: Any) -> None:
     3 every episode was an infrastructure error, so nothing was measured (the first error is shown);
     130 Ctrl-C, 143 SIGTERM (finished episodes are kept: continue with --resume).
     """
-    from harnessrl.executors import ExecutorError
-    from harnessrl.jobs.evaluate import EvalError, run_eval
+    from harnessrl.jobs import entries
 
-    with job_errors(run.out, "finished episodes are saved", (EvalError, ExecutorError)):
+    with job_errors(run.out, "finished episodes are saved"):
         with executor_for(run) as executor:
-            summary = run_eval(
+            summary = entries.evaluate(
                 config,
                 run,
+                given=given_options(),
                 log=lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True),
                 executor=executor,
-                preflight=run.preflight,
-            )
+            ).result
     print_summary_table(summary)
     out.print(f"run folder: {run.out}  (summary.json, run.db)", highlight=False)
     check_measured(summary, Path(run.out))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, given_on_command_line, job_errors, out
+from harnessrl.cli.common import config_command, err, executor_for, given_options, job_errors, out
 from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
 
@@ -16,8 +15,8 @@ if TYPE_CHECKING:
 
 EvolveRun = run_options(
     "runs/evo",
-    "continue a killed run with its stored configuration (the other options, but for --iterations, --executor "
-    "and --ray-address, are then ignored; --iterations lengthens or shortens the search)",
+    "continue the run in --out: options left out take its recorded values; --iterations lengthens or shortens "
+    "the search, --device may change, another difference is refused",
     base=ExecutorOptions,
     api_key_env=(Optional[str], Field(None, description="openai: the environment variable with the API key")),
 )
@@ -26,36 +25,19 @@ EvolveRun = run_options(
 @config_command(EvolveConfig, EvolveRun)
 def evolve_cmd(config: EvolveConfig, run: Any) -> None:
     """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks."""
-    from harnessrl.evolve.loop import EvolveError
-    from harnessrl.evolve.run import run_evolve, stored_config
-    from harnessrl.executors import ExecutorError
+    from harnessrl.jobs import entries
 
     saved = "the incumbent, the log and finished episodes are saved"
-    with job_errors(run.out, saved, (EvolveError, ExecutorError)):
-        if run.resume:
-            stored = stored_config(run.out)
-            err.print(f"resuming {run.out} with its stored configuration", highlight=False)
-            if given_on_command_line("iterations") and config.iterations != stored.iterations:
-                err.print(
-                    f"search length changed: {stored.iterations} -> {config.iterations} iterations", highlight=False
-                )
-                stored = dataclasses.replace(stored, iterations=config.iterations)
-            if given_on_command_line("device") and config.device != stored.device:
-                # where the model runs changes float rounding only: a run may continue on another device
-                err.print(f"device changed: {stored.device} -> {config.device}", highlight=False)
-                stored = dataclasses.replace(stored, device=config.device)
-            config = stored
+    with job_errors(run.out, saved):
         with executor_for(run) as executor:
-            final = run_evolve(
+            done = entries.evolve(
                 config,
-                run.out,
-                resume=run.resume,
-                api_key_env=run.api_key_env,
-                progress=run.progress,
+                run,
+                given=given_options(),
                 log=lambda m: err.print(m, highlight=False, markup=False),
                 executor=executor,
             )
-    print_final(final, config)
+    print_final(done.result, done.config)
     out.print(f"run folder: {run.out} (evolution.jsonl, best_harness.yaml, final.json)", highlight=False)
 
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from pydantic import Field
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, job_errors, out
+from harnessrl.cli.common import config_command, err, given_options, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.improve import ImproveConfig
 
@@ -28,21 +28,14 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
     process failures, distil the evolved harness into the seed harness's weights (imitation and
     on-policy, the better on dev kept), GRPO on the content failures, then one held-out comparison.
     Every decision and its evidence is in OUT/decisions.jsonl."""
-    from harnessrl.improve import ImproveError, run_improve
+    from harnessrl.jobs import entries
     from harnessrl.results import ImproveStopped
-    from harnessrl.train.update import TrainingDiverged
 
     saved = "finished stages, episodes and decisions are saved"
-    with job_errors(run.out, saved, (ImproveError,), (TrainingDiverged,)):
-        result = run_improve(
-            config,
-            run.out,
-            resume=run.resume,
-            stop_after=run.stop_after,
-            progress=run.progress,
-            log=lambda m: err.print(m, highlight=False, markup=False),
-            console=err,
-        )
+    with job_errors(run.out, saved):
+        result = entries.improve(
+            config, run, given=given_options(), log=lambda m: err.print(m, highlight=False, markup=False), console=err
+        ).result
     for d in result.decisions:
         out.print(f"{d.phase}: {d.key} = {d.choice}", highlight=False, markup=False, soft_wrap=True)
     if isinstance(result, ImproveStopped):

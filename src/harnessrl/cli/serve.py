@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field
 
 from harnessrl.cli.common import config_command, err, fail
 from harnessrl.config import DTYPE_HELP, Device, Dtype, Options, cli
+
+if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -24,22 +27,18 @@ def _lora_modules(values: list[str]) -> dict[str, str]:
     return modules
 
 
-def _served(model: str, served_model_name: str | None, max_loras: int, dtype: str, device: str, **options):
-    """The local model `model` loaded on `device` in `dtype`, as the server's models (ValueError
-    for a spec that is not a local model, as ServedModels.from_spec, which takes no device);
+def _served(model: ModelChoice, served_model_name: str | None, max_loras: int, **options):
+    """The chosen local model, loaded where it was resolved to run, as the server's models;
     `options`: the other keywords of ServedModels."""
-    from harnessrl.models import ModelSpec, check_spec, load_policy
+    from harnessrl.models import load_policy
     from harnessrl.models.hf import HFPolicy
     from harnessrl.serve import ServedModels
-    from harnessrl.serve.models import LOCAL_ONLY
 
-    spec = model.strip()
-    if ModelSpec.parse_local(spec) is None:
-        raise ValueError(f"{LOCAL_ONLY}; {spec!r} is not one")
-    check_spec(spec, option="--model")
-    policy = load_policy(spec, dtype=dtype, device=device)
+    policy = load_policy(model)
     assert isinstance(policy, HFPolicy)  # a local spec loads one
-    return ServedModels(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
+    return ServedModels(
+        policy, served_model_name or model.text, root=model.text, max_loras=max_loras, owns_base=True, **options
+    )
 
 
 class ServeConfig(Options):
@@ -141,21 +140,21 @@ def serve_cmd(config: ServeConfig) -> None:
     if config.max_loras < len(config.lora_modules):
         fail(f"--lora-modules names {len(config.lora_modules)} adapters but --max-loras is {config.max_loras}")
     modules = _lora_modules(config.lora_modules)
-    from harnessrl.models.device import DeviceUnavailable, resolve_device, resolve_dtype
+    from harnessrl.models.choice import choose_local
     from harnessrl.serve import ServeError, run_server
+    from harnessrl.serve.models import LOCAL_ONLY
 
-    try:  # before anything loads: a device this machine lacks, int8 on a GPU
-        where = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, where)
-    except DeviceUnavailable as e:
+    try:  # before anything loads: not a local model, a device this machine lacks, int8 on a GPU
+        chosen = choose_local(
+            config.model, f"{LOCAL_ONLY}; {config.model.strip()!r} is not one", device=config.device, dtype=config.dtype
+        )
+    except ValueError as e:
         fail(str(e))
     try:
         models = _served(
-            config.model,
+            chosen,
             config.served_model_name,
             config.max_loras,
-            dtype,
-            str(where),
             max_lora_rank=config.max_lora_rank,
             generation_config=config.generation_config,
             logprobs_mode=config.logprobs_mode,

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, job_errors, out
+from harnessrl.cli.common import config_command, err, given_options, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.jobs.study import StudyConfig
 
@@ -23,19 +23,13 @@ StudyRun = run_options(
 def study_cmd(config: StudyConfig, run: Any) -> None:
     """Harness x weights: evolve a harness, distil its passing episodes into the seed harness's
     weights (and a placebo), and compare the 5 cells on held-out tasks."""
-    from harnessrl.jobs.study import StudyError, run_study
-    from harnessrl.train.trainer import TrainingDiverged
+    from harnessrl.jobs import entries
 
-    with job_errors(run.out, "finished stages and episodes are saved", (StudyError,), (TrainingDiverged,)):
-        result = run_study(
-            config,
-            run.out,
-            resume=run.resume,
-            progress=run.progress,
-            log=lambda m: err.print(m, highlight=False, markup=False),
-            console=err,
+    with job_errors(run.out, "finished stages and episodes are saved"):
+        done = entries.study(
+            config, run, given=given_options(), log=lambda m: err.print(m, highlight=False, markup=False), console=err
         )
-    print_study(result)
+    print_study(done.result)
     out.print(f"study folder: {run.out} (study.json, stages.json, one run folder per stage)", highlight=False)
 
 

@@ -90,11 +90,11 @@ def models_folder(
     """Print the transformers folder of a model (config, weights, tokenizer and chat template), for
     an engine outside this process, such as vLLM, to serve the same weights: smollm2-135m's
     converted cache folder, the tiny random model written into the cache, or PATH itself."""
-    from harnessrl.models import ModelSpec
+    from harnessrl.models import check_spec
     from harnessrl.models.embedded import model_folder
 
     try:
-        spec = ModelSpec.parse(model)
+        spec = check_spec(model, oracle=True)  # the oracle, like a server, has no folder: said below
     except ValueError as e:
         fail(str(e))
     if spec.kind == "hf":

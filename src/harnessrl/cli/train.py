@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, job_errors, out
+from harnessrl.cli.common import config_command, err, executor_for, given_options, job_errors, out
 from harnessrl.config import PREFLIGHT, ExecutorOptions, cli, run_options
 from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
 
@@ -57,24 +57,31 @@ CHECKPOINT_SAVED = "the last checkpoint is saved"
 @config_command(TrainConfig, TrainRun)
 def grpo_cmd(config: TrainConfig, run: Any) -> None:
     """GRPO with LoRA across harnesses: each step the scheduler picks the harness that collects the batch."""
-    from harnessrl.executors import ExecutorError
+    from harnessrl.jobs import entries
     from harnessrl.train.distributed import process_rank
-    from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
 
     # Under torchrun / accelerate launch every process runs this command; rank 0 alone speaks.
     main = process_rank() == 0
-    with job_errors(run.out, CHECKPOINT_SAVED, (TrainError, ExecutorError), (TrainingDiverged,), say=main):
+    say = (lambda m: err.print(m, highlight=False, markup=False)) if main else (lambda m: None)
+    with job_errors(run.out, CHECKPOINT_SAVED, say=main):
         with executor_for(run) as executor:
-            trainer = Trainer(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
-            if run.preflight:
-                _preflight(config.model, trainer, say=main)
-            executor.start()  # connect before the model loads
-            summary = trainer.run()
+            done = entries.train_grpo(
+                config,
+                run,
+                given=given_options(),
+                log=say,
+                console=err,
+                executor=executor,
+                before_start=lambda trainer: (
+                    _preflight(trainer.config.model, trainer, say=main) if run.preflight else None
+                ),
+            )
     if not main:
         return
+    summary = done.result
     out.print(f"trained {summary.steps} steps; adapter: {summary.adapter}", highlight=False)
     out.print(
-        f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {config.suite}",
+        f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {done.config.suite}",
         highlight=False,
         soft_wrap=True,
     )
@@ -103,19 +110,12 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
     """Supervised LoRA on stored episodes (passing ones by default), re-rendered into the harness given
     with --as-harness: every example is a model call as that harness would show it. --sample N first
     samples N attempts per task with the model and adds each task's best passing one."""
-    from harnessrl.train.sft import SFTError, TrainingDiverged, run_sft
+    from harnessrl.jobs import entries
 
-    with job_errors(run.out, CHECKPOINT_SAVED, (SFTError,), (TrainingDiverged,)):
-        summary = run_sft(
-            config,
-            run.out,
-            resume=run.resume,
-            export_jsonl=run.export_jsonl,
-            export_hf=run.export_hf,
-            export_only=run.export_only,
-            progress=run.progress,
-            console=err,
-        )
+    with job_errors(run.out, CHECKPOINT_SAVED):
+        summary = entries.train_sft(
+            config, run, given=given_options(), log=lambda m: err.print(m, highlight=False, markup=False), console=err
+        ).result
     data = summary.data
     sampled = data.sampling
     if sampled:
@@ -150,14 +150,19 @@ def distill_cmd(config: DistillConfig, run: Any) -> None:
     """On-policy distillation: the student (LoRA) samples episodes in --student-harness; each sampled
     token is trained toward the same base model reading that episode through --teacher-harness
     (per-token reverse KL)."""
-    from harnessrl.executors import ExecutorError
-    from harnessrl.train.distill import DistillError, DistillRun, TrainingDiverged
+    from harnessrl.jobs import entries
 
-    with job_errors(run.out, CHECKPOINT_SAVED, (DistillError, ExecutorError), (TrainingDiverged,)):
+    with job_errors(run.out, CHECKPOINT_SAVED):
         with executor_for(run) as executor:
-            job = DistillRun(config, run.out, resume=run.resume, progress=run.progress, console=err, executor=executor)
-            executor.start()  # connect before the model loads
-            summary = job.run()
+            done = entries.train_distill(
+                config,
+                run,
+                given=given_options(),
+                log=lambda m: err.print(m, highlight=False, markup=False),
+                console=err,
+                executor=executor,
+            )
+    summary, config = done.result, done.config
     out.print(f"distilled {summary.steps} steps; adapter: {summary.adapter}", highlight=False)
     out.print(
         f"evaluate it with: harnessrl eval --model hf:{summary.adapter} --suite {config.suite} "

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import yaml
 
+from harnessrl.errors import JobError
 from harnessrl.evolve.acceptance import (
     acceptance_threshold,
     compare,
@@ -72,7 +73,7 @@ FINAL = "final.json"
 SEED_LABEL = "seed"
 
 
-class EvolveError(RuntimeError):
+class EvolveError(JobError):
     """A user-facing problem with an evolution run folder (finished, mismatched, ...)."""
 
 

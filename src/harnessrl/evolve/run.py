@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from harnessrl.evolve.config import EvolveConfig
 from harnessrl.evolve.loop import RESUMABLE_CHANGES, Evolution, EvolveError
@@ -18,6 +18,8 @@ from harnessrl.rundir import CONFIG, RunFolder, holds_run
 
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
+    from harnessrl.kernel import ModelRequest
+    from harnessrl.models.choice import ModelChoice
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(EvolveConfig))
 
@@ -34,6 +36,17 @@ def stored_config(out: str | Path) -> EvolveConfig:
         raise EvolveError(f"{path}: not an evolution configuration ({e})") from None
 
 
+def evolve_models(config: EvolveConfig, api_key_env: str | None = None) -> list[ModelRequest]:
+    """The models an evolution uses (the job kernel chooses them): `--model` (device and dtype
+    from the config) and the llm proposer's `--proposer-model` (on its server)."""
+    from harnessrl.kernel import ModelRequest
+
+    requests = [ModelRequest("--model", config.model, config.device, config.dtype, api_key_env)]
+    if config.proposer_model:
+        requests.append(ModelRequest("--proposer-model", config.proposer_model, api_key_env=api_key_env))
+    return requests
+
+
 def run_evolve(
     config: EvolveConfig,
     out: str | Path,
@@ -44,30 +57,30 @@ def run_evolve(
     log: Callable[[str], None] = lambda message: None,
     executor: Executor | None = None,
     stop_when: Callable[[int], str | None] | None = None,
+    models: Mapping[str, ModelChoice] | None = None,
 ) -> EvolveResult:
     """Evolve `config.seed_harness` on the suite's dev tasks, confirm on its test tasks; returns
     final.json's content. `resume`: continue the run in `out` (its configuration must be
     `config`; `stored_config(out)` reads it). `executor`: where the episodes run (default: this
     process; the caller closes it). `stop_when(iterations_done)`: asked after every finished
     iteration (and again on resume); a non-empty reason ends the search there, the held-out phase
-    follows and final.json's `stopped_by` holds the reason."""
+    follows and final.json's `stopped_by` holds the reason. `models`: the models the job kernel
+    chose (`evolve_models`; chosen here when None)."""
     from harnessrl.evolve.proposers import LLMProposer, Proposer, RulesProposer
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
-    from harnessrl.models import ModelSpec, check_spec, load_policy
+    from harnessrl.kernel import choose_models
+    from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
     try:
-        local = ModelSpec.parse_local(config.model) is not None
-        if local:  # a device this machine lacks: refused before any work; auto resolved before it is recorded
-            from harnessrl.models.device import resolve_device, resolve_dtype
-
-            device = resolve_device(config.device)
-            config = dataclasses.replace(config, dtype=resolve_dtype(config.dtype, device))
-        elif config.device != "auto" or config.dtype not in ("auto", "float32"):
-            raise EvolveError("--device and --dtype apply to local models (tiny-random, smollm2-135m, hf:PATH)")
+        # a device this machine lacks: refused before any work; auto resolved before it is recorded
+        models = choose_models(evolve_models(config, api_key_env)) if models is None else models
+        model = models["--model"]
+        if model.local:
+            config = dataclasses.replace(config, dtype=model.dtype or config.dtype)
         # checks only; the loop opens it
         RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
         seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
@@ -75,9 +88,8 @@ def run_evolve(
         the_suite = get_suite(config.suite)
         dev = the_suite.tasks("dev", config.dev_tasks)
         test = the_suite.tasks("test", config.test_tasks)
-        check_spec(config.model, api_key_env, option="--model")
-        if config.proposer_model:
-            check_spec(config.proposer_model, api_key_env, option="--proposer-model")
+    except EvolveError:
+        raise
     except (SpecError, ValueError) as e:
         raise EvolveError(str(e)) from None
     executor = executor if executor is not None else LocalExecutor()
@@ -86,15 +98,11 @@ def run_evolve(
     except ExecutorError as e:
         raise EvolveError(str(e)) from None
     try:
-        if local:
-            policy = load_policy(config.model, sampling, dtype=config.dtype, device=str(device))
-        else:
-            policy = load_policy(config.model, sampling, api_key_env=api_key_env)
+        policy = load_policy(model, sampling)
         proposer: Proposer
         if config.proposer == "llm":
-            assert config.proposer_model is not None  # EvolveConfig requires one for the llm proposer
             proposer_sampling = SamplingParams(temperature=0.7, seed=config.seed)
-            proposer = LLMProposer(load_policy(config.proposer_model, proposer_sampling, api_key_env=api_key_env))
+            proposer = LLMProposer(load_policy(models["--proposer-model"], proposer_sampling))
         else:
             proposer = RulesProposer()
     except (ValueError, RuntimeError, OSError) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
+from harnessrl.errors import JobError
 from harnessrl.harness.loops import Episode, InfraError, short_traceback
 from harnessrl.models.base import GenerationRequest, request_seed
 from harnessrl.types import ModelCall, Termination, Trajectory
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from harnessrl.tasks.base import Task
 
 
-class ExecutorError(ValueError):
+class ExecutorError(JobError):
     """The executor cannot run episodes as asked (Ray missing or unreachable, a task that cannot
     be sent to the workers, ...): a clear error for the whole run, before or instead of episodes."""
 

@@ -7,6 +7,7 @@ from typing import Optional
 from pydantic import Field
 
 from harnessrl.config import Device, FloatDtype, Options, cli
+from harnessrl.errors import JobError
 
 DECISIONS = "decisions.jsonl"
 RESULT = "improve.json"
@@ -16,7 +17,7 @@ PHASES = ("harness", "weights", "content", "final")
 CEILINGS = ("no_process_gain", "process_floor", "patience", "budget", "proposer_exhausted")
 
 
-class ImproveError(ValueError):
+class ImproveError(JobError):
     """The job cannot go on as asked (bad options or input, a refused resume, a stage that
     failed); the CLI exits 2 with the message."""
 

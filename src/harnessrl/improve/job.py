@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from harnessrl.improve.config import DECISIONS, PHASES, ImproveConfig, ImproveError
 from harnessrl.improve.content import ContentPhase
@@ -15,6 +15,9 @@ from harnessrl.improve.weights import WeightsPhase
 from harnessrl.jobs.stages import StageError
 from harnessrl.results import Decision, ImproveResult, ImproveStopped
 from harnessrl.rundir import RunFolder, RunFolderError
+
+if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
 
 
 class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
@@ -31,11 +34,11 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         progress: bool = True,
         log: Callable[[str], None] = lambda message: None,
         console=None,
+        models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.models import check_spec
-        from harnessrl.models.device import resolve_device, resolve_dtype
+        from harnessrl.kernel import choose_models, config_models
         from harnessrl.tasks import get_suite
         from harnessrl.train import lora
         from harnessrl.train.distill import DistillError, check_protocols
@@ -47,12 +50,10 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         self.log = log
         self.console = console
         try:
-            self.device = resolve_device(c.device)
-            self.dtype = resolve_dtype(c.dtype, self.device)
-            check_spec(c.model, option="--model")
-            lora.check_local_model(c.model, ImproveError)  # it is fine-tuned
-            if c.collect_model is not None:
-                check_spec(c.collect_model, option="--collect-model", oracle=True)
+            chosen = choose_models(config_models(c)) if models is None else models
+            model = lora.trained_model(c, ImproveError, chosen["--model"])  # it is fine-tuned
+            assert model.device is not None and model.dtype is not None  # a local model's choice is resolved
+            self.device, self.dtype = model.device, model.dtype
             purpose = "improve (evolve, then distil into the seed harness)"
             self.seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
             self.given = require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
@@ -140,8 +141,9 @@ def run_improve(
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
     console=None,
+    models: Mapping[str, ModelChoice] | None = None,
 ) -> ImproveResult | ImproveStopped:
     """`harnessrl improve` as a library call; returns improve.json's content (or the decisions so
-    far, with `stop_after`)."""
-    job = Improve(config, out, resume=resume, progress=progress, log=log, console=console)
+    far, with `stop_after`). `models`: the models the job kernel chose (chosen here when None)."""
+    job = Improve(config, out, resume=resume, progress=progress, log=log, console=console, models=models)
     return job.run(stop_after=stop_after)

@@ -7,20 +7,21 @@ unfinished episodes run, and summary.json is written from the run database.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from harnessrl.config import EvalConfig, RunOptions
+from harnessrl.errors import JobError
 from harnessrl.eval_folder import EvaluationFolder
 from harnessrl.eval_folder import write_summary as write_summary  # cli/eval.py's `summary` reads it here
-from harnessrl.models import LOCAL_FORMS
 from harnessrl.results import EvalSummary
 from harnessrl.rundir import RunFolderError
 
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
+    from harnessrl.models.choice import ModelChoice
 
 
-class EvalError(ValueError):
+class EvalError(JobError):
     """A configuration or run-folder problem, reported before any episode runs."""
 
 
@@ -31,15 +32,19 @@ def run_eval(
     executor: Executor | None = None,
     *,
     preflight: bool = False,
+    models: Mapping[str, ModelChoice] | None = None,
 ) -> EvalSummary:
     """Evaluate `config.model` on the suite through every harness; returns the summary.
     `executor`: where the episodes run (default: this process); the caller closes it.
     `preflight`: first measure each harness's first request of the first task against a local
-    model's context (harnessrl.preflight), and refuse (EvalError) where one cannot fit."""
+    model's context (harnessrl.preflight), and refuse (EvalError) where one cannot fit.
+    `models`: the models the job kernel chose (harnessrl.jobs.entries.evaluate); chosen here when
+    None."""
     from harnessrl.executors import ExecutorError, LocalExecutor
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
-    from harnessrl.models import check_spec, load_policy
+    from harnessrl.kernel import choose_models, config_models
+    from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
     from harnessrl.tasks import get_suite
 
@@ -55,12 +60,12 @@ def run_eval(
         raise EvalError(str(e)) from None
     judge = None
     try:
+        # the model and the judge, each chosen once (a device this machine lacks, int8 on a GPU, a
+        # device or dtype for a model on a server: refused before any work)
+        model = (choose_models(config_models(config, oracle=True)) if models is None else models)["--model"]
         if config.judge_model is not None:
             from harnessrl.tasks.importers import make_judge
 
-            check_spec(
-                config.judge_model, config.judge_api_key_env, option="--judge-model", key_option="--judge-api-key-env"
-            )
             judge = make_judge(config.judge_model, config.judge_api_key_env)
         elif config.judge_api_key_env is not None:
             raise EvalError("--judge-api-key-env needs --judge-model")
@@ -76,17 +81,6 @@ def run_eval(
                     f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
                     "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
                 )
-        model = check_spec(config.model, config.api_key_env, oracle=True)
-        local = model.local
-        if not local:
-            for option, value, neutral in (("--dtype", config.dtype, "float32"), ("--device", config.device, "auto")):
-                if value not in ("auto", neutral):
-                    raise EvalError(f"{option} {value} applies to local models ({LOCAL_FORMS})")
-        if local:  # a device this machine lacks, or int8 on a GPU: refused before any work
-            from harnessrl.models.device import resolve_device, resolve_dtype
-
-            device = resolve_device(config.device)
-            dtype = resolve_dtype(config.dtype, device)
     except EvalError:
         raise
     except ValueError as e:
@@ -115,14 +109,14 @@ def run_eval(
         judge_api_key_env=config.judge_api_key_env,
     )
     record = evaluation.record
-    if local:
+    if model.local:
         # The dtype as it resolves here, and only when it is not float32: runs from before the
         # option resume as they were, and an "auto" run is not continued in another precision on
         # another machine unnoticed. The device is recorded but may differ on resume: it changes
         # float rounding only.
-        if dtype != "float32":
-            record["dtype"] = dtype
-        record["device"] = str(device)
+        if model.dtype != "float32":
+            record["dtype"] = model.dtype
+        record["device"] = str(model.device)
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
     try:
         evaluation.open(resume=run.resume, may_differ=("device",))
@@ -144,13 +138,9 @@ def run_eval(
 
         # -- the models (slow) ----------------------------------------------------------------------
         policy = None  # the oracle
-        if model.kind != "oracle":
+        if not model.oracle:
             try:
-                policy = (
-                    load_policy(config.model, sampling, dtype=dtype, device=str(device))
-                    if local
-                    else load_policy(config.model, sampling, api_key_env=config.api_key_env)
-                )
+                policy = load_policy(model, sampling)
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load model '{config.model}': {e}") from None
         if judge is not None:  # (the oracle's episodes are graded by the judge too)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from pydantic import BaseModel
 
+from harnessrl.errors import JobError
 from harnessrl.rundir import STAGES_JSON, RunFolderError, as_json, holds_run, write_json
 
 # A factory for tests and embedding: (stage, model spec) -> the policy to run that evaluation
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from harnessrl.results import AdapterFacts, CollectFacts
 
 
-class StageError(ValueError):
+class StageError(JobError):
     """A stage cannot go on: its run folder refuses the run, its model does not load, its stored
     episodes cannot be read, or its training fails; the message names the stage."""
 
@@ -172,9 +173,10 @@ class Stages:
         if self._policy is not None and self._policy[0] == model:
             return self._policy[1]
         self.release()
-        from harnessrl.models import ModelSpec, load_policy
+        from harnessrl.models import load_policy
+        from harnessrl.models.choice import is_local_spec
 
-        local = ModelSpec.parse_local(model) is not None  # (a --collect-model may be a server)
+        local = is_local_spec(model)  # (a --collect-model may be a server)
         try:
             policy = load_policy(model, dtype=self.dtype, device=str(self.device)) if local else load_policy(model)
         except (ValueError, RuntimeError, OSError) as e:

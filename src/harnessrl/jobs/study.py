@@ -30,11 +30,12 @@ adapter has been trained (the way out when nothing passed on the train tasks), a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from pydantic import Field, model_validator
 
 from harnessrl.config import Device, FloatDtype, Options, cli
+from harnessrl.errors import JobError
 from harnessrl.jobs.stages import PolicyFactory, StageError, Stages
 from harnessrl.jobs.study_analysis import (
     CELLS,
@@ -48,13 +49,16 @@ from harnessrl.jobs.study_analysis import (
 from harnessrl.results import StudyResult
 from harnessrl.rundir import STUDY_JSON, RunFolder, RunFolderError, holds_run, write_json
 
+if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
+
 # The options only the evolution stage uses.
 EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
 # Keys of the study's configuration that may grow on --resume while no adapter has been trained.
 GROWABLE = ("collect_tasks", "collect_attempts")
 
 
-class StudyError(ValueError):
+class StudyError(JobError):
     """A study cannot go on as asked (bad options, a refused resume, nothing to distil); the CLI
     exits 2 with the message."""
 
@@ -105,9 +109,10 @@ class StudyConfig(Options):
 
     @model_validator(mode="after")
     def _local_model(self) -> StudyConfig:
-        from harnessrl.models import MODEL_NAMES, ModelSpec
+        from harnessrl.models import MODEL_NAMES
+        from harnessrl.models.choice import is_local_spec
 
-        if ModelSpec.parse_local(self.model) is None:
+        if not is_local_spec(self.model):
             raise ValueError(
                 f"'{self.model}' cannot be fine-tuned: the study needs a local model "
                 f"({', '.join(MODEL_NAMES)} or hf:PATH)"
@@ -142,7 +147,8 @@ class Study:
     written); `run()` runs the stages that have not finished and returns study.json's content.
 
     `policy_factory(stage, model)` may hand a policy to an evaluation stage (tests use scripted
-    policies); None loads `model` as usual."""
+    policies); None loads `model` as usual. `models`: the models the job kernel chose (chosen
+    here when None)."""
 
     def __init__(
         self,
@@ -154,11 +160,12 @@ class Study:
         progress: bool = True,
         log: Callable[[str], None] = lambda message: None,
         console=None,
+        models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.evolve.config import evolution_of
         from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.models import check_spec
+        from harnessrl.kernel import choose_models, config_models
         from harnessrl.tasks import get_suite
 
         self.config = config
@@ -169,14 +176,10 @@ class Study:
         self.console = console
         c = config
         try:
-            from harnessrl.models.device import resolve_device, resolve_dtype
-
             # a device this machine lacks: refused before any work; auto resolved once, for every stage
-            self.device = resolve_device(c.device)
-            self.dtype = resolve_dtype(c.dtype, self.device)
-            check_spec(c.model, option="--model")
-            if c.collect_model is not None:
-                check_spec(c.collect_model, option="--collect-model", oracle=True)
+            model = (choose_models(config_models(c)) if models is None else models)["--model"]
+            assert model.device is not None and model.dtype is not None  # the study's model is local
+            self.device, self.dtype = model.device, model.dtype
             purpose = "the study (evolve, then re-render conversations)"
             self.seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
             self.given_evolved = (
@@ -321,10 +324,18 @@ def run_study(
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
     console=None,
+    models: Mapping[str, ModelChoice] | None = None,
 ) -> StudyResult:
     """`harnessrl study` as a library call; returns study.json's content."""
     study = Study(
-        config, out, resume=resume, policy_factory=policy_factory, progress=progress, log=log, console=console
+        config,
+        out,
+        resume=resume,
+        policy_factory=policy_factory,
+        progress=progress,
+        log=log,
+        console=console,
+        models=models,
     )
     return study.run()
 

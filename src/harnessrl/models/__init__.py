@@ -25,6 +25,7 @@ from harnessrl.models.base import (
     PolicyError,
     SamplingParams,
 )
+from harnessrl.models.choice import ModelChoice, choose_model
 from harnessrl.models.spec import (
     LOCAL_FORMS,
     MODEL_NAMES,
@@ -50,6 +51,7 @@ __all__ = [
     "SPEC_FORMS",
     "GenerationRequest",
     "HFPolicy",
+    "ModelChoice",
     "ModelSpec",
     "ModelUnavailable",
     "OpenAIPolicy",
@@ -58,6 +60,7 @@ __all__ = [
     "SamplingParams",
     "ScriptedPolicy",
     "check_spec",
+    "choose_model",
     "describe_models",
     "dtype_choices",
     "load_policy",
@@ -91,7 +94,7 @@ def dtype_choices() -> str:
 
 
 def load_policy(
-    spec: str,
+    spec: str | ModelChoice,
     sampling: SamplingParams | None = None,
     *,
     api_key_env: str | None = None,
@@ -114,30 +117,40 @@ def load_policy(
     RuntimeError) when torch cannot run int8 here; DeviceUnavailable (a ValueError, one line) for
     a device this machine lacks or a model that will not fit in a GPU's free memory (checked
     before loading). `engine`: a local model's engine switches (harnessrl.models.engine_config;
-    default `EngineConfig.from_env()`); other backends ignore it."""
-    parsed = ModelSpec.parse(spec)
+    default `EngineConfig.from_env()`); other backends ignore it.
+    A ModelChoice (harnessrl.models.choice: what a job's kernel chose) brings its own resolved
+    device, dtype and API-key variable; nothing is resolved again and those arguments must be left
+    at their defaults."""
+    if isinstance(spec, ModelChoice):
+        if (api_key_env, dtype, device) != (None, "auto", "auto"):
+            raise TypeError("load_policy(ModelChoice): the choice holds api_key_env, dtype and device")
+        return _load_chosen(spec, sampling, engine)
     if dtype not in ("auto", *DTYPES):
         raise ValueError(f"dtype must be {dtype_choices()} or auto, got {dtype!r}")
+    from harnessrl.models.choice import resolve_choice
+
+    chosen = resolve_choice(ModelSpec.parse(spec), device=device, dtype=dtype, api_key_env=api_key_env)
+    return _load_chosen(chosen, sampling, engine)
+
+
+def _load_chosen(choice: ModelChoice, sampling: SamplingParams | None, engine: EngineConfig | None) -> Policy:
+    parsed = choice.spec
     if parsed.local:
-        from harnessrl.models.device import check_fits, resolve_device, resolve_dtype
+        from harnessrl.models.device import check_fits
         from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, load_local
 
-        where = resolve_device(device)
-        precision = resolve_dtype(dtype, where)
+        where, precision = choice.device, choice.dtype
+        assert where is not None and precision is not None  # a local choice is resolved
         check_fits(parsed.text, where, precision, cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS)
         if precision == "int8":
             policy = load_local(parsed.text, sampling, engine=engine)
             policy.quantize_int8()  # restarts the engine too
             return policy
         return load_local(parsed.text, sampling, device=where, dtype=precision, engine=engine)
-    if dtype not in ("auto", "float32"):
-        raise ValueError(f"--dtype {dtype} applies to local models ({LOCAL_FORMS}), not {parsed.text!r}")
-    if device != "auto":
-        raise ValueError(f"--device {device} applies to local models ({LOCAL_FORMS}), not {parsed.text!r}")
     if parsed.kind == "openai":
         from harnessrl.models.openai_compat import OpenAIPolicy
 
-        return OpenAIPolicy.from_spec(parsed, sampling, api_key_env=api_key_env)
+        return OpenAIPolicy.from_spec(parsed, sampling, api_key_env=choice.api_key_env)
     raise ValueError(ORACLE_ONLY)
 
 

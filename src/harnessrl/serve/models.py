@@ -169,14 +169,12 @@ class ServedModels:
         form (an openai: server, the oracle) or a path that does not exist. `options`: the
         vLLM-like keywords of the constructor (max_lora_rank, generation_config, logprobs_mode,
         tool_call_parser)."""
-        from harnessrl.models import ModelSpec, load_policy
+        from harnessrl.models import load_policy
+        from harnessrl.models.choice import choose_local
 
-        local = ModelSpec.parse_local(spec)
-        if local is None:
-            raise ValueError(f"{LOCAL_ONLY}; {spec.strip()!r} is not one")
-        local.check(option="--model")
-        spec = local.text
-        policy = load_policy(spec, dtype=dtype)
+        chosen = choose_local(spec, f"{LOCAL_ONLY}; {spec.strip()!r} is not one", dtype=dtype)
+        spec = chosen.text
+        policy = load_policy(chosen)
         assert isinstance(policy, HFPolicy)
         return cls(policy, served_model_name or spec, root=spec, max_loras=max_loras, owns_base=True, **options)
 

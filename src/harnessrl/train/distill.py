@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from harnessrl.errors import JobError
 from harnessrl.results import TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
@@ -87,6 +88,7 @@ from harnessrl.train.update import TrainingDiverged, micro_batches, padded_batch
 
 if TYPE_CHECKING:
     from harnessrl.models.chat import ToolRole
+    from harnessrl.models.choice import ModelChoice
     from harnessrl.models.hf import HFPolicy
     from harnessrl.store import RunStore
 
@@ -111,7 +113,7 @@ __all__ = [
 DISTILL_RESUMABLE_CHANGES = ("steps", "checkpoint_every", "device", "gradient_checkpointing")
 
 
-class DistillError(ValueError):
+class DistillError(JobError):
     """Bad options, harnesses or run folder: reported before any training (the CLI exits 2)."""
 
 
@@ -410,6 +412,7 @@ class DistillRun(lora.WritesAdapter):
         progress: bool = True,
         console=None,
         executor=None,
+        model: ModelChoice | None = None,
     ):
         from harnessrl.executors import LocalExecutor
         from harnessrl.harness.registry import load_harness
@@ -447,7 +450,7 @@ class DistillRun(lora.WritesAdapter):
                 f"--tasks-per-step {config.tasks_per_step} is more than the {have} train tasks of suite "
                 f"'{self.suite.name}'"
             )
-        lora.check_local_model(config.model, DistillError)
+        self.model_choice = lora.trained_model(config, DistillError, model)  # chosen once (harnessrl.kernel)
         self.config = config = dataclasses.replace(
             config, suite=self.suite.name, teacher_harness=self.teacher.name, student_harness=self.student.name
         )
@@ -456,7 +459,7 @@ class DistillRun(lora.WritesAdapter):
         self.progress = progress
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         try:
-            options = lora.precision_record(config.to_dict())
+            options = lora.precision_record(config.to_dict(), self.model_choice)
         except ValueError as e:
             raise DistillError(str(e)) from None
         record = {**options, "teacher_spec": self.teacher.to_dict(), "student_spec": self.student.to_dict()}
@@ -483,9 +486,7 @@ class DistillRun(lora.WritesAdapter):
         from harnessrl.rollout import Runner
 
         cfg = self.config
-        self.policy = policy = lora.load_local_policy(
-            cfg.model, DistillError, device=cfg.device, dtype=cfg.dtype, training=cfg
-        )
+        self.policy = policy = lora.load_local_policy(self.model_choice, DistillError, training=cfg)
         # LoRA in policy.model itself: the student generates with the adapter; the teacher is the
         # same model with the adapter disabled
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, DistillError)

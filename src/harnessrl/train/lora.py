@@ -1,7 +1,7 @@
 """The LoRA-adapted local model both trainers (GRPO: trainer.py, SFT: sft.py) set up, checkpoint
 and save the same way.
 
-    check_local_model     cheap: the model spec names a local model (before anything is loaded)
+    trained_model         the local model a job fine-tunes, as the job kernel chose it (device, dtype)
     load_local_policy     the model loaded as an HFPolicy: training needs its weights in this process
     attach                LoRA injected in place (the policy then generates with the adapter),
                           initialised from the run seed alone; its trainable parameters, AdamW
@@ -25,31 +25,54 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harnessrl import __version__
 from harnessrl.rundir import write_json
 
+if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
+
 ADAPTER_META = "harnessrl.json"
 
 
-def check_local_model(model: str, error: type[Exception]) -> None:
-    """Refuse, before anything is loaded, a model spec that is not a local model."""
-    from harnessrl.models import LOCAL_FORMS, ModelSpec
+def trained_model(config: Any, error: type[Exception], choice: ModelChoice | None = None) -> ModelChoice:
+    """The local model a training job fine-tunes: `choice` (what the job kernel chose), or chosen
+    here from the config's --model, --device and --dtype; `error` in one line for a model that is
+    not local, a path that does not exist, a device this machine lacks or int8 (no gradients)."""
+    from harnessrl.models import LOCAL_FORMS
+    from harnessrl.models.choice import choose_local
 
-    spec = ModelSpec.parse_local(model)
-    if spec is None:
-        raise error(f"cannot train '{model}': training needs a local model ({LOCAL_FORMS})")
+    if config.dtype == "int8":
+        raise error("--dtype int8 cannot be trained (int8 layers have no gradients): use auto, float32 or bfloat16")
+    refusal = f"cannot train '{config.model}': training needs a local model ({LOCAL_FORMS})"
+    if choice is not None and not choice.local:
+        raise error(refusal)
     try:
-        spec.check()
+        return (
+            choice
+            if choice is not None
+            else choose_local(config.model, refusal, device=config.device, dtype=config.dtype)
+        )
     except ValueError as e:
         raise error(str(e)) from None
 
 
+def _chosen(model: str | ModelChoice, device: str, dtype: str) -> ModelChoice:
+    from harnessrl.models import LOCAL_FORMS
+    from harnessrl.models.choice import ModelChoice, choose_local
+
+    if isinstance(model, ModelChoice):
+        return model
+    return choose_local(
+        model, f"training needs a local model ({LOCAL_FORMS}), not {model!r}", device=device, dtype=dtype
+    )
+
+
 def load_local_policy(
-    model: str,
+    model: str | ModelChoice,
     error: type[Exception],
     *,
     device: str = "auto",
@@ -58,58 +81,59 @@ def load_local_policy(
     engine: Any = None,
 ):
     """The model as an HFPolicy (its tokenizer, its torch model, its engine) on `device` in
-    `dtype` ("auto": float32 on a CPU, bfloat16 on CUDA; harnessrl.models.device). `training`:
-    the run's TrainConfig or SFTConfig, whose micro-batch, LoRA and gradient checkpointing size
-    the memory check made before loading (without it only the weights and the engine's cache
-    are counted). `engine`: the engine's switches (harnessrl.models.engine_config.EngineConfig;
-    default from the environment). A device this machine lacks, int8, or a model that will not
-    fit is `error`, in one line."""
+    `dtype` ("auto": float32 on a CPU, bfloat16 on CUDA; harnessrl.models.device), or as a
+    ModelChoice already resolved (`trained_model`; `device` and `dtype` are then not read).
+    `training`: the run's TrainConfig or SFTConfig, whose micro-batch, LoRA and gradient
+    checkpointing size the memory check made before loading (without it only the weights and
+    the engine's cache are counted). `engine`: the engine's switches
+    (harnessrl.models.engine_config.EngineConfig; default from the environment). A device this
+    machine lacks, int8, or a model that will not fit is `error`, in one line."""
     from harnessrl.models import LOCAL_FORMS, load_policy
     from harnessrl.models.base import ModelUnavailable
-    from harnessrl.models.device import DeviceUnavailable, check_fits, resolve_device, resolve_dtype
+    from harnessrl.models.device import check_fits
     from harnessrl.models.hf import DEFAULT_CACHE_BUDGET_TOKENS, HFPolicy
 
-    if dtype == "int8":
+    if dtype == "int8" or getattr(model, "dtype", None) == "int8":
         raise error("--dtype int8 cannot be trained (int8 layers have no gradients): use auto, float32 or bfloat16")
     try:
-        where = resolve_device(device)
-        precision = resolve_dtype(dtype, where)
+        chosen = _chosen(model, device, dtype)
+        if not chosen.local or chosen.device is None or chosen.dtype is None:
+            raise error(f"training needs a local transformers model ({LOCAL_FORMS}), not {chosen.text!r}")
         if training is not None:
             check_fits(
-                model,
-                where,
-                precision,
+                chosen.text,
+                chosen.device,
+                chosen.dtype,
                 cache_tokens=DEFAULT_CACHE_BUDGET_TOKENS,
                 training_tokens=training.micro_batch,
                 lora_rank=training.lora_r,
                 lora_targets=len(training.lora_targets),
                 gradient_checkpointing=training.gradient_checkpointing,
             )
-    except DeviceUnavailable as e:
+    except ValueError as e:  # DeviceUnavailable, or a spec of no known form
         raise error(str(e)) from None
     try:
-        policy = load_policy(model, device=str(where), dtype=precision, engine=engine)
+        policy = load_policy(chosen, engine=engine)
     except (ValueError, ModelUnavailable, OSError) as e:
-        raise error(f"cannot load model '{model}': {e}") from None
+        raise error(f"cannot load model '{chosen.text}': {e}") from None
     if not isinstance(policy, HFPolicy):
-        raise error(f"training needs a local transformers model ({LOCAL_FORMS}), not {model!r}")
+        raise error(f"training needs a local transformers model ({LOCAL_FORMS}), not {chosen.text!r}")
     return policy
 
 
-def precision_record(record: dict[str, Any]) -> dict[str, Any]:
+def precision_record(record: dict[str, Any], choice: ModelChoice | None = None) -> dict[str, Any]:
     """A training run's recorded configuration with `device` and `dtype` as they resolve on this
-    machine: the device as it is (a resume may continue on another one: it changes float
-    rounding only), the dtype only when it is not float32, so that a run from before these
-    options resumes as it was and a CPU run started with "auto" is not resumed in bfloat16 on a
-    GPU unnoticed (that changes what every step computes: resume with --dtype float32 there)."""
-    from harnessrl.models.device import resolve_device, resolve_dtype
-
+    machine (as `choice` resolved them, else resolved here): the device as it is (a resume may
+    continue on another one: it changes float rounding only), the dtype only when it is not
+    float32, so that a run from before these options resumes as it was and a CPU run started
+    with "auto" is not resumed in bfloat16 on a GPU unnoticed (that changes what every step
+    computes: resume with --dtype float32 there)."""
     out = dict(record)
-    where = resolve_device(out.get("device", "auto"))
-    out["device"] = str(where)
-    precision = resolve_dtype(out.pop("dtype", "auto"), where)
-    if precision != "float32":
-        out["dtype"] = precision
+    chosen = _chosen(out["model"], out.get("device", "auto"), out.get("dtype", "auto")) if choice is None else choice
+    out.pop("dtype", None)
+    out["device"] = str(chosen.device)
+    if chosen.dtype != "float32":
+        out["dtype"] = chosen.dtype
     return out
 
 

@@ -72,6 +72,7 @@ from harnessrl.train.sft_sample import (
 from harnessrl.train.update import TrainingDiverged, micro_batches
 
 if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
     from harnessrl.models.hf import HFPolicy
 
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
@@ -144,6 +145,7 @@ class SFTRun(lora.WritesAdapter):
         console=None,
         samples_root: str | os.PathLike | None = None,
         sample_policy=None,
+        model: ModelChoice | None = None,
     ):
         from harnessrl.harness.spec import SpecError, require_loop_harness
 
@@ -157,7 +159,7 @@ class SFTRun(lora.WritesAdapter):
                 "no --from run folder given: name the run folders whose episodes to learn from "
                 "(or sample new ones with --sample N)"
             )
-        lora.check_local_model(config.model, SFTError)
+        self.model_choice = lora.trained_model(config, SFTError, model)  # chosen once (harnessrl.kernel)
         self.selection: EpisodeSelection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
@@ -205,7 +207,7 @@ class SFTRun(lora.WritesAdapter):
         self.folder: RunFolder | None = None
         if self.out is not None:
             try:
-                resolved = lora.precision_record(config.to_dict())
+                resolved = lora.precision_record(config.to_dict(), self.model_choice)
             except ValueError as e:  # a device this machine lacks, or int8 asked on a GPU
                 raise SFTError(str(e)) from None
             if spec is not None:
@@ -240,9 +242,7 @@ class SFTRun(lora.WritesAdapter):
     def prepare(self) -> ExampleSet:
         """Load the model's tokenizer (with the model) and replay the episodes into examples."""
         cfg = self.config
-        policy = self.policy = lora.load_local_policy(
-            cfg.model, SFTError, device=cfg.device, dtype=cfg.dtype, training=cfg
-        )
+        policy = self.policy = lora.load_local_policy(self.model_choice, SFTError, training=cfg)
         self.renderer = ChatRenderer(policy.tokenizer, policy.tool_role)
         if self.plan is not None:
             self.selection = self.sample()
@@ -439,13 +439,14 @@ def run_sft(
     console=None,
     export_hf: str | os.PathLike | None = None,
     sample_policy=None,
+    model: ModelChoice | None = None,
 ) -> SFTResult:
     """`harnessrl train sft` as a library call: (sample,) select, replay, (export), train.
 
     Every bad input raises SFTError before anything is written (--sample: but its attempts,
     kept in `out`/samples for the next start). `export_only`: write the exports (`export_jsonl`
     or `export_hf` is then required) and train nothing; no run folder is opened.
-    `sample_policy`: see SFTRun.
+    `sample_policy`: see SFTRun. `model`: the model the job kernel chose (chosen here when None).
     """
     if export_only and export_jsonl is None and export_hf is None:
         raise SFTError("--export-only needs --export-jsonl PATH or --export-hf DIR")
@@ -460,6 +461,7 @@ def run_sft(
         console=console,
         samples_root=out,
         sample_policy=sample_policy,
+        model=model,
     )
     examples = run.prepare()
     summary = SFTResult(

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from harnessrl.errors import JobError
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.types import ActionKind, Message, ModelCall, ToolCall, ToolResult, ToolSchema, Trajectory
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 PLACEBOS = ("none", "shuffle-answers")
 
 
-class SFTError(ValueError):
+class SFTError(JobError):
     """Bad input for supervised fine-tuning (selection, harness, run folders): reported before
     anything is written (the CLI exits 2)."""
 

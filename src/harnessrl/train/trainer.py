@@ -100,6 +100,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from harnessrl.errors import JobError
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.results import TrainEval, TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
@@ -125,6 +126,7 @@ from harnessrl.train.step import (
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
 
 if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
     from harnessrl.tasks.base import Task
 
 
@@ -158,7 +160,7 @@ __all__ = [
 RESUMABLE_CHANGES = ("steps", "checkpoint_every", "processes", "rollout_servers", "device", "gradient_checkpointing")
 
 
-class TrainError(ValueError):
+class TrainError(JobError):
     """Bad options or a refused run folder: reported before any training (the CLI exits 2)."""
 
 
@@ -187,6 +189,7 @@ class Trainer(lora.WritesAdapter):
         progress: bool = True,
         console=None,
         executor=None,
+        model: ModelChoice | None = None,
     ):
         from harnessrl.executors import LocalExecutor
         from harnessrl.harness.registry import resolve_harnesses
@@ -231,7 +234,7 @@ class Trainer(lora.WritesAdapter):
                 raise TrainError(
                     f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
                 )
-        lora.check_local_model(config.model, TrainError)
+        self.model_choice = lora.trained_model(config, TrainError, model)  # chosen once (harnessrl.kernel)
         if config.max_off_policy_steps > 0 and not config.rollout_servers:
             raise TrainError(
                 f"--max-off-policy-steps {config.max_off_policy_steps} needs --rollout-server: the in-process engine "
@@ -249,7 +252,7 @@ class Trainer(lora.WritesAdapter):
         self.progress = progress
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         try:  # the device as it resolves here (a device this machine lacks: refused before any work)
-            options = lora.precision_record(config.to_dict())
+            options = lora.precision_record(config.to_dict(), self.model_choice)
         except ValueError as e:
             raise TrainError(str(e)) from None
         record = {
@@ -300,9 +303,7 @@ class Trainer(lora.WritesAdapter):
         # several processes on one machine share its CPUs: each engine gets its share
         engine = self.dist.engine_config(EngineConfig.from_env())
         # on --device in --dtype; a device this machine lacks, or a model that will not fit, is one line
-        policy = lora.load_local_policy(
-            cfg.model, TrainError, device=cfg.device, dtype=cfg.dtype, training=cfg, engine=engine
-        )
+        policy = lora.load_local_policy(self.model_choice, TrainError, training=cfg, engine=engine)
         # LoRA in policy.model itself: generation uses the adapter; eval mode throughout (no dropout,
         # see the module docstring)
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, TrainError)

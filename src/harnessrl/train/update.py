@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import torch
 
+from harnessrl.errors import JobFailed
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import local_mini_batches
 from harnessrl.train.grpo import (
@@ -60,7 +61,7 @@ def _tis_level(cfg: TrainConfig) -> TISLevel:
     return cast(TISLevel, cfg.tis_level)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(JobFailed):
     """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
 
 

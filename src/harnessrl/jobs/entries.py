@@ -1,0 +1,206 @@
+"""The entries of the jobs, all in one place: one short function per command (eval, evolve, study,
+improve, train grpo / sft / distill), each over the job kernel (harnessrl.kernel).
+
+Each entry enters the kernel (the resume rule, the models chosen once, one error type), then hands
+the job its context: `with enter(...) as ctx: return job(ctx.config, ...)`. The command line
+calls these and prints; a library caller may too (`given=None`: its config is taken whole, see
+the resume rule in harnessrl.kernel). The jobs themselves stay where their ideas live
+(jobs/evaluate.py, evolve/, jobs/study.py, improve/, train/).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Collection
+
+from harnessrl.kernel import Finished, config_models, enter, option_values
+
+if TYPE_CHECKING:
+    from harnessrl.config import EvalConfig
+    from harnessrl.evolve.config import EvolveConfig
+    from harnessrl.executors import Executor
+    from harnessrl.improve.config import ImproveConfig
+    from harnessrl.jobs.study import StudyConfig
+    from harnessrl.results import EvalSummary, EvolveResult, ImproveResult, ImproveStopped, StudyResult
+    from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
+
+Log = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    """A log that says nothing (a library call's default)."""
+
+
+def evaluate(
+    config: EvalConfig,
+    run: Any,
+    *,
+    given: Collection[str] | None = None,
+    log: Log = _quiet,
+    executor: Executor | None = None,
+) -> Finished[EvalSummary]:
+    """`harnessrl eval`: the model on the suite through every harness (jobs/evaluate.run_eval)."""
+    from harnessrl.jobs.evaluate import run_eval
+
+    with enter(
+        "eval", config, run.out, resume=run.resume, given=given, models=lambda c: config_models(c, oracle=True), log=log
+    ) as ctx:
+        preflight = bool(getattr(run, "preflight", False))
+        return Finished(ctx.config, run_eval(ctx.config, run, log, executor, preflight=preflight, models=ctx.models))
+
+
+def evolve(
+    config: EvolveConfig,
+    run: Any,
+    *,
+    given: Collection[str] | None = None,
+    log: Log = _quiet,
+    executor: Executor | None = None,
+) -> Finished[EvolveResult]:
+    """`harnessrl evolve`: edits of the seed harness kept where they beat measured noise, then
+    one held-out confirmation (evolve/run.run_evolve)."""
+    from harnessrl.evolve.run import evolve_models, run_evolve, stored_config
+
+    key = getattr(run, "api_key_env", None)
+    with enter(
+        "evolve",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        models=lambda c: evolve_models(c, key),
+        log=log,
+        earlier=lambda out: option_values(stored_config(out)),  # config.json holds an evolution's options
+    ) as ctx:
+        result = run_evolve(
+            ctx.config,
+            run.out,
+            resume=run.resume,
+            api_key_env=key,
+            progress=run.progress,
+            log=log,
+            executor=executor,
+            models=ctx.models,
+        )
+        return Finished(ctx.config, result)
+
+
+def study(
+    config: StudyConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
+) -> Finished[StudyResult]:
+    """`harnessrl study`: harness x weights, held-out cells (jobs/study.run_study)."""
+    from harnessrl.jobs.study import run_study
+
+    with enter("study", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+        result = run_study(
+            ctx.config, run.out, resume=run.resume, progress=run.progress, log=log, console=console, models=ctx.models
+        )
+        return Finished(ctx.config, result)
+
+
+def improve(
+    config: ImproveConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
+) -> Finished[ImproveResult | ImproveStopped]:
+    """`harnessrl improve`: harness, then weights, then content (improve/job.run_improve)."""
+    from harnessrl.improve import run_improve
+
+    with enter("improve", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+        result = run_improve(
+            ctx.config,
+            run.out,
+            resume=run.resume,
+            stop_after=getattr(run, "stop_after", None),
+            progress=run.progress,
+            log=log,
+            console=console,
+            models=ctx.models,
+        )
+        return Finished(ctx.config, result)
+
+
+def train_grpo(
+    config: TrainConfig,
+    run: Any,
+    *,
+    given: Collection[str] | None = None,
+    log: Log = _quiet,
+    console: Any = None,
+    executor: Executor,
+    before_start: Callable[[Any], None] = lambda trainer: None,
+) -> Finished[Any]:
+    """`harnessrl train grpo`: GRPO with LoRA across harnesses (train/trainer.Trainer).
+    `before_start(trainer)` runs once the trainer is set up, before the executor connects and
+    the model loads (the command line's preflight)."""
+    from harnessrl.train.trainer import Trainer
+
+    with enter("train grpo", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+        trainer = Trainer(
+            ctx.config,
+            run.out,
+            resume=run.resume,
+            progress=run.progress,
+            console=console,
+            executor=executor,
+            model=ctx.model(),
+        )
+        before_start(trainer)
+        executor.start()  # connect before the model loads
+        return Finished(ctx.config, trainer.run())
+
+
+def train_sft(
+    config: SFTConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
+) -> Finished[Any]:
+    """`harnessrl train sft`: supervised LoRA on stored episodes (train/sft.run_sft)."""
+    from harnessrl.train.sft import run_sft
+
+    with enter("train sft", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+        result = run_sft(
+            ctx.config,
+            run.out,
+            resume=run.resume,
+            export_jsonl=getattr(run, "export_jsonl", None),
+            export_hf=getattr(run, "export_hf", None),
+            export_only=getattr(run, "export_only", False),
+            progress=run.progress,
+            console=console,
+            model=ctx.model(),
+        )
+        return Finished(ctx.config, result)
+
+
+def train_distill(
+    config: DistillConfig,
+    run: Any,
+    *,
+    given: Collection[str] | None = None,
+    log: Log = _quiet,
+    console: Any = None,
+    executor: Executor,
+) -> Finished[Any]:
+    """`harnessrl train distill`: on-policy distillation across harnesses (train/distill.DistillRun)."""
+    from harnessrl.train.distill import DistillRun
+
+    with enter("train distill", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+        job = DistillRun(
+            ctx.config,
+            run.out,
+            resume=run.resume,
+            progress=run.progress,
+            console=console,
+            executor=executor,
+            model=ctx.model(),
+        )
+        executor.start()  # connect before the model loads
+        return Finished(ctx.config, job.run())
+
+
+# Every command's entry, by the command's name (tests check each enters the kernel).
+ENTRIES: dict[str, Callable[..., Any]] = {
+    "eval": evaluate,
+    "evolve": evolve,
+    "study": study,
+    "improve": improve,
+    "train grpo": train_grpo,
+    "train sft": train_sft,
+    "train distill": train_distill,
+}

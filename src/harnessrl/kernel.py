@@ -1,0 +1,249 @@
+"""The job kernel: what every job (eval, evolve, study, improve, train grpo / sft / distill) does
+once before its own work, the same way for all of them.
+
+`enter(job, config, out, resume=..., given=..., models=[...])` returns a JobContext:
+
+- **the resume rule** (one for every job): `--resume` continues the run in `--out`. Options left
+  off the command line take the values the run was started with (kept in OUT/options.json);
+  options given are used as given. The job's run folder then compares what the run computes with
+  what it recorded, and refuses a difference naming the option, except the options the job says
+  may change (train's `--steps`, evolve's `--iterations`, every job's `--device`). A library
+  caller (`given=None`) passes its whole config: nothing is filled in for it.
+- **the models**, each chosen once (harnessrl.models.choice): spec parsed and checked, a local
+  model's device and dtype resolved on this machine, the API-key variable named. The job and
+  `load_policy` take the ModelChoice and resolve nothing again.
+- **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
+
+The job's entries (harnessrl.jobs.entries) call `enter` and then the job with its context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, TypeVar
+
+from pydantic import BaseModel
+
+from harnessrl.errors import JobError, JobFailed
+from harnessrl.rundir import holds_run
+
+if TYPE_CHECKING:
+    from harnessrl.models.choice import ModelChoice
+
+OPTIONS = "options.json"
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """A model option of a job, as given: `option` ("--model", "--collect-model", ...), the spec
+    text, the device and dtype asked for (local models), the API-key variable, whether the
+    oracle is accepted there, and the option naming that variable in messages."""
+
+    option: str
+    text: str | None
+    device: str = "auto"
+    dtype: str = "auto"
+    api_key_env: str | None = None
+    oracle: bool = False
+    key_option: str = "--api-key-env"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """A job's resolved set-up: `config` after the resume rule, the run folder `out`, whether it
+    resumes, and its models chosen once, by option."""
+
+    job: str
+    config: Any
+    out: Path
+    resume: bool
+    models: Mapping[str, ModelChoice] = field(default_factory=dict)
+    keeps_options: bool = True  # False: a fresh start into a folder holding a run (the job refuses it)
+
+    def model(self, option: str = "--model") -> ModelChoice:
+        """The model chosen for `option`; KeyError when the job has none there."""
+        return self.models[option]
+
+    def __enter__(self) -> JobContext:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        """The job ended: when it finished, was interrupted (Ctrl-C, SIGTERM) or failed as a run
+        (JobFailed) with a run in `out`, its options are kept there for the next `--resume`.
+        Nothing is written for a job that refused to run as asked (a JobError: a refused resume
+        leaves the recorded options as they were) or crashed."""
+        ran = error is None or isinstance(error, (KeyboardInterrupt, JobFailed))
+        if ran and self.keeps_options and holds_run(self.out):
+            record_options(self.job, self.config, self.out)
+
+
+@dataclass(frozen=True)
+class Finished(Generic[R]):
+    """What an entry returns: the job's `result`, and the `config` it ran with (after the resume
+    rule: what a caller prints beside the result)."""
+
+    config: Any
+    result: R
+
+
+def option_values(config: Any) -> dict[str, Any]:
+    """A job config's options as JSON values (a pydantic model or a (pydantic) dataclass)."""
+    if isinstance(config, BaseModel):
+        values = config.model_dump(mode="json")
+    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
+        values = dataclasses.asdict(config)
+    else:
+        raise TypeError(f"not a job config: {type(config).__name__}")
+    return json.loads(json.dumps(values, default=str))
+
+
+def _with_values(config: C, values: Mapping[str, Any]) -> C:
+    if not values:
+        return config
+    if isinstance(config, BaseModel):
+        return type(config).model_validate({**config.model_dump(), **values})  # validated again
+    return dataclasses.replace(config, **values)  # type: ignore[type-var]
+
+
+def stored_options(out: Path) -> dict[str, Any] | None:
+    """The options a run in `out` was started with (OPTIONS), or None for a folder without them
+    (a fresh one, or a run from before they were kept: its recorded configuration decides alone)."""
+    path = Path(out) / OPTIONS
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise JobError(f"{path} is not valid JSON ({e}); start a new --out") from None
+    options = stored.get("options") if isinstance(stored, dict) else None
+    if not isinstance(options, dict):
+        raise JobError(f"{path} holds no options object; start a new --out")
+    return options
+
+
+def resume_config(
+    config: C,
+    out: Path,
+    given: Collection[str] | None,
+    log: Callable[[str], None] = lambda message: None,
+    earlier: Callable[[Path], dict[str, Any]] | None = None,
+) -> C:
+    """The resume rule's first half: `config` with every option not in `given` (the options
+    written on the command line) set to the value the run in `out` was started with; each given
+    option whose value differs is said in `log` (the job's run folder decides whether it may).
+    `earlier(out)`: the options of a run from before OPTIONS was kept, where the job can read them
+    from its own record (evolve's config.json holds its options)."""
+    stored = stored_options(out)
+    if stored is None and earlier is not None and given is not None:
+        stored = earlier(out)
+    if stored is None or given is None:
+        return config
+    now = option_values(config)
+    taken = {k: v for k, v in stored.items() if k in now and k not in given and now[k] != v}
+    for name in sorted(k for k in given if k in stored and k in now and now[k] != stored[k]):
+        log(f"--resume: {_flag(name)} changed: {_shown(stored[name])} -> {_shown(now[name])}")
+    try:
+        return _with_values(config, taken)
+    except (ValueError, TypeError) as e:
+        raise JobError(f"{Path(out) / OPTIONS}: the recorded options are no longer valid ({e})") from None
+
+
+def record_options(job: str, config: Any, out: Path) -> None:
+    """Keep the options a run starts (or resumes) with in OUT/options.json (`out` exists)."""
+    out = Path(out)
+    tmp = out / f".{OPTIONS}.{os.getpid()}.tmp"  # every process of a torchrun launch writes the same
+    tmp.write_text(json.dumps({"job": job, "options": option_values(config)}, indent=1, sort_keys=True) + "\n")
+    tmp.replace(out / OPTIONS)
+
+
+def config_models(config: Any, *, oracle: bool = False) -> list[ModelRequest]:
+    """The model options of a job config, read by field: `model` (with `device`, `dtype` and
+    `api_key_env` where the config has them; the oracle accepted where `oracle`), `collect_model`
+    (the study's and improve's collector: the oracle accepted) and `judge_model` (with
+    `judge_api_key_env`). A field the config lacks or leaves None asks for nothing."""
+    requests = [
+        ModelRequest(
+            "--model",
+            config.model,
+            getattr(config, "device", "auto"),
+            getattr(config, "dtype", "auto"),
+            getattr(config, "api_key_env", None),
+            oracle=oracle,
+        )
+    ]
+    if getattr(config, "collect_model", None) is not None:
+        requests.append(ModelRequest("--collect-model", config.collect_model, oracle=True))
+    if getattr(config, "judge_model", None) is not None:
+        requests.append(
+            ModelRequest(
+                "--judge-model",
+                config.judge_model,
+                api_key_env=getattr(config, "judge_api_key_env", None),
+                key_option="--judge-api-key-env",
+            )
+        )
+    return requests
+
+
+def choose_models(requests: Iterable[ModelRequest]) -> dict[str, ModelChoice]:
+    """Each requested model chosen once (harnessrl.models.choice.choose_model); JobError naming
+    the option for a spec that cannot be used here. A request without text is skipped."""
+    from harnessrl.models.choice import choose_model
+
+    chosen = {}
+    for r in requests:
+        if r.text is None:
+            continue
+        try:
+            chosen[r.option] = choose_model(
+                r.text,
+                device=r.device,
+                dtype=r.dtype,
+                api_key_env=r.api_key_env,
+                option=r.option,
+                key_option=r.key_option,
+                oracle=r.oracle,
+            )
+        except JobError:
+            raise
+        except ValueError as e:
+            raise JobError(str(e)) from None
+    return chosen
+
+
+def enter(
+    job: str,
+    config: Any,
+    out: Path,
+    *,
+    resume: bool,
+    given: Collection[str] | None = None,
+    models: Callable[[Any], Iterable[ModelRequest]] = lambda config: (),
+    log: Callable[[str], None] = lambda message: None,
+    earlier: Callable[[Path], dict[str, Any]] | None = None,
+) -> JobContext:
+    """A job's context (see the module docstring), to run the job in as `with enter(...) as ctx:`
+    (the options are kept in `out` when the block ends and the job has started a run there).
+    `models(config)` lists the job's model options once the resume rule has filled the config in.
+    Nothing is written here: a refusal leaves the folder as it was."""
+    out = Path(out)
+    if resume:
+        config = resume_config(config, out, given, log, earlier)
+    chosen = choose_models(models(config))
+    return JobContext(job, config, out, resume, chosen, keeps_options=resume or not holds_run(out))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 60 else "..."

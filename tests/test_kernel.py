@@ -1,0 +1,245 @@
+"""The job kernel (harnessrl.kernel, harnessrl.jobs.entries): every command enters through it,
+one resume rule for every job, its models chosen once, one error type reaching the command line."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import harnessrl
+from harnessrl import kernel
+from harnessrl.cli import app
+from harnessrl.errors import JobError, JobFailed
+from harnessrl.jobs import entries
+
+SRC = Path(harnessrl.__file__).parent
+
+# each command's words, and the extra options it needs to get past its own option parsing
+COMMANDS = {
+    "eval": ["eval"],
+    "evolve": ["evolve"],
+    "study": ["study"],
+    "improve": ["improve"],
+    "train grpo": ["train", "grpo"],
+    "train sft": ["train", "sft"],
+    "train distill": ["train", "distill"],
+}
+
+
+def _called_names(fn) -> set[str]:
+    tree = ast.parse(Path(fn.__code__.co_filename).read_text(encoding="utf-8"))
+    [node] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == fn.__name__]
+    out = set()
+    for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        f = call.func
+        out.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return out
+
+
+def test_every_command_has_an_entry_and_every_entry_builds_its_context_in_the_kernel():
+    assert set(entries.ENTRIES) == set(COMMANDS)
+    for name, entry in entries.ENTRIES.items():
+        assert "enter" in _called_names(entry), f"{name}: its entry does not enter the kernel"
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_command_reaches_its_job_through_the_kernel(command, tmp_path, monkeypatch):
+    """The command line calls the entry, the entry the kernel: a spy on `enter` sees the job, and
+    its JobError is the command's one-line error with exit 2."""
+    seen = []
+
+    def spy(job, config, out, **kw):
+        seen.append((job, Path(out)))
+        raise JobError("stopped at the kernel by the test")
+
+    monkeypatch.setattr(entries, "enter", spy)
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, [*COMMANDS[command], "--out", str(out)])
+    assert seen == [(command, out)], r.output
+    assert r.exit_code == 2 and "stopped at the kernel by the test" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_the_cli_calls_no_job_but_through_its_entry():
+    """The job functions and classes are called from jobs/entries.py alone among the commands."""
+    jobs = {"run_eval", "run_evolve", "run_study", "run_improve", "run_sft", "Trainer", "DistillRun"}
+    for path in sorted((SRC / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        called = {
+            n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+        }
+        assert not called & jobs, (
+            f"{path.name} calls {sorted(called & jobs)} directly, not through harnessrl.jobs.entries"
+        )
+
+
+# where a model spec may be parsed, and a device or dtype resolved
+MODEL_CHOICE_HOMES = ("models/", "kernel.py")
+# modules that parse a spec for another reason than choosing the model a job runs, and why
+PARSES_FOR_ANOTHER_REASON = {
+    "preflight.py": "reads a model's tokenizer and context without loading it, and follows an adapter to its base spec",
+}
+
+
+def test_the_model_is_chosen_only_in_models_and_the_kernel():
+    resolving = {"resolve_device", "resolve_dtype"}
+    parsing = {"parse", "parse_local"}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith(MODEL_CHOICE_HOMES):
+            continue
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(n, ast.Call):
+                continue
+            f = n.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            on_spec = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "ModelSpec"
+            if name in resolving or (on_spec and name in parsing and rel not in PARSES_FOR_ANOTHER_REASON):
+                found.append(f"{rel}:{n.lineno} {name}")
+    assert not found, f"a model chosen outside models/ and the kernel: {found}"
+
+
+def test_every_job_error_is_a_job_error():
+    from harnessrl.evolve.loop import EvolveError
+    from harnessrl.executors import ExecutorError
+    from harnessrl.improve.config import ImproveError
+    from harnessrl.jobs.evaluate import EvalError
+    from harnessrl.jobs.stages import StageError
+    from harnessrl.jobs.study import StudyError
+    from harnessrl.preflight import PreflightRefused
+    from harnessrl.rundir import RunFolderError
+    from harnessrl.train.distill import DistillError
+    from harnessrl.train.sft_data import SFTError
+    from harnessrl.train.trainer import TrainError
+    from harnessrl.train.update import TrainingDiverged
+
+    for error in (
+        EvalError,
+        EvolveError,
+        StudyError,
+        StageError,
+        ImproveError,
+        TrainError,
+        SFTError,
+        DistillError,
+        RunFolderError,
+        ExecutorError,
+        PreflightRefused,
+    ):
+        assert issubclass(error, JobError) and error("x").exit_code == 2, error
+    assert issubclass(TrainingDiverged, JobFailed) and TrainingDiverged("nan").exit_code == 1
+    assert issubclass(TrainingDiverged, RuntimeError)  # as before, for callers that caught it so
+
+
+def test_a_job_failure_exits_1_and_a_job_error_2_in_one_line(tmp_path, monkeypatch):
+    from harnessrl.train.update import TrainingDiverged
+
+    def diverges(*a, **kw):
+        raise TrainingDiverged("the loss became nan at step 3")
+
+    monkeypatch.setattr(entries, "enter", diverges)
+    r = CliRunner().invoke(app, ["train", "grpo", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1 and "error: the loss became nan at step 3" in r.output
+
+
+# -- the resume rule ---------------------------------------------------------------------------------
+
+
+def _started(out: Path, job: str, config) -> None:
+    """A run folder as a job that started with `config` leaves it (its options, a config.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text("{}")
+    kernel.record_options(job, config, out)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_resume_fills_in_the_options_left_out_and_uses_those_given_for_every_job(command, tmp_path, monkeypatch):
+    """The same rule for every command: `--resume` alone continues with the recorded options
+    (a --seed 7 run resumes with seed 7); a given option is used, and said, for the job's run
+    folder to accept or refuse."""
+    configs = []
+    real_enter = kernel.enter
+
+    def enter_then_stop(*a, **kw):
+        with real_enter(*a, **kw) as ctx:
+            configs.append(ctx.config)
+        raise JobError("stopped after the kernel by the test")
+
+    monkeypatch.setattr(entries, "enter", enter_then_stop)
+    out = tmp_path / "run"
+    words = [*COMMANDS[command], "--out", str(out), "--seed", "7"]
+    r = CliRunner().invoke(app, words)  # a fresh start: refused by the test after the kernel
+    assert r.exit_code == 2 and configs[-1].seed == 7, r.output
+    _started(out, command, configs[-1])
+    r = CliRunner().invoke(app, [*COMMANDS[command], "--out", str(out), "--resume"])
+    assert r.exit_code == 2 and configs[-1].seed == 7, r.output  # left out: the recorded value
+    r = CliRunner().invoke(app, [*COMMANDS[command], "--out", str(out), "--resume", "--seed", "8"])
+    assert configs[-1].seed == 8 and "--seed changed: 7 -> 8" in r.output
+
+
+def test_a_library_caller_resuming_passes_its_whole_config(tmp_path):
+    from harnessrl.config import EvalConfig
+
+    _started(tmp_path, "eval", EvalConfig(seed=7))
+    with kernel.enter("eval", EvalConfig(), tmp_path, resume=True) as ctx:  # given=None: taken whole
+        assert ctx.config.seed == 0
+
+
+def test_options_are_kept_only_for_a_job_that_ran(tmp_path):
+    from harnessrl.config import EvalConfig
+
+    _started(tmp_path, "eval", EvalConfig(seed=7))
+    before = (tmp_path / kernel.OPTIONS).read_text()
+    with pytest.raises(JobError):  # a refused resume leaves the recorded options as they were
+        with kernel.enter("eval", EvalConfig(seed=9), tmp_path, resume=True, given={"seed"}):
+            raise JobError("refused")
+    assert (tmp_path / kernel.OPTIONS).read_text() == before
+    with pytest.raises(KeyboardInterrupt):  # an interrupted run keeps them (a resume continues it)
+        with kernel.enter("eval", EvalConfig(seed=9), tmp_path, resume=True, given={"seed"}):
+            raise KeyboardInterrupt
+    assert json.loads((tmp_path / kernel.OPTIONS).read_text())["options"]["seed"] == 9
+    fresh = tmp_path / "fresh"
+    with pytest.raises(JobError):  # refused before it started: nothing written
+        with kernel.enter("eval", EvalConfig(), fresh, resume=False):
+            raise JobError("no tasks selected")
+    assert not fresh.exists()
+
+
+def test_a_broken_options_file_is_a_job_error(tmp_path):
+    from harnessrl.config import EvalConfig
+
+    (tmp_path / kernel.OPTIONS).write_text("{not json")
+    with pytest.raises(JobError, match="options.json is not valid JSON"):
+        kernel.enter("eval", EvalConfig(), tmp_path, resume=True, given=set())
+
+
+def test_the_models_are_chosen_once_with_the_option_named(tmp_path):
+    from harnessrl.config import EvalConfig
+
+    with kernel.enter(
+        "eval",
+        EvalConfig(model="tiny-random", judge_model="tiny-random"),
+        tmp_path,
+        resume=False,
+        models=kernel.config_models,
+    ) as ctx:
+        model = ctx.model()
+        assert model.local and str(model.device) == "cpu" and model.dtype == "float32"
+        assert ctx.model("--judge-model").text == "tiny-random"
+    with pytest.raises(JobError, match="--device cpu applies to local models"):
+        kernel.enter(
+            "eval",
+            EvalConfig(model="openai:m@http://127.0.0.1:9/v1", device="cpu"),
+            tmp_path,
+            resume=False,
+            models=kernel.config_models,
+        )
+    with pytest.raises(JobError, match="--collect-model: unknown model 'nope'"):
+        kernel.choose_models([kernel.ModelRequest("--collect-model", "nope")])
