@@ -431,6 +431,19 @@ def test_isolation_required_refuses_to_run_without_bubblewrap(monkeypatch, tmp_p
         sandbox_exec.run_sandboxed(["true"], workdir=tmp_path)
 
 
+def test_isolation_required_holds_for_a_library_call_through_the_job_entries(monkeypatch, tmp_path):
+    from harnessrl.config import EvalConfig, RunOptions
+    from harnessrl.errors import JobError
+    from harnessrl.jobs import entries
+
+    monkeypatch.setattr(sandbox_exec, "isolation_available", lambda: "rlimits-only")
+    monkeypatch.setattr(sandbox_exec, "_required", type(sandbox_exec._required)())
+    out = tmp_path / "run"
+    with pytest.raises(JobError, match="--isolation required, but bubblewrap is missing"):
+        entries.evaluate(EvalConfig(suite="toolcalc", tasks=1), RunOptions(out=out, isolation="required"))
+    assert not out.exists()
+
+
 def test_the_warning_without_bubblewrap_says_as_whom_commands_run(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert "as this user (uid 1000" in sandbox_exec.isolation_description("rlimits-only")

@@ -13,6 +13,7 @@ once before its own work, the same way for all of them.
   model's device and dtype resolved on this machine, the API-key variable named. The job and
   `load_policy` take the ModelChoice and resolve nothing again.
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
+- **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
 
 The job's entries (harnessrl.jobs.entries) call `enter` and then the job with its context.
 """
@@ -228,12 +229,22 @@ def enter(
     models: Callable[[Any], Iterable[ModelRequest]] = lambda config: (),
     log: Callable[[str], None] = lambda message: None,
     earlier: Callable[[Path], dict[str, Any]] | None = None,
+    isolation: str = "auto",
 ) -> JobContext:
     """A job's context (see the module docstring), to run the job in as `with enter(...) as ctx:`
     (the options are kept in `out` when the block ends and the job has started a run there).
     `models(config)` lists the job's model options once the resume rule has filled the config in.
-    Nothing is written here: a refusal leaves the folder as it was."""
+    `isolation="required"` (the run option `--isolation required`): a JobError unless bubblewrap
+    isolates sandboxed commands here, and from then on every sandboxed command of this process
+    refuses to run without it. Nothing is written here: a refusal leaves the folder as it was."""
     out = Path(out)
+    if isolation == "required":
+        from harnessrl.tasks.sandbox_exec import IsolationRequired, require_isolation
+
+        try:
+            require_isolation()
+        except IsolationRequired as e:
+            raise JobError(str(e)) from None
     if resume:
         config = resume_config(config, out, given, log, earlier)
     chosen = choose_models(models(config))

@@ -86,17 +86,6 @@ def job_errors(out: str | Path, saved: str, *, say: bool = True) -> Iterator[Non
         raise typer.Exit(e.exit_code) from None
 
 
-def _require_isolation() -> None:
-    """`--isolation required`: exit 2 unless bubblewrap works here; from then on every sandboxed
-    command of this process refuses to run without it."""
-    from harnessrl.tasks.sandbox_exec import IsolationRequired, require_isolation
-
-    try:
-        require_isolation()
-    except IsolationRequired as e:
-        fail(str(e))
-
-
 def executor_for(run: Any) -> Any:
     """The executor that a command's run options ask for (`--executor`, `--ray-address`), to use
     in a `with` block; exits 2 with the reason when it cannot be had (Ray not installed)."""
@@ -197,8 +186,6 @@ def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[...
                     configs.append(model(**{n: values[n] for n in names}))
                 except ValidationError as e:
                     fail(validation_message(e))
-            if any(getattr(c, "isolation", None) == "required" for c in configs):
-                _require_isolation()
             return fn(*configs)
 
         context = inspect.Parameter("_typer_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)

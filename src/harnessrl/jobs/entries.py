@@ -30,6 +30,10 @@ def _quiet(message: str) -> None:
     """A log that says nothing (a library call's default)."""
 
 
+def _isolation(run: Any) -> str:
+    return getattr(run, "isolation", "auto")
+
+
 def evaluate(
     config: EvalConfig,
     run: Any,
@@ -42,7 +46,14 @@ def evaluate(
     from harnessrl.jobs.evaluate import run_eval
 
     with enter(
-        "eval", config, run.out, resume=run.resume, given=given, models=lambda c: config_models(c, oracle=True), log=log
+        "eval",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=lambda c: config_models(c, oracle=True),
+        log=log,
     ) as ctx:
         preflight = bool(getattr(run, "preflight", False))
         return Finished(ctx.config, run_eval(ctx.config, run, log, executor, preflight=preflight, models=ctx.models))
@@ -67,6 +78,7 @@ def evolve(
         run.out,
         resume=run.resume,
         given=given,
+        isolation=_isolation(run),
         models=lambda c: evolve_models(c, key),
         log=log,
         earlier=lambda out: option_values(stored_config(out)),  # config.json holds an evolution's options
@@ -90,7 +102,16 @@ def study(
     """`harnessrl study`: harness x weights, held-out cells (jobs/study.run_study)."""
     from harnessrl.jobs.study import run_study
 
-    with enter("study", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+    with enter(
+        "study",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=config_models,
+        log=log,
+    ) as ctx:
         result = run_study(
             ctx.config, run.out, resume=run.resume, progress=run.progress, log=log, console=console, models=ctx.models
         )
@@ -103,7 +124,16 @@ def improve(
     """`harnessrl improve`: harness, then weights, then content (improve/job.run_improve)."""
     from harnessrl.improve import run_improve
 
-    with enter("improve", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+    with enter(
+        "improve",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=config_models,
+        log=log,
+    ) as ctx:
         result = run_improve(
             ctx.config,
             run.out,
@@ -132,7 +162,16 @@ def train_grpo(
     the model loads (the command line's preflight)."""
     from harnessrl.train.trainer import Trainer
 
-    with enter("train grpo", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+    with enter(
+        "train grpo",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=config_models,
+        log=log,
+    ) as ctx:
         trainer = Trainer(
             ctx.config,
             run.out,
@@ -153,7 +192,16 @@ def train_sft(
     """`harnessrl train sft`: supervised LoRA on stored episodes (train/sft.run_sft)."""
     from harnessrl.train.sft import run_sft
 
-    with enter("train sft", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+    with enter(
+        "train sft",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=config_models,
+        log=log,
+    ) as ctx:
         result = run_sft(
             ctx.config,
             run.out,
@@ -180,7 +228,16 @@ def train_distill(
     """`harnessrl train distill`: on-policy distillation across harnesses (train/distill.DistillRun)."""
     from harnessrl.train.distill import DistillRun
 
-    with enter("train distill", config, run.out, resume=run.resume, given=given, models=config_models, log=log) as ctx:
+    with enter(
+        "train distill",
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=_isolation(run),
+        models=config_models,
+        log=log,
+    ) as ctx:
         job = DistillRun(
             ctx.config,
             run.out,
