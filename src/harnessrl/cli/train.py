@@ -62,7 +62,7 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
 
     # Under torchrun / accelerate launch every process runs this command; rank 0 alone speaks.
     main = process_rank() == 0
-    say = (lambda m: err.print(m, highlight=False, markup=False)) if main else (lambda m: None)
+    say = (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True)) if main else (lambda m: None)
     with job_errors(run.out, CHECKPOINT_SAVED, say=main):
         with executor_for(run) as executor:
             done = entries.train_grpo(
@@ -72,9 +72,6 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
                 log=say,
                 console=err,
                 executor=executor,
-                before_start=lambda trainer: (
-                    _preflight(trainer.config.model, trainer, say=main) if run.preflight else None
-                ),
             )
     if not main:
         return
@@ -85,23 +82,6 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
-
-
-def _preflight(model: str, trainer: Any, *, say: bool) -> None:
-    """`--preflight`: each harness's first request of the first train task measured against the
-    model's context; TrainError (exit 2) where one cannot fit (harnessrl.preflight)."""
-    from harnessrl.models.base import ModelUnavailable
-    from harnessrl.preflight import check_before_run
-    from harnessrl.train.trainer import TrainError
-
-    tasks = trainer.suite.tasks("train", 1)
-    if not tasks:
-        return
-    log = (lambda m: err.print(m, highlight=False, markup=False, soft_wrap=True)) if say else (lambda m: None)
-    try:
-        check_before_run(model, [*trainer.specs, *trainer.eval_specs], tasks[0], log)
-    except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
-        raise TrainError(str(e)) from None
 
 
 @train_app.command("sft")

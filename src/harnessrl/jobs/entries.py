@@ -155,11 +155,11 @@ def train_grpo(
     log: Log = _quiet,
     console: Any = None,
     executor: Executor,
-    before_start: Callable[[Any], None] = lambda trainer: None,
 ) -> Finished[Any]:
-    """`harnessrl train grpo`: GRPO with LoRA across harnesses (train/trainer.Trainer).
-    `before_start(trainer)` runs once the trainer is set up, before the executor connects and
-    the model loads (the command line's preflight)."""
+    """`harnessrl train grpo`: GRPO with LoRA across harnesses (train/trainer.Trainer). With the
+    run option `preflight`, each harness's first request of the first train task is measured
+    against the model's context before the executor connects and the model loads; one that
+    cannot fit is a TrainError (harnessrl.preflight)."""
     from harnessrl.train.trainer import Trainer
 
     with enter(
@@ -181,9 +181,24 @@ def train_grpo(
             executor=executor,
             model=ctx.model(),
         )
-        before_start(trainer)
+        if getattr(run, "preflight", False):
+            _preflight_training(trainer, log)
         executor.start()  # connect before the model loads
         return Finished(ctx.config, trainer.run())
+
+
+def _preflight_training(trainer: Any, log: Log) -> None:
+    from harnessrl.models.base import ModelUnavailable
+    from harnessrl.preflight import check_before_run
+    from harnessrl.train.trainer import TrainError
+
+    tasks = trainer.suite.tasks("train", 1)
+    if not tasks:
+        return
+    try:
+        check_before_run(trainer.config.model, [*trainer.specs, *trainer.eval_specs], tasks[0], log)
+    except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
+        raise TrainError(str(e)) from None
 
 
 def train_sft(
