@@ -123,6 +123,18 @@ def test_eval_refuses_a_harness_whose_first_request_cannot_fit_unless_told_not_t
     assert "preflight" not in r.output
 
 
+def test_train_grpo_refuses_a_harness_whose_first_request_cannot_fit(tmp_path):
+    """The same check in `train grpo` (its entry, before the model loads), on a train task."""
+    huge = _huge_yaml(tmp_path)
+    out = tmp_path / "train"
+    args = ["train", "grpo", "--harnesses", f"json-tools,{huge}", "--suite", "workspace", "--model", "tiny-random"]
+    r = CliRunner().invoke(app, [*args, "--steps", "1", "--no-progress", "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "preflight: json-tools:" in r.output
+    assert "harness huge: its first request (" in r.output and "does not fit tiny-random's context" in r.output
+    assert not (out / "checkpoint").exists()  # nothing trained
+
+
 def test_preflight_command_json_output_and_exit_status(tmp_path):
     huge = _huge_yaml(tmp_path)
     args = ["preflight", "-H", "json-tools", "-H", str(huge), "--model", "tiny-random", "--json"]
