@@ -240,21 +240,22 @@ def test_the_command_stops_after_the_harness_phase_and_says_how_to_continue(spec
 
 def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on_policy(specs, tmp_path):
     from harnessrl.improve import Improve
+    from harnessrl.improve.harness import EvolvedHarness
+    from harnessrl.improve.record import begin, cell, release
+    from harnessrl.improve.weights import weights_phase
 
-    job = Improve(config(specs, evolved=None), tmp_path / "protocol", progress=False)
-    job.folder.start()
-    job.runner = job._stages(job.out)
-    job.evolved_is_seed = False
+    state = Improve(config(specs, evolved=None), tmp_path / "protocol", progress=False).state
+    begin(state)
     xml = shrink("xml-tags", system_prompt="Reply with any text.", max_new_tokens=8, **SHORT)
-    base = job._cell("harness/seed-dev", "dev", job.dev_tasks, job.seed_spec, "tiny-random")
+    base = cell(state, "harness/seed-dev", "dev", state.dev_tasks, state.seed_spec, "tiny-random")
     try:
-        kept = job._weights(base, xml)
+        kept = weights_phase(state, base, EvolvedHarness(spec=xml, is_seed=False))
     finally:
-        job._release()
-    by_key = {d.key: d.model_dump() for d in job.decisions}
+        release(state)
+    by_key = {d.key: d.model_dump() for d in state.decisions}
     assert by_key["weights.on_policy"]["choice"] == "skip"
     assert "must share their protocol" in by_key["weights.on_policy"]["evidence"]["reason"]
-    assert not (job.out / "weights" / "distill").exists()
+    assert not (state.out / "weights" / "distill").exists()
     assert (
         by_key["weights.choice"]["choice"] in ("imitation", "base")
         and kept["variant"] == by_key["weights.choice"]["choice"]

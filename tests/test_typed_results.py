@@ -145,7 +145,7 @@ TYPED: dict[str, str] = {
     "jobs.study:study_result": "StudyResult",
     "improve.job:Improve.run": "ImproveResult | ImproveStopped",
     "improve.job:run_improve": "ImproveResult | ImproveStopped",
-    "improve.record:JobBase.decide": "Decision",
+    "improve.record:decide": "Decision",
     "jobs.stages:Stages.collect": "CollectFacts",
     "jobs.stages:Stages.sft": "AdapterFacts",
     "jobs.stages:Stages.trained": "F",

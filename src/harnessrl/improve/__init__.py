@@ -42,9 +42,10 @@ held-out phase runs once, as `harnessrl evolve` always does, and is reported, ne
 weights phase on dev tasks, the content phase on train tasks.
 
 - `config`: ImproveConfig, every option declared once (the CLI is generated from it)
-- `record`: decisions.jsonl, the evaluation stages, the state every phase shares
-- `harness`, `weights`, `content`, `final`: one module per phase
-- `job`: Improve (the phases in order, resumable) and run_improve, the library call
+- `record`: the job's state (ImproveState) and the functions every phase uses over it:
+  decisions.jsonl, the evaluation stages, the evaluated cells
+- `harness`, `weights`, `content`, `final`: one module per phase, each phase a function over the state
+- `job`: Improve (its checks, then the phase functions in order, resumable) and run_improve, the library call
 """
 
 from harnessrl.improve.config import CEILINGS, ImproveConfig, ImproveError

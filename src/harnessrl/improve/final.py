@@ -4,77 +4,83 @@ phase's result), their paired differences, improve.json and report.md; the folde
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.improve.config import REPORT, RESULT
-from harnessrl.improve.record import JobBase
+from harnessrl.improve.record import Cell, ImproveState, cell
 from harnessrl.results import ImproveResult
 from harnessrl.rundir import as_json, write_json
 
+if TYPE_CHECKING:
+    from harnessrl.improve.content import ContentWeights
+    from harnessrl.improve.harness import EvolvedHarness
+    from harnessrl.improve.weights import KeptWeights
 
-class FinalPhase(JobBase):
-    """The final phase of the job (Improve)."""
 
-    def _final(self, evolved, weights: dict[str, Any], content: dict[str, Any]) -> ImproveResult:
-        from harnessrl.jobs.study_analysis import verdict
-        from harnessrl.metrics import paired_difference
+def final_phase(
+    state: ImproveState, evolved: EvolvedHarness, weights: KeptWeights, content: ContentWeights
+) -> ImproveResult:
+    """The held-out test tasks in four cells (the baseline and each phase's result, a cell that a
+    phase left unchanged measured once), their paired differences, improve.json and report.md;
+    then the folder is locked."""
+    from harnessrl.jobs.study_analysis import verdict
+    from harnessrl.metrics import paired_difference
 
-        c = self.config
-        cells_spec = {
-            "seed-base": (self.seed_spec, c.model, "seed harness + base weights"),
-            "harness": (evolved, c.model, "evolved harness + base weights"),
-            "weights": (self.seed_spec, weights["model"], f"seed harness + {weights['variant']} weights"),
-            "content": (
-                self.seed_spec,
-                content["model"],
-                "seed harness + GRPO weights" if content.get("grpo") else "seed harness + the weights phase's weights",
-            ),
+    c = state.config
+    seed = state.seed_spec
+    cells_spec = {
+        "seed-base": (seed, c.model, "seed harness + base weights"),
+        "harness": (evolved.spec, c.model, "evolved harness + base weights"),
+        "weights": (seed, weights["model"], f"seed harness + {weights['variant']} weights"),
+        "content": (
+            seed,
+            content["model"],
+            "seed harness + GRPO weights" if content["grpo"] else "seed harness + the weights phase's weights",
+        ),
+    }
+    measured: dict[str, Cell] = {}
+    cells: dict[str, dict[str, Any]] = {}
+    for name, (spec, model, what) in cells_spec.items():
+        twin = next((n for n, (s, m, _) in cells_spec.items() if n in measured and s is spec and m == model), None)
+        if twin is not None:  # the phase changed nothing: the same cell, measured once
+            measured[name] = measured[twin]
+        else:
+            measured[name] = cell(state, f"final/{name}", "test", state.test_tasks, spec, model)
+        one = measured[name]
+        cells[name] = {
+            "what": what,
+            "folder": one.folder,
+            "harness": one.harness_name,
+            "model": one.model,
+            **({"same_as": twin} if twin is not None else {}),
+            **one.record,
         }
-        cells: dict[str, dict[str, Any]] = {}
-        same_as: dict[str, str] = {}
-        for name, (spec, model, what) in cells_spec.items():
-            twin = next((n for n, (s, m, _) in cells_spec.items() if n in cells and s is spec and m == model), None)
-            if twin is not None:  # the phase changed nothing: the same cell, measured once
-                same_as[name] = twin
-                cells[name] = {**cells[twin], "same_as": twin, "what": what}
-                continue
-            cells[name] = {**self._cell(f"final/{name}", "test", self.test_tasks, spec, model), "what": what}
-        base = cells["seed-base"]["scores"]
-        differences = {}
-        for name in ("harness", "weights", "content"):
-            diff = paired_difference(base, cells[name]["scores"], seed=c.seed)
-            differences[f"{name}_vs_seed_base"] = {**diff.model_dump(), "verdict": verdict(diff)}
-        runtime = paired_difference(cells["weights"]["scores"], cells["harness"]["scores"], seed=c.seed)
-        differences["harness_vs_weights"] = {**runtime.model_dump(), "verdict": verdict(runtime)}
-        result = {
-            "suite": c.suite,
-            "model": c.model,
-            "seed_harness": self.seed_spec.name,
-            "evolved_harness": evolved.name,
-            "evolved_is_seed": self.evolved_is_seed,
-            "weights": {k: v for k, v in weights.items()},
-            "content": {k: v for k, v in content.items()},
-            "cells": {
-                n: {
-                    "what": cell["what"],
-                    "folder": cell["folder"],
-                    "harness": cell["harness_name"],
-                    "model": cell["model"],
-                    **({"same_as": cell["same_as"]} if "same_as" in cell else {}),
-                    **cell["record"],
-                }
-                for n, cell in cells.items()
-            },
-            "paired_differences": differences,
-            "runtime_only": _runtime_only(differences),
-            "decisions": [d.model_dump() for d in self.decisions],
-            "config": c.model_dump(),
-        }
-        record = as_json(result)
-        write_json(self.out / RESULT, record)
-        (self.out / REPORT).write_text(report_markdown(record), encoding="utf-8")
-        self.folder.lock(f"{RESULT} is written: the held-out comparison is final")
-        return ImproveResult.model_validate(record)
+    base = measured["seed-base"].scores
+    differences = {}
+    for name in ("harness", "weights", "content"):
+        diff = paired_difference(base, measured[name].scores, seed=c.seed)
+        differences[f"{name}_vs_seed_base"] = {**diff.model_dump(), "verdict": verdict(diff)}
+    runtime = paired_difference(measured["weights"].scores, measured["harness"].scores, seed=c.seed)
+    differences["harness_vs_weights"] = {**runtime.model_dump(), "verdict": verdict(runtime)}
+    result = {
+        "suite": c.suite,
+        "model": c.model,
+        "seed_harness": seed.name,
+        "evolved_harness": evolved.spec.name,
+        "evolved_is_seed": evolved.is_seed,
+        "weights": {k: v for k, v in weights.items()},
+        "content": {k: v for k, v in content.items()},
+        "cells": cells,
+        "paired_differences": differences,
+        "runtime_only": _runtime_only(differences),
+        "decisions": [d.model_dump() for d in state.decisions],
+        "config": c.model_dump(),
+    }
+    record = as_json(result)
+    write_json(state.out / RESULT, record)
+    (state.out / REPORT).write_text(report_markdown(record), encoding="utf-8")
+    state.folder.lock(f"{RESULT} is written: the held-out comparison is final")
+    return ImproveResult.model_validate(record)
 
 
 def _runtime_only(differences: dict[str, dict[str, Any]]) -> dict[str, Any]:

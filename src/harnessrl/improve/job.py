@@ -1,29 +1,33 @@
-"""The job: Improve checks its options, then runs the phases in order (harness, weights, content,
-final), each a mixin of its own module; run_improve is the library call."""
+"""The job: Improve checks its options and sets up the job's state (ImproveState), then runs the
+phases in order (harness, weights, content, final), each a function of its own module over that
+state, each phase's result handed to the next; run_improve is the library call."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from harnessrl.improve.config import DECISIONS, PHASES, ImproveConfig, ImproveError
-from harnessrl.improve.content import ContentPhase
-from harnessrl.improve.final import FinalPhase
-from harnessrl.improve.harness import HarnessPhase
-from harnessrl.improve.weights import WeightsPhase
+from harnessrl.improve.config import PHASES, ImproveConfig, ImproveError
+from harnessrl.improve.content import content_phase
+from harnessrl.improve.final import final_phase
+from harnessrl.improve.harness import harness_phase
+from harnessrl.improve.record import ImproveState, begin, cell, release
+from harnessrl.improve.weights import weights_phase
 from harnessrl.jobs.stages import StageError
-from harnessrl.results import Decision, ImproveResult, ImproveStopped
+from harnessrl.results import ImproveResult, ImproveStopped
 from harnessrl.rundir import RunFolder, RunFolderError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from harnessrl.models.choice import ModelChoice
 
 
-class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
+class Improve:
     """`Improve(config, out, resume=...)` checks everything cheap and raises ImproveError (nothing
     is written); `run(stop_after=PHASE)` runs the phases and returns improve.json's content (or,
-    stopped after a phase, what is decided so far)."""
+    stopped after a phase, what is decided so far). `state`: the job's ImproveState; `record`: what
+    OUT/config.json records."""
 
     def __init__(
         self,
@@ -33,7 +37,7 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         resume: bool = False,
         progress: bool = True,
         log: Callable[[str], None] = lambda message: None,
-        console=None,
+        console: Console | None = None,
         models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.harness.registry import load_harness
@@ -43,33 +47,29 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
         from harnessrl.train import lora
         from harnessrl.train.distill import DistillError, check_protocols
 
-        self.config = c = config
-        self.out = Path(out)
-        self.resume = resume
-        self.progress = progress
-        self.log = log
-        self.console = console
+        c = config
+        out = Path(out)
         try:
             chosen = choose_models(config_models(c)) if models is None else models
             model = lora.trained_model(c, ImproveError, chosen["--model"])  # it is fine-tuned
             assert model.device is not None and model.dtype is not None  # a local model's choice is resolved
-            self.device, self.dtype = model.device, model.dtype
+            device, dtype = model.device, model.dtype
             purpose = "improve (evolve, then distil into the seed harness)"
-            self.seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
-            self.given = require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
-            if self.given is not None:
-                check_protocols(self.seed_spec, self.given)
-            self.suite = suite = get_suite(c.suite)
+            seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
+            given = require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
+            if given is not None:
+                check_protocols(seed_spec, given)
+            suite = get_suite(c.suite)
             for split in ("train", "dev", "test"):
                 if not suite.split_sizes.get(split):
                     raise ImproveError(
                         f"suite '{suite.name}' has no {split} split (improve needs train tasks to train on, dev tasks "
                         "to decide on and test tasks to judge)"
                     )
-            self.dev_tasks = suite.tasks("dev", c.dev_tasks)
-            self.test_tasks = suite.tasks("test", c.test_tasks)
+            dev_tasks = suite.tasks("dev", c.dev_tasks)
+            test_tasks = suite.tasks("test", c.test_tasks)
             suite.tasks("train", c.collect_tasks)  # a count the split cannot give: refused now
-            self.content_pool = suite.tasks("train", c.content_tasks)
+            content_pool = suite.tasks("train", c.content_tasks)
             if c.distill_tasks_per_step > suite.split_sizes["train"]:
                 raise ImproveError(
                     f"--distill-tasks-per-step {c.distill_tasks_per_step} is more than the "
@@ -81,55 +81,59 @@ class Improve(HarnessPhase, WeightsPhase, ContentPhase, FinalPhase):
             raise ImproveError(str(e)) from None
         self.record = {
             **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
-            "device": str(self.device),
-            **({"dtype": self.dtype} if self.dtype != "float32" else {}),
-            "seed_spec": self.seed_spec.to_dict(),
-            "evolved_spec": None if self.given is None else self.given.to_dict(),
+            "device": str(device),
+            **({"dtype": dtype} if dtype != "float32" else {}),
+            "seed_spec": seed_spec.to_dict(),
+            "evolved_spec": None if given is None else given.to_dict(),
         }
         try:
-            self.folder = RunFolder.open(self.out, "improvement", self.record, resume=resume, may_differ=("device",))
+            folder = RunFolder.open(out, "improvement", self.record, resume=resume, may_differ=("device",))
         except RunFolderError as e:
             raise ImproveError(str(e)) from None
-        self.runner = None  # the stages (`harnessrl.jobs.stages.Stages`), made by run()
-        self.recorded: dict[str, dict[str, Any]] = {}
-        self.decisions: list[Decision] = []
+        self.state = ImproveState(
+            config=c,
+            out=out,
+            progress=progress,
+            log=log,
+            console=console,
+            device=device,
+            dtype=dtype,
+            seed_spec=seed_spec,
+            given=given,
+            suite=suite,
+            dev_tasks=dev_tasks,
+            test_tasks=test_tasks,
+            content_pool=content_pool,
+            folder=folder,
+        )
 
     # -- the phases -----------------------------------------------------------------------------------
     def run(self, stop_after: str | None = None) -> ImproveResult | ImproveStopped:
+        """Run the phases in order (each reading what the previous one returned), or stop after
+        `stop_after` (harness, weights or content) with the decisions taken so far."""
         if stop_after is not None and stop_after not in PHASES[:-1]:
             raise ImproveError(f"--stop-after must be one of {', '.join(PHASES[:-1])}, got {stop_after!r}")
+        state = self.state
+        begin(state)
         try:
-            self.folder.start()
-        except OSError as e:
-            raise ImproveError(f"cannot write {self.out}: {e}") from None
-        self.runner = self._stages(self.out)
-        self.recorded = {}
-        path = self.out / DECISIONS
-        if path.is_file():
-            for text in path.read_text(encoding="utf-8").splitlines():
-                if text.strip():
-                    line = json.loads(text)
-                    self.recorded[line["key"]] = line
-        self.decisions = []
-        try:
-            base = self._cell("harness/seed-dev", "dev", self.dev_tasks, self.seed_spec, self.config.model)
-            evolved = self._harness(base)
+            base = cell(state, "harness/seed-dev", "dev", state.dev_tasks, state.seed_spec, state.config.model)
+            evolved = harness_phase(state, base)
             if stop_after == "harness":
                 return self._partial("harness")
-            weights = self._weights(base, evolved)
+            weights = weights_phase(state, base, evolved)
             if stop_after == "weights":
                 return self._partial("weights")
-            content = self._content(evolved, weights)
+            content = content_phase(state, evolved, weights)
             if stop_after == "content":
                 return self._partial("content")
-            return self._final(evolved, weights, content)
+            return final_phase(state, evolved, weights, content)
         except StageError as e:  # a stage's run folder, model or training refused to go on
             raise ImproveError(str(e)) from None
         finally:
-            self._release()
+            release(state)
 
     def _partial(self, phase: str) -> ImproveStopped:
-        return ImproveStopped(stopped_after=phase, decisions=self.decisions, folder=str(self.out))
+        return ImproveStopped(stopped_after=phase, decisions=self.state.decisions, folder=str(self.state.out))
 
 
 def run_improve(
@@ -140,7 +144,7 @@ def run_improve(
     stop_after: str | None = None,
     progress: bool = True,
     log: Callable[[str], None] = lambda message: None,
-    console=None,
+    console: Console | None = None,
     models: Mapping[str, ModelChoice] | None = None,
 ) -> ImproveResult | ImproveStopped:
     """`harnessrl improve` as a library call; returns improve.json's content (or the decisions so
