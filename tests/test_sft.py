@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import typer
 from helpers import oracle_policy, replies_policy
 from safetensors.torch import load_file
@@ -290,6 +291,60 @@ def test_resume_equals_the_uninterrupted_run(source_run, tmp_path):
     a = load_file(str(whole / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(cut / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_packed_rows_give_the_same_loss_and_gradients_with_fewer_tokens(source_run, renderer, tokenizer):
+    """--pack: the calls of one episode that extend one another share a row; every completion
+    token is read at its own position, so the loss and the LoRA gradients equal the unpacked ones."""
+    from harnessrl.models import load_policy
+    from harnessrl.train import lora
+    from harnessrl.train.sft import sft_loss
+
+    examples = build_examples(select_episodes([source_run]), load_harness("react"), renderer).examples
+    units = units_of(type("S", (), {"examples": examples})())
+    episodes = [u.episode_id for u in units]
+    assert len(set(episodes)) < len(units)  # multi-turn: several calls per episode
+    policy = load_policy("tiny-random")
+    peft_model, trainable, _ = lora.attach(policy, _config(source_run), ValueError)
+    pad_id = tokenizer.pad_token_id or 0
+
+    def run(pack: bool):
+        for t in trainable:
+            t.grad = None
+        loss, tokens, padded = sft_loss(peft_model, units, pad_id, 4096, pack)
+        return loss, tokens, padded, [t.grad.detach().clone() for t in trainable]
+
+    loss, tokens, padded, grads = run(False)
+    loss_p, tokens_p, padded_p, grads_p = run(True)
+    assert tokens_p == tokens and loss_p == pytest.approx(loss, rel=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(grads, grads_p))
+    assert padded_p < padded  # the shared prefixes are forwarded once
+
+
+def test_packed_epochs_keep_each_episodes_calls_together_in_a_seeded_episode_order():
+    from harnessrl.train.sft import epoch_order
+
+    episodes = ["a", "b", "a", "c", "b", "a"]
+    order = epoch_order(6, seed=3, epoch=0, episodes=episodes)
+    assert sorted(order) == list(range(6)) and order == epoch_order(6, seed=3, epoch=0, episodes=episodes)
+    grouped = [episodes[i] for i in order]
+    assert all(grouped.index(e) + grouped.count(e) - 1 == len(grouped) - 1 - grouped[::-1].index(e) for e in "abc")
+    assert [i for i in order if episodes[i] == "a"] == [0, 2, 5]  # an episode's calls in their order
+    orders = {tuple(epoch_order(6, seed=3, epoch=k, episodes=episodes)) for k in range(8)}
+    assert len(orders) > 1  # the episodes are shuffled anew each epoch
+
+
+def test_a_packed_run_trains_records_pack_and_a_run_without_it_does_not(source_run, tmp_path):
+    packed, plain = tmp_path / "packed", tmp_path / "plain"
+    run_sft(_config(source_run, epochs=2, lr=1e-2, pack=True), packed, progress=False)
+    run_sft(_config(source_run, epochs=2, lr=1e-2), plain, progress=False)
+    assert json.loads((packed / "config.json").read_text())["pack"] is True
+    assert "pack" not in json.loads((plain / "config.json").read_text())  # as runs were recorded before
+    lines = [json.loads(x) for x in (packed / "metrics.jsonl").read_text().splitlines()]
+    plain_lines = [json.loads(x) for x in (plain / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == len(plain_lines)
+    assert sum(r["tokens"] for r in lines) == sum(r["tokens"] for r in plain_lines)  # every example once an epoch
+    assert sum(r["padded_tokens"] for r in lines) < sum(r["padded_tokens"] for r in plain_lines)
 
 
 # ---------------------------------------------------------------------------------- refusals

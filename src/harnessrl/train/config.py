@@ -220,6 +220,11 @@ class SFTConfig:
     epochs: int = Field(default=3, ge=1, description="passes over the examples")
     batch_size: int = Field(default=8, ge=1, description="examples (model calls) per optimizer step")
     micro_batch: MicroBatch = 4096
+    pack: bool = Field(
+        default=False,
+        description="the model calls of one episode share rows where each extends the last (each epoch then "
+        "shuffles whole episodes, their calls kept together): fewer tokens forwarded, the same loss per batch",
+    )
     gradient_checkpointing: GradientCheckpointing = False
     lr: LearningRate = 2e-4
     warmup_steps: int = Field(default=0, ge=0, description="optimizer steps of linear warm-up from 0 to --lr")

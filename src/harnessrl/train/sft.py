@@ -46,6 +46,7 @@ from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_j
 from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
+from harnessrl.train.packing import pad_packed
 from harnessrl.train.progress import SFT_VIEW, StepProgress
 from harnessrl.train.sft_data import (
     OWN,
@@ -98,21 +99,36 @@ def units_of(examples: ExampleSet) -> list[TrainingUnit]:
     ]
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The example order of one epoch: a shuffle seeded by (seed, epoch) only."""
-    order = list(range(n))
-    random.Random(f"harnessrl-sft-order:{seed}:{epoch}").shuffle(order)
-    return order
+def epoch_order(n: int, seed: int, epoch: int, episodes: list[str] | None = None) -> list[int]:
+    """The example order of one epoch: a shuffle seeded by (seed, epoch) only. With `episodes`
+    (each example's source episode: --pack) the episodes are shuffled, each one's examples kept
+    together in their order, so that the calls of an episode fall into the same batch."""
+    rng = random.Random(f"harnessrl-sft-order:{seed}:{epoch}")
+    if episodes is None:
+        order = list(range(n))
+        rng.shuffle(order)
+        return order
+    groups: dict[str, list[int]] = {}
+    for i, episode in enumerate(episodes):
+        groups.setdefault(episode, []).append(i)
+    keys = list(groups)
+    rng.shuffle(keys)
+    return [i for key in keys for i in groups[key]]
 
 
-def sft_loss(model, units: list[TrainingUnit], pad_id: int, micro_batch: int) -> tuple[float, int, int]:
+def sft_loss(
+    model, units: list[TrainingUnit], pad_id: int, micro_batch: int, pack: bool = False
+) -> tuple[float, int, int]:
     """Backward of the mean negative log-likelihood of every completion token of `units`, one
     micro-batch at a time (each weighted by its share of the tokens, so the gradient is that of
-    the whole batch). Returns the loss, the completion tokens and the padded tokens."""
+    the whole batch). With `pack`, the calls of one episode that extend one another share a row
+    (train/packing.py): each completion token is read at its own position in a row, so the loss
+    and the gradient are those without packing, up to float rounding. Returns the loss, the
+    completion tokens and the padded tokens."""
     total = sum(len(u.completion_ids) for u in units)
     loss_sum, padded = 0.0, 0
-    for mb in micro_batches(units, micro_batch):
-        batch = pad_units(mb, pad_id)
+    for mb in micro_batches(units, micro_batch, pack=pack):
+        batch = pad_packed(mb, pad_id) if pack else pad_units(mb, pad_id)
         padded += batch["input_ids"].numel()
         logp = token_logprobs(model, batch)
         nll = -(logp * batch["completion_mask"].to(logp.device)).sum()
@@ -210,6 +226,8 @@ class SFTRun(lora.WritesAdapter):
                 resolved = lora.precision_record(config.to_dict(), self.model_choice)
             except ValueError as e:  # a device this machine lacks, or int8 asked on a GPU
                 raise SFTError(str(e)) from None
+            if not resolved.get("pack"):  # recorded when on: runs from before --pack resume as they were
+                resolved.pop("pack", None)
             if spec is not None:
                 harness_spec = spec.to_dict()
             else:
@@ -341,7 +359,7 @@ class SFTRun(lora.WritesAdapter):
             while self.step < total:
                 t0 = time.perf_counter()
                 epoch, k = divmod(self.step, per_epoch)
-                order = epoch_order(len(units), cfg.seed, epoch)
+                order = epoch_order(len(units), cfg.seed, epoch, [u.episode_id for u in units] if cfg.pack else None)
                 batch = [units[i] for i in order[k * cfg.batch_size : (k + 1) * cfg.batch_size]]
                 lr = self.lr_at(self.step)
                 for group in self.optimizer.param_groups:
@@ -349,7 +367,7 @@ class SFTRun(lora.WritesAdapter):
                 self.optimizer.zero_grad(set_to_none=True)
                 self.peft_model.eval()
                 try:
-                    loss, tokens, padded = sft_loss(self.peft_model, batch, pad_id, cfg.micro_batch)
+                    loss, tokens, padded = sft_loss(self.peft_model, batch, pad_id, cfg.micro_batch, cfg.pack)
                     grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
                     if not math.isfinite(grad_norm):
                         raise TrainingDiverged(f"the gradient norm is {grad_norm}")
