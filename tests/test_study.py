@@ -117,6 +117,7 @@ def test_the_study_writes_five_cells_with_every_field(finished):
     on_disk = json.loads((finished["out"] / "study.json").read_text())
     assert on_disk == json.loads(json.dumps(result.model_dump()))  # study.json holds the model's dump
     assert set(result.cells) == set(CELLS) and len(CELLS) == 5
+    assert "pack" not in json.loads((finished["out"] / "config.json").read_text())  # off: as studies were recorded
     for name, cell in result.cells.items():
         side, weights = CELLS[name]
         assert cell["harness"] == side and cell["weights"] == weights
@@ -307,7 +308,10 @@ def test_collect_model_oracle_collects_passing_episodes_while_the_base_model_run
     factory = StopAtTheCells()
     with pytest.raises(KeyboardInterrupt):
         run_study(
-            study_config(specs, seed_eval_tasks=0, collect_model="oracle"), out, policy_factory=factory, progress=False
+            study_config(specs, seed_eval_tasks=0, collect_model="oracle", pack=True),
+            out,
+            policy_factory=factory,
+            progress=False,
         )
     # the collection was the oracle's own (every episode passes), and the first cell asked for the base model
     assert factory.asked == ["collect:oracle", "cells/seed-base:tiny-random"]
@@ -316,6 +320,9 @@ def test_collect_model_oracle_collects_passing_episodes_while_the_base_model_run
     assert len(trajs) == N_COLLECT and all(t.grade.passed for t in trajs)
     assert json.loads((out / "collect" / "config.json").read_text())["model"] == "oracle"
     assert (out / "sft" / "adapter").is_dir() and (out / "placebo" / "adapter").is_dir()
+    # --pack reaches both adapters' fine-tuning, and is recorded (only) when on
+    assert json.loads((out / "config.json").read_text())["pack"] is True
+    assert all(json.loads((out / s / "config.json").read_text())["pack"] is True for s in ("sft", "placebo"))
     r = CliRunner().invoke(app, ["study", *cli_args(specs), "--collect-model", "nope", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "--collect-model: unknown model 'nope'" in r.output, r.output
 

@@ -313,6 +313,7 @@ class Stages:
             placebo="shuffle-answers" if stage == "placebo" else "none",
             epochs=c.epochs,
             lr=c.lr,
+            pack=c.pack,
             seed=c.seed,
         )
 

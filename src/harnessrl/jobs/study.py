@@ -93,6 +93,11 @@ class StudyConfig(Options):
     )
     epochs: int = Field(3, ge=1, description="SFT: passes over the examples (distilled and placebo adapters)")
     lr: float = Field(2e-4, gt=0, allow_inf_nan=False, description="SFT: AdamW learning rate of the LoRA weights")
+    pack: bool = Field(
+        False,
+        description="SFT: an episode's calls in shared rows, whole episodes shuffled per epoch (harnessrl train sft "
+        "--pack: about half the time a step on multi-turn episodes, the same loss per batch)",
+    )
     test_tasks: int = Field(
         8, ge=1, description="first N test tasks (held out): the cells, and evolve's confirmation run"
     )
@@ -199,7 +204,7 @@ class Study:
         # the device is recorded as it resolved and may differ on resume (float rounding only);
         # the dtype as it resolved, only when it is not float32 (studies from before the option
         # resume as they were, and a float32 study is not continued in bfloat16 unnoticed)
-        unused = (*unused, "device", "dtype")
+        unused = (*unused, "device", "dtype", *(() if c.pack else ("pack",)))  # pack: recorded when on
         self.record = {
             **{k: v for k, v in config.model_dump().items() if k not in unused},
             "device": str(self.device),
