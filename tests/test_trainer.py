@@ -720,3 +720,40 @@ def test_cli_options_match_the_config_defaults_and_the_docs():
     assert documented <= flags, documented - flags
     for name, param in options.items():
         assert documented & {*param.opts, *param.secondary_opts}, f"{param.opts[0]} is not in docs/training.md"
+
+
+def test_one_of_several_processes_chooses_its_model_once_its_process_group_is_set_up(tmp_path, monkeypatch):
+    """Under torchrun "auto" names each process's own GPU only once Distributed.from_env has set
+    it: a choice made before (the job kernel's) is taken by a single process alone."""
+    import torch
+
+    from harnessrl.models.choice import choose_model
+    from harnessrl.train import trainer as trainer_module
+    from harnessrl.train.distributed import Distributed
+
+    early = dataclasses.replace(choose_model("tiny-random", device="cpu"), device=torch.device("meta"))
+    one = Trainer(BASE, tmp_path / "one", suite=TextScore(), specs=SPECS, progress=False, model=early)
+    assert one.model_choice is early  # one process: the kernel's choice as it is
+
+    class RankZeroOfTwo(Distributed):  # the collectives as if the other process agreed
+        def all_gather_object(self, obj):
+            return [obj, obj]
+
+        def gather_object(self, obj):
+            return [obj, obj]
+
+        def broadcast_object(self, obj):
+            return obj
+
+        def all_reduce_(self, tensor):
+            return tensor
+
+        def broadcast_tensors_(self, tensors):
+            pass
+
+        def barrier(self):
+            pass
+
+    monkeypatch.setattr(trainer_module.Distributed, "from_env", classmethod(lambda cls: RankZeroOfTwo(0, 2, 0)))
+    several = Trainer(BASE, tmp_path / "two", suite=TextScore(), specs=SPECS, progress=False, model=early)
+    assert several.model_choice is not early and str(several.model_choice.device) == "cpu"

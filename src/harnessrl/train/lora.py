@@ -1,6 +1,7 @@
 """The LoRA-adapted local model both trainers (GRPO: trainer.py, SFT: sft.py) set up, checkpoint
 and save the same way.
 
+    check_trainable       cheap: int8 or a model that is not local cannot be trained
     trained_model         the local model a job fine-tunes, as the job kernel chose it (device, dtype)
     load_local_policy     the model loaded as an HFPolicy: training needs its weights in this process
     attach                LoRA injected in place (the policy then generates with the adapter),
@@ -36,6 +37,18 @@ if TYPE_CHECKING:
     from harnessrl.models.choice import ModelChoice
 
 ADAPTER_META = "harnessrl.json"
+
+
+def check_trainable(config: Any, error: type[Exception]) -> None:
+    """`error` for a config whose model cannot be trained, without resolving its device: int8
+    (no gradients), or a model that is not local."""
+    from harnessrl.models import LOCAL_FORMS
+    from harnessrl.models.choice import is_local_spec
+
+    if config.dtype == "int8":
+        raise error("--dtype int8 cannot be trained (int8 layers have no gradients): use auto, float32 or bfloat16")
+    if not is_local_spec(config.model):
+        raise error(f"cannot train '{config.model}': training needs a local model ({LOCAL_FORMS})")
 
 
 def trained_model(config: Any, error: type[Exception], choice: ModelChoice | None = None) -> ModelChoice:

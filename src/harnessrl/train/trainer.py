@@ -234,7 +234,7 @@ class Trainer(lora.WritesAdapter):
                 raise TrainError(
                     f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
                 )
-        self.model_choice = lora.trained_model(config, TrainError, model)  # chosen once (harnessrl.kernel)
+        lora.check_trainable(config, TrainError)  # before the processes meet: a model that cannot be trained
         if config.max_off_policy_steps > 0 and not config.rollout_servers:
             raise TrainError(
                 f"--max-off-policy-steps {config.max_off_policy_steps} needs --rollout-server: the in-process engine "
@@ -246,6 +246,10 @@ class Trainer(lora.WritesAdapter):
             self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
         except DistributedError as e:
             raise TrainError(str(e)) from None
+        # The model chosen once, after the processes are set up: under torchrun "auto" is this
+        # process's own GPU, which torch names only once Distributed.from_env has set it. A choice
+        # made before (`model`, the job kernel's) is taken as it is by a single process only.
+        self.model_choice = lora.trained_model(config, TrainError, model if self.dist.world_size == 1 else None)
 
         self.out = Path(out)
         self.resume = resume
