@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.errors import JobError
 from harnessrl.evolve import Evolution, EvolveConfig, EvolveError
 from harnessrl.evolve.acceptance import (
     acceptance_threshold,
@@ -314,7 +315,7 @@ def test_loop_accepts_a_real_improvement_rejects_noise_and_confirms_once(tmp_pat
     assert final.wall_time_s > 0
 
     # a finished folder is locked
-    with pytest.raises(EvolveError, match="finished and locked"):
+    with pytest.raises(JobError, match="finished and locked"):
         evolution(folder, SpecDependentAgent(tokenizer)).run()
 
 
@@ -389,7 +390,7 @@ def test_killed_loop_resumes_without_losing_work(tmp_path, tokenizer):
     assert again.calls == total - stored_at_kill  # nothing finished before the kill ran again
     assert [ln["iteration"] for ln in log_lines(folder)].count(1) == 2
     assert final.best != "seed" or final.accepted_edits == []
-    with pytest.raises(EvolveError, match="finished and locked"):
+    with pytest.raises(JobError, match="finished and locked"):
         evolution(folder, again).run()
 
 
@@ -397,7 +398,7 @@ def test_resume_with_another_configuration_is_refused(tmp_path, tokenizer):
     folder = tmp_path / "evo"
     with pytest.raises(KeyboardInterrupt):
         evolution(folder, SpecDependentAgent(tokenizer, kill_at=5)).run()
-    with pytest.raises(EvolveError, match="rollouts"):
+    with pytest.raises(JobError, match="rollouts"):
         evolution(folder, SpecDependentAgent(tokenizer), rollouts=4).run()
 
 

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from harnessrl.errors import JobError
 from harnessrl.harness.external import ExternalEpisodes
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
@@ -133,9 +134,9 @@ def test_schema_and_cli_cover_both_kinds(tmp_path):
 
 def test_loop_harness_only_features_refuse_external_harnesses():
     from harnessrl.evolve.config import EvolveConfig
-    from harnessrl.evolve.run import EvolveError, run_evolve
+    from harnessrl.evolve.run import run_evolve
 
-    with pytest.raises(EvolveError, match="external agent program"):
+    with pytest.raises(JobError, match="external agent program"):
         run_evolve(EvolveConfig(seed_harness=str(MINIMAL), model="tiny-random"), "/nonexistent/out-never-made")
 
 

@@ -17,7 +17,8 @@ import yaml
 from test_trainer import TextScore, shrink
 from typer.testing import CliRunner
 
-from harnessrl.improve import ImproveConfig, ImproveError, TrainSubset, content_task_ids, process_rate, run_improve
+from harnessrl.errors import JobError
+from harnessrl.improve import ImproveConfig, TrainSubset, content_task_ids, process_rate, run_improve
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -132,7 +133,7 @@ def test_every_phase_decides_with_its_evidence_and_the_held_out_cells_are_report
     report = (out / "report.md").read_text()
     assert "weights.choice" in report and "Held-out test tasks" in report
     assert (out / "LOCKED").is_file()
-    with pytest.raises(ImproveError, match="locked"):
+    with pytest.raises(JobError, match="locked"):
         run_improve(config(specs), out, resume=True, progress=False)
 
 
@@ -270,6 +271,6 @@ def test_a_stage_that_refuses_to_go_on_is_one_clear_error_with_the_decisions_kep
     run_improve(cfg, out, stop_after="harness", progress=False)
     before = (out / "decisions.jsonl").read_text()
     (out / "harness" / "seed-dev" / "run.db").write_bytes(b"not a database" * 100)
-    with pytest.raises(ImproveError, match="harness/seed-dev: cannot read its run database"):
+    with pytest.raises(JobError, match="harness/seed-dev: cannot read its run database"):
         run_improve(cfg, out, resume=True, progress=False)
     assert (out / "decisions.jsonl").read_text() == before

@@ -43,7 +43,8 @@ def _called_names(fn) -> set[str]:
 def test_every_command_has_an_entry_and_every_entry_builds_its_context_in_the_kernel():
     assert set(entries.ENTRIES) == set(COMMANDS)
     for name, entry in entries.ENTRIES.items():
-        assert "enter" in _called_names(entry), f"{name}: its entry does not enter the kernel"
+        assert "_context" in _called_names(entry), f"{name}: its entry does not enter the kernel"
+    assert "enter" in _called_names(entries._context)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -14,8 +14,9 @@ from helpers import oracle_policy
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
+from harnessrl.errors import JobError
 from harnessrl.harness.registry import load_harness
-from harnessrl.jobs.study import CELLS, COMPARISONS, Study, StudyConfig, StudyError, recommend, run_study, verdict
+from harnessrl.jobs.study import CELLS, COMPARISONS, Study, StudyConfig, recommend, run_study, verdict
 from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 
@@ -240,12 +241,12 @@ def test_the_report_of_an_unfinished_study_says_how_to_finish_it(tmp_path):
 
 
 def test_a_changed_configuration_is_refused_on_resume(finished, specs):
-    with pytest.raises(StudyError, match=r"different configuration.*attempts \(2 -> 3\)"):
+    with pytest.raises(JobError, match=r"different configuration.*attempts \(2 -> 3\)"):
         run_study(study_config(specs, attempts=3), finished["out"], resume=True, progress=False)
     # with --evolved given, the evolution's options play no part and may change
     Study(study_config(specs, iterations=7, dev_tasks=9), finished["out"], resume=True, progress=False)
     # the collection may not grow once an adapter was trained on it
-    with pytest.raises(StudyError, match="collect_attempts"):
+    with pytest.raises(JobError, match="collect_attempts"):
         run_study(study_config(specs, collect_attempts=2), finished["out"], resume=True, progress=False)
     r = CliRunner().invoke(
         app, ["study", *cli_args(specs), "--test-tasks", "3", "--out", str(finished["out"]), "--resume"]

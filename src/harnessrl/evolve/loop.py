@@ -58,7 +58,7 @@ from harnessrl.metrics import HarnessSummary, harness_summary, paired_difference
 from harnessrl.models.base import Policy, SamplingParams
 from harnessrl.results import EvolveResult, HeldOutRecord
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.rundir import RunFolder
 from harnessrl.tasks.base import Task
 from harnessrl.triage import HarnessTriage, triage_by_harness
 from harnessrl.types import Trajectory
@@ -284,12 +284,9 @@ class Evolution:
         self._mark = time.monotonic()
         # a folder with a state holds a run that this start continues (the CLI's --resume)
         resume = self._path(STATE).is_file()
-        try:
-            self.run_folder = RunFolder.open(
-                self.folder, "evolution", self.config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES
-            ).start()
-        except RunFolderError as e:
-            raise EvolveError(str(e)) from None
+        self.run_folder = RunFolder.open(
+            self.folder, "evolution", self.config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES
+        ).start()
         self.run_folder.record(executor=self.executor.describe())  # a resumed run may run elsewhere
         state = self._load_state()
         if state is None:

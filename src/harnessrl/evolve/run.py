@@ -67,7 +67,7 @@ def run_evolve(
     follows and final.json's `stopped_by` holds the reason. `models`: the models the job kernel
     chose (`evolve_models`; chosen here when None)."""
     from harnessrl.evolve.proposers import LLMProposer, Proposer, RulesProposer
-    from harnessrl.executors import ExecutorError, LocalExecutor
+    from harnessrl.executors import LocalExecutor
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import SpecError, require_loop_harness
     from harnessrl.kernel import choose_models
@@ -93,10 +93,7 @@ def run_evolve(
     except (SpecError, ValueError) as e:
         raise EvolveError(str(e)) from None
     executor = executor if executor is not None else LocalExecutor()
-    try:  # connect, and check that every task and the seed harness can go where the episodes run
-        executor.prepare(dev + test, [seed_spec])
-    except ExecutorError as e:
-        raise EvolveError(str(e)) from None
+    executor.prepare(dev + test, [seed_spec])  # connect; every task and the seed harness can go there
     try:
         policy = load_policy(model, sampling)
         proposer: Proposer

@@ -7,15 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from harnessrl.errors import JobError
 from harnessrl.improve.config import PHASES, ImproveConfig, ImproveError
 from harnessrl.improve.content import content_phase
 from harnessrl.improve.final import final_phase
 from harnessrl.improve.harness import harness_phase
 from harnessrl.improve.record import ImproveState, begin, cell, release
 from harnessrl.improve.weights import weights_phase
-from harnessrl.jobs.stages import StageError
 from harnessrl.results import ImproveResult, ImproveStopped
-from harnessrl.rundir import RunFolder, RunFolderError
+from harnessrl.rundir import RunFolder
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,11 +41,11 @@ class Improve:
         models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import SpecError, require_loop_harness
+        from harnessrl.harness.spec import require_loop_harness
         from harnessrl.kernel import choose_models, config_models
         from harnessrl.tasks import get_suite
         from harnessrl.train import lora
-        from harnessrl.train.distill import DistillError, check_protocols
+        from harnessrl.train.distill import check_protocols
 
         c = config
         out = Path(out)
@@ -75,9 +75,9 @@ class Improve:
                     f"--distill-tasks-per-step {c.distill_tasks_per_step} is more than the "
                     f"{suite.split_sizes['train']} train tasks of suite '{suite.name}'"
                 )
-        except (SpecError, DistillError) as e:
-            raise ImproveError(str(e)) from None
-        except ValueError as e:
+        except JobError:  # already the one job error (a DistillError, ...): it reaches the caller as it is
+            raise
+        except ValueError as e:  # a SpecError, a count the suite cannot give
             raise ImproveError(str(e)) from None
         self.record = {
             **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
@@ -86,10 +86,7 @@ class Improve:
             "seed_spec": seed_spec.to_dict(),
             "evolved_spec": None if given is None else given.to_dict(),
         }
-        try:
-            folder = RunFolder.open(out, "improvement", self.record, resume=resume, may_differ=("device",))
-        except RunFolderError as e:
-            raise ImproveError(str(e)) from None
+        folder = RunFolder.open(out, "improvement", self.record, resume=resume, may_differ=("device",))
         self.state = ImproveState(
             config=c,
             out=out,
@@ -127,8 +124,6 @@ class Improve:
             if stop_after == "content":
                 return self._partial("content")
             return final_phase(state, evolved, weights, content)
-        except StageError as e:  # a stage's run folder, model or training refused to go on
-            raise ImproveError(str(e)) from None
         finally:
             release(state)
 

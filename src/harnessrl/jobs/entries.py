@@ -10,9 +10,10 @@ the resume rule in harnessrl.kernel). The jobs themselves stay where their ideas
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
 
-from harnessrl.kernel import Finished, config_models, enter, option_values
+from harnessrl.kernel import Finished, JobContext, ModelRequest, config_models, enter, option_values
 
 if TYPE_CHECKING:
     from harnessrl.config import EvalConfig
@@ -30,8 +31,28 @@ def _quiet(message: str) -> None:
     """A log that says nothing (a library call's default)."""
 
 
-def _isolation(run: Any) -> str:
-    return getattr(run, "isolation", "auto")
+def _context(
+    job: str,
+    config: Any,
+    run: Any,
+    given: Collection[str] | None,
+    log: Log,
+    models: Callable[[Any], Iterable[ModelRequest]] = config_models,
+    earlier: Callable[[Path], dict[str, Any]] | None = None,
+) -> JobContext:
+    """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.isolation`)."""
+    isolation = getattr(run, "isolation", "auto")
+    return enter(
+        job,
+        config,
+        run.out,
+        resume=run.resume,
+        given=given,
+        isolation=isolation,
+        models=models,
+        log=log,
+        earlier=earlier,
+    )
 
 
 def evaluate(
@@ -45,16 +66,7 @@ def evaluate(
     """`harnessrl eval`: the model on the suite through every harness (jobs/evaluate.run_eval)."""
     from harnessrl.jobs.evaluate import run_eval
 
-    with enter(
-        "eval",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=lambda c: config_models(c, oracle=True),
-        log=log,
-    ) as ctx:
+    with _context("eval", config, run, given, log, lambda c: config_models(c, oracle=True)) as ctx:
         preflight = bool(getattr(run, "preflight", False))
         return Finished(ctx.config, run_eval(ctx.config, run, log, executor, preflight=preflight, models=ctx.models))
 
@@ -72,17 +84,11 @@ def evolve(
     from harnessrl.evolve.run import evolve_models, run_evolve, stored_config
 
     key = getattr(run, "api_key_env", None)
-    with enter(
-        "evolve",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=lambda c: evolve_models(c, key),
-        log=log,
-        earlier=lambda out: option_values(stored_config(out)),  # config.json holds an evolution's options
-    ) as ctx:
+
+    def earlier(out: Path) -> dict[str, Any]:  # a run from before options.json: its config.json holds them
+        return option_values(stored_config(out))
+
+    with _context("evolve", config, run, given, log, lambda c: evolve_models(c, key), earlier) as ctx:
         result = run_evolve(
             ctx.config,
             run.out,
@@ -102,16 +108,7 @@ def study(
     """`harnessrl study`: harness x weights, held-out cells (jobs/study.run_study)."""
     from harnessrl.jobs.study import run_study
 
-    with enter(
-        "study",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=config_models,
-        log=log,
-    ) as ctx:
+    with _context("study", config, run, given, log) as ctx:
         result = run_study(
             ctx.config, run.out, resume=run.resume, progress=run.progress, log=log, console=console, models=ctx.models
         )
@@ -124,16 +121,7 @@ def improve(
     """`harnessrl improve`: harness, then weights, then content (improve/job.run_improve)."""
     from harnessrl.improve import run_improve
 
-    with enter(
-        "improve",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=config_models,
-        log=log,
-    ) as ctx:
+    with _context("improve", config, run, given, log) as ctx:
         result = run_improve(
             ctx.config,
             run.out,
@@ -162,16 +150,7 @@ def train_grpo(
     cannot fit is a TrainError (harnessrl.preflight)."""
     from harnessrl.train.trainer import Trainer
 
-    with enter(
-        "train grpo",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=config_models,
-        log=log,
-    ) as ctx:
+    with _context("train grpo", config, run, given, log) as ctx:
         trainer = Trainer(
             ctx.config,
             run.out,
@@ -207,16 +186,7 @@ def train_sft(
     """`harnessrl train sft`: supervised LoRA on stored episodes (train/sft.run_sft)."""
     from harnessrl.train.sft import run_sft
 
-    with enter(
-        "train sft",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=config_models,
-        log=log,
-    ) as ctx:
+    with _context("train sft", config, run, given, log) as ctx:
         result = run_sft(
             ctx.config,
             run.out,
@@ -243,16 +213,7 @@ def train_distill(
     """`harnessrl train distill`: on-policy distillation across harnesses (train/distill.DistillRun)."""
     from harnessrl.train.distill import DistillRun
 
-    with enter(
-        "train distill",
-        config,
-        run.out,
-        resume=run.resume,
-        given=given,
-        isolation=_isolation(run),
-        models=config_models,
-        log=log,
-    ) as ctx:
+    with _context("train distill", config, run, given, log) as ctx:
         job = DistillRun(
             ctx.config,
             run.out,

@@ -14,7 +14,6 @@ from harnessrl.errors import JobError
 from harnessrl.eval_folder import EvaluationFolder
 from harnessrl.eval_folder import write_summary as write_summary  # cli/eval.py's `summary` reads it here
 from harnessrl.results import EvalSummary
-from harnessrl.rundir import RunFolderError
 
 if TYPE_CHECKING:
     from harnessrl.executors import Executor
@@ -40,7 +39,7 @@ def run_eval(
     model's context (harnessrl.preflight), and refuse (EvalError) where one cannot fit.
     `models`: the models the job kernel chose (harnessrl.jobs.entries.evaluate); chosen here when
     None."""
-    from harnessrl.executors import ExecutorError, LocalExecutor
+    from harnessrl.executors import LocalExecutor
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
     from harnessrl.kernel import choose_models, config_models
@@ -118,19 +117,10 @@ def run_eval(
             record["dtype"] = model.dtype
         record["device"] = str(model.device)
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
-    try:
-        evaluation.open(resume=run.resume, may_differ=("device",))
-    except RunFolderError as e:
-        raise EvalError(str(e)) from None
-    try:  # connect, and check that every task and harness can go where the episodes run
-        executor.prepare(task_list, specs)
-    except ExecutorError as e:
-        raise EvalError(str(e)) from None
+    evaluation.open(resume=run.resume, may_differ=("device",))  # a refusal is a RunFolderError
+    executor.prepare(task_list, specs)  # connect; every task and harness can go there (ExecutorError)
     with evaluation:
-        try:
-            evaluation.start()
-        except RunFolderError as e:
-            raise EvalError(str(e)) from None
+        evaluation.start()
         todo = evaluation.todo()
         if run.resume:
             jobs = len(evaluation.jobs)

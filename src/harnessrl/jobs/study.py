@@ -36,7 +36,7 @@ from pydantic import Field, model_validator
 
 from harnessrl.config import Device, FloatDtype, Options, cli
 from harnessrl.errors import JobError
-from harnessrl.jobs.stages import PolicyFactory, StageError, Stages
+from harnessrl.jobs.stages import PolicyFactory, Stages
 from harnessrl.jobs.study_analysis import (
     CELLS,
     COMPARISONS,
@@ -47,7 +47,7 @@ from harnessrl.jobs.study_analysis import (
     verdict,
 )
 from harnessrl.results import StudyResult
-from harnessrl.rundir import STUDY_JSON, RunFolder, RunFolderError, holds_run, write_json
+from harnessrl.rundir import STUDY_JSON, RunFolder, holds_run, write_json
 
 if TYPE_CHECKING:
     from harnessrl.models.choice import ModelChoice
@@ -223,37 +223,25 @@ class Study:
             log=log,
             console=console,
         )
-        try:
-            growable = resume and not self.runner.training_started()
-        except StageError as e:
-            raise StudyError(str(e)) from None
-        try:
-            self.folder = RunFolder.open(
-                self.out,
-                "study",
-                self.record,
-                resume=resume,
-                may_differ=(*GROWABLE, "device") if growable else ("device",),
-            )
-            if growable:
-                old = self.folder.stored_config()
-                for key in GROWABLE:
-                    if old.get(key) is not None and self.record[key] < old[key]:
-                        raise StudyError(
-                            f"--{key.replace('_', '-')} may only grow on --resume ({old[key]} -> {self.record[key]}): "
-                            "the episodes already collected stay in the collection; start a new --out to use fewer"
-                        )
-        except RunFolderError as e:
-            raise StudyError(str(e)) from None
+        growable = resume and not self.runner.training_started()
+        self.folder = RunFolder.open(
+            self.out,
+            "study",
+            self.record,
+            resume=resume,
+            may_differ=(*GROWABLE, "device") if growable else ("device",),
+        )
+        if growable:
+            old = self.folder.stored_config()
+            for key in GROWABLE:
+                if old.get(key) is not None and self.record[key] < old[key]:
+                    raise StudyError(
+                        f"--{key.replace('_', '-')} may only grow on --resume ({old[key]} -> {self.record[key]}): "
+                        "the episodes already collected stay in the collection; start a new --out to use fewer"
+                    )
 
     # -- the stages ----------------------------------------------------------------------------------
     def run(self) -> StudyResult:
-        try:
-            return self._run()
-        except StageError as e:  # a stage's run folder, model or training refused to go on
-            raise StudyError(str(e)) from None
-
-    def _run(self) -> StudyResult:
         c, runner = self.config, self.runner
         try:
             self.folder.start()
