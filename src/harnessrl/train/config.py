@@ -117,6 +117,13 @@ class TrainConfig:
         default=0.0, ge=0, description="KL penalty to the base model (0 = off; > 0: k3 KL, adapter disabled)"
     )
     scale_advantages: bool = Field(default=True, description="divide advantages by the group std (off: Dr. GRPO)")
+    # A control run for a measured gain (docs/training.md, "A control run"): the same steps, the
+    # same rewards and update sizes, with no link between an episode and its reward.
+    advantage_control: str = Field(
+        default="none",
+        description="none, or shuffled-rewards: a control run; each group's rewards are shuffled among its "
+        "episodes before the advantages (the rewards recorded stay the true ones)",
+    )
     # The sampler (bf16 vLLM, int8, 4-bit llama.cpp) is never exactly the float32 trainer
     # (docs/training.md, "Rollout-trainer mismatch and truncated importance sampling").
     rollout_correction: str = Field(
@@ -184,6 +191,7 @@ class TrainConfig:
     _aggregation = field_validator("aggregation")(_one_of("token-mean", "seq-mean"))
     _rollout_correction = field_validator("rollout_correction")(_one_of("none", "tis"))
     _tis_level = field_validator("tis_level")(_one_of("token", "sequence"))
+    _advantage_control = field_validator("advantage_control")(_one_of("none", "shuffled-rewards"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
 
     def to_dict(self) -> dict[str, Any]:

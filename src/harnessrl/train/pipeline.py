@@ -302,7 +302,10 @@ class RolloutPipeline:
         n = len(merged.assignment) - offset
         mine = self.dist.shard(n)
         groups = range(offset + mine.start, offset + mine.stop)
-        units, outcomes = group_batch(merged, groups, trajectories, cfg.scale_advantages, cfg.dynamic_sampling)
+        shuffle_seed = cfg.seed if cfg.advantage_control == "shuffled-rewards" else None
+        units, outcomes = group_batch(
+            merged, groups, trajectories, cfg.scale_advantages, cfg.dynamic_sampling, shuffle_seed
+        )
         parts = self.dist.all_gather_object(LocalBatch.of(units, outcomes))  # on every process
         if cfg.save_rollouts and (self.dist.enabled or self.collector is not None):
             # rank 0 stored its own episodes as they ended, unless they were collected ahead

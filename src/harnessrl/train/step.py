@@ -142,12 +142,29 @@ class GroupOutcome:
     advantages: list[float] | None
 
 
+def shuffled_rewards(scores: list[float], seed: int, step: int, group: int) -> list[float]:
+    """The control run's rewards (TrainConfig.advantage_control "shuffled-rewards"): a group's
+    scores in a uniformly random order, drawn from (seed, step, group) alone, so a resumed run
+    draws the same. Each episode then gets any of its group's rewards with equal chance,
+    whatever it did: the update keeps its size and loses its link to the outcome."""
+    shuffled = list(scores)
+    random.Random(f"shuffled-rewards:{seed}:{step}:{group}").shuffle(shuffled)
+    return shuffled
+
+
 def group_batch(
-    plan: StepPlan, groups: range, trajectories: list, scale_advantages: bool, drop_flat: bool = False
+    plan: StepPlan,
+    groups: range,
+    trajectories: list,
+    scale_advantages: bool,
+    drop_flat: bool = False,
+    shuffle_seed: int | None = None,
 ) -> tuple[list[TrainingUnit], dict[int, GroupOutcome]]:
     """The training units of this process's `groups` (one per model call, each with its episode's
     group-relative advantage) and each group's outcome. `drop_flat` (dynamic sampling): a group
-    whose advantages are all 0 gives no units (its outcome is still returned)."""
+    whose advantages are all 0 gives no units (its outcome is still returned). `shuffle_seed`
+    (the shuffled-rewards control): the advantages come from the group's rewards shuffled among
+    its episodes (shuffled_rewards); the outcome keeps the true scores."""
     by_group: dict[tuple[str, str], list] = defaultdict(list)
     for traj in trajectories:
         by_group[(traj.task_id, traj.harness)].append(traj)
@@ -161,7 +178,8 @@ def group_batch(
         scores = [t.grade.score for t in valid]
         advantages = None
         if len(valid) >= 2:
-            A = group_advantages(torch.tensor([scores], dtype=torch.float64), scale=scale_advantages)
+            rewards = scores if shuffle_seed is None else shuffled_rewards(scores, shuffle_seed, plan.step, g)
+            A = group_advantages(torch.tensor([rewards], dtype=torch.float64), scale=scale_advantages)
             advantages = A[0].tolist()
             if not (drop_flat and all(a == 0 for a in advantages)):
                 for traj, a in zip(valid, advantages):

@@ -257,6 +257,8 @@ class Trainer(lora.WritesAdapter):
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
         try:  # the device as it resolves here (a device this machine lacks: refused before any work)
             options = lora.precision_record(config.to_dict(), self.model_choice)
+            if options.get("advantage_control") == "none":  # recorded when on: runs from before resume as they were
+                options.pop("advantage_control")
         except ValueError as e:
             raise TrainError(str(e)) from None
         record = {
