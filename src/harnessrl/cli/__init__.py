@@ -22,6 +22,7 @@ import typer
 from harnessrl import __version__
 from harnessrl.cli.audit import audit_cmd
 from harnessrl.cli.common import out
+from harnessrl.cli.compare import compare_cmd
 from harnessrl.cli.eval import eval_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.export import export_cmd
@@ -45,6 +46,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(train_app, name="train")
 app.command("eval")(eval_cmd)
 app.command("summary")(summary_cmd)
+app.command("compare")(compare_cmd)
 app.command("preflight")(preflight_cmd)
 app.command("export")(export_cmd)
 app.command("triage")(triage_cmd)
