@@ -80,12 +80,9 @@ def test_the_cli_calls_no_job_but_through_its_entry():
         )
 
 
-# where a model spec may be parsed, and a device or dtype resolved
+# where a model spec may be parsed, and a device or dtype resolved (preflight reads a model's
+# tokenizer and context through models/prompt_model.py)
 MODEL_CHOICE_HOMES = ("models/", "kernel.py")
-# modules that parse a spec for another reason than choosing the model a job runs, and why
-PARSES_FOR_ANOTHER_REASON = {
-    "preflight.py": "reads a model's tokenizer and context without loading it, and follows an adapter to its base spec",
-}
 
 
 def test_the_model_is_chosen_only_in_models_and_the_kernel():
@@ -102,7 +99,7 @@ def test_the_model_is_chosen_only_in_models_and_the_kernel():
             f = n.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             on_spec = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "ModelSpec"
-            if name in resolving or (on_spec and name in parsing and rel not in PARSES_FOR_ANOTHER_REASON):
+            if name in resolving or (on_spec and name in parsing):
                 found.append(f"{rel}:{n.lineno} {name}")
     assert not found, f"a model chosen outside models/ and the kernel: {found}"
 

@@ -16,7 +16,8 @@ from harnessrl.cli import app
 from harnessrl.harness.loops import Episode
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import ExternalHarnessSpec, parse_spec
-from harnessrl.preflight import first_agent_request, first_loop_request, preflight, prompt_model
+from harnessrl.models.prompt_model import prompt_model
+from harnessrl.preflight import first_agent_request, first_loop_request, preflight
 from harnessrl.tasks import get_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,7 +46,8 @@ def preflight_cmd(
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
     from harnessrl.models.base import ModelUnavailable
-    from harnessrl.preflight import preflight, prompt_model
+    from harnessrl.models.prompt_model import prompt_model
+    from harnessrl.preflight import preflight
     from harnessrl.tasks import get_suite
 
     try:
