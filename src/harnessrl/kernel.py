@@ -12,6 +12,8 @@ once before its own work, the same way for all of them.
 - **the models**, each chosen once (harnessrl.models.choice): spec parsed and checked, a local
   model's device and dtype resolved on this machine, the API-key variable named. The job and
   `load_policy` take the ModelChoice and resolve nothing again.
+- **the suite, its tasks and the harnesses** a job's options name (`job_suite`, `job_tasks`,
+  `job_harness`, `job_harnesses`): read once, each refusal naming the option.
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
 - **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
 
@@ -34,6 +36,7 @@ from harnessrl.rundir import holds_run
 
 if TYPE_CHECKING:
     from harnessrl.models.choice import ModelChoice
+    from harnessrl.tasks.base import Suite, Task
 
 OPTIONS = "options.json"
 
@@ -217,6 +220,52 @@ def choose_models(requests: Iterable[ModelRequest]) -> dict[str, ModelChoice]:
         except ValueError as e:
             raise JobError(str(e)) from None
     return chosen
+
+
+def job_suite(name: str, error: type[JobError] = JobError, *, judge: Any = None) -> Suite:
+    """The suite a job's `--suite` names (a built-in one or a task folder, harnessrl.tasks);
+    `error` (the job's JobError class) naming the option for one that does not exist or cannot be
+    read. `judge` grades the LLM-judge parts of the formats that have them."""
+    from harnessrl.tasks import get_suite
+
+    try:
+        return get_suite(name) if judge is None else get_suite(name, judge=judge)
+    except ValueError as e:
+        raise error(f"--suite: {e}") from None
+
+
+def job_tasks(suite: Suite, split: str, n: int | None, option: str, error: type[JobError] = JobError) -> list[Task]:
+    """The first `n` tasks of `split` (the count `option` asked for), or `error` naming the option
+    when the split cannot give them."""
+    try:
+        return suite.tasks(split, n)
+    except ValueError as e:
+        raise error(f"{option}: {e}") from None
+
+
+def job_harness(text: str, option: str, error: type[JobError] = JobError, *, loop_for: str | None = None) -> Any:
+    """The harness a job's option names (a built-in name or a spec file), or `error` naming the
+    option for one that cannot be read. `loop_for`: what the job does with it that needs
+    harnessrl's own control loop (editing prompts, re-rendering conversations): an external
+    agent program is refused there."""
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import require_loop_harness
+
+    try:
+        spec = load_harness(text)
+        return spec if loop_for is None else require_loop_harness(spec, loop_for)
+    except ValueError as e:
+        raise error(f"{option}: {e}") from None
+
+
+def job_harnesses(texts: list[str], option: str, error: type[JobError] = JobError) -> list[Any]:
+    """The harnesses a job's list option names (names, spec files, `all`), or `error` naming the option for one that cannot be read or a name given twice."""
+    from harnessrl.harness.registry import resolve_harnesses
+
+    try:
+        return resolve_harnesses(texts)
+    except ValueError as e:
+        raise error(f"{option}: {e}") from None
 
 
 def enter(

@@ -68,30 +68,24 @@ def run_evolve(
     chose (`evolve_models`; chosen here when None)."""
     from harnessrl.evolve.proposers import LLMProposer, Proposer, RulesProposer
     from harnessrl.executors import LocalExecutor
-    from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import SpecError, require_loop_harness
-    from harnessrl.kernel import choose_models
+    from harnessrl.kernel import choose_models, job_harness, job_suite, job_tasks
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
-    from harnessrl.tasks import get_suite
 
-    try:
-        # a device this machine lacks: refused before any work; auto resolved before it is recorded
-        models = choose_models(evolve_models(config, api_key_env)) if models is None else models
-        model = models["--model"]
-        if model.local:
-            config = dataclasses.replace(config, dtype=model.dtype or config.dtype)
-        # checks only; the loop opens it
-        RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
-        seed_spec = require_loop_harness(load_harness(config.seed_harness), "evolve (edits of prompts and rules)")
-        sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
-        the_suite = get_suite(config.suite)
-        dev = the_suite.tasks("dev", config.dev_tasks)
-        test = the_suite.tasks("test", config.test_tasks)
-    except EvolveError:
-        raise
-    except (SpecError, ValueError) as e:
-        raise EvolveError(str(e)) from None
+    # a device this machine lacks: refused before any work; auto resolved before it is recorded
+    models = choose_models(evolve_models(config, api_key_env)) if models is None else models
+    model = models["--model"]
+    if model.local:
+        config = dataclasses.replace(config, dtype=model.dtype or config.dtype)
+    # checks only; the loop opens it
+    RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
+    seed_spec = job_harness(
+        config.seed_harness, "--seed-harness", EvolveError, loop_for="evolve (edits of prompts and rules)"
+    )
+    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+    the_suite = job_suite(config.suite, EvolveError)
+    dev = job_tasks(the_suite, "dev", config.dev_tasks, "--dev-tasks", EvolveError)
+    test = job_tasks(the_suite, "test", config.test_tasks, "--test-tasks", EvolveError)
     executor = executor if executor is not None else LocalExecutor()
     executor.prepare(dev + test, [seed_spec])  # connect; every task and the seed harness can go there
     try:

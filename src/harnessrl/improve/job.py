@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from harnessrl.errors import JobError
 from harnessrl.improve.config import PHASES, ImproveConfig, ImproveError
 from harnessrl.improve.content import content_phase
 from harnessrl.improve.final import final_phase
@@ -40,45 +39,37 @@ class Improve:
         console: Console | None = None,
         models: Mapping[str, ModelChoice] | None = None,
     ):
-        from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import require_loop_harness
-        from harnessrl.kernel import choose_models, config_models
-        from harnessrl.tasks import get_suite
+        from harnessrl.kernel import choose_models, config_models, job_harness, job_suite, job_tasks
         from harnessrl.train import lora
         from harnessrl.train.distill import check_protocols
 
         c = config
         out = Path(out)
-        try:
-            chosen = choose_models(config_models(c)) if models is None else models
-            model = lora.trained_model(c, ImproveError, chosen["--model"])  # it is fine-tuned
-            assert model.device is not None and model.dtype is not None  # a local model's choice is resolved
-            device, dtype = model.device, model.dtype
-            purpose = "improve (evolve, then distil into the seed harness)"
-            seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
-            given = require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
-            if given is not None:
-                check_protocols(seed_spec, given)
-            suite = get_suite(c.suite)
-            for split in ("train", "dev", "test"):
-                if not suite.split_sizes.get(split):
-                    raise ImproveError(
-                        f"suite '{suite.name}' has no {split} split (improve needs train tasks to train on, dev tasks "
-                        "to decide on and test tasks to judge)"
-                    )
-            dev_tasks = suite.tasks("dev", c.dev_tasks)
-            test_tasks = suite.tasks("test", c.test_tasks)
-            suite.tasks("train", c.collect_tasks)  # a count the split cannot give: refused now
-            content_pool = suite.tasks("train", c.content_tasks)
-            if c.distill_tasks_per_step > suite.split_sizes["train"]:
+        chosen = choose_models(config_models(c)) if models is None else models
+        model = lora.trained_model(c, ImproveError, chosen["--model"])  # it is fine-tuned
+        assert model.device is not None and model.dtype is not None  # a local model's choice is resolved
+        device, dtype = model.device, model.dtype
+        purpose = "improve (evolve, then distil into the seed harness)"
+        seed_spec = job_harness(c.seed_harness, "--seed-harness", ImproveError, loop_for=purpose)
+        given = job_harness(c.evolved, "--evolved", ImproveError, loop_for=purpose) if c.evolved is not None else None
+        if given is not None:
+            check_protocols(seed_spec, given)
+        suite = job_suite(c.suite, ImproveError)
+        for split in ("train", "dev", "test"):
+            if not suite.split_sizes.get(split):
                 raise ImproveError(
-                    f"--distill-tasks-per-step {c.distill_tasks_per_step} is more than the "
-                    f"{suite.split_sizes['train']} train tasks of suite '{suite.name}'"
+                    f"suite '{suite.name}' has no {split} split (improve needs train tasks to train on, dev tasks "
+                    "to decide on and test tasks to judge)"
                 )
-        except JobError:  # already the one job error (a DistillError, ...): it reaches the caller as it is
-            raise
-        except ValueError as e:  # a SpecError, a count the suite cannot give
-            raise ImproveError(str(e)) from None
+        dev_tasks = job_tasks(suite, "dev", c.dev_tasks, "--dev-tasks", ImproveError)
+        test_tasks = job_tasks(suite, "test", c.test_tasks, "--test-tasks", ImproveError)
+        job_tasks(suite, "train", c.collect_tasks, "--collect-tasks", ImproveError)  # a count the split cannot give
+        content_pool = job_tasks(suite, "train", c.content_tasks, "--content-tasks", ImproveError)
+        if c.distill_tasks_per_step > suite.split_sizes["train"]:
+            raise ImproveError(
+                f"--distill-tasks-per-step {c.distill_tasks_per_step} is more than the "
+                f"{suite.split_sizes['train']} train tasks of suite '{suite.name}'"
+            )
         self.record = {
             **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
             "device": str(device),

@@ -40,12 +40,9 @@ def run_eval(
     `models`: the models the job kernel chose (harnessrl.jobs.entries.evaluate); chosen here when
     None."""
     from harnessrl.executors import LocalExecutor
-    from harnessrl.harness.registry import resolve_harnesses
-    from harnessrl.harness.spec import SpecError
-    from harnessrl.kernel import choose_models, config_models
+    from harnessrl.kernel import choose_models, config_models, job_harnesses, job_suite, job_tasks
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
-    from harnessrl.tasks import get_suite
 
     # -- every config error before any work -----------------------------------------------------------
     executor = executor if executor is not None else LocalExecutor()
@@ -53,37 +50,32 @@ def run_eval(
         # the judge grades where the episodes are graded, and models stay in this process
         raise EvalError(f"--judge-model runs with --executor local only, not {executor.kind}")
     sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
-    try:
-        specs = resolve_harnesses(config.harness)
-    except SpecError as e:
-        raise EvalError(str(e)) from None
+    specs = job_harnesses(config.harness, "--harness", EvalError)
     judge = None
-    try:
-        # the model and the judge, each chosen once (a device this machine lacks, int8 on a GPU, a
-        # device or dtype for a model on a server: refused before any work)
-        model = (choose_models(config_models(config, oracle=True)) if models is None else models)["--model"]
-        if config.judge_model is not None:
-            from harnessrl.tasks.importers import make_judge
+    # the model and the judge, each chosen once (a device this machine lacks, int8 on a GPU, a
+    # device or dtype for a model on a server: refused before any work)
+    model = (choose_models(config_models(config, oracle=True)) if models is None else models)["--model"]
+    if config.judge_model is not None:
+        from harnessrl.tasks.importers import make_judge
 
+        try:
             judge = make_judge(config.judge_model, config.judge_api_key_env)
-        elif config.judge_api_key_env is not None:
-            raise EvalError("--judge-api-key-env needs --judge-model")
-        the_suite = get_suite(config.suite) if judge is None else get_suite(config.suite, judge=judge)
-        task_list = the_suite.tasks(config.split, config.tasks)
-        if not task_list:
-            raise EvalError("no tasks selected")
-        if judge is not None:
-            from harnessrl.tasks.importers import has_judged_part
+        except ValueError as e:
+            raise EvalError(f"--judge-model: {e}") from None
+    elif config.judge_api_key_env is not None:
+        raise EvalError("--judge-api-key-env needs --judge-model")
+    the_suite = job_suite(config.suite, EvalError, judge=judge)
+    task_list = job_tasks(the_suite, config.split, config.tasks, "--tasks", EvalError)
+    if not task_list:
+        raise EvalError("no tasks selected")
+    if judge is not None:
+        from harnessrl.tasks.importers import has_judged_part
 
-            if not any(has_judged_part(t) for t in task_list):
-                raise EvalError(
-                    f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
-                    "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
-                )
-    except EvalError:
-        raise
-    except ValueError as e:
-        raise EvalError(str(e)) from None
+        if not any(has_judged_part(t) for t in task_list):
+            raise EvalError(
+                f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
+                "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
+            )
     if preflight:
         from harnessrl.models.base import ModelUnavailable
         from harnessrl.preflight import check_before_run

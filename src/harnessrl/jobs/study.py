@@ -168,10 +168,7 @@ class Study:
         models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.evolve.config import evolution_of
-        from harnessrl.harness.registry import load_harness
-        from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.kernel import choose_models, config_models
-        from harnessrl.tasks import get_suite
+        from harnessrl.kernel import choose_models, config_models, job_harness, job_suite, job_tasks
 
         self.config = config
         self.out = Path(out)
@@ -180,25 +177,27 @@ class Study:
         self.log = log
         self.console = console
         c = config
-        try:
-            # a device this machine lacks: refused before any work; auto resolved once, for every stage
-            model = (choose_models(config_models(c)) if models is None else models)["--model"]
-            assert model.device is not None and model.dtype is not None  # the study's model is local
-            self.device, self.dtype = model.device, model.dtype
-            purpose = "the study (evolve, then re-render conversations)"
-            self.seed_spec = require_loop_harness(load_harness(c.seed_harness), purpose)
-            self.given_evolved = (
-                require_loop_harness(load_harness(c.evolved), purpose) if c.evolved is not None else None
-            )
-            suite = get_suite(c.suite)
-            self.seed_eval_tasks = suite.tasks("dev", c.seed_eval_tasks) if c.seed_eval_tasks else []
-            suite.tasks("train", c.collect_tasks)  # checked now; the collection stage draws them again
-            self.test_tasks = suite.tasks("test", c.test_tasks)
-            if c.evolved is None:
-                suite.tasks("dev", c.dev_tasks)
+        # a device this machine lacks: refused before any work; auto resolved once, for every stage
+        model = (choose_models(config_models(c)) if models is None else models)["--model"]
+        assert model.device is not None and model.dtype is not None  # the study's model is local
+        self.device, self.dtype = model.device, model.dtype
+        purpose = "the study (evolve, then re-render conversations)"
+        self.seed_spec = job_harness(c.seed_harness, "--seed-harness", StudyError, loop_for=purpose)
+        self.given_evolved = (
+            job_harness(c.evolved, "--evolved", StudyError, loop_for=purpose) if c.evolved is not None else None
+        )
+        suite = job_suite(c.suite, StudyError)
+        self.seed_eval_tasks = (
+            job_tasks(suite, "dev", c.seed_eval_tasks, "--seed-eval-tasks", StudyError) if c.seed_eval_tasks else []
+        )
+        job_tasks(suite, "train", c.collect_tasks, "--collect-tasks", StudyError)  # the collection draws them again
+        self.test_tasks = job_tasks(suite, "test", c.test_tasks, "--test-tasks", StudyError)
+        if c.evolved is None:
+            job_tasks(suite, "dev", c.dev_tasks, "--dev-tasks", StudyError)
+            try:
                 self.evolve_config = evolution_of(c, self.dtype)
-        except (SpecError, ValueError) as e:
-            raise StudyError(str(e)) from None
+            except ValueError as e:  # an evolution option its config refuses
+                raise StudyError(str(e)) from None
         # with --evolved the evolution's options play no part: left out, so they may change on --resume
         unused = EVOLVE_OPTIONS if c.evolved is not None else ()
         # the device is recorded as it resolved and may differ on resume (float rounding only);

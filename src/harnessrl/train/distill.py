@@ -417,17 +417,14 @@ class DistillRun(lora.WritesAdapter):
         from harnessrl.executors import LocalExecutor
         from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.tasks import get_suite
+        from harnessrl.kernel import job_suite
 
         if config.rollout_servers:
             raise DistillError(
                 "--rollout-server is not supported by on-policy distillation: the student samples with the "
                 'in-process engine on the weights it trains (docs/training.md, "On-policy distillation")'
             )
-        try:
-            self.suite = suite if suite is not None else get_suite(config.suite)
-        except ValueError as e:
-            raise DistillError(str(e)) from None
+        self.suite = suite if suite is not None else job_suite(config.suite, DistillError)
         specs = {}
         for which, given, name in (
             ("teacher", teacher, config.teacher_harness),

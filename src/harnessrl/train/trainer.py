@@ -192,29 +192,22 @@ class Trainer(lora.WritesAdapter):
         model: ModelChoice | None = None,
     ):
         from harnessrl.executors import LocalExecutor
-        from harnessrl.harness.registry import resolve_harnesses
-        from harnessrl.harness.spec import SpecError
-        from harnessrl.tasks import get_suite
+        from harnessrl.kernel import job_harnesses, job_suite
 
-        try:
-            self.suite = suite if suite is not None else get_suite(config.suite)
-        except ValueError as e:
-            raise TrainError(str(e)) from None
-        try:
-            self.specs = list(specs) if specs is not None else resolve_harnesses(list(config.harnesses))
-        except SpecError as e:
-            raise TrainError(str(e)) from None
+        self.suite = suite if suite is not None else job_suite(config.suite, TrainError)
+        self.specs = (
+            list(specs) if specs is not None else job_harnesses(list(config.harnesses), "--harnesses", TrainError)
+        )
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise TrainError(f"harness names must be unique, got {names}")
-        try:  # the held-out harnesses: evaluated, never trained on (harnessrl.train.held_out)
-            self.eval_specs = (
-                list(eval_specs)
-                if eval_specs is not None
-                else (resolve_harnesses(list(config.eval_harnesses)) if config.eval_harnesses else [])
-            )
+        # the held-out harnesses: evaluated, never trained on (harnessrl.train.held_out)
+        self.eval_specs = list(eval_specs) if eval_specs is not None else []
+        if eval_specs is None and config.eval_harnesses:
+            self.eval_specs = job_harnesses(list(config.eval_harnesses), "--eval-harnesses", TrainError)
+        try:
             check_held_out(names, [s.name for s in self.eval_specs])
-        except (SpecError, ValueError) as e:
+        except ValueError as e:
             raise TrainError(f"--eval-harnesses: {e}") from None
         if self.eval_specs and not config.eval_every:
             raise TrainError("--eval-harnesses needs --eval-every N (the held-out harnesses are only evaluated)")
