@@ -259,7 +259,8 @@ def job_harness(text: str, option: str, error: type[JobError] = JobError, *, loo
 
 
 def job_harnesses(texts: list[str], option: str, error: type[JobError] = JobError) -> list[Any]:
-    """The harnesses a job's list option names (names, spec files, `all`), or `error` naming the option for one that cannot be read or a name given twice."""
+    """The harnesses a job's list option names (names, spec files, `all`), or `error` naming the
+    option for one that cannot be read or a name given twice."""
     from harnessrl.harness.registry import resolve_harnesses
 
     try:

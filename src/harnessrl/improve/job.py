@@ -72,8 +72,7 @@ class Improve:
             )
         self.record = {
             **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
-            "device": str(device),
-            **({"dtype": dtype} if dtype != "float32" else {}),
+            **model.recorded(),
             "seed_spec": seed_spec.to_dict(),
             "evolved_spec": None if given is None else given.to_dict(),
         }

@@ -100,14 +100,7 @@ def run_eval(
         judge_api_key_env=config.judge_api_key_env,
     )
     record = evaluation.record
-    if model.local:
-        # The dtype as it resolves here, and only when it is not float32: runs from before the
-        # option resume as they were, and an "auto" run is not continued in another precision on
-        # another machine unnoticed. The device is recorded but may differ on resume: it changes
-        # float rounding only.
-        if model.dtype != "float32":
-            record["dtype"] = model.dtype
-        record["device"] = str(model.device)
+    record.update(model.recorded())  # a local model's device (may differ on resume) and non-float32 dtype
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
     evaluation.open(resume=run.resume, may_differ=("device",))  # a refusal is a RunFolderError
     executor.prepare(task_list, specs)  # connect; every task and harness can go there (ExecutorError)

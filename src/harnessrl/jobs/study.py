@@ -200,14 +200,11 @@ class Study:
                 raise StudyError(str(e)) from None
         # with --evolved the evolution's options play no part: left out, so they may change on --resume
         unused = EVOLVE_OPTIONS if c.evolved is not None else ()
-        # the device is recorded as it resolved and may differ on resume (float rounding only);
-        # the dtype as it resolved, only when it is not float32 (studies from before the option
-        # resume as they were, and a float32 study is not continued in bfloat16 unnoticed)
-        unused = (*unused, "device", "dtype", *(() if c.pack else ("pack",)))  # pack: recorded when on
+        # the device and dtype as they resolved (ModelChoice.recorded); pack recorded when on
+        unused = (*unused, "device", "dtype", *(() if c.pack else ("pack",)))
         self.record = {
             **{k: v for k, v in config.model_dump().items() if k not in unused},
-            "device": str(self.device),
-            **({"dtype": self.dtype} if self.dtype != "float32" else {}),
+            **model.recorded(),
             "seed_spec": self.seed_spec.to_dict(),
             "evolved_spec": None if self.given_evolved is None else self.given_evolved.to_dict(),
         }

@@ -51,6 +51,15 @@ class ModelChoice:
         """The oracle: no model, each task's known solution replayed."""
         return self.spec.kind == "oracle"
 
+    def recorded(self) -> dict[str, str]:
+        """What a run folder records of a local model's precision: the device as it resolved (a
+        resume may continue on another one: it changes float rounding only) and the dtype only
+        when it is not float32 (runs from before the option resume as they were, and a float32
+        run is not continued in bfloat16 unnoticed). Empty for a model that is not local."""
+        if not self.local:
+            return {}
+        return {"device": str(self.device), **({"dtype": str(self.dtype)} if self.dtype != "float32" else {})}
+
 
 def choose_model(
     text: str,

@@ -144,9 +144,7 @@ def precision_record(record: dict[str, Any], choice: ModelChoice | None = None) 
     out = dict(record)
     chosen = _chosen(out["model"], out.get("device", "auto"), out.get("dtype", "auto")) if choice is None else choice
     out.pop("dtype", None)
-    out["device"] = str(chosen.device)
-    if chosen.dtype != "float32":
-        out["dtype"] = chosen.dtype
+    out.update(chosen.recorded())
     return out
 
 
