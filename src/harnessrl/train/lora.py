@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
+import uuid
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -224,7 +224,7 @@ def write_checkpoint(
 ) -> Path:
     """OUT/checkpoint: adapter/, optimizer.pt, `tensors` (file name -> object for torch.save) and
     state.json last, written in a temporary folder then renamed into place."""
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-tmp-", dir=out))
+    tmp = _fresh_folder(out, ".checkpoint-tmp-")
     final, old = out / "checkpoint", out / ".checkpoint-old"
     try:
         peft_model.save_pretrained(str(tmp / "adapter"))
@@ -290,13 +290,26 @@ def holding_weights(peft_model, weights: dict[str, torch.Tensor] | None, error: 
         load_adapter_weights(peft_model, own, "the current policy version", error)
 
 
+def _fresh_folder(out: Path, prefix: str) -> Path:
+    """A new folder in `out` to write into and rename into place, with the mode a plain mkdir
+    gives (the umask's): a server or sandbox running as another user can read the adapter it
+    becomes (tempfile.mkdtemp's are 0700)."""
+    while True:
+        tmp = Path(out) / f"{prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:
+            continue
+
+
 def write_adapter(out: Path, peft_model, model: str, trained_by: str, **facts: Any) -> Path:
     """OUT/adapter: a standard peft adapter folder plus harnessrl.json naming the base model (an
     hf: path made absolute, so the adapter loads from anywhere), the command and `facts`."""
     base = model
     if base.startswith("hf:"):
         base = "hf:" + str(Path(base[3:]).expanduser().resolve())
-    tmp = Path(tempfile.mkdtemp(prefix=".adapter-tmp-", dir=out))
+    tmp = _fresh_folder(out, ".adapter-tmp-")
     final = out / "adapter"
     try:
         peft_model.save_pretrained(str(tmp))
