@@ -33,7 +33,7 @@ def _harnesses(run: Path) -> tuple[dict, list[str]]:
         fail(f"{run} holds no run (no run.db): give two folders of `harnessrl eval`")
     with RunStore(run) as store:
         config = store.config or {}
-        names = sorted({t.harness for t in store.trajectories(with_tokens=False)})
+        names = sorted(store.harnesses())
     return config, names
 
 
