@@ -18,6 +18,7 @@ from test_trainer import TextScore, adapter_weights, lines, shrink
 from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
+from harnessrl.errors import JobError
 from harnessrl.train.distill import (
     DistillConfig,
     DistillError,
@@ -203,8 +204,8 @@ def test_resume_equals_the_uninterrupted_run(full_run, tmp_path):
         assert {k: v for k, v in a.items() if k != "time"} == {k: v for k, v in b.items() if k != "time"}
     for key, value in adapter_weights(full_run / "adapter").items():
         assert torch.equal(value, adapter_weights(out / "adapter")[key]), key
-    # a resume with other options is refused, naming them
-    with pytest.raises(DistillError, match="lr"):
+    # a resume with other options is refused, naming them (the run folder's JobError)
+    with pytest.raises(JobError, match=r"different configuration.*lr \(0.0001 -> 1.0\)"):
         distiller(out, dataclasses.replace(BASE, lr=1.0), resume=True)
 
 
@@ -227,7 +228,10 @@ def _cli():
             "--rollout-server is not supported",
         ),
         (["--teacher-harness", "no-such", "--student-harness", "react"], "--teacher-harness"),
-        (["--teacher-harness", "react", "--student-harness", "react", "--tasks-per-step", "100000"], "train tasks"),
+        (
+            ["--teacher-harness", "react", "--student-harness", "react", "--tasks-per-step", "100000"],
+            "--tasks-per-step: split 'train' of suite 'toolcalc' has ",
+        ),
         (
             ["--teacher-harness", "react", "--student-harness", "react", "--suite", "no-such-suite"],
             "no-such-suite",

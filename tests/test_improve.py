@@ -213,6 +213,10 @@ def _cli():
         (["--seed-harness", "EXTERNAL"], "external agent program"),
         (["--test-tasks", "0"], "test-tasks"),
         (["--dev-tasks", "100"], "has 4 tasks; asked for 100"),
+        (
+            ["--dev-tasks", "4", "--test-tasks", "4", "--distill-tasks-per-step", "100"],
+            "--distill-tasks-per-step: split 'train' of suite 'textscore' has",
+        ),
         (["--evolved", "json-tools"], "must share their protocol"),
         (["--model", "openai:m@http://x/v1"], "training needs a local model"),
     ],

@@ -630,6 +630,8 @@ def _cli():
         (["--suite", "nope"], "unknown suite 'nope'"),
         (["--model", "hf:/no/such/folder"], "does not exist"),
         (["--resume"], "no training run to resume"),
+        (["--tasks-per-step", "100000"], "--tasks-per-step: split 'train' of suite 'toolcalc' has "),
+        (["--eval-every", "1", "--eval-tasks", "100000"], "--eval-tasks: split 'dev' of suite 'toolcalc' has "),
     ],
 )
 def test_cli_bad_input_exits_2_with_a_message(args, message, tmp_path):

@@ -13,7 +13,7 @@ once before its own work, the same way for all of them.
   model's device and dtype resolved on this machine, the API-key variable named. The job and
   `load_policy` take the ModelChoice and resolve nothing again.
 - **the suite, its tasks and the harnesses** a job's options name (`job_suite`, `job_tasks`,
-  `job_harness`, `job_harnesses`): read once, each refusal naming the option.
+  `job_split`, `job_harness`, `job_harnesses`): read once, each refusal naming the option.
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
 - **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
 
@@ -27,7 +27,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -42,6 +42,16 @@ OPTIONS = "options.json"
 
 C = TypeVar("C")
 R = TypeVar("R")
+
+
+class HasSplits(Protocol):
+    """What `job_split` reads of a suite (a Suite, or a trainer's own stand-in)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def split_sizes(self) -> Mapping[str, int]: ...
 
 
 @dataclass(frozen=True)
@@ -241,6 +251,15 @@ def job_tasks(suite: Suite, split: str, n: int | None, option: str, error: type[
         return suite.tasks(split, n)
     except ValueError as e:
         raise error(f"{option}: {e}") from None
+
+
+def job_split(suite: HasSplits, split: str, wanted: int, option: str, error: type[JobError] = JobError) -> None:
+    """`error` naming `option` when `split` of the suite holds fewer than the `wanted` tasks a job
+    draws from it step by step (a trainer's tasks per step: nothing is read here)."""
+    have = suite.split_sizes.get(split, 0)
+    if wanted > have:
+        held = f"has {have} tasks" if split in suite.split_sizes else "does not exist"
+        raise error(f"{option}: split '{split}' of suite '{suite.name}' {held}; asked for {wanted}")
 
 
 def job_harness(text: str, option: str, error: type[JobError] = JobError, *, loop_for: str | None = None) -> Any:

@@ -39,7 +39,7 @@ class Improve:
         console: Console | None = None,
         models: Mapping[str, ModelChoice] | None = None,
     ):
-        from harnessrl.kernel import choose_models, config_models, job_harness, job_suite, job_tasks
+        from harnessrl.kernel import choose_models, config_models, job_harness, job_split, job_suite, job_tasks
         from harnessrl.train import lora
         from harnessrl.train.distill import check_protocols
 
@@ -65,11 +65,7 @@ class Improve:
         test_tasks = job_tasks(suite, "test", c.test_tasks, "--test-tasks", ImproveError)
         job_tasks(suite, "train", c.collect_tasks, "--collect-tasks", ImproveError)  # a count the split cannot give
         content_pool = job_tasks(suite, "train", c.content_tasks, "--content-tasks", ImproveError)
-        if c.distill_tasks_per_step > suite.split_sizes["train"]:
-            raise ImproveError(
-                f"--distill-tasks-per-step {c.distill_tasks_per_step} is more than the "
-                f"{suite.split_sizes['train']} train tasks of suite '{suite.name}'"
-            )
+        job_split(suite, "train", c.distill_tasks_per_step, "--distill-tasks-per-step", ImproveError)
         self.record = {
             **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
             **model.recorded(),

@@ -78,7 +78,7 @@ from torch import Tensor
 
 from harnessrl.errors import JobError
 from harnessrl.results import TrainResult
-from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
+from harnessrl.rundir import append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import DistillConfig
 from harnessrl.train.grpo import TrainingUnit, checkpointing_forward, plain_output_head
@@ -414,10 +414,11 @@ class DistillRun(lora.WritesAdapter):
         executor=None,
         model: ModelChoice | None = None,
     ):
+        from rich.console import Console
+
         from harnessrl.executors import LocalExecutor
-        from harnessrl.harness.registry import load_harness
         from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.kernel import job_suite
+        from harnessrl.kernel import job_harness, job_split, job_suite
 
         if config.rollout_servers:
             raise DistillError(
@@ -430,23 +431,19 @@ class DistillRun(lora.WritesAdapter):
             ("teacher", teacher, config.teacher_harness),
             ("student", student, config.student_harness),
         ):
+            option, purpose = f"--{which}-harness", f"distillation (the {which} harness's prompts)"
             if given is None and not name:
-                raise DistillError(f"--{which}-harness is required: name the {which} harness (name or spec path)")
+                raise DistillError(f"{option} is required: name the {which} harness (name or spec path)")
+            if given is None:
+                specs[which] = job_harness(str(name), option, DistillError, loop_for=purpose)
+                continue
             try:
-                spec = given if given is not None else load_harness(str(name))
-                specs[which] = require_loop_harness(spec, f"distillation (the {which} harness's prompts)")
+                specs[which] = require_loop_harness(given, purpose)
             except SpecError as e:
-                raise DistillError(f"--{which}-harness: {e}") from None
+                raise DistillError(f"{option}: {e}") from None
         self.teacher, self.student = specs["teacher"], specs["student"]
         check_protocols(self.student, self.teacher)
-        have = self.suite.split_sizes.get("train", 0)
-        if have == 0:
-            raise DistillError(f"suite '{self.suite.name}' has no train split: the student samples train tasks")
-        if config.tasks_per_step > have:
-            raise DistillError(
-                f"--tasks-per-step {config.tasks_per_step} is more than the {have} train tasks of suite "
-                f"'{self.suite.name}'"
-            )
+        job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", DistillError)
         self.model_choice = lora.trained_model(config, DistillError, model)  # chosen once (harnessrl.kernel)
         self.config = config = dataclasses.replace(
             config, suite=self.suite.name, teacher_harness=self.teacher.name, student_harness=self.student.name
@@ -455,24 +452,12 @@ class DistillRun(lora.WritesAdapter):
         self.resume = resume
         self.progress = progress
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
-        try:
-            options = lora.precision_record(config.to_dict(), self.model_choice)
-        except ValueError as e:
-            raise DistillError(str(e)) from None
-        record = {**options, "teacher_spec": self.teacher.to_dict(), "student_spec": self.student.to_dict()}
-        try:
-            self.folder = RunFolder.open(
-                self.out, "distillation", record, resume=resume, may_differ=DISTILL_RESUMABLE_CHANGES
-            )
-        except RunFolderError as e:
-            raise DistillError(str(e)) from None
-        self.folder.record_shell_isolation([self.student], self.suite.offers_shell, training=True)
-        self.folder.record(executor=self.executor.describe())
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
-        self.console = console
+        self.folder = lora.open_run_folder(
+            self.out, "distillation", config, self.model_choice, resume=resume, may_differ=DISTILL_RESUMABLE_CHANGES,
+            teacher_spec=self.teacher.to_dict(), student_spec=self.student.to_dict(),
+        )  # fmt: skip
+        lora.record_start(self.folder, [self.student], self.suite.offers_shell, self.executor)
+        self.console = console if console is not None else Console(stderr=True)
         self.step = 0
         self.store: RunStore | None = None
         self.policy: HFPolicy | None = None  # the model, loaded by run()

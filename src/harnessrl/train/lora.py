@@ -4,6 +4,8 @@ and save the same way.
     check_trainable       cheap: int8 or a model that is not local cannot be trained
     trained_model         the local model a job fine-tunes, as the job kernel chose it (device, dtype)
     load_local_policy     the model loaded as an HFPolicy: training needs its weights in this process
+    open_run_folder       OUT opened with the options as they resolve here (precision_record)
+    record_start          a collecting run's shell isolation and executor, in its record
     attach                LoRA injected in place (the policy then generates with the adapter),
                           initialised from the run seed alone; its trainable parameters, AdamW
     write_checkpoint      OUT/checkpoint: adapter/, optimizer.pt, extra tensors, state.json
@@ -26,12 +28,12 @@ import shutil
 import uuid
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
 from harnessrl import __version__
-from harnessrl.rundir import write_json
+from harnessrl.rundir import RunFolder, write_json
 
 if TYPE_CHECKING:
     from harnessrl.models.choice import ModelChoice
@@ -146,6 +148,36 @@ def precision_record(record: dict[str, Any], choice: ModelChoice | None = None) 
     out.pop("dtype", None)
     out.update(chosen.recorded())
     return out
+
+
+def open_run_folder(
+    out: Path,
+    kind: str,
+    config: Any,
+    choice: ModelChoice,
+    *,
+    resume: bool,
+    may_differ: Sequence[str],
+    recorded_when_on: Mapping[str, Any] | None = None,
+    **record: Any,
+) -> RunFolder:
+    """OUT opened for a training run (RunFolder.open: a fresh start, or a resume that must match):
+    the config's options with the precision `choice` resolved (precision_record), and `record`
+    beside them (the harness specs). `recorded_when_on`: options recorded only when they are not
+    at this off value, so that runs from before the option resume as they were. A refusal is the
+    RunFolderError (a JobError) naming what differs."""
+    options = precision_record(config.to_dict(), choice)
+    for name, off in (recorded_when_on or {}).items():
+        if name in options and options[name] == off:
+            del options[name]
+    return RunFolder.open(out, kind, {**options, **record}, resume=resume, may_differ=may_differ)
+
+
+def record_start(folder: RunFolder, specs: list[Any], offers_shell: bool, executor: Any) -> None:
+    """What a run that collects its own episodes records at its start: whether the shell it offers
+    is isolated, and where its episodes run."""
+    folder.record_shell_isolation(specs, offers_shell, training=True)
+    folder.record(executor=executor.describe())
 
 
 def lora_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harnessrl.results import SFTData, SFTResult, SFTTrained
-from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
+from harnessrl.rundir import RunFolder, append_jsonl, truncate_jsonl
 from harnessrl.train import lora
 from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
@@ -163,7 +163,9 @@ class SFTRun(lora.WritesAdapter):
         sample_policy=None,
         model: ModelChoice | None = None,
     ):
-        from harnessrl.harness.spec import SpecError, require_loop_harness
+        from rich.console import Console
+
+        from harnessrl.kernel import job_harness
 
         self.config = config
         sampling = config.sample is not None
@@ -186,8 +188,6 @@ class SFTRun(lora.WritesAdapter):
             assert self.selection is not None  # not sampling: --from was given
             self.specs = own_specs(self.selection)
         elif spec is None:
-            from harnessrl.harness.registry import load_harness
-
             name, option = config.as_harness, "--as-harness"
             if name is None:
                 # the selected episodes' harness; when sampling is to find them all, the --from runs'
@@ -205,46 +205,26 @@ class SFTRun(lora.WritesAdapter):
                     )
                 else:
                     name = sources[0]
-            try:
-                spec = require_loop_harness(load_harness(name), "training for a harness (re-rendering conversations)")
-            except SpecError as e:
-                raise SFTError(f"{option}: {e}") from None
+            spec = job_harness(name, option, SFTError, loop_for="training for a harness (re-rendering conversations)")
         self.spec = spec
         self.harness_name = spec.name if spec is not None else OWN
         self.suite = self.selection.suite if self.selection is not None else config.sample_suite
         self.out = None if out is None else Path(out)
         self.resume = resume
         self.progress = progress
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
-        self.console = console
+        self.console = console if console is not None else Console(stderr=True)
         self.folder: RunFolder | None = None
         if self.out is not None:
-            try:
-                resolved = lora.precision_record(config.to_dict(), self.model_choice)
-            except ValueError as e:  # a device this machine lacks, or int8 asked on a GPU
-                raise SFTError(str(e)) from None
-            if not resolved.get("pack"):  # recorded when on: runs from before --pack resume as they were
-                resolved.pop("pack", None)
             if spec is not None:
                 harness_spec = spec.to_dict()
             else:
                 assert self.specs is not None  # --as-harness own
                 harness_spec = {n: x.to_dict() for n, x in self.specs.items()}
-            record = {
-                **resolved,
-                "as_harness": self.harness_name,
-                "harness_spec": harness_spec,
-                "suite": self.suite,
-            }
-            try:
-                self.folder = RunFolder.open(
-                    self.out, "fine-tuning", record, resume=resume, may_differ=SFT_RESUMABLE_CHANGES
-                )
-            except RunFolderError as e:
-                raise SFTError(str(e)) from None
+            self.folder = lora.open_run_folder(
+                self.out, "fine-tuning", config, self.model_choice, resume=resume, may_differ=SFT_RESUMABLE_CHANGES,
+                recorded_when_on={"pack": False},  # runs from before --pack resume as they were
+                as_harness=self.harness_name, harness_spec=harness_spec, suite=self.suite,
+            )  # fmt: skip
         self.plan: SamplingPlan | None = None
         if sampling:
             root = samples_root if samples_root is not None else out

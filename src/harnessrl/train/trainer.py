@@ -191,8 +191,10 @@ class Trainer(lora.WritesAdapter):
         executor=None,
         model: ModelChoice | None = None,
     ):
+        from rich.console import Console
+
         from harnessrl.executors import LocalExecutor
-        from harnessrl.kernel import job_harnesses, job_suite
+        from harnessrl.kernel import job_harnesses, job_split, job_suite
 
         self.suite = suite if suite is not None else job_suite(config.suite, TrainError)
         self.specs = (
@@ -218,15 +220,8 @@ class Trainer(lora.WritesAdapter):
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
         except (ValueError, TypeError) as e:
             raise TrainError(str(e)) from None
-        for split, wanted, option in (
-            ("train", config.tasks_per_step, "--tasks-per-step"),
-            ("dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks"),
-        ):
-            have = self.suite.split_sizes.get(split, 0)
-            if wanted > have:
-                raise TrainError(
-                    f"{option} {wanted} is more than the {have} {split} tasks of suite '{self.suite.name}'"
-                )
+        job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", TrainError)
+        job_split(self.suite, "dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks", TrainError)
         lora.check_trainable(config, TrainError)  # before the processes meet: a model that cannot be trained
         if config.max_off_policy_steps > 0 and not config.rollout_servers:
             raise TrainError(
@@ -248,36 +243,25 @@ class Trainer(lora.WritesAdapter):
         self.resume = resume
         self.progress = progress
         self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
-        try:  # the device as it resolves here (a device this machine lacks: refused before any work)
-            options = lora.precision_record(config.to_dict(), self.model_choice)
-            if options.get("advantage_control") == "none":  # recorded when on: runs from before resume as they were
-                options.pop("advantage_control")
-        except ValueError as e:
-            raise TrainError(str(e)) from None
-        record = {
-            **options,
-            "harness_specs": {s.name: s.to_dict() for s in [*self.specs, *self.eval_specs]},
-            "processes": self.dist.world_size,
-        }
         self.folder: RunFolder | None = None  # rank 0's alone
         error = None
         if self.dist.is_main:
             try:
-                self.folder = RunFolder.open(self.out, "training", record, resume=resume, may_differ=RESUMABLE_CHANGES)
+                self.folder = lora.open_run_folder(
+                    self.out, "training", config, self.model_choice, resume=resume, may_differ=RESUMABLE_CHANGES,
+                    recorded_when_on={"advantage_control": "none"},
+                    harness_specs={s.name: s.to_dict() for s in [*self.specs, *self.eval_specs]},
+                    processes=self.dist.world_size,
+                )  # fmt: skip
             except RunFolderError as e:
                 error = str(e)
             else:
-                self.folder.record_shell_isolation(self.specs, self.suite.offers_shell, training=True)
-                self.folder.record(executor=self.executor.describe())
+                lora.record_start(self.folder, self.specs, self.suite.offers_shell, self.executor)
         error = self.dist.agree(error)  # a refused folder stops every process
         if error is not None:
             self.dist.close()
             raise TrainError(error)
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
-        self.console = console
+        self.console = console if console is not None else Console(stderr=True)
         self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
