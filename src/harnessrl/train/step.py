@@ -7,6 +7,7 @@
     batch_stats        the step's statistics over every process's groups
     observe            the scheduler learns from the update (advantages, rewards, sketch)
     StepRecord         the step's record: one line of metrics.jsonl (`StepRecord.as_dict`)
+    FlatSteps          steps in a row that updated nothing (every group flat): a warning, once a streak
 
 `harnessrl.train.pipeline.RolloutPipeline` composes the plans and the groups with the rollouts;
 `Trainer.train_step` joins them to `harnessrl.train.update.update_policy` and `observe`.
@@ -423,3 +424,31 @@ def _as_dict(record: Any) -> dict[str, Any]:
         else:
             out[f.name] = value
     return out
+
+
+FLAT = "all advantages are zero"  # StepRecord.skipped of a step whose every group scored alike
+
+
+class FlatSteps:
+    """Counts the steps in a row that updated nothing because every group was flat (its episodes
+    all scored alike: every advantage 0) and returns a warning when a streak reaches `after`
+    steps (once a streak; a step that updates starts counting again)."""
+
+    def __init__(self, after: int = 3):
+        self.after = after
+        self.streak = 0
+
+    def see(self, record: dict[str, Any], temperature: float, group_size: int, dynamic: bool) -> str | None:
+        """The warning after the step whose `record` (a metrics.jsonl line) completes a streak, else None."""
+        self.streak = self.streak + 1 if record.get("skipped") == FLAT else 0
+        if self.streak != self.after:
+            return None
+        helps = [f"a higher --temperature (now {temperature:g})", f"a larger --group-size (now {group_size})"]
+        if not dynamic:
+            helps.append("--dynamic-sampling (refills each step with groups that disagree)")
+        return (
+            f"warning: steps {record['step'] - self.after + 1}-{record['step']} updated nothing: in every GRPO group "
+            "the attempts scored alike (each task always passed or always failed), so every advantage was 0. "
+            "The model's successes belong to tasks, not to samples; try " + ", ".join(helps) + ", or tasks the "
+            'model passes sometimes (docs/training.md, "When every group is flat")'
+        )

@@ -114,7 +114,9 @@ from harnessrl.train.progress import GRPO_VIEW, StepProgress, mean
 from harnessrl.train.schedulers import make_scheduler, random_state_json, set_random_state_json
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import (
+    FLAT,
     DynamicSamplingRecord,
+    FlatSteps,
     RolloutServerRecord,
     StepRecord,
     StepTimes,
@@ -556,7 +558,7 @@ class Trainer(lora.WritesAdapter):
             tis_capped_frac=update.tis_capped_frac,
             optimizer_step=stats.signal,
             optimizer_steps=update.optimizer_steps,
-            skipped=None if stats.signal else ("all advantages are zero" if stats.units else "no training units"),
+            skipped=None if stats.signal else (FLAT if stats.units else "no training units"),
             lr=cfg.lr,
             dynamic_sampling=dynamic,
             rollout_servers=servers,
@@ -686,6 +688,7 @@ class Trainer(lora.WritesAdapter):
         if cfg.eval_every and self.step == 0:
             self._log_eval(eval_path, self.evaluate())
         last: dict[str, Any] = {}
+        flat = FlatSteps()
         with StepProgress(GRPO_VIEW, self.console, cfg.steps, self.step, enabled=self.progress and main) as bar:
             while self.step < cfg.steps:
                 try:
@@ -705,6 +708,9 @@ class Trainer(lora.WritesAdapter):
                     ) from None
                 if main:
                     append_jsonl(metrics_path, record)
+                    warning = flat.see(record, cfg.temperature, cfg.group_size, cfg.dynamic_sampling)
+                    if warning is not None:
+                        self.console.print(warning, style="yellow", highlight=False, markup=False)
                 self._tensorboard(record)
                 bar.update(record)
                 last = record
