@@ -364,14 +364,19 @@ def test_training_load_refuses_a_model_too_large_for_training_before_loading(two
 
 
 def test_the_recorded_precision_of_a_training_run(monkeypatch):
+    from harnessrl.kernel import job_record
     from harnessrl.train import lora
     from harnessrl.train.config import TrainConfig
 
-    record = lora.precision_record(TrainConfig(model="tiny-random").to_dict())
+    def recorded(config: TrainConfig) -> dict:  # what a training run's folder records of its options
+        return job_record(config.to_dict(), lora.trained_model(config, ValueError))
+
+    record = recorded(TrainConfig(model="tiny-random"))
     assert record["device"] == "cpu" and "dtype" not in record  # float32: as runs were recorded before
-    assert lora.precision_record(TrainConfig(dtype="bfloat16").to_dict())["dtype"] == "bfloat16"
+    assert record["lr"] == TrainConfig().lr  # the options beside it
+    assert recorded(TrainConfig(dtype="bfloat16"))["dtype"] == "bfloat16"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    on_gpu = lora.precision_record(TrainConfig().to_dict())
+    on_gpu = recorded(TrainConfig())
     assert on_gpu["device"] == "cuda:0" and on_gpu["dtype"] == "bfloat16"

@@ -13,7 +13,8 @@ once before its own work, the same way for all of them.
   model's device and dtype resolved on this machine, the API-key variable named. The job and
   `load_policy` take the ModelChoice and resolve nothing again.
 - **the suite, its tasks and the harnesses** a job's options name (`job_suite`, `job_tasks`,
-  `job_split`, `job_harness`, `job_harnesses`): read once, each refusal naming the option.
+  `job_split`, `job_harness`, `job_harnesses`): read once, each refusal naming the option;
+  what the run folder records of them and of the options, one way (`job_record`).
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
 - **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
 
@@ -260,6 +261,17 @@ def job_split(suite: HasSplits, split: str, wanted: int, option: str, error: typ
     if wanted > have:
         held = f"has {have} tasks" if split in suite.split_sizes else "does not exist"
         raise error(f"{option}: split '{split}' of suite '{suite.name}' {held}; asked for {wanted}")
+
+
+def job_record(
+    options: Mapping[str, Any], model: ModelChoice, leave_out: Iterable[str] = (), **specs: Any
+) -> dict[str, Any]:
+    """What a job's run folder records (and compares on --resume): its options without the device
+    and dtype as asked and without `leave_out` (options that play no part in this run), the model's
+    precision as it resolved (ModelChoice.recorded: the device, the dtype when not float32), and
+    `specs` (the harness specs it runs)."""
+    dropped = {"device", "dtype", *leave_out}
+    return {**{k: v for k, v in options.items() if k not in dropped}, **model.recorded(), **specs}
 
 
 def job_harness(text: str, option: str, error: type[JobError] = JobError, *, loop_for: str | None = None) -> Any:

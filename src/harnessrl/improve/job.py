@@ -39,7 +39,15 @@ class Improve:
         console: Console | None = None,
         models: Mapping[str, ModelChoice] | None = None,
     ):
-        from harnessrl.kernel import choose_models, config_models, job_harness, job_split, job_suite, job_tasks
+        from harnessrl.kernel import (
+            choose_models,
+            config_models,
+            job_harness,
+            job_record,
+            job_split,
+            job_suite,
+            job_tasks,
+        )
         from harnessrl.train import lora
         from harnessrl.train.distill import check_protocols
 
@@ -66,12 +74,8 @@ class Improve:
         job_tasks(suite, "train", c.collect_tasks, "--collect-tasks", ImproveError)  # a count the split cannot give
         content_pool = job_tasks(suite, "train", c.content_tasks, "--content-tasks", ImproveError)
         job_split(suite, "train", c.distill_tasks_per_step, "--distill-tasks-per-step", ImproveError)
-        self.record = {
-            **{k: v for k, v in c.model_dump().items() if k not in ("device", "dtype")},
-            **model.recorded(),
-            "seed_spec": seed_spec.to_dict(),
-            "evolved_spec": None if given is None else given.to_dict(),
-        }
+        evolved_spec = None if given is None else given.to_dict()
+        self.record = job_record(c.model_dump(), model, seed_spec=seed_spec.to_dict(), evolved_spec=evolved_spec)
         folder = RunFolder.open(out, "improvement", self.record, resume=resume, may_differ=("device",))
         self.state = ImproveState(
             config=c,

@@ -168,7 +168,7 @@ class Study:
         models: Mapping[str, ModelChoice] | None = None,
     ):
         from harnessrl.evolve.config import evolution_of
-        from harnessrl.kernel import choose_models, config_models, job_harness, job_suite, job_tasks
+        from harnessrl.kernel import choose_models, config_models, job_harness, job_record, job_suite, job_tasks
 
         self.config = config
         self.out = Path(out)
@@ -198,16 +198,14 @@ class Study:
                 self.evolve_config = evolution_of(c, self.dtype)
             except ValueError as e:  # an evolution option its config refuses
                 raise StudyError(str(e)) from None
-        # with --evolved the evolution's options play no part: left out, so they may change on --resume
-        unused = EVOLVE_OPTIONS if c.evolved is not None else ()
-        # the device and dtype as they resolved (ModelChoice.recorded); pack recorded when on
-        unused = (*unused, "device", "dtype", *(() if c.pack else ("pack",)))
-        self.record = {
-            **{k: v for k, v in config.model_dump().items() if k not in unused},
-            **model.recorded(),
-            "seed_spec": self.seed_spec.to_dict(),
-            "evolved_spec": None if self.given_evolved is None else self.given_evolved.to_dict(),
-        }
+        # with --evolved the evolution's options play no part: left out, so they may change on --resume;
+        # pack recorded when on
+        unused = (*(EVOLVE_OPTIONS if c.evolved is not None else ()), *(() if c.pack else ("pack",)))
+        self.record = job_record(
+            config.model_dump(), model, unused,
+            seed_spec=self.seed_spec.to_dict(),
+            evolved_spec=None if self.given_evolved is None else self.given_evolved.to_dict(),
+        )  # fmt: skip
         self.runner = Stages(
             config,
             self.out,

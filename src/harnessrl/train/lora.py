@@ -4,7 +4,7 @@ and save the same way.
     check_trainable       cheap: int8 or a model that is not local cannot be trained
     trained_model         the local model a job fine-tunes, as the job kernel chose it (device, dtype)
     load_local_policy     the model loaded as an HFPolicy: training needs its weights in this process
-    open_run_folder       OUT opened with the options as they resolve here (precision_record)
+    open_run_folder       OUT opened with the options and the precision as they resolve (kernel.job_record)
     record_start          a collecting run's shell isolation and executor, in its record
     attach                LoRA injected in place (the policy then generates with the adapter),
                           initialised from the run seed alone; its trainable parameters, AdamW
@@ -136,20 +136,6 @@ def load_local_policy(
     return policy
 
 
-def precision_record(record: dict[str, Any], choice: ModelChoice | None = None) -> dict[str, Any]:
-    """A training run's recorded configuration with `device` and `dtype` as they resolve on this
-    machine (as `choice` resolved them, else resolved here): the device as it is (a resume may
-    continue on another one: it changes float rounding only), the dtype only when it is not
-    float32, so that a run from before these options resumes as it was and a CPU run started
-    with "auto" is not resumed in bfloat16 on a GPU unnoticed (that changes what every step
-    computes: resume with --dtype float32 there)."""
-    out = dict(record)
-    chosen = _chosen(out["model"], out.get("device", "auto"), out.get("dtype", "auto")) if choice is None else choice
-    out.pop("dtype", None)
-    out.update(chosen.recorded())
-    return out
-
-
 def open_run_folder(
     out: Path,
     kind: str,
@@ -162,15 +148,15 @@ def open_run_folder(
     **record: Any,
 ) -> RunFolder:
     """OUT opened for a training run (RunFolder.open: a fresh start, or a resume that must match):
-    the config's options with the precision `choice` resolved (precision_record), and `record`
+    the config's options with the precision `choice` resolved (harnessrl.kernel.job_record), and `record`
     beside them (the harness specs). `recorded_when_on`: options recorded only when they are not
     at this off value, so that runs from before the option resume as they were. A refusal is the
     RunFolderError (a JobError) naming what differs."""
-    options = precision_record(config.to_dict(), choice)
-    for name, off in (recorded_when_on or {}).items():
-        if name in options and options[name] == off:
-            del options[name]
-    return RunFolder.open(out, kind, {**options, **record}, resume=resume, may_differ=may_differ)
+    from harnessrl.kernel import job_record
+
+    options = config.to_dict()
+    off = [name for name, value in (recorded_when_on or {}).items() if name in options and options[name] == value]
+    return RunFolder.open(out, kind, job_record(options, choice, off, **record), resume=resume, may_differ=may_differ)
 
 
 def record_start(folder: RunFolder, specs: list[Any], offers_shell: bool, executor: Any) -> None:

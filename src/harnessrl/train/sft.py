@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 # next steps compute; "data" (what the examples came to) is recorded again, and the checkpoint's
 # fingerprint of the examples is what a resume is checked against.
 # device and gradient checkpointing change float rounding only (docs/training.md, "Devices and
-# precision"); the dtype is compared, as it resolves here (lora.precision_record)
+# precision"); the dtype is compared, as it resolves here (harnessrl.kernel.job_record)
 SFT_RESUMABLE_CHANGES = ("epochs", "checkpoint_every", "data", "device", "gradient_checkpointing")
 
 
