@@ -9,10 +9,12 @@ skipped when the script is run again, an interrupted one resumes with --resume):
             --attempts each (or --before FOLDER: an evaluation that already ran, e.g. a study's
             evolved-base cell of the same model, harness, tasks, attempts and temperature);
   grpo      `harnessrl train grpo` on TRAIN tasks through --harness, --steps steps;
+  after-grpo
+            `harnessrl eval` of its adapter, as `before`;
   control   the same command with `--advantage-control shuffled-rewards` (docs/training.md,
             "A control run"): the same steps and update sizes, rewards shuffled within groups;
-  after-grpo, after-control
-            `harnessrl eval` of each run's adapter, as `before`.
+  after-control
+            `harnessrl eval` of the control's adapter, as `before`.
 
 Reported: the held-out mean of each, the paired differences (by task) grpo - before,
 control - before and grpo - control with 95 % bootstrap intervals (`harnessrl compare`), and
@@ -50,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=None, help="default: train grpo's")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=None, help="of both runs (default: train grpo's): what a kill loses"
+    )
     p.add_argument("--temperature", type=float, default=0.7, help="of the rollouts and the evaluations")
     p.add_argument("--test-tasks", type=int, default=72)
     p.add_argument("--attempts", type=int, default=2)
@@ -99,6 +104,8 @@ def train(args: argparse.Namespace, folder: Path, control: bool) -> None:
     ]  # fmt: skip
     if args.lr is not None:
         options += ["--lr", str(args.lr)]
+    if args.checkpoint_every is not None:  # changes nothing a step computes (a resume equals the run)
+        options += ["--checkpoint-every", str(args.checkpoint_every)]
     if control:
         options += ["--advantage-control", "shuffled-rewards"]
     harnessrl(*options, *_resume(folder))
@@ -131,8 +138,8 @@ def main(argv: list[str] | None = None) -> dict:
     stages = [
         ("before", lambda: evaluate(args, args.model, before)),
         ("grpo", lambda: train(args, out / "grpo", control=False)),
-        ("control", lambda: train(args, out / "control", control=True)),
         ("after-grpo", lambda: evaluate(args, f"hf:{out / 'grpo' / 'adapter'}", out / "after-grpo")),
+        ("control", lambda: train(args, out / "control", control=True)),
         ("after-control", lambda: evaluate(args, f"hf:{out / 'control' / 'adapter'}", out / "after-control")),
     ]
     for name, stage in stages:
