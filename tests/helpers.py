@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from harnessrl.harness.oracle import oracle_script
+from harnessrl.harness.registry import load_harness
+from harnessrl.harness.spec import HarnessSpec
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.tasks import get_suite
 from harnessrl.types import Message, Termination
@@ -200,3 +202,21 @@ def check_notes_solved(traj, prefix: str) -> None:
     listing, adding = traj.steps[0].tool_results[0], traj.steps[1].tool_results[0]
     assert listing.name == "notes_list" and "Renew the parking permit" in listing.output
     assert adding.name == "notes_add" and adding.ok and '"status": "added"' in adding.output
+
+
+def shrunk(name: str, **rules) -> HarnessSpec:
+    """A built-in harness with some rules cut (max_steps=2, max_new_tokens=16, ...): a tiny random
+    model's episodes end fast, through the same harness code."""
+    data = load_harness(name).to_dict()
+    data["rules"].update(rules)
+    return HarnessSpec.model_validate(data)
+
+
+def shrunk_file(folder: Path, name: str, **rules) -> Path:
+    """`shrunk` written as a spec file in `folder` (for the command line's --harness), under its
+    own name."""
+    import yaml
+
+    path = folder / f"{name}-shrunk.yaml"
+    path.write_text(yaml.safe_dump(shrunk(name, **rules).to_dict()))
+    return path

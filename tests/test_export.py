@@ -278,7 +278,13 @@ def test_inspect_view_shows_the_logs_in_a_browser(run, tmp_path):
                 for name in files:
                     harness = GOOD if name.endswith(f"_{GOOD}.eval") else BAD
                     page.goto(f"http://127.0.0.1:{port}/#/tasks/{name}")
-                    page.get_by_text(tasks[-1].instruction).first.wait_for(timeout=30_000)
+                    # this log's own task name and its last sample: the previous log (the same
+                    # tasks) may still be on the page while this one loads
+                    page.wait_for_function(
+                        "([a, b]) => document.body.innerText.includes(a) && document.body.innerText.includes(b)",
+                        arg=[f"toolcalc/{harness}", tasks[-1].instruction],
+                        timeout=30_000,
+                    )
                     text = page.inner_text("body")
                     assert f"toolcalc/{harness}" in text and "grade" in text and "scripted" in text
                     assert all(t.instruction in text for t in tasks)

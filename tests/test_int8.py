@@ -143,11 +143,13 @@ def test_int8_is_near_float32_and_records_its_own_logprobs(int8_policy, float_po
 
 
 def test_int8_policy_runs_episodes_through_the_runner(int8_policy):
-    from harnessrl.harness.registry import load_harness
+    from helpers import shrunk
+
     from harnessrl.rollout import Runner, make_jobs
     from harnessrl.tasks import get_suite
 
-    jobs = make_jobs(get_suite("toolcalc").tasks("dev", 3), [load_harness("json-tools")], 1)
+    # three episodes in flight at once, each cut to three short calls (int8 matmuls are slow on a CPU)
+    jobs = make_jobs(get_suite("toolcalc").tasks("dev", 3), [shrunk("json-tools", max_steps=3, max_new_tokens=48)], 1)
     trajectories = Runner(int8_policy, SamplingParams(temperature=0.7, seed=1), max_in_flight=3).run(jobs)
     assert len(trajectories) == 3 and not any(t.is_infra_error for t in trajectories)
     calls = [s.model_call for t in trajectories for s in t.steps if s.model_call is not None]

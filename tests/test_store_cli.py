@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import oracle_policy
+from helpers import oracle_policy, shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -277,7 +277,8 @@ def test_cli_eval_oracle_passes_every_task_through_each_harness_on_every_attempt
 
 def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path):
     out = tmp_path / "bf16"
-    args = ["eval", "--suite", "toolcalc", "--tasks", "1", "--harness", "json-tools", "--out", str(out)]
+    harness = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # a short episode
+    args = ["eval", "--suite", "toolcalc", "--tasks", "1", "--harness", str(harness), "--out", str(out)]
     r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "bfloat16", "--no-progress"])
     assert r.exit_code == 0, r.output
     with RunStore(out) as store:
@@ -294,7 +295,8 @@ def test_cli_eval_in_bfloat16_runs_the_model_in_bfloat16_and_records_it(tmp_path
 
 def test_cli_eval_in_int8_quantizes_the_linear_layers_and_records_it(tmp_path):
     out = tmp_path / "int8"
-    args = ["eval", "--suite", "toolcalc", "--tasks", "1", "--harness", "json-tools", "--out", str(out)]
+    harness = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # a short episode
+    args = ["eval", "--suite", "toolcalc", "--tasks", "1", "--harness", str(harness), "--out", str(out)]
     r = cli.invoke(app, [*args, "--model", "tiny-random", "--dtype", "int8", "--no-progress"])
     assert r.exit_code == 0, r.output
     with RunStore(out) as store:
