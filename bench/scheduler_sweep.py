@@ -40,7 +40,6 @@ runs at once in worker processes of one torch thread each.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -339,7 +338,7 @@ def run_one(
     eval_s = 0.0
     for i, target in enumerate(points):
         trainer = Trainer(
-            dataclasses.replace(config, steps=target),
+            config.replace(steps=target),
             folder,
             resume=i > 0,
             suite=suite,

@@ -11,7 +11,6 @@ GRPO run is refused, and the run is the run it would have been without it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -208,11 +207,11 @@ def test_the_rollout_client_sends_the_key_to_a_vllm_with_an_api_key(tiny_policy,
 
 def test_a_trainer_without_the_key_stops_at_its_first_load_naming_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
-    config = dataclasses.replace(BASE, eval_every=0)
+    config = BASE.replace(eval_every=0)
     with serving("tiny-random", admin_key=ADMIN_KEY) as url:
         with pytest.raises(TrainError, match=f"{ADMIN_KEY_ENV} is not set") as e:
             Trainer(
-                dataclasses.replace(config, rollout_servers=[url]),
+                config.replace(rollout_servers=[url]),
                 tmp_path / "o",
                 suite=TextScore(),
                 specs=SPECS,
@@ -248,7 +247,7 @@ def swap_agent(root: str | None):
 
 def agent_run(out: Path, url: str, attack: bool) -> list[dict]:
     root = url.removesuffix("/v1")
-    config = dataclasses.replace(BASE, steps=2, eval_every=0, scheduler="single:swap", rollout_servers=[url])
+    config = BASE.replace(steps=2, eval_every=0, scheduler="single:swap", rollout_servers=[url])
     Trainer(config, out, suite=TextScore(), specs=[swap_agent(root if attack else None)], progress=False).run()
     return lines(out / "metrics.jsonl")
 

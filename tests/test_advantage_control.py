@@ -8,7 +8,6 @@ rewards and the step's reward curve stay the true ones; the option is recorded o
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 
@@ -25,7 +24,7 @@ from harnessrl.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CONTROL = dataclasses.replace(BASE, steps=2, eval_every=0, group_size=4, advantage_control="shuffled-rewards")
+CONTROL = BASE.replace(steps=2, eval_every=0, group_size=4, advantage_control="shuffled-rewards")
 
 
 def test_the_shuffle_is_a_permutation_drawn_from_seed_step_and_group():
@@ -106,7 +105,7 @@ def test_the_option_is_recorded_only_when_on(tmp_path):
     """A run from before the option (no key in its config.json) resumes as it was."""
     out = tmp_path / "plain"
     Trainer(
-        dataclasses.replace(CONTROL, steps=1, advantage_control="none"),
+        CONTROL.replace(steps=1, advantage_control="none"),
         out,
         suite=TextScore(),
         specs=SPECS,
@@ -114,7 +113,7 @@ def test_the_option_is_recorded_only_when_on(tmp_path):
     ).run()
     assert "advantage_control" not in json.loads((out / "config.json").read_text())
     Trainer(
-        dataclasses.replace(CONTROL, advantage_control="none"),
+        CONTROL.replace(advantage_control="none"),
         out,
         resume=True,
         suite=TextScore(),

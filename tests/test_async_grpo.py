@@ -11,7 +11,6 @@ sees every group (flat ones included), and two processes take the refill decisio
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 
@@ -31,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # 4 steps of seed 0 at T=1: every step's groups disagree somewhere, so every step updates and each
 # update makes a new policy version (the lags below count them)
-ASYNC = dataclasses.replace(BASE, steps=4, eval_every=0, checkpoint_every=1, max_off_policy_steps=1)
+ASYNC = BASE.replace(steps=4, eval_every=0, checkpoint_every=1, max_off_policy_steps=1)
 SLOW_UPDATE_S = 1.0
 SLOW_ROLLOUTS_S = 0.4
 
@@ -109,7 +108,7 @@ def check_lags(out, records, bound: int) -> list[int]:
 
 def test_the_next_steps_rollouts_overlap_the_update_within_the_bound(server, slow_update, slow_rollouts, tmp_path):
     out = tmp_path / "async"
-    run(out, dataclasses.replace(ASYNC, rollout_servers=[server]))
+    run(out, ASYNC.replace(rollout_servers=[server]))
     records = lines(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(r["optimizer_step"] for r in records), "pick a seed whose steps all update"
@@ -143,7 +142,7 @@ def test_a_deeper_pipeline_reaches_the_lag_the_bound_of_1_forbids(server, slow_u
     """The same slow update with a bound of 2: plans run two steps ahead and units are trained
     two versions late, which the bound of 1 above never allowed."""
     out = tmp_path / "deep"
-    run(out, dataclasses.replace(ASYNC, steps=3, max_off_policy_steps=2, rollout_servers=[server]))
+    run(out, ASYNC.replace(steps=3, max_off_policy_steps=2, rollout_servers=[server]))
     records = lines(out / "metrics.jsonl")
     assert all(r["optimizer_step"] for r in records)
     assert [r["sampling_version"] for r in records] == [0, 0, 0]
@@ -154,7 +153,7 @@ def test_a_killed_asynchronous_run_resumes_to_the_same_decisions(server, tmp_pat
     """Killed during step 3's update, while step 4's rollouts are collected ahead: the checkpoint
     of step 2 holds the plan of step 3 (made before step 2's update was observed) and the weights
     it is bound to; the resumed run takes every decision the uninterrupted one took."""
-    config = dataclasses.replace(ASYNC, rollout_servers=[server])
+    config = ASYNC.replace(rollout_servers=[server])
     full, killed = tmp_path / "full", tmp_path / "killed"
     run(full, config)
     update = Trainer._update
@@ -198,7 +197,7 @@ def test_a_killed_asynchronous_run_resumes_to_the_same_decisions(server, tmp_pat
 def test_two_processes_collect_ahead_as_one(server, tmp_path):
     """Each process runs its share of every plan ahead on the servers; rank 0 publishes; the
     versions stay pinned until both have gathered the step: the run of one process, step for step."""
-    config = dataclasses.replace(ASYNC, steps=3, tasks_per_step=3, rollout_servers=[server])
+    config = ASYNC.replace(steps=3, tasks_per_step=3, rollout_servers=[server])
     run(tmp_path / "one", config)
     results = launch(2, tmp_path / "two", config)
     for rank, (code, output) in enumerate(results):
@@ -220,9 +219,7 @@ def test_asynchronous_collection_needs_a_rollout_server(tmp_path):
 
 # ------------------------------------------------------------------------------- dynamic sampling
 
-DYNAMIC = dataclasses.replace(
-    BASE, steps=4, tasks_per_step=3, eval_every=0, dynamic_sampling=True, max_sampling_rounds=3
-)
+DYNAMIC = BASE.replace(steps=4, tasks_per_step=3, eval_every=0, dynamic_sampling=True, max_sampling_rounds=3)
 
 
 class Spy:
@@ -280,7 +277,7 @@ def test_dynamic_sampling_says_when_its_budget_ran_out(tmp_path):
     from harnessrl.tasks import get_suite
 
     specs = [shrink(h, max_steps=1, max_new_tokens=8) for h in ("json-tools", "react")]
-    config = dataclasses.replace(DYNAMIC, suite="toolcalc", steps=1, tasks_per_step=2, save_rollouts=False)
+    config = DYNAMIC.replace(suite="toolcalc", steps=1, tasks_per_step=2, save_rollouts=False)
     t = Trainer(config, tmp_path / "flat", suite=get_suite("toolcalc"), specs=specs, progress=False)
     spy = Spy(t.scheduler)
     t.run()
@@ -295,7 +292,7 @@ def test_dynamic_sampling_says_when_its_budget_ran_out(tmp_path):
 def test_a_dynamic_sampling_run_resumes_exactly(tmp_path):
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run(full, DYNAMIC)
-    run(resumed, dataclasses.replace(DYNAMIC, steps=2))
+    run(resumed, DYNAMIC.replace(steps=2))
     run(resumed, DYNAMIC, resume=True)
     keys = ("harness", "tasks", "sampling_seed", "sampling_rounds", "groups_trained", "reward_mean", "loss")
     a, b = lines(full / "metrics.jsonl"), lines(resumed / "metrics.jsonl")
@@ -305,7 +302,7 @@ def test_a_dynamic_sampling_run_resumes_exactly(tmp_path):
 
 @needs_gloo
 def test_two_processes_take_the_refill_decisions_of_one(tmp_path):
-    config = dataclasses.replace(DYNAMIC, steps=2)
+    config = DYNAMIC.replace(steps=2)
     run(tmp_path / "one", config)
     results = launch(2, tmp_path / "two", config)
     for rank, (code, output) in enumerate(results):

@@ -369,7 +369,7 @@ def test_the_recorded_precision_of_a_training_run(monkeypatch):
     from harnessrl.train.config import TrainConfig
 
     def recorded(config: TrainConfig) -> dict:  # what a training run's folder records of its options
-        return job_record(config.to_dict(), lora.trained_model(config, ValueError))
+        return job_record(config.model_dump(), lora.trained_model(config, ValueError))
 
     record = recorded(TrainConfig(model="tiny-random"))
     assert record["device"] == "cpu" and "dtype" not in record  # float32: as runs were recorded before

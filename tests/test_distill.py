@@ -7,7 +7,6 @@ harness with another system prompt (a shrunk stand-in for an evolved harness).""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -162,7 +161,7 @@ def test_a_run_writes_metrics_checkpoint_rollouts_and_a_loadable_adapter(full_ru
 def test_the_kl_to_the_teacher_falls_on_a_fixed_batch(tmp_path):
     from harnessrl.rollout import Job
 
-    run = distiller(tmp_path / "fixed", dataclasses.replace(BASE, lr=5e-3))
+    run = distiller(tmp_path / "fixed", BASE.replace(lr=5e-3))
     run._setup()
     tasks = step_tasks(run.train_tasks, 2, 0, 0)
     trajectories = run.runner.run([Job(t, STUDENT, i) for t in tasks for i in range(2)])
@@ -187,7 +186,7 @@ def test_the_kl_to_the_teacher_falls_on_a_fixed_batch(tmp_path):
 
 def test_the_same_harness_as_teacher_starts_at_zero_kl(tmp_path):
     out = tmp_path / "same"
-    distiller(out, dataclasses.replace(BASE, steps=1), teacher=STUDENT).run()
+    distiller(out, BASE.replace(steps=1), teacher=STUDENT).run()
     (r,) = lines(out / "metrics.jsonl")
     # the teacher's prompt is the student's and LoRA starts at zero: the two distributions agree
     assert r["teacher_prompt_tokens_mean"] == r["student_prompt_tokens_mean"]
@@ -196,7 +195,7 @@ def test_the_same_harness_as_teacher_starts_at_zero_kl(tmp_path):
 
 def test_resume_equals_the_uninterrupted_run(full_run, tmp_path):
     out = tmp_path / "resumed"
-    distiller(out, dataclasses.replace(BASE, steps=1)).run()
+    distiller(out, BASE.replace(steps=1)).run()
     distiller(out, resume=True).run()
     full, resumed = lines(full_run / "metrics.jsonl"), lines(out / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2]
@@ -206,7 +205,7 @@ def test_resume_equals_the_uninterrupted_run(full_run, tmp_path):
         assert torch.equal(value, adapter_weights(out / "adapter")[key]), key
     # a resume with other options is refused, naming them (the run folder's JobError)
     with pytest.raises(JobError, match=r"different configuration.*lr \(0.0001 -> 1.0\)"):
-        distiller(out, dataclasses.replace(BASE, lr=1.0), resume=True)
+        distiller(out, BASE.replace(lr=1.0), resume=True)
 
 
 # ------------------------------------------------------------------------------------- bad input

@@ -3,7 +3,6 @@ after three such steps in a row the trainer says so, and what would give its gro
 
 from __future__ import annotations
 
-import dataclasses
 import io
 
 import pytest
@@ -52,7 +51,7 @@ class Unpassable(TextScore):
 def test_the_trainer_warns_after_three_steps_without_an_update(tmp_path):
     out = io.StringIO()
     console = Console(file=out, width=400)
-    config = dataclasses.replace(BASE, steps=3, eval_every=0)
+    config = BASE.replace(steps=3, eval_every=0)
     trainer = Trainer(config, tmp_path / "run", suite=Unpassable(), specs=SPECS, progress=False, console=console)
     trainer.run()
     text = out.getvalue()

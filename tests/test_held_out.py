@@ -4,8 +4,6 @@ weights (the evaluation at step 0). The tiny model and the `textscore` suite of 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from test_trainer import BASE, SPECS, TextScore, lines, shrink
 
@@ -24,9 +22,7 @@ HELD_OUT = shrink(
 
 
 def test_a_held_out_harness_is_evaluated_never_trained_and_paired_with_the_base(tmp_path):
-    config = dataclasses.replace(
-        BASE, steps=2, eval_every=2, eval_tasks=2, eval_attempts=2, eval_harnesses=["xml-tags"]
-    )
+    config = BASE.replace(steps=2, eval_every=2, eval_tasks=2, eval_attempts=2, eval_harnesses=["xml-tags"])
     trainer = Trainer(config, tmp_path / "run", suite=TextScore(), specs=SPECS, eval_specs=[HELD_OUT], progress=False)
     trainer.run()
     steps = lines(tmp_path / "run" / "metrics.jsonl")
@@ -51,7 +47,7 @@ def test_a_held_out_harness_is_evaluated_never_trained_and_paired_with_the_base(
 def test_a_held_out_harness_must_not_be_trained_and_needs_evaluations(tmp_path):
     with pytest.raises(TrainError, match="also trained on"):
         Trainer(
-            dataclasses.replace(BASE, eval_harnesses=["json-tools"]),
+            BASE.replace(eval_harnesses=["json-tools"]),
             tmp_path / "a",
             suite=TextScore(),
             specs=SPECS,
@@ -60,7 +56,7 @@ def test_a_held_out_harness_must_not_be_trained_and_needs_evaluations(tmp_path):
         )
     with pytest.raises(TrainError, match="needs --eval-every"):
         Trainer(
-            dataclasses.replace(BASE, eval_every=0, eval_harnesses=["xml-tags"]),
+            BASE.replace(eval_every=0, eval_harnesses=["xml-tags"]),
             tmp_path / "b",
             suite=TextScore(),
             specs=SPECS,

@@ -210,6 +210,31 @@ def test_options_are_kept_only_for_a_job_that_ran(tmp_path):
     assert not fresh.exists()
 
 
+def test_every_job_config_is_one_kind_of_record_and_a_changed_copy_is_validated_again():
+    """The configs of all seven commands are Options models (one way to read, dump and change
+    them); `replace` checks the changed copy as the command line would, where pydantic's
+    model_copy would take any value."""
+    from pydantic import ValidationError
+
+    from harnessrl.cli import common, eval, evolve, improve, study, train
+    from harnessrl.config import Options
+    from harnessrl.train.config import TrainConfig
+
+    commands = [eval.eval_cmd, evolve.evolve_cmd, study.study_cmd, improve.improve_cmd]
+    commands += [train.grpo_cmd, train.sft_cmd, train.distill_cmd]
+    configs = [model for command in commands for model in command.__wrapped_config__]
+    assert len(configs) == 2 * len(COMMANDS) and all(issubclass(m, Options) for m in configs), configs
+    base = TrainConfig(steps=3)
+    changed = base.replace(lr=2e-4, harnesses="react,json-tools")  # validated: the comma list is split
+    assert (changed.steps, changed.lr, changed.harnesses) == (3, 2e-4, ["react", "json-tools"])
+    assert base.lr == 1e-4  # the original is untouched
+    with pytest.raises(ValidationError, match="lr"):
+        base.replace(lr=-1.0)
+    with pytest.raises(ValidationError, match="not_an_option"):
+        base.replace(not_an_option=1)
+    assert common.config_fields(TrainConfig).keys() == TrainConfig.model_fields.keys()
+
+
 def test_a_broken_options_file_is_a_job_error(tmp_path):
     from harnessrl.config import EvalConfig
 

@@ -80,7 +80,7 @@ def test_micro_batches_keep_a_row_together():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _set_up(tmp_path_factory.mktemp("packing") / "out", dataclasses.replace(BASE, micro_batch=100_000))
+    return _set_up(tmp_path_factory.mktemp("packing") / "out", BASE.replace(micro_batch=100_000))
 
 
 def test_packed_rows_give_each_call_its_own_logprobs_loss_and_gradient(tiny, monkeypatch):

@@ -140,7 +140,7 @@ def _expected_figures(units: list[TrainingUnit], cap: float = 2.0) -> dict[str, 
 def test_tis_update_weights_each_token_and_reports_the_mismatch(tmp_path):
     """The first mini-step's ratio is 1, so the TIS loss is -sum(w A) / tokens with
     w = min(exp(-shift), 2) on every forwarded token (zero-advantage units count in the normaliser)."""
-    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, rollout_correction="tis"))
+    t = _set_up(tmp_path / "out", BASE.replace(rollout_correction="tis"))
     units = _units(t)
     update = update_policy(t.update_context(), _sampled_by_another(units), 0)
     for key, value in _expected_figures(units).items():
@@ -159,8 +159,8 @@ def test_rollout_correction_none_trains_exactly_as_if_the_sampler_were_the_train
     for name, sampled, config in [
         ("exact", False, BASE),
         ("none", True, BASE),
-        ("tis", True, dataclasses.replace(BASE, rollout_correction="tis")),
-        ("sequence", True, dataclasses.replace(BASE, rollout_correction="tis", tis_level="sequence")),
+        ("tis", True, BASE.replace(rollout_correction="tis")),
+        ("sequence", True, BASE.replace(rollout_correction="tis", tis_level="sequence")),
     ]:
         t = _set_up(tmp_path / name, config)
         units = _units(t)
@@ -189,7 +189,7 @@ def test_one_step_takes_its_old_logprobs_from_the_loss_forward_as_a_separate_pas
     """With one pass of one mini-batch the update runs no no-grad pass: the loss's forward, on the
     same weights, gives the old log-probs. The gradient, the loss and the mismatch figures are
     those of the separate pass (`recompute_old_logprobs`) followed by the same loss."""
-    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, rollout_correction=correction))
+    t = _set_up(tmp_path / "out", BASE.replace(rollout_correction=correction))
     assert t.config.ppo_epochs == 1 and t.config.mini_batches == 1
     units = _sampled_by_another(_units(t))
     ctx = t.update_context()
@@ -247,7 +247,7 @@ class _ThreadPair(Distributed):
 def test_the_mismatch_figures_are_over_every_process(tmp_path):
     """Process 0 holds units sampled with one mismatch, process 1 the same units with none: each
     process reports the figures of the whole batch, those of one process training on both."""
-    config = dataclasses.replace(BASE, rollout_correction="tis")
+    config = BASE.replace(rollout_correction="tis")
     one = _set_up(tmp_path / "one", config)
     shifted, exact = _sampled_by_another(_units(one)), _units(one)
     want = update_policy(one.update_context(), shifted + exact, 0)
@@ -296,9 +296,7 @@ SPEC = shrink(
 def float_trainer(tmp_path_factory):
     """The float32 trainer with its LoRA at zero (peft's init): its policy is the tiny model itself,
     the model the int8 / bfloat16 engines quantize."""
-    config = dataclasses.replace(
-        BASE, scheduler="single:json-tools", harnesses=["json-tools"], rollout_correction="tis"
-    )
+    config = BASE.replace(scheduler="single:json-tools", harnesses=["json-tools"], rollout_correction="tis")
     t = trainer(tmp_path_factory.mktemp("mismatch") / "out", config, specs=[SPEC])
     t._setup()
     return t

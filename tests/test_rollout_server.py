@@ -5,7 +5,6 @@ policy version that sampled it, and clear errors for a server that cannot be use
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -20,7 +19,7 @@ from harnessrl.train.trainer import Trainer, TrainError
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-CONFIG = dataclasses.replace(BASE, eval_every=0)
+CONFIG = BASE.replace(eval_every=0)
 
 
 def run(out, config):
@@ -33,7 +32,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rollout-server")
     local = run(root / "local", CONFIG)
     with keyed_server("tiny-random") as url:  # the trainer sends $HARNESSRL_ADMIN_KEY
-        served = run(root / "served", dataclasses.replace(CONFIG, rollout_servers=[url]))
+        served = run(root / "served", CONFIG.replace(rollout_servers=[url]))
     return root, local, served
 
 
@@ -74,7 +73,7 @@ def test_every_model_call_records_the_policy_version_that_sampled_it(runs):
 
 
 def test_an_unreachable_server_is_a_clear_error_before_training(tmp_path):
-    config = dataclasses.replace(CONFIG, rollout_servers=["http://127.0.0.1:9/v1"])
+    config = CONFIG.replace(rollout_servers=["http://127.0.0.1:9/v1"])
     with pytest.raises(TrainError, match=r"rollout server http://127.0.0.1:9/v1 does not answer GET /v1/models"):
         Trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
     assert not (tmp_path / "o" / "metrics.jsonl").exists()

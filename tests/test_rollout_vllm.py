@@ -416,7 +416,7 @@ def served_run(tmp_path_factory):
     server = BackgroundServer(app)
     root = server.start()
     try:
-        config = dataclasses.replace(BASE, eval_every=0, rollout_servers=[f"{root}/v1"])
+        config = BASE.replace(eval_every=0, rollout_servers=[f"{root}/v1"])
         with pytest.MonkeyPatch.context() as env:
             env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
             Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
@@ -470,7 +470,7 @@ def test_the_trainer_probes_its_servers_at_start(tiny, tmp_path):
 
     server = VLLMLike(tiny, logprobs_mode="raw_logprobs")
     try:
-        config = dataclasses.replace(BASE, eval_every=0, temperature=0.7, rollout_servers=[server.url])
+        config = BASE.replace(eval_every=0, temperature=0.7, rollout_servers=[server.url])
         with pytest.raises(TrainError, match="--logprobs-mode processed_logprobs"):
             Trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
     finally:

@@ -4,7 +4,6 @@ resumable, make_scheduler refuses bad input, and every baseline runs inside the 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections import Counter
@@ -347,8 +346,8 @@ def test_observe_checks_its_input():
 def test_each_baseline_runs_in_the_trainer(name, tmp_path):
     """Two steps of the tiny model: the scheduler selects, gets every observed harness's advantages
     and rewards, logs its probabilities and is checkpointed."""
-    config = dataclasses.replace(
-        BASE, scheduler=name, steps=2, tasks_per_step=4, eval_every=0, save_rollouts=False, checkpoint_every=2
+    config = BASE.replace(
+        scheduler=name, steps=2, tasks_per_step=4, eval_every=0, save_rollouts=False, checkpoint_every=2
     )
     t = Trainer(config, tmp_path / "run", suite=TextScore(), specs=SPECS, progress=False)
     t.run()

@@ -9,7 +9,6 @@ test_trainer's (the `textscore` suite, length parity of any text, harnesses shru
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -42,7 +41,7 @@ needs_gloo = pytest.mark.skipif(
 # 3 tasks per step over 2 processes: shards of 1 and 2 groups; 2 mini-batches: the split of the
 # whole batch must be reproduced across processes. Every step of seed 8 updates (checked below),
 # and steps 1 and 2 pick different harnesses (a transfer signal from step 2 on).
-CONFIG = dataclasses.replace(BASE, steps=2, tasks_per_step=3, mini_batches=2, seed=8)
+CONFIG = BASE.replace(steps=2, tasks_per_step=3, mini_batches=2, seed=8)
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 WORKER = """
@@ -77,7 +76,7 @@ def launch(world: int, out: Path, config, resume: bool = False, timeout: float =
     for rank in range(world):
         env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
         env["LOCAL_WORLD_SIZE"] = str(world)
-        args = [sys.executable, "-c", WORKER, str(out), json.dumps(config.to_dict()), "1" if resume else "0"]
+        args = [sys.executable, "-c", WORKER, str(out), json.dumps(config.model_dump()), "1" if resume else "0"]
         procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
     try:
@@ -118,7 +117,7 @@ def one_process(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "one"
     in_process(out, CONFIG)
     at_2 = snapshot(out)
-    in_process(out, dataclasses.replace(CONFIG, steps=3), resume=True)
+    in_process(out, CONFIG.replace(steps=3), resume=True)
     return at_2, snapshot(out)
 
 
@@ -130,7 +129,7 @@ def two_processes(tmp_path_factory):
     for rank, (code, output) in enumerate(results):
         assert code == 0, f"rank {rank} exited {code}:\n{output[-4000:]}"
     at_2 = snapshot(out)
-    in_process(out, dataclasses.replace(CONFIG, steps=3), resume=True)
+    in_process(out, CONFIG.replace(steps=3), resume=True)
     return at_2, snapshot(out)
 
 
@@ -258,7 +257,7 @@ def test_the_summed_gradient_of_two_processes_is_the_one_process_gradient(tmp_pa
     """Two processes with the same units: the whole batch is every unit twice, whose mean loss is
     the one-process loss; each process weighs its part by the whole batch's normaliser, so the
     summed gradient, and the sketch and the step taken from it, are the one-process ones."""
-    config = dataclasses.replace(BASE, lr=1e-2, aggregation=aggregation)
+    config = BASE.replace(lr=1e-2, aggregation=aggregation)
     two, one = _set_up(tmp_path / "two", config), _set_up(tmp_path / "one", config)
     two.dist = Mirror()
     got, want = two._update(_units(two), 0), one._update(_units(one), 0)

@@ -127,7 +127,7 @@ def full_run(tmp_path_factory):
 def resumed_run(tmp_path_factory):
     """The same run, 2 steps then --resume to 3."""
     out = tmp_path_factory.mktemp("train") / "resumed"
-    trainer(out, dataclasses.replace(BASE, steps=2)).run()
+    trainer(out, BASE.replace(steps=2)).run()
     first = lines(out / "metrics.jsonl")
     trainer(out, resume=True).run()
     return out, first
@@ -210,7 +210,7 @@ def test_all_zero_advantages_skip_the_optimizer_step(tmp_path, tokenizer):
     from harnessrl.tasks import get_suite
 
     specs = [shrink(n, max_steps=1, max_new_tokens=8) for n in ("json-tools", "react")]
-    config = dataclasses.replace(BASE, suite="toolcalc", steps=1, eval_every=0, save_rollouts=False)
+    config = BASE.replace(suite="toolcalc", steps=1, eval_every=0, save_rollouts=False)
     t = trainer(tmp_path / "flat", config, suite=get_suite("toolcalc"), specs=specs)
     t.run()
     (r,) = lines(tmp_path / "flat" / "metrics.jsonl")
@@ -261,14 +261,14 @@ def test_a_resumed_run_keeps_no_episode_of_the_killed_attempt(full_run, tmp_path
 
     monkeypatch.setattr(Trainer, "save_checkpoint", killed_at_step_3)
     with pytest.raises(KeyboardInterrupt):
-        trainer(out, dataclasses.replace(BASE, checkpoint_every=1)).run()
+        trainer(out, BASE.replace(checkpoint_every=1)).run()
     assert len(_stored(out)) == 12  # 3 steps x 2 tasks x 2 attempts, the third without a checkpoint
     monkeypatch.undo()
 
-    trainer(out, dataclasses.replace(BASE, checkpoint_every=1, steps=2), resume=True).run()  # nothing to re-run
+    trainer(out, BASE.replace(checkpoint_every=1, steps=2), resume=True).run()  # nothing to re-run
     stored = _stored(out)
     assert len(stored) == 8 and all(attempt < 2 * BASE.group_size for _, _, attempt, _ in stored)
-    trainer(out, dataclasses.replace(BASE, checkpoint_every=1), resume=True).run()
+    trainer(out, BASE.replace(checkpoint_every=1), resume=True).run()
     assert _stored(out) == _stored(full_run[0])
 
 
@@ -290,7 +290,7 @@ def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_p
 
     monkeypatch.setattr(HFPolicy, "complete", spy)  # whichever of the two the runner uses
     monkeypatch.setattr(HFPolicy, "submit", submit_spy)
-    trainer(tmp_path / "seeds", dataclasses.replace(BASE, steps=2, eval_every=1, seed=5)).run()
+    trainer(tmp_path / "seeds", BASE.replace(steps=2, eval_every=1, seed=5)).run()
     assert {s for kind, s in seen if kind == "train"} == {sampling_seed(5, step, "train") for step in (0, 1)}
     assert {s for kind, s in seen if kind == "eval"} == {sampling_seed(5, step, "eval") for step in (0, 1, 2)}
     assert len({sampling_seed(5, step, kind) for step in range(50) for kind in ("train", "eval")}) == 100
@@ -305,7 +305,7 @@ def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_p
 def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(full_run, tmp_path):
     out, _ = full_run
     with pytest.raises(TrainError, match=r"different configuration.*lr \(0.0001 -> 0.0002\)"):
-        trainer(out, dataclasses.replace(BASE, lr=2e-4), resume=True)
+        trainer(out, BASE.replace(lr=2e-4), resume=True)
     with pytest.raises(TrainError, match="harness_specs"):
         trainer(out, resume=True, specs=[shrink("json-tools", max_steps=2), SPECS[1]])
     with pytest.raises(TrainError, match="already holds a run; use --resume"):
@@ -316,7 +316,7 @@ def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(f
 
 def test_nan_loss_stops_cleanly_and_the_checkpoint_resumes(full_run, tmp_path, monkeypatch):
     out = tmp_path / "nan"
-    t = trainer(out, dataclasses.replace(BASE, checkpoint_every=1, eval_every=0))
+    t = trainer(out, BASE.replace(checkpoint_every=1, eval_every=0))
 
     def nan_after_step_one(*args, **kwargs):
         loss, stats = grpo_loss(*args, **kwargs)
@@ -331,7 +331,7 @@ def test_nan_loss_stops_cleanly_and_the_checkpoint_resumes(full_run, tmp_path, m
     assert saved == stopped["step"] - 1 and not (out / "adapter").exists()
 
     monkeypatch.undo()
-    trainer(out, dataclasses.replace(BASE, checkpoint_every=1, eval_every=0), resume=True).run()
+    trainer(out, BASE.replace(checkpoint_every=1, eval_every=0), resume=True).run()
     records = lines(out / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3] and not any("stopped" in r for r in records)
     full = lines(full_run[0] / "metrics.jsonl")
@@ -398,7 +398,7 @@ def test_micro_batches_and_skipped_zero_advantage_units_give_the_full_batch_grad
     units = _units(t)
     grads = []
     for micro_batch in (1, 10_000):  # one unit per micro-batch / everything at once
-        t.config = dataclasses.replace(t.config, micro_batch=micro_batch, aggregation=aggregation)
+        t.config = t.config.replace(micro_batch=micro_batch, aggregation=aggregation)
         t.optimizer.zero_grad(set_to_none=True)
         accumulate_gradient(t.update_context(), units)
         grads.append(_grads(t))
@@ -426,7 +426,7 @@ def _lora(t: Trainer) -> dict[str, torch.Tensor]:
 
 
 def test_one_pass_one_mini_batch_is_one_adamw_step_on_the_full_batch_gradient(tmp_path):
-    config = dataclasses.replace(BASE, lr=1e-2)
+    config = BASE.replace(lr=1e-2)
     t, ref = _set_up(tmp_path / "a", config), _set_up(tmp_path / "b", config)
     units = _units(t)
     update = t._update(units, 0)
@@ -475,7 +475,7 @@ def test_generation_after_an_update_uses_the_new_weights(tmp_path, tokenizer):
     from harnessrl.models.hf import HFPolicy
     from harnessrl.types import Message
 
-    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, lr=5e-2))
+    t = _set_up(tmp_path / "out", BASE.replace(lr=5e-2))
     greedy = SamplingParams(temperature=0.0)
     request = GenerationRequest(messages=[Message(role="user", content="Say anything (7).")], max_new_tokens=6)
     first = t.policy.complete([request], greedy)[0]
@@ -517,7 +517,7 @@ def test_generation_after_an_update_uses_the_new_weights(tmp_path, tokenizer):
 def test_later_mini_steps_see_ratios_away_from_1_and_the_clip_acts(tmp_path, monkeypatch, epochs, minis):
     """ppo_epochs > 1 or mini_batches > 1: the old log-probs stay those of the sampling weights, so
     from the second mini-step on the ratio differs from 1, and with a large step some tokens are clipped."""
-    t = _set_up(tmp_path / "out", dataclasses.replace(BASE, lr=5e-2, ppo_epochs=epochs, mini_batches=minis))
+    t = _set_up(tmp_path / "out", BASE.replace(lr=5e-2, ppo_epochs=epochs, mini_batches=minis))
     units = _units(t)
     ratios: list[torch.Tensor] = []
 
@@ -701,7 +701,7 @@ def test_cli_options_match_the_config_defaults_and_the_docs():
     options = {p.name: p for p in command.params}
     cli_only = {"out", "resume", "progress", "executor", "ray_address", "isolation", "preflight"}
     renamed = {"scheduler_option": "scheduler_options"}
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    fields = set(TrainConfig.model_fields)
     assert {renamed.get(n, n) for n in options} - cli_only == set(fields)
     defaults = TrainConfig()
     for name, param in options.items():

@@ -328,7 +328,7 @@ def grpo_config(folder: Path, url: str, **changes):
     from test_trainer import BASE
 
     fields = {"eval_every": 0, "checkpoint_every": 1, "steps": 3, "group_size": 4, **changes}
-    return dataclasses.replace(BASE, model=f"hf:{folder}", rollout_servers=[url], **fields)
+    return BASE.replace(model=f"hf:{folder}", rollout_servers=[url], **fields)
 
 
 def grpo(out: Path, config):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -98,6 +98,11 @@ class Options(BaseModel):
     """Base of every job config: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with `changes`, validated again (every bound and cross-option check holds), where
+        pydantic's `model_copy(update=...)` would take any value."""
+        return self.model_validate({**self.model_dump(), **changes})
 
 
 class RunOptions(Options):

@@ -23,15 +23,13 @@ The job's entries (harnessrl.jobs.entries) call `enter` and then the job with it
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, Protocol, TypeVar
 
-from pydantic import BaseModel
-
+from harnessrl.config import Options
 from harnessrl.errors import JobError, JobFailed
 from harnessrl.rundir import holds_run
 
@@ -41,7 +39,7 @@ if TYPE_CHECKING:
 
 OPTIONS = "options.json"
 
-C = TypeVar("C")
+C = TypeVar("C", bound=Options)
 R = TypeVar("R")
 
 
@@ -108,23 +106,9 @@ class Finished(Generic[R]):
     result: R
 
 
-def option_values(config: Any) -> dict[str, Any]:
-    """A job config's options as JSON values (a pydantic model or a (pydantic) dataclass)."""
-    if isinstance(config, BaseModel):
-        values = config.model_dump(mode="json")
-    elif dataclasses.is_dataclass(config) and not isinstance(config, type):
-        values = dataclasses.asdict(config)
-    else:
-        raise TypeError(f"not a job config: {type(config).__name__}")
-    return json.loads(json.dumps(values, default=str))
-
-
-def _with_values(config: C, values: Mapping[str, Any]) -> C:
-    if not values:
-        return config
-    if isinstance(config, BaseModel):
-        return type(config).model_validate({**config.model_dump(), **values})  # validated again
-    return dataclasses.replace(config, **values)  # type: ignore[type-var]
+def option_values(config: Options) -> dict[str, Any]:
+    """A job config's options as JSON values."""
+    return config.model_dump(mode="json")
 
 
 def stored_options(out: Path) -> dict[str, Any] | None:
@@ -165,7 +149,7 @@ def resume_config(
     for name in sorted(k for k in given if k in stored and k in now and now[k] != stored[k]):
         log(f"--resume: {_flag(name)} changed: {_shown(stored[name])} -> {_shown(now[name])}")
     try:
-        return _with_values(config, taken)
+        return config.replace(**taken) if taken else config
     except (ValueError, TypeError) as e:
         raise JobError(f"{Path(out) / OPTIONS}: the recorded options are no longer valid ({e})") from None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, NoReturn
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from harnessrl.errors import JobError
@@ -137,12 +137,9 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
-def config_fields(model: type) -> dict[str, Any]:
-    """name -> FieldInfo of a pydantic model or pydantic dataclass."""
-    fields = getattr(model, "__pydantic_fields__", None)
-    if fields is None:
-        raise TypeError(f"{model.__name__} is not a pydantic model or pydantic dataclass")
-    return dict(fields)
+def config_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """name -> FieldInfo of a job config (a pydantic model: Options and its kind)."""
+    return dict(model.model_fields)
 
 
 _GIVEN: set[str] = set()
@@ -160,7 +157,7 @@ def given_on_command_line(name: str) -> bool:
     return name in _GIVEN
 
 
-def config_command(*models: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def config_command(*models: type[BaseModel]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate `fn(config_a, config_b, ...)` into a typer command whose options are the fields of
     the given pydantic models, in order. Values are validated by the models; a bad value exits 2
     with the option's name, never a traceback."""

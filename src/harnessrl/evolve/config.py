@@ -3,18 +3,15 @@ from these fields; OUT/config.json records them). Light to import."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import Field, field_validator, model_validator
 
-from harnessrl.config import Device, FloatDtype
+from harnessrl.config import Device, FloatDtype, Options
 from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
 
 
-@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
-class EvolveConfig:
+class EvolveConfig(Options):
     """What an evolution run computes (see docs/evolve.md)."""
 
     suite: str = Field(
@@ -82,7 +79,7 @@ class EvolveConfig:
         """The recorded configuration. `device` only when it is not auto, `dtype` only when it
         is not float32 (run_evolve resolves auto first): runs from before these options resume
         as they were, and a run computed in bfloat16 is never continued in float32 unnoticed."""
-        out = dataclasses.asdict(self)
+        out = self.model_dump()
         if out["device"] == "auto":
             del out["device"]
         if out["dtype"] in ("auto", "float32"):

@@ -6,7 +6,6 @@ models load and the loop (loop.py) runs, resuming whatever the folder already ho
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
     from harnessrl.kernel import ModelRequest
     from harnessrl.models.choice import ModelChoice
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(EvolveConfig))
+_FIELDS = frozenset(EvolveConfig.model_fields)
 
 
 def stored_config(out: str | Path) -> EvolveConfig:
@@ -76,7 +75,7 @@ def run_evolve(
     models = choose_models(evolve_models(config, api_key_env)) if models is None else models
     model = models["--model"]
     if model.local:
-        config = dataclasses.replace(config, dtype=model.dtype or config.dtype)
+        config = config.replace(dtype=model.dtype or config.dtype)
     # checks only; the loop opens it
     RunFolder.open(out, "evolution", config.to_json(), resume=resume, may_differ=RESUMABLE_CHANGES)
     seed_spec = job_harness(

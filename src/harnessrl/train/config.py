@@ -4,13 +4,11 @@ these fields). Light to import: no torch."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any, Optional
 
-from pydantic import ConfigDict, Field, field_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import Field, field_validator
 
-from harnessrl.config import Device, TrainDtype, cli, comma_list
+from harnessrl.config import Device, Options, TrainDtype, cli, comma_list
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -62,8 +60,7 @@ def _one_of(*allowed: str):
     return check
 
 
-@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
-class TrainConfig:
+class TrainConfig(Options):
     """Every option of a training run (recorded in OUT/config.json), declared once: the command
     line is generated from these fields. See docs/training.md."""
 
@@ -194,12 +191,8 @@ class TrainConfig:
     _advantage_control = field_validator("advantage_control")(_one_of("none", "shuffled-rewards"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-
-@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
-class SFTConfig:
+class SFTConfig(Options):
     """Every option of a supervised fine-tuning run on stored episodes (recorded in
     OUT/config.json), declared once: the command line is generated from these fields. See
     docs/training.md, "Supervised fine-tuning on trajectories"."""
@@ -271,12 +264,8 @@ class SFTConfig:
     _lists = field_validator("lora_targets", mode="before")(comma_list)
     _placebo = field_validator("placebo")(_one_of("none", "shuffle-answers"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-
-@pydantic_dataclass(config=ConfigDict(extra="forbid", validate_assignment=True))
-class DistillConfig:
+class DistillConfig(Options):
     """Every option of an on-policy distillation run (recorded in OUT/config.json), declared once:
     the command line is generated from these fields. See docs/training.md, "On-policy distillation"."""
 
@@ -320,6 +309,3 @@ class DistillConfig:
     save_rollouts: bool = Field(default=True, description="keep every student episode in OUT/rollouts/run.db")
 
     _lists = field_validator("lora_targets", "rollout_servers", mode="before")(comma_list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)

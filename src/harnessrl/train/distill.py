@@ -445,8 +445,8 @@ class DistillRun(lora.WritesAdapter):
         check_protocols(self.student, self.teacher)
         job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", DistillError)
         self.model_choice = lora.trained_model(config, DistillError, model)  # chosen once (harnessrl.kernel)
-        self.config = config = dataclasses.replace(
-            config, suite=self.suite.name, teacher_harness=self.teacher.name, student_harness=self.student.name
+        self.config = config = config.replace(
+            suite=self.suite.name, teacher_harness=self.teacher.name, student_harness=self.student.name
         )
         self.out = Path(out)
         self.resume = resume

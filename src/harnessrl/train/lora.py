@@ -154,7 +154,7 @@ def open_run_folder(
     RunFolderError (a JobError) naming what differs."""
     from harnessrl.kernel import job_record
 
-    options = config.to_dict()
+    options = config.model_dump()
     off = [name for name, value in (recorded_when_on or {}).items() if name in options and options[name] == value]
     return RunFolder.open(out, kind, job_record(options, choice, off, **record), resume=resume, may_differ=may_differ)
 

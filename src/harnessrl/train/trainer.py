@@ -93,7 +93,6 @@ Files in the run folder OUT:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
@@ -215,8 +214,8 @@ class Trainer(lora.WritesAdapter):
             raise TrainError(f"--eval-harnesses: {e}") from None
         if self.eval_specs and not config.eval_every:
             raise TrainError("--eval-harnesses needs --eval-every N (the held-out harnesses are only evaluated)")
-        self.config = config = dataclasses.replace(
-            config, suite=self.suite.name, harnesses=names, eval_harnesses=[s.name for s in self.eval_specs]
+        self.config = config = config.replace(
+            suite=self.suite.name, harnesses=names, eval_harnesses=[s.name for s in self.eval_specs]
         )
         try:
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
