@@ -535,7 +535,7 @@ def test_grpo_takes_a_step_through_an_external_harness(tmp_path):
     from harnessrl.train.trainer import Trainer
 
     spec = agent("ask", name="say", env={"AGENT_MAX_TOKENS": "8"})
-    config = __import__("dataclasses").replace(BASE, steps=1, eval_every=0, scheduler="single:say")
+    config = BASE.replace(steps=1, eval_every=0, scheduler="single:say")
     trainer = Trainer(config, tmp_path / "train", suite=TextScore(), specs=[spec], progress=False)
     trainer.run()
     [record] = lines(tmp_path / "train" / "metrics.jsonl")
