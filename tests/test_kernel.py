@@ -25,7 +25,7 @@ COMMANDS = {
     "study": ["study"],
     "improve": ["improve"],
     "train grpo": ["train", "grpo"],
-    "train sft": ["train", "sft"],
+    "train sft": ["train", "sft", "--from", "runs/earlier"],  # --from or --sample: SFTConfig.refusal
     "train distill": ["train", "distill"],
 }
 
@@ -157,11 +157,9 @@ def _started(out: Path, job: str, config) -> None:
     kernel.record_options(job, config, out)
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_resume_fills_in_the_options_left_out_and_uses_those_given_for_every_job(command, tmp_path, monkeypatch):
-    """The same rule for every command: `--resume` alone continues with the recorded options
-    (a --seed 7 run resumes with seed 7); a given option is used, and said, for the job's run
-    folder to accept or refuse."""
+def stop_after_the_kernel(monkeypatch) -> list:
+    """Every entry stops (a JobError) right after its kernel context is built; returns the list
+    each context's config is appended to."""
     configs = []
     real_enter = kernel.enter
 
@@ -171,6 +169,15 @@ def test_resume_fills_in_the_options_left_out_and_uses_those_given_for_every_job
         raise JobError("stopped after the kernel by the test")
 
     monkeypatch.setattr(entries, "enter", enter_then_stop)
+    return configs
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_resume_fills_in_the_options_left_out_and_uses_those_given_for_every_job(command, tmp_path, monkeypatch):
+    """The same rule for every command: `--resume` alone continues with the recorded options
+    (a --seed 7 run resumes with seed 7); a given option is used, and said, for the job's run
+    folder to accept or refuse."""
+    configs = stop_after_the_kernel(monkeypatch)
     out = tmp_path / "run"
     words = [*COMMANDS[command], "--out", str(out), "--seed", "7"]
     r = CliRunner().invoke(app, words)  # a fresh start: refused by the test after the kernel
@@ -180,6 +187,25 @@ def test_resume_fills_in_the_options_left_out_and_uses_those_given_for_every_job
     assert r.exit_code == 2 and configs[-1].seed == 7, r.output  # left out: the recorded value
     r = CliRunner().invoke(app, [*COMMANDS[command], "--out", str(out), "--resume", "--seed", "8"])
     assert configs[-1].seed == 8 and "--seed changed: 7 -> 8" in r.output
+
+
+def test_options_that_refuse_each_other_are_judged_after_the_resume_rule(tmp_path, monkeypatch):
+    """`--eval-harnesses` needs `--eval-every`: refused on a fresh start, before any model is
+    chosen; on `--resume` the recorded --eval-every fills in the one left out, and it runs."""
+    chosen = []
+    monkeypatch.setattr(kernel, "choose_models", lambda requests: chosen.append(list(requests)) or {})
+    configs = stop_after_the_kernel(monkeypatch)
+    out = tmp_path / "run"
+    grpo = ["train", "grpo", "--out", str(out)]
+    r = CliRunner().invoke(app, [*grpo, "--eval-harnesses", "react"])
+    assert r.exit_code == 2 and "--eval-harnesses needs --eval-every N" in r.output, r.output
+    assert not configs and not chosen  # refused before the models
+    r = CliRunner().invoke(app, [*grpo, "--eval-harnesses", "react", "--eval-every", "2"])
+    assert r.exit_code == 2 and "stopped after the kernel" in r.output, r.output
+    _started(out, "train grpo", configs[-1])
+    r = CliRunner().invoke(app, [*grpo, "--resume", "--eval-harnesses", "react"])
+    assert "stopped after the kernel" in r.output, r.output
+    assert (configs[-1].eval_every, configs[-1].eval_harnesses) == (2, ["react"])
 
 
 def test_a_library_caller_resuming_passes_its_whole_config(tmp_path):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Self
+from typing import Annotated, Any, Callable, Literal, Optional, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from harnessrl.errors import JobError
 
 
 def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str, Any]:
@@ -98,6 +100,19 @@ class Options(BaseModel):
     """Base of every job config: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def refusal(self) -> str | None:
+        """What these options refuse together (an option that needs another, or two that exclude
+        each other), naming them; None when they agree. Not a validator: the job kernel asks only
+        once the resume rule has filled in the options a resumed command line left out."""
+        return None
+
+    def check(self, error: Callable[[str], Exception] = JobError) -> Self:
+        """These options, or `error(refusal)` raised (a job passes its own JobError class)."""
+        message = self.refusal()
+        if message is not None:
+            raise error(message)
+        return self
 
     def replace(self, **changes: Any) -> Self:
         """A copy with `changes`, validated again (every bound and cross-option check holds), where
@@ -213,3 +228,8 @@ class EvalConfig(Options):
     )
 
     _split_harness = field_validator("harness", mode="before")(comma_list)
+
+    def refusal(self) -> str | None:
+        if self.judge_api_key_env is not None and self.judge_model is None:
+            return "--judge-api-key-env needs --judge-model"
+        return None

@@ -312,6 +312,7 @@ def enter(
             raise JobError(str(e)) from None
     if resume:
         config = resume_config(config, out, given, log, earlier)
+    config.check()  # options that refuse each other, once the resume rule has filled them in
     chosen = choose_models(models(config))
     return JobContext(job, config, out, resume, chosen, keeps_options=resume or not holds_run(out))
 

@@ -45,6 +45,7 @@ def run_eval(
     from harnessrl.models.base import SamplingParams
 
     # -- every config error before any work -----------------------------------------------------------
+    config.check(EvalError)
     executor = executor if executor is not None else LocalExecutor()
     if config.judge_model is not None and executor.kind != "local":
         # the judge grades where the episodes are graded, and models stay in this process
@@ -62,8 +63,6 @@ def run_eval(
             judge = make_judge(config.judge_model, config.judge_api_key_env)
         except ValueError as e:
             raise EvalError(f"--judge-model: {e}") from None
-    elif config.judge_api_key_env is not None:
-        raise EvalError("--judge-api-key-env needs --judge-model")
     the_suite = job_suite(config.suite, EvalError, judge=judge)
     task_list = job_tasks(the_suite, config.split, config.tasks, "--tasks", EvalError)
     if not task_list:

@@ -34,6 +34,15 @@ GradientCheckpointing = Annotated[
 ]
 
 
+# the options of `train sft --sample` (they mean nothing without it)
+SAMPLING_OPTIONS = ("sample_harness", "sample_suite", "sample_split", "sample_tasks", "sample_temperature")
+SAMPLE_SPLIT = "train"  # --sample-split left out
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
 def _default_lora_targets() -> list[str]:
     return list(DEFAULT_LORA_TARGETS)
 
@@ -191,6 +200,17 @@ class TrainConfig(Options):
     _advantage_control = field_validator("advantage_control")(_one_of("none", "shuffled-rewards"))
     _sketch = field_validator("sketch_kind")(_one_of("countsketch", "gaussian"))
 
+    def refusal(self) -> str | None:
+        if self.eval_harnesses and not self.eval_every:
+            return "--eval-harnesses needs --eval-every N (the held-out harnesses are only evaluated)"
+        if self.max_off_policy_steps > 0 and not self.rollout_servers:
+            return (
+                f"--max-off-policy-steps {self.max_off_policy_steps} needs --rollout-server: the in-process engine "
+                "samples with the very weights the trainer updates, so its rollouts cannot overlap an update "
+                "(asynchronous collection with the in-process engine is not implemented; docs/training.md)"
+            )
+        return None
+
 
 class SFTConfig(Options):
     """Every option of a supervised fine-tuning run on stored episodes (recorded in
@@ -264,6 +284,36 @@ class SFTConfig(Options):
     _lists = field_validator("lora_targets", mode="before")(comma_list)
     _placebo = field_validator("placebo")(_one_of("none", "shuffle-answers"))
 
+    def refusal(self) -> str | None:
+        if self.sample is None:
+            alone = [_flag(f) for f in SAMPLING_OPTIONS if getattr(self, f) is not None]
+            if alone:
+                return f"{alone[0]} needs --sample N"
+            if not self.from_runs:
+                return (
+                    "no --from run folder given: name the run folders whose episodes to learn from "
+                    "(or sample new ones with --sample N)"
+                )
+            return None
+        if self.as_harness == "own":
+            return "--as-harness own cannot be sampled into: name one harness with --as-harness"
+        if self.from_runs:  # the tasks sampled are those the --from runs hold episodes of
+            for option in ("sample_split", "sample_tasks"):
+                if getattr(self, option) is not None:
+                    return (
+                        f"{_flag(option)} chooses the tasks to sample when there is no --from; with --from the "
+                        "tasks are the ones its runs hold episodes of"
+                    )
+            return None
+        if self.sample_suite is None:
+            return "--sample without --from needs --sample-suite NAME and --sample-tasks M (tasks of the split)"
+        if self.sample_tasks is None:
+            return (
+                f"--sample without --from needs --sample-tasks M: how many tasks of --sample-split "
+                f"{self.sample_split or SAMPLE_SPLIT} to sample"
+            )
+        return None
+
 
 class DistillConfig(Options):
     """Every option of an on-policy distillation run (recorded in OUT/config.json), declared once:
@@ -309,3 +359,11 @@ class DistillConfig(Options):
     save_rollouts: bool = Field(default=True, description="keep every student episode in OUT/rollouts/run.db")
 
     _lists = field_validator("lora_targets", "rollout_servers", mode="before")(comma_list)
+
+    def refusal(self) -> str | None:
+        if self.rollout_servers:
+            return (
+                "--rollout-server is not supported by on-policy distillation: the student samples with the "
+                'in-process engine on the weights it trains (docs/training.md, "On-policy distillation")'
+            )
+        return None

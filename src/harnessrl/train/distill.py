@@ -420,11 +420,7 @@ class DistillRun(lora.WritesAdapter):
         from harnessrl.harness.spec import SpecError, require_loop_harness
         from harnessrl.kernel import job_harness, job_split, job_suite
 
-        if config.rollout_servers:
-            raise DistillError(
-                "--rollout-server is not supported by on-policy distillation: the student samples with the "
-                'in-process engine on the weights it trains (docs/training.md, "On-policy distillation")'
-            )
+        config.check(DistillError)
         self.suite = suite if suite is not None else job_suite(config.suite, DistillError)
         specs = {}
         for which, given, name in (

@@ -68,7 +68,6 @@ from harnessrl.train.sft_sample import (
     best_attempts,
     plan_sampling,
     run_samples,
-    sampling_options_given,
 )
 from harnessrl.train.update import TrainingDiverged, micro_batches
 
@@ -167,25 +166,15 @@ class SFTRun(lora.WritesAdapter):
 
         from harnessrl.kernel import job_harness
 
-        self.config = config
+        self.config = config.check(SFTError)
         sampling = config.sample is not None
-        given = sampling_options_given(config)
-        if given and not sampling:
-            raise SFTError(f"{given[0]} needs --sample N")
-        if not config.from_runs and not sampling:
-            raise SFTError(
-                "no --from run folder given: name the run folders whose episodes to learn from "
-                "(or sample new ones with --sample N)"
-            )
         self.model_choice = lora.trained_model(config, SFTError, model)  # chosen once (harnessrl.kernel)
         self.selection: EpisodeSelection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
         self.specs: dict[str, Any] | None = None  # --as-harness own: harness name -> spec
         if spec is None and config.as_harness == OWN:
-            if sampling:
-                raise SFTError("--as-harness own cannot be sampled into: name one harness with --as-harness")
-            assert self.selection is not None  # not sampling: --from was given
+            assert self.selection is not None  # not sampling (SFTConfig.refusal): --from was given
             self.specs = own_specs(self.selection)
         elif spec is None:
             name, option = config.as_harness, "--as-harness"

@@ -26,12 +26,11 @@ from typing import Any
 from harnessrl.eval_folder import EvaluationFolder
 from harnessrl.harness.spec import HarnessSpec
 from harnessrl.rundir import RunFolderError, holds_run
-from harnessrl.train.config import SFTConfig
+from harnessrl.train.config import SAMPLE_SPLIT, SFTConfig
 from harnessrl.train.sft_data import EpisodeSelection, SFTError
 from harnessrl.types import Trajectory
 
 SAMPLES_DIR = "samples"
-DEFAULT_SPLIT = "train"
 DEFAULT_TEMPERATURE = 0.7
 MAX_IN_FLIGHT = 16  # episodes in flight, as `harnessrl eval`'s default
 MAX_RETRIES = 2  # re-runs of an attempt after an infrastructure error, as `harnessrl eval`'s default
@@ -46,34 +45,17 @@ class SamplingPlan:
     path: Path
 
 
-def sampling_options_given(config: SFTConfig) -> list[str]:
-    """The --sample-* options set (they mean nothing without --sample)."""
-    fields = ("sample_harness", "sample_suite", "sample_split", "sample_tasks", "sample_temperature")
-    return ["--" + f.replace("_", "-") for f in fields if getattr(config, f) is not None]
-
-
 def sampling_suite(config: SFTConfig, selection: EpisodeSelection | None) -> str:
-    """The suite whose tasks are sampled: the --from runs', else --sample-suite."""
-    if selection is not None:
-        if config.sample_suite is not None and config.sample_suite != selection.suite:
-            raise SFTError(
-                f"--sample-suite {config.sample_suite}: the --from runs hold episodes of suite {selection.suite}"
-            )
-        for option in ("sample_split", "sample_tasks"):
-            if getattr(config, option) is not None:
-                raise SFTError(
-                    f"--{option.replace('_', '-')} chooses the tasks to sample when there is no --from; with --from "
-                    "the tasks are the ones its runs hold episodes of"
-                )
-        return selection.suite
-    if config.sample_suite is None:
-        raise SFTError("--sample without --from needs --sample-suite NAME and --sample-tasks M (tasks of the split)")
-    if config.sample_tasks is None:
+    """The suite whose tasks are sampled: the --from runs', else --sample-suite (the options
+    themselves were checked by SFTConfig.refusal)."""
+    if selection is None:
+        assert config.sample_suite is not None
+        return config.sample_suite
+    if config.sample_suite is not None and config.sample_suite != selection.suite:
         raise SFTError(
-            f"--sample without --from needs --sample-tasks M: how many tasks of --sample-split "
-            f"{config.sample_split or DEFAULT_SPLIT} to sample"
+            f"--sample-suite {config.sample_suite}: the --from runs hold episodes of suite {selection.suite}"
         )
-    return config.sample_suite
+    return selection.suite
 
 
 def check_sampling_harness(tasks: list, sampler: HarnessSpec, target: HarnessSpec) -> None:
@@ -116,7 +98,7 @@ def plan_sampling(
         if selection is not None:
             tasks = [suite.task(task_id) for task_id in selection.task_ids]
         else:
-            tasks = suite.tasks(config.sample_split or DEFAULT_SPLIT, config.sample_tasks)
+            tasks = suite.tasks(config.sample_split or SAMPLE_SPLIT, config.sample_tasks)
     except (ValueError, IndexError) as e:
         raise SFTError(f"--sample: the tasks cannot be built ({e})") from None
     if not tasks:

@@ -212,11 +212,9 @@ class Trainer(lora.WritesAdapter):
             check_held_out(names, [s.name for s in self.eval_specs])
         except ValueError as e:
             raise TrainError(f"--eval-harnesses: {e}") from None
-        if self.eval_specs and not config.eval_every:
-            raise TrainError("--eval-harnesses needs --eval-every N (the held-out harnesses are only evaluated)")
         self.config = config = config.replace(
             suite=self.suite.name, harnesses=names, eval_harnesses=[s.name for s in self.eval_specs]
-        )
+        ).check(TrainError)
         try:
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
         except (ValueError, TypeError) as e:
@@ -224,12 +222,6 @@ class Trainer(lora.WritesAdapter):
         job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", TrainError)
         job_split(self.suite, "dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks", TrainError)
         lora.check_trainable(config, TrainError)  # before the processes meet: a model that cannot be trained
-        if config.max_off_policy_steps > 0 and not config.rollout_servers:
-            raise TrainError(
-                f"--max-off-policy-steps {config.max_off_policy_steps} needs --rollout-server: the in-process engine "
-                "samples with the very weights the trainer updates, so its rollouts cannot overlap an update "
-                "(asynchronous collection with the in-process engine is not implemented; docs/training.md)"
-            )
 
         try:
             self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
