@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from harnessrl.config import Device, FloatDtype, Options
 from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
@@ -67,13 +67,12 @@ class EvolveConfig(Options):
             raise ValueError(f"unknown proposer '{value}' (rules or llm)")
         return value
 
-    @model_validator(mode="after")
-    def _proposer_model(self) -> EvolveConfig:
+    def refusal(self) -> str | None:
         if self.proposer == "llm" and not self.proposer_model:
-            raise ValueError("--proposer llm needs --proposer-model openai:NAME@URL")
+            return "--proposer llm needs --proposer-model openai:NAME@URL"
         if self.proposer_model and not self.proposer_model.startswith("openai:"):
-            raise ValueError("--proposer-model must be openai:NAME@URL (an OpenAI-compatible server)")
-        return self
+            return "--proposer-model must be openai:NAME@URL (an OpenAI-compatible server)"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         """The recorded configuration. `device` only when it is not auto, `dtype` only when it

@@ -71,6 +71,7 @@ def run_evolve(
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
 
+    config.check(EvolveError)
     # a device this machine lacks: refused before any work; auto resolved before it is recorded
     models = choose_models(evolve_models(config, api_key_env)) if models is None else models
     model = models["--model"]
