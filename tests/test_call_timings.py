@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from helpers import shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -31,9 +32,12 @@ def model_and_tokenizer():
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
     """One small in-process evaluation (tiny-random through two harnesses), its report built."""
-    out = tmp_path_factory.mktemp("timings") / "run"
+    root = tmp_path_factory.mktemp("timings")
+    out = root / "run"
+    # each harness cut to a few short calls: a tiny random model's episodes end fast, timed alike
+    harnesses = ",".join(str(shrunk_file(root, h, max_steps=3, max_new_tokens=48)) for h in ("json-tools", "react"))
     args = ["eval", "--model", "tiny-random", "--suite", "toolcalc", "--tasks", "1", "--attempts", "2"]
-    args += ["--harness", "json-tools,react", "--out", str(out), "--no-progress"]
+    args += ["--harness", harnesses, "--out", str(out), "--no-progress"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     build_report([out])

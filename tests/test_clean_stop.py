@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from helpers import shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -289,7 +290,8 @@ def test_a_harness_of_only_infrastructure_errors_beside_one_that_measured_is_a_w
         raise agent_view.NoAgentPython("no Python for the agent here")
 
     monkeypatch.setattr(external, "agent_python", no_python)
-    args = ["eval", "--harness", "json-tools", "--harness", str(agent_yaml(tmp_path, "ask", 30))]
+    measured = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # json-tools, short episodes
+    args = ["eval", "--harness", str(measured), "--harness", str(agent_yaml(tmp_path, "ask", 30))]
     args += ["--suite", "workspace", "--tasks", "2", "--model", "tiny-random", "--retries", "0", "--no-progress"]
     r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from helpers import shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -187,7 +188,8 @@ def test_a_cpu_eval_records_its_device_not_its_default_precision_and_may_resume_
     """The default (auto) resolves to float32 on a CPU and is recorded as runs always were (no
     dtype key); the device is recorded, and a resume may name another one."""
     out = tmp_path / "run"
-    args = ["eval", "--model", "tiny-random", "--suite", "toolcalc", "--tasks", "1", "--harness", "json-tools"]
+    harness = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # a short episode
+    args = ["eval", "--model", "tiny-random", "--suite", "toolcalc", "--tasks", "1", "--harness", str(harness)]
     args += ["--out", str(out), "--no-progress"]
     assert cli.invoke(app, args).exit_code == 0
     config = json.loads((out / "config.json").read_text())

@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+from helpers import shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -111,7 +112,8 @@ def _huge_yaml(folder: Path) -> Path:
 def test_eval_refuses_a_harness_whose_first_request_cannot_fit_unless_told_not_to_check(tmp_path):
     huge = _huge_yaml(tmp_path)
     out = tmp_path / "run"
-    args = ["eval", "-H", "json-tools", "-H", str(huge), "--suite", "workspace", "--tasks", "1"]
+    short = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # json-tools, a short episode
+    args = ["eval", "-H", str(short), "-H", str(huge), "--suite", "workspace", "--tasks", "1"]
     args += ["--model", "tiny-random", "--retries", "0", "--no-progress", "--out", str(out)]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2, r.output
