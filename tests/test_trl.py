@@ -356,6 +356,10 @@ def test_an_external_agent_program_trains_through_trl(tmp_path):
     from harnessrl.integrations.trl import HarnessRollout
 
     agent = load_harness(str(Path(__file__).resolve().parents[1] / "examples" / "agents" / "minimal.yaml"))
+    # three short replies at most: the tiny random model's episodes end fast
+    agent = agent.model_copy(
+        update={"limits": agent.limits.model_copy(update={"max_model_calls": 3, "max_new_tokens": 48})}
+    )
     rollout = HarnessRollout(TextScore(), [agent, SPECS[1]], scheduler="single:minimal-agent", seed=0, max_in_flight=2)
     _, recording = train(tmp_path / "agent", rollout, steps=1, per_device_train_batch_size=2)
     (out,) = recording.outputs
