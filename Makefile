@@ -42,9 +42,10 @@ check: install
 typecheck: install
 	$(VENV)/bin/mypy src
 
-# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them: on this 2-core
-# machine about 5.5 min instead of 9 min in one process; TEST_WORKERS=0 runs it in this process
-TEST_WORKERS ?= 2
+# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them; three on this
+# 2-core machine, as many tests wait on processes, servers and sockets: pytest 460 s with 3, 486 s
+# and 499 s with 2 (without the npm agents and vLLM's CPU build); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 3
 test: check
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
