@@ -206,6 +206,16 @@ def test_options_that_refuse_each_other_are_judged_after_the_resume_rule(tmp_pat
     r = CliRunner().invoke(app, [*grpo, "--resume", "--eval-harnesses", "react"])
     assert "stopped after the kernel" in r.output, r.output
     assert (configs[-1].eval_every, configs[-1].eval_harnesses) == (2, ["react"])
+    # evolve: --proposer llm needs --proposer-model, which a resumed run has recorded
+    out = tmp_path / "evolve"
+    evolve = ["evolve", "--out", str(out)]
+    r = CliRunner().invoke(app, [*evolve, "--proposer", "llm"])
+    assert r.exit_code == 2 and "--proposer llm needs --proposer-model" in r.output, r.output
+    r = CliRunner().invoke(app, [*evolve, "--proposer", "llm", "--proposer-model", "openai:m@http://127.0.0.1:9/v1"])
+    assert "stopped after the kernel" in r.output, r.output
+    _started(out, "evolve", configs[-1])
+    r = CliRunner().invoke(app, [*evolve, "--resume", "--proposer", "llm"])
+    assert "stopped after the kernel" in r.output and configs[-1].proposer_model.startswith("openai:m@"), r.output
 
 
 def test_a_library_caller_resuming_passes_its_whole_config(tmp_path):
