@@ -187,7 +187,7 @@ def test_the_run_config_records_the_shell_isolation(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(isolation_available() != "bwrap", reason="a workspace at a fixed path needs bubblewrap's mounts")
 def test_a_task_with_a_workspace_mount_runs_commands_there(tmp_path, tokenizer):
-    spec = shell_harness()
+    spec = shell_harness(wall_s=20.0)  # nothing here is meant to be killed: room for a loaded machine
     task = ShellSuite().tasks("dev", 1)[0]
     task.workspace_mount = "/root/harnessrl-task"
     task.solution = [
