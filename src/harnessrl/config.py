@@ -25,6 +25,11 @@ def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str,
     return {"cli": {"flags": list(flags), "bool_flag": bool_flag, "repeat": repeat}}
 
 
+def option_name(field: str) -> str:
+    """The command-line option of a config field: `eval_every` -> `--eval-every`."""
+    return "--" + field.replace("_", "-")
+
+
 def comma_list(values: Any) -> Any:
     """Repeated and comma-separated values as one list: ["a,b", "c"] -> ["a", "b", "c"]."""
     if isinstance(values, str):

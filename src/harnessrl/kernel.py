@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, Protocol, TypeVar
 
-from harnessrl.config import Options
+from harnessrl.config import Options, option_name
 from harnessrl.errors import JobError, JobFailed
 from harnessrl.rundir import holds_run
 
@@ -147,7 +147,7 @@ def resume_config(
     now = option_values(config)
     taken = {k: v for k, v in stored.items() if k in now and k not in given and now[k] != v}
     for name in sorted(k for k in given if k in stored and k in now and now[k] != stored[k]):
-        log(f"--resume: {_flag(name)} changed: {_shown(stored[name])} -> {_shown(now[name])}")
+        log(f"--resume: {option_name(name)} changed: {_shown(stored[name])} -> {_shown(now[name])}")
     try:
         return config.replace(**taken) if taken else config
     except (ValueError, TypeError) as e:
@@ -315,10 +315,6 @@ def enter(
     config.check()  # options that refuse each other, once the resume rule has filled them in
     chosen = choose_models(models(config))
     return JobContext(job, config, out, resume, chosen, keeps_options=resume or not holds_run(out))
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _shown(value: Any) -> str:

@@ -17,6 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
+from harnessrl.config import option_name
 from harnessrl.errors import JobError
 
 # When piped, rich would squeeze tables into 80 columns; give them room instead.
@@ -99,10 +100,6 @@ def executor_for(run: Any) -> Any:
 
 # ------------------------------------------------------------------------------------------------
 # options from a config
-
-
-def option_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def validation_message(e: ValidationError) -> str:

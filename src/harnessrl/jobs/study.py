@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from pydantic import Field, model_validator
 
-from harnessrl.config import Device, FloatDtype, Options, cli
+from harnessrl.config import Device, FloatDtype, Options, cli, option_name
 from harnessrl.errors import JobError
 from harnessrl.jobs.stages import PolicyFactory, Stages
 from harnessrl.jobs.study_analysis import (
@@ -230,7 +230,7 @@ class Study:
             for key in GROWABLE:
                 if old.get(key) is not None and self.record[key] < old[key]:
                     raise StudyError(
-                        f"--{key.replace('_', '-')} may only grow on --resume ({old[key]} -> {self.record[key]}): "
+                        f"{option_name(key)} may only grow on --resume ({old[key]} -> {self.record[key]}): "
                         "the episodes already collected stay in the collection; start a new --out to use fewer"
                     )
 

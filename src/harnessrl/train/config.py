@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import Field, field_validator
 
-from harnessrl.config import Device, Options, TrainDtype, cli, comma_list
+from harnessrl.config import Device, Options, TrainDtype, cli, comma_list, option_name
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -37,10 +37,6 @@ GradientCheckpointing = Annotated[
 # the options of `train sft --sample` (they mean nothing without it)
 SAMPLING_OPTIONS = ("sample_harness", "sample_suite", "sample_split", "sample_tasks", "sample_temperature")
 SAMPLE_SPLIT = "train"  # --sample-split left out
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _default_lora_targets() -> list[str]:
@@ -286,7 +282,7 @@ class SFTConfig(Options):
 
     def refusal(self) -> str | None:
         if self.sample is None:
-            alone = [_flag(f) for f in SAMPLING_OPTIONS if getattr(self, f) is not None]
+            alone = [option_name(f) for f in SAMPLING_OPTIONS if getattr(self, f) is not None]
             if alone:
                 return f"{alone[0]} needs --sample N"
             if not self.from_runs:
@@ -301,7 +297,7 @@ class SFTConfig(Options):
             for option in ("sample_split", "sample_tasks"):
                 if getattr(self, option) is not None:
                     return (
-                        f"{_flag(option)} chooses the tasks to sample when there is no --from; with --from the "
+                        f"{option_name(option)} chooses the tasks to sample when there is no --from; with --from the "
                         "tasks are the ones its runs hold episodes of"
                     )
             return None
