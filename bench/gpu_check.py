@@ -752,7 +752,7 @@ def part_grpo(args, rec: Recorder) -> None:
 
 def part_sft(args, rec: Recorder) -> None:
     from harnessrl.config import EvalConfig, RunOptions
-    from harnessrl.jobs.evaluate import run_eval
+    from harnessrl.jobs.entries import evaluate
     from harnessrl.train.config import SFTConfig
     from harnessrl.train.sft import SFTRun
 
@@ -764,7 +764,7 @@ def part_sft(args, rec: Recorder) -> None:
     eval_config = EvalConfig(
         model="oracle", suite="toolcalc", split="train", harness=["json-tools"], tasks=args.sft_tasks
     )
-    run_eval(eval_config, RunOptions(out=oracle, progress=False))
+    evaluate(eval_config, RunOptions(out=oracle, progress=False))
     rec.set(oracle_s=round(time.perf_counter() - t0, 2))
     fields = dict(
         from_runs=[str(oracle)],

@@ -56,13 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _eval(out: Path, progress: bool = True, **fields) -> dict:
     from harnessrl.config import EvalConfig, RunOptions
-    from harnessrl.jobs.evaluate import run_eval
+    from harnessrl.jobs.entries import evaluate
 
     summary = out / "summary.json"  # written when every episode is in
     if summary.is_file():
         return json.loads(summary.read_text(encoding="utf-8"))
     resume = (out / "run.db").exists()
-    return run_eval(EvalConfig(**fields), RunOptions(out=out, resume=resume, progress=progress), log=print)
+    return evaluate(EvalConfig(**fields), RunOptions(out=out, resume=resume, progress=progress), log=print).result
 
 
 def _task_scores(run: Path) -> dict[str, dict[str, float]]:

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
 from harnessrl.errors import JobError
+from harnessrl.kernel import enter
 from harnessrl.train.distill import (
     DistillConfig,
     DistillError,
@@ -51,7 +52,9 @@ BASE = DistillConfig(
 
 
 def distiller(out, config=BASE, resume=False, teacher=TEACHER, student=STUDENT) -> DistillRun:
-    return DistillRun(config, out, resume=resume, suite=TextScore(), teacher=teacher, student=student, progress=False)
+    objects = {"suite": TextScore(), "teacher_harness": teacher, "student_harness": student}
+    ctx = enter("train distill", config, out, resume=resume, error=DistillError, objects=objects, progress=False)
+    return DistillRun(ctx)
 
 
 # ------------------------------------------------------------------------------------------ the loss

@@ -697,7 +697,8 @@ def test_cli_refuses_bad_configurations_and_a_finished_folder(tmp_path):
     assert r.exit_code == 2 and "holds no evolution run" in r.output
     folder = tmp_path / "evo"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config().to_json()))
+    # a run of a built-in suite (the kernel reads the suite before the job looks at the folder)
+    (folder / "config.json").write_text(json.dumps(config(suite="toolcalc", seed_harness="react").to_json()))
     r = run()
     assert r.exit_code == 2 and "already holds a run" in r.output
     (folder / "state.json").write_text(json.dumps({"phase": "finished"}))
@@ -717,14 +718,15 @@ def test_the_command_line_resume_takes_the_recorded_options_and_refuses_a_given_
     seen = []
     real_run_evolve = evolve_run.run_evolve
 
-    def fake_run_evolve(config, out, **kw):
-        seen.append(config)
+    def fake_run_evolve(ctx, stop_when=None):
+        seen.append(ctx.config)
         raise EvolveError("stopped by the test")
 
     monkeypatch.setattr(evolve_run, "run_evolve", fake_run_evolve)
     folder = tmp_path / "evo"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config(model="tiny-random", iterations=5, rollouts=8).to_json()))
+    recorded = config(suite="toolcalc", seed_harness="react", model="tiny-random", iterations=5, rollouts=8)
+    (folder / "config.json").write_text(json.dumps(recorded.to_json()))
     (folder / "state.json").write_text(json.dumps({"phase": "search"}))
     base = ["evolve", "--out", str(folder), "--resume"]
     r = CliRunner().invoke(app, [*base, "--iterations", "1"])

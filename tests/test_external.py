@@ -134,10 +134,10 @@ def test_schema_and_cli_cover_both_kinds(tmp_path):
 
 def test_loop_harness_only_features_refuse_external_harnesses():
     from harnessrl.evolve.config import EvolveConfig
-    from harnessrl.evolve.run import run_evolve
+    from harnessrl.kernel import enter
 
-    with pytest.raises(JobError, match="external agent program"):
-        run_evolve(EvolveConfig(seed_harness=str(MINIMAL), model="tiny-random"), "/nonexistent/out-never-made")
+    with pytest.raises(JobError, match="external agent program"):  # the kernel reads the seed harness
+        enter("evolve", EvolveConfig(seed_harness=str(MINIMAL), model="tiny-random"), "/nonexistent/out-never-made")
 
 
 # ------------------------------------------------------------------------------ the round trip

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from harnessrl.errors import JobError
 from harnessrl.improve import ImproveConfig, TrainSubset, content_task_ids, process_rate, run_improve
+from harnessrl.kernel import enter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -94,7 +95,7 @@ def decisions(out) -> list[dict]:
 @pytest.fixture(scope="module")
 def full(tmp_path_factory, specs):
     out = tmp_path_factory.mktemp("improve") / "full"
-    return out, run_improve(config(specs), out, progress=False)
+    return out, run_improve(enter("improve", config(specs), out, progress=False))
 
 
 def test_every_phase_decides_with_its_evidence_and_the_held_out_cells_are_reported(full, specs):
@@ -134,18 +135,18 @@ def test_every_phase_decides_with_its_evidence_and_the_held_out_cells_are_report
     assert "weights.choice" in report and "Held-out test tasks" in report
     assert (out / "LOCKED").is_file()
     with pytest.raises(JobError, match="locked"):
-        run_improve(config(specs), out, resume=True, progress=False)
+        run_improve(enter("improve", config(specs), out, resume=True, progress=False))
 
 
 def test_a_run_stopped_after_each_phase_resumes_to_the_same_decisions(full, specs, tmp_path):
     reference, _ = full
     out = tmp_path / "stopped"
-    first = run_improve(config(specs), out, stop_after="harness", progress=False)
+    first = run_improve(enter("improve", config(specs), out, progress=False), stop_after="harness")
     assert first.stopped_after == "harness" and [d["key"] for d in decisions(out)] == ["harness.evolve"]
     assert not (out / "weights").exists()
-    run_improve(config(specs), out, resume=True, stop_after="weights", progress=False)
+    run_improve(enter("improve", config(specs), out, resume=True, progress=False), stop_after="weights")
     assert [d["key"] for d in decisions(out)][-1] == "weights.choice" and not (out / "content").exists()
-    run_improve(config(specs), out, resume=True, progress=False)
+    run_improve(enter("improve", config(specs), out, resume=True, progress=False))
     assert (out / "decisions.jsonl").read_text() == (reference / "decisions.jsonl").read_text()
 
     def cells(folder):  # the models name adapters inside their own folder
@@ -161,7 +162,7 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
     out = tmp_path / "evolve"
     # process floor 0: the seed's rate is never below it, so the evolution runs; patience 1
     cfg = config(specs, evolved=None, process_floor=0.0, patience=1, iterations=2, candidates=1, rollouts=1)
-    result = run_improve(cfg, out, stop_after="harness", progress=False)
+    result = run_improve(enter("improve", cfg, out, progress=False), stop_after="harness")
     by_key = {d.key: d.model_dump() for d in result.decisions}
     assert by_key["harness.evolve"]["choice"] == "evolve"
     ceiling = by_key["harness.ceiling"]
@@ -177,7 +178,7 @@ def test_the_harness_phase_evolves_and_records_which_ceiling_fired(specs, tmp_pa
     if ceiling["choice"] == "patience":  # patience 1: the first iteration that accepts nothing stops it
         assert trail[-1]["accepted"] is None and final["iterations_run"] == 1
     assert (out / "harness" / "evolved.yaml").is_file()
-    again = run_improve(cfg, out, resume=True, stop_after="harness", progress=False)
+    again = run_improve(enter("improve", cfg, out, resume=True, progress=False), stop_after="harness")
     assert again.decisions == result.decisions
 
 
@@ -209,12 +210,12 @@ def _cli():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--suite", "notrain"], "has no train split"),
+        (["--suite", "notrain"], "split 'train' of suite 'notrain' does not exist"),
         (["--seed-harness", "EXTERNAL"], "external agent program"),
         (["--test-tasks", "0"], "test-tasks"),
         (["--dev-tasks", "100"], "has 4 tasks; asked for 100"),
         (
-            ["--dev-tasks", "4", "--test-tasks", "4", "--distill-tasks-per-step", "100"],
+            ["--distill-tasks-per-step", "100"],
             "--distill-tasks-per-step: split 'train' of suite 'textscore' has",
         ),
         (["--evolved", "json-tools"], "must share their protocol"),
@@ -225,6 +226,7 @@ def test_bad_input_exits_2_with_one_clear_message_and_writes_nothing(args, messa
     out = tmp_path / "out"
     args = [specs["external"] if a == "EXTERNAL" else a for a in args]
     base = ["improve", "--suite", "textscore", "--seed-harness", specs["seed"], "--model", "tiny-random"]
+    base += ["--dev-tasks", "4", "--test-tasks", "4"]  # the suite's whole dev and test splits
     r = CliRunner().invoke(_cli(), [*base, "--out", str(out), *args])
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split()), r.output
@@ -249,7 +251,7 @@ def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on
     from harnessrl.improve.record import begin, cell, release
     from harnessrl.improve.weights import weights_phase
 
-    state = Improve(config(specs, evolved=None), tmp_path / "protocol", progress=False).state
+    state = Improve(enter("improve", config(specs, evolved=None), tmp_path / "protocol", progress=False)).state
     begin(state)
     xml = shrink("xml-tags", system_prompt="Reply with any text.", max_new_tokens=8, **SHORT)
     base = cell(state, "harness/seed-dev", "dev", state.dev_tasks, state.seed_spec, "tiny-random")
@@ -272,9 +274,9 @@ def test_a_stage_that_refuses_to_go_on_is_one_clear_error_with_the_decisions_kep
     resume with ImproveError naming the stage, not a crash, and the decisions already written stay."""
     out = tmp_path / "changed"
     cfg = config(specs)
-    run_improve(cfg, out, stop_after="harness", progress=False)
+    run_improve(enter("improve", cfg, out, progress=False), stop_after="harness")
     before = (out / "decisions.jsonl").read_text()
     (out / "harness" / "seed-dev" / "run.db").write_bytes(b"not a database" * 100)
     with pytest.raises(JobError, match="harness/seed-dev: cannot read its run database"):
-        run_improve(cfg, out, resume=True, progress=False)
+        run_improve(enter("improve", cfg, out, resume=True, progress=False))
     assert (out / "decisions.jsonl").read_text() == before

@@ -17,6 +17,7 @@ from harnessrl.cli import app
 from harnessrl.errors import JobError
 from harnessrl.harness.registry import load_harness
 from harnessrl.jobs.study import CELLS, COMPARISONS, Study, StudyConfig, recommend, run_study, verdict
+from harnessrl.kernel import enter
 from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 
@@ -102,14 +103,14 @@ def finished(tmp_path_factory, specs, tokenizer) -> dict:
     config = study_config(specs)
     killed = OracleCollector(specs[1], tokenizer, interrupt_at="cells/evolved-base")
     with pytest.raises(KeyboardInterrupt):
-        run_study(config, out, policy_factory=killed, progress=False)
+        run_study(enter("study", config, out, progress=False), killed)
     after_kill = {
         "counts": stage_counts(out),
         "sft": sft_steps(out),
         "stages": json.loads((out / "stages.json").read_text()),
     }
     resumed = OracleCollector(specs[1], tokenizer)
-    result = run_study(config, out, resume=True, policy_factory=resumed, progress=False)
+    result = run_study(enter("study", config, out, resume=True, progress=False), resumed)
     return {"out": out, "config": config, "result": result, "after_kill": after_kill, "resumed": resumed}
 
 
@@ -192,7 +193,7 @@ def test_a_resume_after_the_end_runs_nothing(finished, specs, tokenizer, monkeyp
 
     monkeypatch.setattr(harnessrl.models, "load_policy", no_model)
     again = OracleCollector(specs[1], tokenizer)
-    result = run_study(finished["config"], out, resume=True, policy_factory=again, progress=False)
+    result = run_study(enter("study", finished["config"], out, resume=True, progress=False), again)
     assert again.asked == []
     assert (stage_counts(out), sft_steps(out), (out / "stages.json").read_text()) == before
     assert result.cells == finished["result"].cells
@@ -242,12 +243,12 @@ def test_the_report_of_an_unfinished_study_says_how_to_finish_it(tmp_path):
 
 def test_a_changed_configuration_is_refused_on_resume(finished, specs):
     with pytest.raises(JobError, match=r"different configuration.*attempts \(2 -> 3\)"):
-        run_study(study_config(specs, attempts=3), finished["out"], resume=True, progress=False)
+        run_study(enter("study", study_config(specs, attempts=3), finished["out"], resume=True, progress=False))
     # with --evolved given, the evolution's options play no part and may change
-    Study(study_config(specs, iterations=7, dev_tasks=9), finished["out"], resume=True, progress=False)
+    Study(enter("study", study_config(specs, iterations=7, dev_tasks=9), finished["out"], resume=True, progress=False))
     # the collection may not grow once an adapter was trained on it
     with pytest.raises(JobError, match="collect_attempts"):
-        run_study(study_config(specs, collect_attempts=2), finished["out"], resume=True, progress=False)
+        run_study(enter("study", study_config(specs, collect_attempts=2), finished["out"], resume=True, progress=False))
     r = CliRunner().invoke(
         app, ["study", *cli_args(specs), "--test-tasks", "3", "--out", str(finished["out"]), "--resume"]
     )
@@ -308,12 +309,8 @@ def test_collect_model_oracle_collects_passing_episodes_while_the_base_model_run
     out = tmp_path / "s"
     factory = StopAtTheCells()
     with pytest.raises(KeyboardInterrupt):
-        run_study(
-            study_config(specs, seed_eval_tasks=0, collect_model="oracle", pack=True),
-            out,
-            policy_factory=factory,
-            progress=False,
-        )
+        config = study_config(specs, seed_eval_tasks=0, collect_model="oracle", pack=True)
+        run_study(enter("study", config, out, progress=False), factory)
     # the collection was the oracle's own (every episode passes), and the first cell asked for the base model
     assert factory.asked == ["collect:oracle", "cells/seed-base:tiny-random"]
     with RunStore(out / "collect") as store:
@@ -354,7 +351,7 @@ def test_a_one_iteration_evolution_feeds_the_study(tmp_path, specs, tokenizer):
             collector.spec = load_harness(str(out / "evolve" / "best_harness.yaml"))
         return collector(stage, model)
 
-    result = run_study(config, out, policy_factory=factory, progress=False)
+    result = run_study(enter("study", config, out, progress=False), factory)
     final = json.loads((out / "evolve" / "final.json").read_text())
     assert result.evolution["best"] == final["best"] and result.evolution["iterations_run"] == 1
     assert result.evolved_harness == load_harness(str(out / "evolve" / "best_harness.yaml")).name

@@ -9,8 +9,9 @@ records them (`RunFolder`). A field's command-line names, where they are not jus
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Optional, Self
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -28,6 +29,34 @@ def cli(*flags: str, bool_flag: bool = False, repeat: bool = False) -> dict[str,
 def option_name(field: str) -> str:
     """The command-line option of a config field: `eval_every` -> `--eval-every`."""
     return "--" + field.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What the job kernel reads from an option's value before the job starts, once for every job
+    (harnessrl.kernel.read_inputs), each refusal naming the option. Put on a field as
+    `Annotated[int, Reads("tasks", "dev")]`:
+
+    - `suite`: the suite it names (a built-in one or a task folder);
+    - `harness`: the harness it names (a built-in name or a spec file; None stays None);
+      `loop_for`: what the job does that needs harnessrl's own control loop (an agent program
+      is refused there);
+    - `harnesses`: the harnesses a list names (names, spec files, `all`);
+    - `tasks`: the first N tasks of `split` (`split="@field"`: the split another option names;
+      a None count: the whole split);
+    - `count`: only that `split` holds N tasks (the job draws them later, step by step).
+
+    `when` / `unless`: read only when that other option is set / is not set (truthy)."""
+
+    kind: Literal["suite", "harness", "harnesses", "tasks", "count"]
+    split: str = ""
+    when: str | None = None
+    unless: str | None = None
+    loop_for: str | None = None
+
+
+SuiteName = Annotated[str, Reads("suite")]
+HarnessNames = Annotated[list[str], Reads("harnesses")]
 
 
 def comma_list(values: Any) -> Any:
@@ -201,15 +230,17 @@ def run_options(
 class EvalConfig(Options):
     """`harnessrl eval`: a model on a suite's split through one or more harnesses."""
 
-    suite: str = Field("workspace", description="suite name (see `harnessrl tasks list`)")
+    oracle_model: ClassVar[bool] = True  # `--model oracle` replays each task's known solution
+
+    suite: SuiteName = Field("workspace", description="suite name (see `harnessrl tasks list`)")
     split: str = Field("dev", description="train, dev or test")
-    harness: list[str] = Field(
+    harness: HarnessNames = Field(
         ["all"],
         description="built-in name, 'all', or a spec path; repeat or comma-separate",
         json_schema_extra=cli("--harness", "-H"),
     )
     model: str = Field("tiny-random", description="tiny-random, smollm2-135m, hf:PATH or openai:MODEL@BASE_URL")
-    tasks: Optional[int] = Field(
+    tasks: Annotated[Optional[int], Reads("tasks", "@split")] = Field(
         None, ge=1, description="first N tasks of the split (default: all)", json_schema_extra=cli("--tasks", "-n")
     )
     attempts: int = Field(

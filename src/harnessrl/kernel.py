@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Generic, Iterable, Mapping, Protocol, TypeVar
 
-from harnessrl.config import Options, option_name
+from harnessrl.config import Options, Reads, option_name
 from harnessrl.errors import JobError, JobFailed
 from harnessrl.rundir import holds_run
 
@@ -69,16 +69,35 @@ class ModelRequest:
 
 
 @dataclass(frozen=True)
+class JobInputs:
+    """What a job's options name, read once (`read_inputs`): the suite, the harness specs and the
+    tasks, each by the config field that names it; the LLM judge of a `judge_model` option."""
+
+    suite: Any = None
+    harness: Mapping[str, Any] = field(default_factory=dict)  # field -> HarnessSpec or None
+    harnesses: Mapping[str, list[Any]] = field(default_factory=dict)  # field -> [HarnessSpec]
+    tasks: Mapping[str, list[Task]] = field(default_factory=dict)  # field -> the first N tasks
+    judge: Any = None
+
+
+@dataclass(frozen=True)
 class JobContext:
     """A job's resolved set-up: `config` after the resume rule, the run folder `out`, whether it
-    resumes, and its models chosen once, by option."""
+    resumes, its models chosen once (by option), what its options name (`inputs`), and how it
+    reports (`progress` bars, `log` lines, the rich `console`) and where its episodes run
+    (`executor`; by default this process's LocalExecutor; the caller closes it)."""
 
     job: str
     config: Any
     out: Path
-    resume: bool
+    resume: bool = False
     models: Mapping[str, ModelChoice] = field(default_factory=dict)
     keeps_options: bool = True  # False: a fresh start into a folder holding a run (the job refuses it)
+    inputs: JobInputs = field(default_factory=JobInputs)
+    progress: bool = True
+    log: Callable[[str], None] = lambda message: None
+    console: Any = None
+    executor: Any = field(default_factory=lambda: _local_executor())
 
     def model(self, option: str = "--model") -> ModelChoice:
         """The model chosen for `option`; KeyError when the job has none there."""
@@ -162,9 +181,10 @@ def record_options(job: str, config: Any, out: Path) -> None:
     tmp.replace(out / OPTIONS)
 
 
-def config_models(config: Any, *, oracle: bool = False) -> list[ModelRequest]:
+def config_models(config: Any) -> list[ModelRequest]:
     """The model options of a job config, read by field: `model` (with `device`, `dtype` and
-    `api_key_env` where the config has them; the oracle accepted where `oracle`), `collect_model`
+    `api_key_env` where the config has them; the oracle accepted where the config's class says
+    `oracle_model = True`), `collect_model`
     (the study's and improve's collector: the oracle accepted) and `judge_model` (with
     `judge_api_key_env`). A field the config lacks or leaves None asks for nothing."""
     requests = [
@@ -174,7 +194,7 @@ def config_models(config: Any, *, oracle: bool = False) -> list[ModelRequest]:
             getattr(config, "device", "auto"),
             getattr(config, "dtype", "auto"),
             getattr(config, "api_key_env", None),
-            oracle=oracle,
+            oracle=getattr(type(config), "oracle_model", False),
         )
     ]
     if getattr(config, "collect_model", None) is not None:
@@ -284,24 +304,92 @@ def job_harnesses(texts: list[str], option: str, error: type[JobError] = JobErro
         raise error(f"{option}: {e}") from None
 
 
+def named(config: C, objects: Mapping[str, Any] | None) -> C:
+    """`config` recording the names of the objects a library caller built in place of names, by
+    field (a suite restricted to some tasks, harness specs with shrunk rules, lists of specs)."""
+    if not objects:
+        return config
+    return config.replace(**{f: [v.name for v in o] if isinstance(o, list) else o.name for f, o in objects.items()})
+
+
+def read_inputs(config: Options, error: type[JobError] = JobError, given: Mapping[str, Any] | None = None) -> JobInputs:
+    """What the config's options name (their `Reads` marks, harnessrl.config), read in one pass:
+    the suite first, then the harnesses and the tasks; `error` naming the option for one that
+    cannot be read. `given`: objects a library caller built, by field, taken in place of what
+    their names would read (a harness there is still refused where the job needs its own loop).
+    A config with a `judge_model` gets its judge, handed to the suite."""
+    given = dict(given or {})
+    marks = {name: m for name, f in type(config).model_fields.items() for m in f.metadata if isinstance(m, Reads)}
+    judge, judge_model = None, getattr(config, "judge_model", None)
+    if judge_model is not None:
+        from harnessrl.tasks.importers import make_judge
+
+        try:
+            judge = make_judge(judge_model, getattr(config, "judge_api_key_env", None))
+        except ValueError as e:
+            raise error(f"--judge-model: {e}") from None
+    suite: Any = None
+    harness: dict[str, Any] = {}
+    harnesses: dict[str, list[Any]] = {}
+    tasks: dict[str, list[Any]] = {}
+    for name, mark in sorted(marks.items(), key=lambda item: item[1].kind != "suite"):
+        value, option = getattr(config, name), option_name(name)
+        if (mark.when is not None and not getattr(config, mark.when)) or (mark.unless and getattr(config, mark.unless)):
+            continue
+        if mark.kind == "suite":
+            suite = given[name] if name in given else job_suite(value, error, judge=judge)
+        elif mark.kind == "harness":
+            spec = given[name] if name in given else None if value is None else job_harness(value, option, error)
+            harness[name] = spec if spec is None or mark.loop_for is None else _loop(spec, mark.loop_for, option, error)
+        elif mark.kind == "harnesses":
+            harnesses[name] = list(given[name]) if name in given else job_harnesses(list(value), option, error)
+        else:
+            split = getattr(config, mark.split[1:]) if mark.split.startswith("@") else mark.split
+            if mark.kind == "tasks":
+                tasks[name] = job_tasks(suite, split, value, option, error)
+            else:
+                job_split(suite, split, value, option, error)
+    return JobInputs(suite, harness, harnesses, tasks, judge)
+
+
+def _loop(spec: Any, purpose: str, option: str, error: type[JobError]) -> Any:
+    """`spec`, or `error` naming the option where it is an agent program (the job needs
+    harnessrl's own control loop for `purpose`)."""
+    from harnessrl.harness.spec import require_loop_harness
+
+    try:
+        return require_loop_harness(spec, purpose)
+    except ValueError as e:
+        raise error(f"{option}: {e}") from None
+
+
 def enter(
     job: str,
     config: Any,
     out: Path,
     *,
-    resume: bool,
+    resume: bool = False,
     given: Collection[str] | None = None,
-    models: Callable[[Any], Iterable[ModelRequest]] = lambda config: (),
+    models: Callable[[Any], Iterable[ModelRequest]] = config_models,
     log: Callable[[str], None] = lambda message: None,
     earlier: Callable[[Path], dict[str, Any]] | None = None,
     isolation: str = "auto",
+    error: type[JobError] = JobError,
+    objects: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    console: Any = None,
+    executor: Any = None,
 ) -> JobContext:
     """A job's context (see the module docstring), to run the job in as `with enter(...) as ctx:`
     (the options are kept in `out` when the block ends and the job has started a run there).
-    `models(config)` lists the job's model options once the resume rule has filled the config in.
-    `isolation="required"` (the run option `--isolation required`): a JobError unless bubblewrap
-    isolates sandboxed commands here, and from then on every sandboxed command of this process
-    refuses to run without it. Nothing is written here: a refusal leaves the folder as it was."""
+    `models(config)` lists the job's model options once the resume rule has filled the config in
+    (default: `config_models`);
+    then what the options name is read (`read_inputs`; `objects`: those a library caller built,
+    by field). `isolation="required"` (the run option `--isolation required`): a JobError unless
+    bubblewrap isolates sandboxed commands here, and from then on every sandboxed command of this
+    process refuses to run without it. `error`: the job's JobError class, for its refusals.
+    `progress`, `log`, `console`, `executor`: how the job reports and where its episodes run.
+    Nothing is written here: a refusal leaves the folder as it was."""
     out = Path(out)
     if isolation == "required":
         from harnessrl.tasks.sandbox_exec import IsolationRequired, require_isolation
@@ -312,9 +400,19 @@ def enter(
             raise JobError(str(e)) from None
     if resume:
         config = resume_config(config, out, given, log, earlier)
-    config.check()  # options that refuse each other, once the resume rule has filled them in
+    config = named(config, objects)
+    config.check(error)  # options that refuse each other, once the resume rule has filled them in
     chosen = choose_models(models(config))
-    return JobContext(job, config, out, resume, chosen, keeps_options=resume or not holds_run(out))
+    inputs = read_inputs(config, error, objects)
+    keeps = resume or not holds_run(out)
+    executor = executor if executor is not None else _local_executor()
+    return JobContext(job, config, out, resume, chosen, keeps, inputs, progress, log, console, executor)
+
+
+def _local_executor() -> Any:
+    from harnessrl.executors import LocalExecutor
+
+    return LocalExecutor()
 
 
 def _shown(value: Any) -> str:

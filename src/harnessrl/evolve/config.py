@@ -3,32 +3,36 @@ from these fields; OUT/config.json records them). Light to import."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import Field, field_validator
 
-from harnessrl.config import Device, FloatDtype, Options
+from harnessrl.config import Device, FloatDtype, Options, Reads, SuiteName
 from harnessrl.evolve.acceptance import THRESHOLD_MULTIPLE
 
 
 class EvolveConfig(Options):
     """What an evolution run computes (see docs/evolve.md)."""
 
-    suite: str = Field(
+    suite: SuiteName = Field(
         default="workspace", description="suite whose dev split drives the search and whose test split confirms"
     )
-    seed_harness: str = Field(default="react", description="built-in harness name or spec path to start from")
+    seed_harness: Annotated[str, Reads("harness", loop_for="evolve (edits of prompts and rules)")] = Field(
+        default="react", description="built-in harness name or spec path to start from"
+    )
     model: str = Field(
         default="smollm2-135m", description="the agent's model: tiny-random, smollm2-135m, hf:PATH or openai:MODEL@URL"
     )
     device: Device = "auto"
     dtype: FloatDtype = "auto"
-    dev_tasks: int = Field(
+    dev_tasks: Annotated[int, Reads("tasks", "dev")] = Field(
         default=48,
         ge=2,
         description="first N dev tasks (decision tasks; >= 2: the noise estimate needs a spread over tasks)",
     )
-    test_tasks: int = Field(default=72, ge=1, description="first N test tasks (held out; run once at the end)")
+    test_tasks: Annotated[int, Reads("tasks", "test")] = Field(
+        default=72, ge=1, description="first N test tasks (held out; run once at the end)"
+    )
     rollouts: int = Field(default=4, ge=1, description="attempts per task in every measurement")
     iterations: int = Field(default=20, ge=1, description="search iterations")
     candidates: int = Field(default=2, ge=1, description="candidates proposed and measured per iteration")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 from pydantic import Field
 
-from harnessrl.config import Device, FloatDtype, Options, cli
+from harnessrl.config import Device, FloatDtype, Options, Reads, SuiteName, cli
 from harnessrl.errors import JobError
 
 DECISIONS = "decisions.jsonl"
@@ -15,6 +15,7 @@ REPORT = "report.md"
 PHASES = ("harness", "weights", "content", "final")
 # the harness phase's ceilings, in the order they are checked after each evolution iteration
 CEILINGS = ("no_process_gain", "process_floor", "patience", "budget", "proposer_exhausted")
+LOOP = "improve (evolve, then distil into the seed harness)"  # what needs harnessrl's own control loop
 
 
 class ImproveError(JobError):
@@ -25,9 +26,13 @@ class ImproveError(JobError):
 class ImproveConfig(Options):
     """`harnessrl improve`: every option, declared once (OUT/config.json records them)."""
 
-    suite: str = Field("toolcalc", description="suite: dev tasks decide, train tasks train, test tasks judge once")
-    seed_harness: str = Field("react", description="built-in harness name or spec path to start from")
-    evolved: Optional[str] = Field(
+    suite: SuiteName = Field(
+        "toolcalc", description="suite: dev tasks decide, train tasks train, test tasks judge once"
+    )
+    seed_harness: Annotated[str, Reads("harness", loop_for=LOOP)] = Field(
+        "react", description="built-in harness name or spec path to start from"
+    )
+    evolved: Annotated[Optional[str], Reads("harness", loop_for=LOOP)] = Field(
         None, description="the evolved harness (name or spec path): skips the evolution (default: evolve the seed)"
     )
     model: str = Field(
@@ -35,8 +40,12 @@ class ImproveConfig(Options):
     )
     device: Device = "auto"
     dtype: FloatDtype = "auto"
-    dev_tasks: int = Field(8, ge=2, description="first N dev tasks: every decision of the harness and weights phases")
-    test_tasks: int = Field(8, ge=1, description="first N test tasks (held out): the final comparison, once")
+    dev_tasks: Annotated[int, Reads("tasks", "dev")] = Field(
+        8, ge=2, description="first N dev tasks: every decision of the harness and weights phases"
+    )
+    test_tasks: Annotated[int, Reads("tasks", "test")] = Field(
+        8, ge=1, description="first N test tasks (held out): the final comparison, once"
+    )
     attempts: int = Field(
         2, ge=1, description="attempts per task in every evaluation stage", json_schema_extra=cli("--attempts", "-k")
     )
@@ -58,7 +67,9 @@ class ImproveConfig(Options):
         description="weights phase: the model that collects the evolved harness's train episodes for imitation "
         "(default: --model; `oracle` replays each task's known solution)",
     )
-    collect_tasks: int = Field(8, ge=1, description="weights phase: first N train tasks collected for imitation")
+    collect_tasks: Annotated[int, Reads("count", "train")] = Field(
+        8, ge=1, description="weights phase: first N train tasks collected for imitation"
+    )
     collect_attempts: int = Field(4, ge=1, description="weights phase: attempts per collected train task")
     epochs: int = Field(3, ge=1, description="weights phase: imitation's passes over its examples")
     lr: float = Field(
@@ -70,9 +81,13 @@ class ImproveConfig(Options):
         description="weights phase: on-policy distillation steps when imitation has nothing to train on (otherwise "
         "as many as imitation's optimizer steps)",
     )
-    distill_tasks_per_step: int = Field(4, ge=1, description="weights phase: train tasks per distillation step")
+    distill_tasks_per_step: Annotated[int, Reads("count", "train")] = Field(
+        4, ge=1, description="weights phase: train tasks per distillation step"
+    )
     # the content phase
-    content_tasks: int = Field(8, ge=1, description="content phase: first N train tasks triaged for content failures")
+    content_tasks: Annotated[int, Reads("tasks", "train")] = Field(
+        8, ge=1, description="content phase: first N train tasks triaged for content failures"
+    )
     grpo_steps: int = Field(10, ge=1, description="content phase: GRPO steps")
     grpo_tasks_per_step: int = Field(4, ge=1, description="content phase: tasks per GRPO step (at most the selected)")
     group_size: int = Field(4, ge=2, description="content phase: attempts per task in a GRPO group")

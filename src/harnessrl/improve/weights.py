@@ -117,6 +117,7 @@ def weights_phase(state: ImproveState, base: Cell, evolved: EvolvedHarness) -> K
 def _distill(state: ImproveState, stage: str, evolved: HarnessSpec, steps: int) -> DistillFacts:
     """On-policy distillation (`train distill`) of the evolved harness into the seed harness, as
     the stage OUT/`stage` (read when it finished)."""
+    from harnessrl.kernel import enter
     from harnessrl.results import DistillFacts, TrainResult
     from harnessrl.train.config import DistillConfig
     from harnessrl.train.distill import DistillError, run_distill
@@ -143,16 +144,13 @@ def _distill(state: ImproveState, stage: str, evolved: HarnessSpec, steps: int) 
     )
 
     def train(path: Path, resume: bool) -> TrainResult:
+        objects = {"suite": state.suite, "teacher_harness": evolved, "student_harness": state.seed_spec}
         return run_distill(
-            config,
-            path,
-            resume=resume,
-            progress=state.progress,
-            console=state.console,
-            suite=state.suite,
-            teacher=evolved,
-            student=state.seed_spec,
-        )
+            enter(
+                "train distill", config, path, resume=resume, error=DistillError, objects=objects,
+                progress=state.progress, console=state.console,
+            )
+        )  # fmt: skip
 
     def facts(summary: TrainResult) -> DistillFacts:
         return DistillFacts(steps=summary.steps, final_kl=summary.last.get("kl"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
 
+from harnessrl.errors import JobError
 from harnessrl.kernel import Finished, JobContext, ModelRequest, config_models, enter, option_values
 
 if TYPE_CHECKING:
@@ -37,21 +38,29 @@ def _context(
     run: Any,
     given: Collection[str] | None,
     log: Log,
+    *,
+    error: type[JobError] = JobError,
     models: Callable[[Any], Iterable[ModelRequest]] = config_models,
     earlier: Callable[[Path], dict[str, Any]] | None = None,
+    console: Any = None,
+    executor: Executor | None = None,
 ) -> JobContext:
-    """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.isolation`)."""
-    isolation = getattr(run, "isolation", "auto")
+    """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.progress`,
+    `run.isolation`)."""
     return enter(
         job,
         config,
         run.out,
         resume=run.resume,
         given=given,
-        isolation=isolation,
+        isolation=getattr(run, "isolation", "auto"),
         models=models,
         log=log,
         earlier=earlier,
+        error=error,
+        progress=run.progress,
+        console=console,
+        executor=executor,
     )
 
 
@@ -64,11 +73,10 @@ def evaluate(
     executor: Executor | None = None,
 ) -> Finished[EvalSummary]:
     """`harnessrl eval`: the model on the suite through every harness (jobs/evaluate.run_eval)."""
-    from harnessrl.jobs.evaluate import run_eval
+    from harnessrl.jobs.evaluate import EvalError, run_eval
 
-    with _context("eval", config, run, given, log, lambda c: config_models(c, oracle=True)) as ctx:
-        preflight = bool(getattr(run, "preflight", False))
-        return Finished(ctx.config, run_eval(ctx.config, run, log, executor, preflight=preflight, models=ctx.models))
+    with _context("eval", config, run, given, log, error=EvalError, executor=executor) as ctx:
+        return Finished(ctx.config, run_eval(ctx, preflight=bool(getattr(run, "preflight", False))))
 
 
 def evolve(
@@ -81,6 +89,7 @@ def evolve(
 ) -> Finished[EvolveResult]:
     """`harnessrl evolve`: edits of the seed harness kept where they beat measured noise, then
     one held-out confirmation (evolve/run.run_evolve)."""
+    from harnessrl.evolve.loop import EvolveError
     from harnessrl.evolve.run import evolve_models, run_evolve, stored_config
 
     key = getattr(run, "api_key_env", None)
@@ -88,51 +97,31 @@ def evolve(
     def earlier(out: Path) -> dict[str, Any]:  # a run from before options.json: its config.json holds them
         return option_values(stored_config(out))
 
-    with _context("evolve", config, run, given, log, lambda c: evolve_models(c, key), earlier) as ctx:
-        result = run_evolve(
-            ctx.config,
-            run.out,
-            resume=run.resume,
-            api_key_env=key,
-            progress=run.progress,
-            log=log,
-            executor=executor,
-            models=ctx.models,
-        )
-        return Finished(ctx.config, result)
+    models = lambda c: evolve_models(c, key)  # noqa: E731
+    with _context(
+        "evolve", config, run, given, log, error=EvolveError, models=models, earlier=earlier, executor=executor
+    ) as ctx:
+        return Finished(ctx.config, run_evolve(ctx))
 
 
 def study(
     config: StudyConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
 ) -> Finished[StudyResult]:
     """`harnessrl study`: harness x weights, held-out cells (jobs/study.run_study)."""
-    from harnessrl.jobs.study import run_study
+    from harnessrl.jobs.study import StudyError, run_study
 
-    with _context("study", config, run, given, log) as ctx:
-        result = run_study(
-            ctx.config, run.out, resume=run.resume, progress=run.progress, log=log, console=console, models=ctx.models
-        )
-        return Finished(ctx.config, result)
+    with _context("study", config, run, given, log, error=StudyError, console=console) as ctx:
+        return Finished(ctx.config, run_study(ctx))
 
 
 def improve(
     config: ImproveConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
 ) -> Finished[ImproveResult | ImproveStopped]:
     """`harnessrl improve`: harness, then weights, then content (improve/job.run_improve)."""
-    from harnessrl.improve import run_improve
+    from harnessrl.improve import ImproveError, run_improve
 
-    with _context("improve", config, run, given, log) as ctx:
-        result = run_improve(
-            ctx.config,
-            run.out,
-            resume=run.resume,
-            stop_after=getattr(run, "stop_after", None),
-            progress=run.progress,
-            log=log,
-            console=console,
-            models=ctx.models,
-        )
-        return Finished(ctx.config, result)
+    with _context("improve", config, run, given, log, error=ImproveError, console=console) as ctx:
+        return Finished(ctx.config, run_improve(ctx, getattr(run, "stop_after", None)))
 
 
 def train_grpo(
@@ -211,18 +200,12 @@ def train_distill(
     executor: Executor,
 ) -> Finished[Any]:
     """`harnessrl train distill`: on-policy distillation across harnesses (train/distill.DistillRun)."""
-    from harnessrl.train.distill import DistillRun
+    from harnessrl.train.distill import DistillError, DistillRun
 
-    with _context("train distill", config, run, given, log) as ctx:
-        job = DistillRun(
-            ctx.config,
-            run.out,
-            resume=run.resume,
-            progress=run.progress,
-            console=console,
-            executor=executor,
-            model=ctx.model(),
-        )
+    with _context(
+        "train distill", config, run, given, log, error=DistillError, console=console, executor=executor
+    ) as ctx:
+        job = DistillRun(ctx)
         executor.start()  # connect before the model loads
         return Finished(ctx.config, job.run())
 

@@ -1,4 +1,4 @@
-"""Evaluation as a library call: `run_eval(EvalConfig(...), RunOptions(out=...))`.
+"""Evaluation over its job context: `run_eval(enter("eval", EvalConfig(...), out))` (harnessrl.kernel).
 
 Every configuration error is raised (EvalError) before anything slow happens (loading the model,
 running episodes); then the run folder is opened (see rundir.py: resume, config diff), the
@@ -7,64 +7,36 @@ unfinished episodes run, and summary.json is written from the run database.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
-from harnessrl.config import EvalConfig, RunOptions
 from harnessrl.errors import JobError
 from harnessrl.eval_folder import EvaluationFolder
 from harnessrl.eval_folder import write_summary as write_summary  # cli/eval.py's `summary` reads it here
 from harnessrl.results import EvalSummary
 
 if TYPE_CHECKING:
-    from harnessrl.executors import Executor
-    from harnessrl.models.choice import ModelChoice
+    from harnessrl.kernel import JobContext
 
 
 class EvalError(JobError):
     """A configuration or run-folder problem, reported before any episode runs."""
 
 
-def run_eval(
-    config: EvalConfig,
-    run: RunOptions,
-    log: Callable[[str], None] = lambda message: None,
-    executor: Executor | None = None,
-    *,
-    preflight: bool = False,
-    models: Mapping[str, ModelChoice] | None = None,
-) -> EvalSummary:
-    """Evaluate `config.model` on the suite through every harness; returns the summary.
-    `executor`: where the episodes run (default: this process); the caller closes it.
-    `preflight`: first measure each harness's first request of the first task against a local
-    model's context (harnessrl.preflight), and refuse (EvalError) where one cannot fit.
-    `models`: the models the job kernel chose (harnessrl.jobs.entries.evaluate); chosen here when
-    None."""
-    from harnessrl.executors import LocalExecutor
-    from harnessrl.kernel import choose_models, config_models, job_harnesses, job_suite, job_tasks
+def run_eval(ctx: JobContext, *, preflight: bool = False) -> EvalSummary:
+    """Evaluate the model on the suite through every harness, over the job's context
+    (harnessrl.kernel.enter: its model and judge, suite, tasks and harnesses); returns the
+    summary. Its episodes run on `ctx.executor` (the caller closes it). `preflight`: first measure
+    each harness's first request of the first task against a local model's context
+    (harnessrl.preflight), and refuse (EvalError) where one cannot fit."""
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
 
     # -- every config error before any work -----------------------------------------------------------
-    config.check(EvalError)
-    executor = executor if executor is not None else LocalExecutor()
-    if config.judge_model is not None and executor.kind != "local":
+    config, executor, judge = ctx.config, ctx.executor, ctx.inputs.judge
+    specs, task_list = ctx.inputs.harnesses["harness"], ctx.inputs.tasks["tasks"]
+    if judge is not None and executor.kind != "local":
         # the judge grades where the episodes are graded, and models stay in this process
         raise EvalError(f"--judge-model runs with --executor local only, not {executor.kind}")
-    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
-    specs = job_harnesses(config.harness, "--harness", EvalError)
-    judge = None
-    # the model and the judge, each chosen once (a device this machine lacks, int8 on a GPU, a
-    # device or dtype for a model on a server: refused before any work)
-    model = (choose_models(config_models(config, oracle=True)) if models is None else models)["--model"]
-    if config.judge_model is not None:
-        from harnessrl.tasks.importers import make_judge
-
-        try:
-            judge = make_judge(config.judge_model, config.judge_api_key_env)
-        except ValueError as e:
-            raise EvalError(f"--judge-model: {e}") from None
-    the_suite = job_suite(config.suite, EvalError, judge=judge)
-    task_list = job_tasks(the_suite, config.split, config.tasks, "--tasks", EvalError)
     if not task_list:
         raise EvalError("no tasks selected")
     if judge is not None:
@@ -80,12 +52,13 @@ def run_eval(
         from harnessrl.preflight import check_before_run
 
         try:
-            check_before_run(config.model, specs, task_list[0], log)
+            check_before_run(config.model, specs, task_list[0], ctx.log)
         except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
             raise EvalError(str(e)) from None
 
+    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
     evaluation = EvaluationFolder(
-        run.out,
+        ctx.out,
         config.suite,
         config.split,
         config.model,
@@ -98,17 +71,18 @@ def run_eval(
         judge_model=config.judge_model,
         judge_api_key_env=config.judge_api_key_env,
     )
+    model = ctx.model()
     record = evaluation.record
     record.update(model.recorded())  # a local model's device (may differ on resume) and non-float32 dtype
     record["executor"] = executor.describe()  # never compared on resume: a run may continue elsewhere
-    evaluation.open(resume=run.resume, may_differ=("device",))  # a refusal is a RunFolderError
+    evaluation.open(resume=ctx.resume, may_differ=("device",))  # a refusal is a RunFolderError
     executor.prepare(task_list, specs)  # connect; every task and harness can go there (ExecutorError)
     with evaluation:
         evaluation.start()
         todo = evaluation.todo()
-        if run.resume:
+        if ctx.resume:
             jobs = len(evaluation.jobs)
-            log(f"resuming: {jobs - len(todo)} of {jobs} episodes already finished")
+            ctx.log(f"resuming: {jobs - len(todo)} of {jobs} episodes already finished")
 
         # -- the models (slow) ----------------------------------------------------------------------
         policy = None  # the oracle
@@ -123,7 +97,7 @@ def run_eval(
             except (ValueError, RuntimeError, OSError) as e:
                 raise EvalError(f"cannot load judge model '{config.judge_model}': {e}") from None
         try:
-            evaluation.run(todo, policy, config.max_in_flight, run.progress, executor)
+            evaluation.run(todo, policy, config.max_in_flight, ctx.progress, executor)
         finally:  # a local model's engine thread ends here, a step in progress cut short
             close = getattr(policy, "close", None)
             if close is not None:

@@ -145,18 +145,16 @@ class Stages:
         path = self.out / stage
         finished = (path / FINAL).is_file() and (path / LOCK).is_file()
         if run and not finished:
-            from harnessrl.evolve.run import run_evolve
+            from harnessrl.evolve.run import evolve_models, run_evolve
+            from harnessrl.kernel import enter
 
             self.release()  # evolution loads its own copy of the model
             try:
-                run_evolve(
-                    config,
-                    path,
-                    resume=holds_run(path),
-                    progress=self.progress,
-                    log=log or self.log,
-                    stop_when=stop_when,
-                )
+                ctx = enter(
+                    "evolve", config, path, resume=holds_run(path), models=evolve_models, error=EvolveError,
+                    progress=self.progress, log=log or self.log,
+                )  # fmt: skip
+                run_evolve(ctx, stop_when)
             except EvolveError as e:
                 raise StageError(f"{stage}: {e}") from None
         try:

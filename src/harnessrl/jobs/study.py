@@ -1,4 +1,4 @@
-"""The harness x weights study as one resumable job: `Study(StudyConfig(...), out).run()`.
+"""The harness x weights study as one resumable job: `Study(enter("study", StudyConfig(...), out)).run()`.
 
 The question it answers: of what an evolved harness gains, what belongs in the harness (it fixes
 process failures at run time), what can be trained into the weights (content the model learns
@@ -29,12 +29,11 @@ adapter has been trained (the way out when nothing passed on the train tasks), a
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 from pydantic import Field, model_validator
 
-from harnessrl.config import Device, FloatDtype, Options, cli, option_name
+from harnessrl.config import Device, FloatDtype, Options, Reads, SuiteName, cli, option_name
 from harnessrl.errors import JobError
 from harnessrl.jobs.stages import PolicyFactory, Stages
 from harnessrl.jobs.study_analysis import (
@@ -50,12 +49,13 @@ from harnessrl.results import StudyResult
 from harnessrl.rundir import STUDY_JSON, RunFolder, holds_run, write_json
 
 if TYPE_CHECKING:
-    from harnessrl.models.choice import ModelChoice
+    from harnessrl.kernel import JobContext
 
 # The options only the evolution stage uses.
 EVOLVE_OPTIONS = ("dev_tasks", "rollouts", "iterations", "candidates")
 # Keys of the study's configuration that may grow on --resume while no adapter has been trained.
 GROWABLE = ("collect_tasks", "collect_attempts")
+LOOP = "the study (evolve, then re-render conversations)"  # what needs harnessrl's own control loop
 
 
 class StudyError(JobError):
@@ -66,9 +66,13 @@ class StudyError(JobError):
 class StudyConfig(Options):
     """`harnessrl study`: every option, declared once (OUT/config.json records them)."""
 
-    suite: str = Field("toolcalc", description="suite: dev tasks evolve, train tasks are distilled, test tasks judge")
-    seed_harness: str = Field("react", description="built-in harness name or spec path to start from")
-    evolved: Optional[str] = Field(
+    suite: SuiteName = Field(
+        "toolcalc", description="suite: dev tasks evolve, train tasks are distilled, test tasks judge"
+    )
+    seed_harness: Annotated[str, Reads("harness", loop_for=LOOP)] = Field(
+        "react", description="built-in harness name or spec path to start from"
+    )
+    evolved: Annotated[Optional[str], Reads("harness", loop_for=LOOP)] = Field(
         None,
         description="the evolved harness (name or spec path): skips the evolution (default: evolve the seed)",
     )
@@ -77,8 +81,12 @@ class StudyConfig(Options):
     )
     device: Device = "auto"
     dtype: FloatDtype = "auto"
-    seed_eval_tasks: int = Field(4, ge=0, description="first N dev tasks the seed harness is evaluated on (0 = skip)")
-    dev_tasks: int = Field(4, ge=2, description="evolve: first N dev tasks (decision tasks)")
+    seed_eval_tasks: Annotated[int, Reads("tasks", "dev")] = Field(
+        4, ge=0, description="first N dev tasks the seed harness is evaluated on (0 = skip)"
+    )
+    dev_tasks: Annotated[int, Reads("count", "dev", unless="evolved")] = Field(
+        4, ge=2, description="evolve: first N dev tasks (decision tasks)"
+    )
     rollouts: int = Field(2, ge=1, description="evolve: attempts per task in every measurement")
     iterations: int = Field(2, ge=1, description="evolve: search iterations")
     candidates: int = Field(2, ge=1, description="evolve: candidates proposed and measured per iteration")
@@ -87,7 +95,9 @@ class StudyConfig(Options):
         description="the model that collects the train episodes (default: --model; `oracle` replays each task's "
         "known solution; any spec `harnessrl eval` takes, e.g. a stronger openai:MODEL@URL)",
     )
-    collect_tasks: int = Field(8, ge=1, description="first N train tasks the evolved harness collects episodes on")
+    collect_tasks: Annotated[int, Reads("count", "train")] = Field(
+        8, ge=1, description="first N train tasks the evolved harness collects episodes on"
+    )
     collect_attempts: int = Field(
         4, ge=1, description="attempts per train task (rejection sampling: the passing ones are distilled)"
     )
@@ -98,7 +108,7 @@ class StudyConfig(Options):
         description="SFT: an episode's calls in shared rows, whole episodes shuffled per epoch (harnessrl train sft "
         "--pack: about half the time a step on multi-turn episodes, the same loss per batch)",
     )
-    test_tasks: int = Field(
+    test_tasks: Annotated[int, Reads("tasks", "test")] = Field(
         8, ge=1, description="first N test tasks (held out): the cells, and evolve's confirmation run"
     )
     attempts: int = Field(
@@ -148,83 +158,43 @@ def study_result(
 
 
 class Study:
-    """`Study(config, out, resume=...)` checks everything cheap and raises StudyError (nothing is
-    written); `run()` runs the stages that have not finished and returns study.json's content.
+    """`Study(ctx)` (its context from the job kernel, which read the suite, tasks and harnesses its
+    options name) checks what is left and raises StudyError (nothing is written); `run()` runs the
+    stages that have not finished and returns study.json's content.
 
     `policy_factory(stage, model)` may hand a policy to an evaluation stage (tests use scripted
-    policies); None loads `model` as usual. `models`: the models the job kernel chose (chosen
-    here when None)."""
+    policies); None loads `model` as usual."""
 
-    def __init__(
-        self,
-        config: StudyConfig,
-        out: str | Path,
-        *,
-        resume: bool = False,
-        policy_factory: PolicyFactory | None = None,
-        progress: bool = True,
-        log: Callable[[str], None] = lambda message: None,
-        console=None,
-        models: Mapping[str, ModelChoice] | None = None,
-    ):
+    def __init__(self, ctx: JobContext, policy_factory: PolicyFactory | None = None):
         from harnessrl.evolve.config import evolution_of
-        from harnessrl.kernel import choose_models, config_models, job_harness, job_record, job_suite, job_tasks
+        from harnessrl.kernel import job_record
 
-        self.config = config
-        self.out = Path(out)
-        self.resume = resume
-        self.progress = progress
-        self.log = log
-        self.console = console
-        c = config
-        # a device this machine lacks: refused before any work; auto resolved once, for every stage
-        model = (choose_models(config_models(c)) if models is None else models)["--model"]
+        self.config = c = ctx.config
+        self.out, inputs = ctx.out, ctx.inputs
+        model = ctx.model()  # a device this machine lacks was refused; auto is resolved, for every stage
         assert model.device is not None and model.dtype is not None  # the study's model is local
-        self.device, self.dtype = model.device, model.dtype
-        purpose = "the study (evolve, then re-render conversations)"
-        self.seed_spec = job_harness(c.seed_harness, "--seed-harness", StudyError, loop_for=purpose)
-        self.given_evolved = (
-            job_harness(c.evolved, "--evolved", StudyError, loop_for=purpose) if c.evolved is not None else None
-        )
-        suite = job_suite(c.suite, StudyError)
-        self.seed_eval_tasks = (
-            job_tasks(suite, "dev", c.seed_eval_tasks, "--seed-eval-tasks", StudyError) if c.seed_eval_tasks else []
-        )
-        job_tasks(suite, "train", c.collect_tasks, "--collect-tasks", StudyError)  # the collection draws them again
-        self.test_tasks = job_tasks(suite, "test", c.test_tasks, "--test-tasks", StudyError)
+        self.seed_spec, self.given_evolved = inputs.harness["seed_harness"], inputs.harness["evolved"]
+        self.seed_eval_tasks, self.test_tasks = inputs.tasks["seed_eval_tasks"], inputs.tasks["test_tasks"]
         if c.evolved is None:
-            job_tasks(suite, "dev", c.dev_tasks, "--dev-tasks", StudyError)
             try:
-                self.evolve_config = evolution_of(c, self.dtype)
+                self.evolve_config = evolution_of(c, model.dtype)
             except ValueError as e:  # an evolution option its config refuses
                 raise StudyError(str(e)) from None
         # with --evolved the evolution's options play no part: left out, so they may change on --resume;
         # pack recorded when on
         unused = (*(EVOLVE_OPTIONS if c.evolved is not None else ()), *(() if c.pack else ("pack",)))
         self.record = job_record(
-            config.model_dump(), model, unused,
+            c.model_dump(), model, unused,
             seed_spec=self.seed_spec.to_dict(),
             evolved_spec=None if self.given_evolved is None else self.given_evolved.to_dict(),
         )  # fmt: skip
         self.runner = Stages(
-            config,
-            self.out,
-            self.seed_spec,
-            self.device,
-            self.dtype,
-            policy_factory=policy_factory,
-            progress=progress,
-            log=log,
-            console=console,
-        )
-        growable = resume and not self.runner.training_started()
-        self.folder = RunFolder.open(
-            self.out,
-            "study",
-            self.record,
-            resume=resume,
-            may_differ=(*GROWABLE, "device") if growable else ("device",),
-        )
+            c, self.out, self.seed_spec, model.device, model.dtype,
+            policy_factory=policy_factory, progress=ctx.progress, log=ctx.log, console=ctx.console,
+        )  # fmt: skip
+        growable = ctx.resume and not self.runner.training_started()
+        may_differ = (*GROWABLE, "device") if growable else ("device",)
+        self.folder = RunFolder.open(self.out, "study", self.record, resume=ctx.resume, may_differ=may_differ)
         if growable:
             old = self.folder.stored_config()
             for key in GROWABLE:
@@ -302,29 +272,9 @@ def _same_harness(a, b) -> bool:
     return spec_fingerprint(a) == spec_fingerprint(b)
 
 
-def run_study(
-    config: StudyConfig,
-    out: str | Path,
-    *,
-    resume: bool = False,
-    policy_factory: PolicyFactory | None = None,
-    progress: bool = True,
-    log: Callable[[str], None] = lambda message: None,
-    console=None,
-    models: Mapping[str, ModelChoice] | None = None,
-) -> StudyResult:
-    """`harnessrl study` as a library call; returns study.json's content."""
-    study = Study(
-        config,
-        out,
-        resume=resume,
-        policy_factory=policy_factory,
-        progress=progress,
-        log=log,
-        console=console,
-        models=models,
-    )
-    return study.run()
+def run_study(ctx: JobContext, policy_factory: PolicyFactory | None = None) -> StudyResult:
+    """`harnessrl study` over its job context (harnessrl.kernel.enter); returns study.json's content."""
+    return Study(ctx, policy_factory).run()
 
 
 __all__ = [

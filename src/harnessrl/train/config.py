@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import Field, field_validator
 
-from harnessrl.config import Device, Options, TrainDtype, cli, comma_list, option_name
+from harnessrl.config import Device, Options, Reads, SuiteName, TrainDtype, cli, comma_list, option_name
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -316,21 +316,25 @@ class DistillConfig(Options):
     the command line is generated from these fields. See docs/training.md, "On-policy distillation"."""
 
     # both required (None: the run refuses to start, naming the option)
-    teacher_harness: Optional[str] = Field(
+    teacher_harness: Annotated[
+        Optional[str], Reads("harness", loop_for="distillation (the teacher harness's prompts)")
+    ] = Field(
         default=None,
         description="the harness whose behaviour is distilled (name or spec path; e.g. an evolved spec); required",
     )
-    student_harness: Optional[str] = Field(
-        default=None, description="the harness the student samples its episodes in (name or spec path); required"
-    )
+    student_harness: Annotated[
+        Optional[str], Reads("harness", loop_for="distillation (the student harness's prompts)")
+    ] = Field(default=None, description="the harness the student samples its episodes in (name or spec path); required")
     model: TrainModel = "smollm2-135m"
     device: Device = "auto"
     dtype: TrainDtype = "auto"
-    suite: str = Field(default="toolcalc", description="suite whose train split gives the tasks")
+    suite: SuiteName = Field(default="toolcalc", description="suite whose train split gives the tasks")
     steps: int = Field(
         default=20, ge=1, description="training steps (one batch of student episodes and one optimizer step each)"
     )
-    tasks_per_step: int = Field(default=4, ge=1, description="train tasks sampled per step")
+    tasks_per_step: Annotated[int, Reads("count", "train")] = Field(
+        default=4, ge=1, description="train tasks sampled per step"
+    )
     attempts: int = Field(default=2, ge=1, description="student episodes per task and step")
     temperature: float = Field(
         default=0.7, gt=0, description="temperature of the student's sampling and of both distributions the KL compares"
@@ -357,6 +361,9 @@ class DistillConfig(Options):
     _lists = field_validator("lora_targets", "rollout_servers", mode="before")(comma_list)
 
     def refusal(self) -> str | None:
+        for which in ("teacher", "student"):
+            if getattr(self, f"{which}_harness") is None:
+                return f"--{which}-harness is required: name the {which} harness (name or spec path)"
         if self.rollout_servers:
             return (
                 "--rollout-server is not supported by on-policy distillation: the student samples with the "

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -87,8 +86,8 @@ from harnessrl.train.step import sampling_seed
 from harnessrl.train.update import TrainingDiverged, micro_batches, padded_batch
 
 if TYPE_CHECKING:
+    from harnessrl.kernel import JobContext
     from harnessrl.models.chat import ToolRole
-    from harnessrl.models.choice import ModelChoice
     from harnessrl.models.hf import HFPolicy
     from harnessrl.store import RunStore
 
@@ -392,68 +391,30 @@ def step_tasks(train_tasks: list, n: int, seed: int, step: int) -> list:
 
 
 class DistillRun(lora.WritesAdapter):
-    """`DistillRun(config, out, resume=...)` checks everything cheap (options, harnesses, suite,
-    model spec, the run folder) and raises DistillError; `run()` loads the model and trains.
-
-    `suite`, `teacher`, `student` may be given as objects instead of names (tests shrink harness
-    rules this way); the recorded config then holds their names and the specs' full content."""
+    """`DistillRun(ctx)` (its context from the job kernel, which read the suite and both harnesses
+    its options name) checks what is left (the harnesses' protocols, the model, the run folder) and
+    raises DistillError; `run()` loads the model and trains. Objects given to the kernel in place of
+    names (tests shrink harness rules this way) are recorded by name and their specs' content."""
 
     trained_by = "harnessrl train distill"
 
-    def __init__(
-        self,
-        config: DistillConfig,
-        out: str | os.PathLike,
-        *,
-        resume: bool = False,
-        suite=None,
-        teacher=None,
-        student=None,
-        progress: bool = True,
-        console=None,
-        executor=None,
-        model: ModelChoice | None = None,
-    ):
+    def __init__(self, ctx: JobContext):
         from rich.console import Console
 
-        from harnessrl.executors import LocalExecutor
-        from harnessrl.harness.spec import SpecError, require_loop_harness
-        from harnessrl.kernel import job_harness, job_split, job_suite
-
-        config.check(DistillError)
-        self.suite = suite if suite is not None else job_suite(config.suite, DistillError)
-        specs = {}
-        for which, given, name in (
-            ("teacher", teacher, config.teacher_harness),
-            ("student", student, config.student_harness),
-        ):
-            option, purpose = f"--{which}-harness", f"distillation (the {which} harness's prompts)"
-            if given is None and not name:
-                raise DistillError(f"{option} is required: name the {which} harness (name or spec path)")
-            if given is None:
-                specs[which] = job_harness(str(name), option, DistillError, loop_for=purpose)
-                continue
-            try:
-                specs[which] = require_loop_harness(given, purpose)
-            except SpecError as e:
-                raise DistillError(f"{option}: {e}") from None
-        self.teacher, self.student = specs["teacher"], specs["student"]
+        self.suite = ctx.inputs.suite
+        self.teacher, self.student = ctx.inputs.harness["teacher_harness"], ctx.inputs.harness["student_harness"]
         check_protocols(self.student, self.teacher)
-        job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", DistillError)
-        self.model_choice = lora.trained_model(config, DistillError, model)  # chosen once (harnessrl.kernel)
-        self.config = config = config.replace(
-            suite=self.suite.name, teacher_harness=self.teacher.name, student_harness=self.student.name
-        )
-        self.out = Path(out)
-        self.resume = resume
-        self.progress = progress
-        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
+        # recorded by name (a spec file's content is recorded beside it)
+        self.config = config = ctx.config.replace(teacher_harness=self.teacher.name, student_harness=self.student.name)
+        self.model_choice = lora.trained_model(config, DistillError, ctx.model())  # chosen once (harnessrl.kernel)
+        self.out, self.resume, self.progress, self.executor = ctx.out, ctx.resume, ctx.progress, ctx.executor
         self.folder = lora.open_run_folder(
-            self.out, "distillation", config, self.model_choice, resume=resume, may_differ=DISTILL_RESUMABLE_CHANGES,
+            self.out, "distillation", config, self.model_choice, resume=self.resume,
+            may_differ=DISTILL_RESUMABLE_CHANGES,
             teacher_spec=self.teacher.to_dict(), student_spec=self.student.to_dict(),
         )  # fmt: skip
         lora.record_start(self.folder, [self.student], self.suite.offers_shell, self.executor)
-        self.console = console if console is not None else Console(stderr=True)
+        self.console = ctx.console if ctx.console is not None else Console(stderr=True)
         self.step = 0
         self.store: RunStore | None = None
         self.policy: HFPolicy | None = None  # the model, loaded by run()
@@ -636,17 +597,6 @@ class DistillRun(lora.WritesAdapter):
             self.console.print(text, highlight=False, markup=False)
 
 
-def run_distill(
-    config: DistillConfig,
-    out: str | os.PathLike,
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    console=None,
-    executor=None,
-    **objects: Any,
-) -> TrainResult:
-    """`harnessrl train distill` as a library call (`objects`: suite, teacher, student, see DistillRun)."""
-    return DistillRun(
-        config, out, resume=resume, progress=progress, console=console, executor=executor, **objects
-    ).run()
+def run_distill(ctx: JobContext) -> TrainResult:
+    """`harnessrl train distill` over its job context (harnessrl.kernel.enter)."""
+    return DistillRun(ctx).run()
