@@ -36,6 +36,7 @@ import torch
 def _run(args, url: str, warm: Path, lag: int, out: Path) -> dict:
     import scheduler_sweep as sweep
 
+    from harnessrl.kernel import enter
     from harnessrl.train.config import TrainConfig
     from harnessrl.train.trainer import Trainer
 
@@ -60,7 +61,8 @@ def _run(args, url: str, warm: Path, lag: int, out: Path) -> dict:
         save_rollouts=False,
     )
     t0 = time.perf_counter()
-    trainer = Trainer(config, out, suite=suite, specs=[specs[n] for n in args.train], progress=False)
+    objects = {"suite": suite, "harnesses": [specs[n] for n in args.train]}
+    trainer = Trainer(enter("train grpo", config, out, objects=objects, progress=False))
     trainer.run()
     wall = time.perf_counter() - t0
     held_out = sweep.evaluate(trainer.peft_model, trainer.tokenizer, suite, list(specs.values()), args, args.seed)

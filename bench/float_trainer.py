@@ -14,6 +14,7 @@ def float32_trainer(model: str, suite_name: str, harness: str, rules: dict[str, 
     saved; `config` sets other fields), and the trainer set up (its LoRA at zero init)."""
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import HarnessSpec
+    from harnessrl.kernel import enter
     from harnessrl.tasks import get_suite
     from harnessrl.train.config import TrainConfig
     from harnessrl.train.trainer import Trainer
@@ -34,7 +35,8 @@ def float32_trainer(model: str, suite_name: str, harness: str, rules: dict[str, 
         save_rollouts=False,
         **config,
     )
-    trainer = Trainer(cfg, tempfile.mkdtemp(prefix="bench-trainer-"), suite=suite, specs=[spec], progress=False)
+    folder = tempfile.mkdtemp(prefix="bench-trainer-")
+    trainer = Trainer(enter("train grpo", cfg, folder, objects={"suite": suite, "harnesses": [spec]}, progress=False))
     trainer._setup()
     return trainer, spec, suite
 

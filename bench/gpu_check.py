@@ -680,6 +680,7 @@ def _force_advantages(counter: dict) -> None:
 def part_grpo(args, rec: Recorder) -> None:
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import parse_spec
+    from harnessrl.kernel import enter
     from harnessrl.train.config import TrainConfig
     from harnessrl.train.trainer import Trainer
 
@@ -745,7 +746,7 @@ def part_grpo(args, rec: Recorder) -> None:
 
     out = Path(args.work_dir) / "grpo"
     shutil.rmtree(out, ignore_errors=True)
-    trainer = MeasuredTrainer(config, out, specs=specs, progress=False)
+    trainer = MeasuredTrainer(enter("train grpo", config, out, objects={"harnesses": specs}, progress=False))
     trainer.run()
     rec.set(trainable_parameters=sum(p.numel() for p in trainer.trainable))
 
@@ -753,6 +754,7 @@ def part_grpo(args, rec: Recorder) -> None:
 def part_sft(args, rec: Recorder) -> None:
     from harnessrl.config import EvalConfig, RunOptions
     from harnessrl.jobs.entries import evaluate
+    from harnessrl.kernel import enter
     from harnessrl.train.config import SFTConfig
     from harnessrl.train.sft import SFTRun
 
@@ -777,7 +779,7 @@ def part_sft(args, rec: Recorder) -> None:
         device=args.device,
         dtype=args.dtype,
     )
-    run = SFTRun(SFTConfig(**fields), out, progress=False)
+    run = SFTRun(enter("train sft", SFTConfig(**fields), out, progress=False))
     examples = run.prepare()
     # exactly one optimizer step: the first batch_size examples (in their stored order)
     run.examples = dataclasses.replace(examples, examples=examples.examples[: args.sft_examples])

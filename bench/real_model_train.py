@@ -47,6 +47,7 @@ def shrunk_specs():
 def train_one(args) -> dict:
     from float_trainer import force_flat_advantages
 
+    from harnessrl.kernel import enter
     from harnessrl.train.trainer import TrainConfig, Trainer
 
     if args.force_advantages:
@@ -70,7 +71,7 @@ def train_one(args) -> dict:
         import shutil
 
         shutil.rmtree(out)
-    trainer = Trainer(config, out, specs=shrunk_specs(), progress=False)
+    trainer = Trainer(enter("train grpo", config, out, objects={"harnesses": shrunk_specs()}, progress=False))
     trainer.run()
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     evals = (

@@ -55,6 +55,7 @@ import torch
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import HarnessSpec
+from harnessrl.kernel import enter
 from harnessrl.metrics import harness_summary
 from harnessrl.models.base import SamplingParams
 from harnessrl.models.embedded import END_OF_TURN, load_tokenizer
@@ -337,13 +338,9 @@ def run_one(
     curve: dict[str, dict[str, float]] = {}
     eval_s = 0.0
     for i, target in enumerate(points):
+        objects = {"suite": suite, "harnesses": train_specs}
         trainer = Trainer(
-            config.replace(steps=target),
-            folder,
-            resume=i > 0,
-            suite=suite,
-            specs=train_specs,
-            progress=False,
+            enter("train grpo", config.replace(steps=target), folder, resume=i > 0, objects=objects, progress=False)
         )
         trainer.run()
         t_eval = time.perf_counter()

@@ -99,6 +99,7 @@ def trl_step(out: Path, gradient_checkpointing: bool = True) -> dict:
 def ours_step(out: Path) -> dict:
     from train_toolcalc import harness_specs
 
+    from harnessrl.kernel import enter
     from harnessrl.tasks import get_suite
     from harnessrl.train.trainer import TrainConfig, Trainer
 
@@ -117,7 +118,8 @@ def ours_step(out: Path) -> dict:
         lora_r=16,
         lora_alpha=32,
     )
-    Trainer(config, out, suite=suite, specs=harness_specs(HARNESS, MAX_STEPS), progress=False).run()
+    objects = {"suite": suite, "harnesses": harness_specs(HARNESS, MAX_STEPS)}
+    Trainer(enter("train grpo", config, out, objects=objects, progress=False)).run()
     r = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     t = r["time"]
     return {

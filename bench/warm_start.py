@@ -80,6 +80,7 @@ def _task_scores(run: Path) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    from harnessrl.kernel import enter
     from harnessrl.metrics import bootstrap_ci, paired_difference
     from harnessrl.train.config import SFTConfig, TrainConfig
     from harnessrl.train.sft import run_sft
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
             batch_size=args.batch_size,
             seed=args.seed,
         )
-        run_sft(sft, out / "sft", resume=(out / "sft" / "config.json").is_file())
+        run_sft(enter("train sft", sft, out / "sft", resume=(out / "sft" / "config.json").is_file()))
     timings["sft_s"] = time.perf_counter() - t0
 
     evals = {}
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         metrics = grpo_out / "metrics.jsonl"
         finished = metrics.is_file() and len(metrics.read_text(encoding="utf-8").splitlines()) >= args.grpo_steps
         if not finished:
-            Trainer(config, grpo_out, resume=(grpo_out / "config.json").is_file()).run()
+            Trainer(enter("train grpo", config, grpo_out, resume=(grpo_out / "config.json").is_file())).run()
         steps = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
         result["grpo"] = [
             {k: s.get(k) for k in ("step", "harness", "reward_mean", "zero_std_frac", "loss", "adv_abs_mean")}

@@ -220,3 +220,19 @@ def shrunk_file(folder: Path, name: str, **rules) -> Path:
     path = folder / f"{name}-shrunk.yaml"
     path.write_text(yaml.safe_dump(shrunk(name, **rules).to_dict()))
     return path
+
+
+def grpo_trainer(config, out, *, resume=False, suite=None, specs=None, eval_specs=None, progress=False, **run):
+    """A GRPO Trainer over its job context (harnessrl.kernel.enter) with objects in place of the
+    names its config gives: the `suite`, the trained harness `specs` and the held-out `eval_specs`;
+    `model`: a ModelChoice in place of the kernel's."""
+    import dataclasses
+
+    from harnessrl.kernel import enter
+    from harnessrl.train.trainer import Trainer, TrainError
+
+    given = {"suite": suite, "harnesses": specs, "eval_harnesses": eval_specs}
+    objects = {field: value for field, value in given.items() if value is not None}
+    model = run.pop("model", None)
+    ctx = enter("train grpo", config, out, resume=resume, error=TrainError, objects=objects, progress=progress, **run)
+    return Trainer(ctx if model is None else dataclasses.replace(ctx, models={"--model": model}))

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from helpers import ADMIN_KEY, keyed_server
+from helpers import ADMIN_KEY, grpo_trainer, keyed_server
 from test_rollout_vllm import VLLMLike, write_adapter
 from test_serve import _local_only, make_adapter  # noqa: F401 - _local_only: the autouse fixture, no proxy
 from test_trainer import BASE, SPECS, TextScore, lines
@@ -34,7 +34,7 @@ from harnessrl.train.rollout_server import (
     adapter_name,
     teacher_forced,
 )
-from harnessrl.train.trainer import Trainer, TrainError
+from harnessrl.train.trainer import TrainError
 from harnessrl.wire.auth import ADMIN_KEY_ENV, presented_key
 
 try:  # the HTTP client the openai package is built on (httpx2 from openai 3 on)
@@ -210,7 +210,7 @@ def test_a_trainer_without_the_key_stops_at_its_first_load_naming_the_variable(t
     config = BASE.replace(eval_every=0)
     with serving("tiny-random", admin_key=ADMIN_KEY) as url:
         with pytest.raises(TrainError, match=f"{ADMIN_KEY_ENV} is not set") as e:
-            Trainer(
+            grpo_trainer(
                 config.replace(rollout_servers=[url]),
                 tmp_path / "o",
                 suite=TextScore(),
@@ -248,7 +248,7 @@ def swap_agent(root: str | None):
 def agent_run(out: Path, url: str, attack: bool) -> list[dict]:
     root = url.removesuffix("/v1")
     config = BASE.replace(steps=2, eval_every=0, scheduler="single:swap", rollout_servers=[url])
-    Trainer(config, out, suite=TextScore(), specs=[swap_agent(root if attack else None)], progress=False).run()
+    grpo_trainer(config, out, suite=TextScore(), specs=[swap_agent(root if attack else None)], progress=False).run()
     return lines(out / "metrics.jsonl")
 
 

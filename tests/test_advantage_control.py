@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import grpo_trainer
 from test_async_grpo import Spy
 from test_trainer import BASE, SPECS, TextScore, lines
 
@@ -20,7 +21,6 @@ from harnessrl.store import RunStore
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.grpo import group_advantages
 from harnessrl.train.step import shuffled_rewards
-from harnessrl.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,7 +72,7 @@ def test_a_control_run_trains_on_shuffled_rewards_and_records_the_true_ones(tmp_
 
     monkeypatch.setattr(step_module, "shuffled_rewards", spy)
     out = tmp_path / "control"
-    t = Trainer(CONTROL, out, suite=TextScore(), specs=SPECS, progress=False)
+    t = grpo_trainer(CONTROL, out, suite=TextScore(), specs=SPECS, progress=False)
     seen = Spy(t.scheduler)
     t.run()
     records = lines(out / "metrics.jsonl")
@@ -104,7 +104,7 @@ def test_a_control_run_trains_on_shuffled_rewards_and_records_the_true_ones(tmp_
 def test_the_option_is_recorded_only_when_on(tmp_path):
     """A run from before the option (no key in its config.json) resumes as it was."""
     out = tmp_path / "plain"
-    Trainer(
+    grpo_trainer(
         CONTROL.replace(steps=1, advantage_control="none"),
         out,
         suite=TextScore(),
@@ -112,7 +112,7 @@ def test_the_option_is_recorded_only_when_on(tmp_path):
         progress=False,
     ).run()
     assert "advantage_control" not in json.loads((out / "config.json").read_text())
-    Trainer(
+    grpo_trainer(
         CONTROL.replace(advantage_control="none"),
         out,
         resume=True,

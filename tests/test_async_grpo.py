@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from helpers import keyed_server
+from helpers import grpo_trainer, keyed_server
 from test_train_distributed import launch, needs_gloo
 from test_trainer import BASE, SPECS, TextScore, adapter_weights, lines, shrink
 
@@ -36,7 +36,7 @@ SLOW_ROLLOUTS_S = 0.4
 
 
 def run(out, config, resume=False, suite=None, specs=SPECS) -> Trainer:
-    t = Trainer(config, out, resume=resume, suite=suite or TextScore(), specs=specs, progress=False)
+    t = grpo_trainer(config, out, resume=resume, suite=suite or TextScore(), specs=specs, progress=False)
     t.run()
     return t
 
@@ -214,7 +214,7 @@ def test_two_processes_collect_ahead_as_one(server, tmp_path):
 
 def test_asynchronous_collection_needs_a_rollout_server(tmp_path):
     with pytest.raises(TrainError, match="--max-off-policy-steps 1 needs --rollout-server"):
-        Trainer(ASYNC, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False)
+        grpo_trainer(ASYNC, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False)
 
 
 # ------------------------------------------------------------------------------- dynamic sampling
@@ -238,7 +238,7 @@ class Spy:
 
 def test_dynamic_sampling_fills_the_batch_with_groups_that_carry_signal(tmp_path):
     out = tmp_path / "dyn"
-    t = Trainer(DYNAMIC, out, suite=TextScore(), specs=SPECS, progress=False)
+    t = grpo_trainer(DYNAMIC, out, suite=TextScore(), specs=SPECS, progress=False)
     spy = Spy(t.scheduler)
     t.run()
     records = lines(out / "metrics.jsonl")
@@ -278,7 +278,7 @@ def test_dynamic_sampling_says_when_its_budget_ran_out(tmp_path):
 
     specs = [shrink(h, max_steps=1, max_new_tokens=8) for h in ("json-tools", "react")]
     config = DYNAMIC.replace(suite="toolcalc", steps=1, tasks_per_step=2, save_rollouts=False)
-    t = Trainer(config, tmp_path / "flat", suite=get_suite("toolcalc"), specs=specs, progress=False)
+    t = grpo_trainer(config, tmp_path / "flat", suite=get_suite("toolcalc"), specs=specs, progress=False)
     spy = Spy(t.scheduler)
     t.run()
     (r,) = lines(tmp_path / "flat" / "metrics.jsonl")

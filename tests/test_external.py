@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import grpo_trainer
 from typer.testing import CliRunner
 
 from harnessrl.errors import JobError
@@ -532,11 +533,9 @@ def test_an_openai_model_gets_the_agents_tools_natively(tiny_policy):
 def test_grpo_takes_a_step_through_an_external_harness(tmp_path):
     from test_trainer import BASE, TextScore, lines
 
-    from harnessrl.train.trainer import Trainer
-
     spec = agent("ask", name="say", env={"AGENT_MAX_TOKENS": "8"})
     config = BASE.replace(steps=1, eval_every=0, scheduler="single:say")
-    trainer = Trainer(config, tmp_path / "train", suite=TextScore(), specs=[spec], progress=False)
+    trainer = grpo_trainer(config, tmp_path / "train", suite=TextScore(), specs=[spec], progress=False)
     trainer.run()
     [record] = lines(tmp_path / "train" / "metrics.jsonl")
     assert record["harness"] == "say" and record["episodes"] == 4 and record["infra_errors"] == 0

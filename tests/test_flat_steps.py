@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 
 import pytest
+from helpers import grpo_trainer
 from rich.console import Console
 from test_trainer import BASE, SPECS, TextScore
 
 from harnessrl.train.step import FLAT, FlatSteps
-from harnessrl.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,7 +52,7 @@ def test_the_trainer_warns_after_three_steps_without_an_update(tmp_path):
     out = io.StringIO()
     console = Console(file=out, width=400)
     config = BASE.replace(steps=3, eval_every=0)
-    trainer = Trainer(config, tmp_path / "run", suite=Unpassable(), specs=SPECS, progress=False, console=console)
+    trainer = grpo_trainer(config, tmp_path / "run", suite=Unpassable(), specs=SPECS, progress=False, console=console)
     trainer.run()
     text = out.getvalue()
     assert "warning: steps 1-3 updated nothing" in text and "--temperature (now 1)" in text

@@ -5,9 +5,10 @@ weights (the evaluation at step 0). The tiny model and the `textscore` suite of 
 from __future__ import annotations
 
 import pytest
+from helpers import grpo_trainer
 from test_trainer import BASE, SPECS, TextScore, lines, shrink
 
-from harnessrl.train.trainer import Trainer, TrainError
+from harnessrl.train.trainer import TrainError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,7 +24,9 @@ HELD_OUT = shrink(
 
 def test_a_held_out_harness_is_evaluated_never_trained_and_paired_with_the_base(tmp_path):
     config = BASE.replace(steps=2, eval_every=2, eval_tasks=2, eval_attempts=2, eval_harnesses=["xml-tags"])
-    trainer = Trainer(config, tmp_path / "run", suite=TextScore(), specs=SPECS, eval_specs=[HELD_OUT], progress=False)
+    trainer = grpo_trainer(
+        config, tmp_path / "run", suite=TextScore(), specs=SPECS, eval_specs=[HELD_OUT], progress=False
+    )
     trainer.run()
     steps = lines(tmp_path / "run" / "metrics.jsonl")
     assert all(s["harness"] != "xml-tags" and "xml-tags" not in s["shares"] for s in steps)
@@ -46,7 +49,7 @@ def test_a_held_out_harness_is_evaluated_never_trained_and_paired_with_the_base(
 
 def test_a_held_out_harness_must_not_be_trained_and_needs_evaluations(tmp_path):
     with pytest.raises(TrainError, match="also trained on"):
-        Trainer(
+        grpo_trainer(
             BASE.replace(eval_harnesses=["json-tools"]),
             tmp_path / "a",
             suite=TextScore(),
@@ -55,7 +58,7 @@ def test_a_held_out_harness_must_not_be_trained_and_needs_evaluations(tmp_path):
             progress=False,
         )
     with pytest.raises(TrainError, match="needs --eval-every"):
-        Trainer(
+        grpo_trainer(
             BASE.replace(eval_every=0, eval_harnesses=["xml-tags"]),
             tmp_path / "b",
             suite=TextScore(),

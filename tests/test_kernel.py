@@ -26,7 +26,7 @@ COMMANDS = {
     "improve": ["improve"],
     "train grpo": ["train", "grpo"],
     "train sft": ["train", "sft", "--from", "runs/earlier"],  # --from or --sample: SFTConfig.refusal
-    "train distill": ["train", "distill"],
+    "train distill": ["train", "distill", "--teacher-harness", "react", "--student-harness", "react"],
 }
 
 
@@ -302,3 +302,63 @@ def test_the_models_are_chosen_once_with_the_option_named(tmp_path):
         )
     with pytest.raises(JobError, match="--collect-model: unknown model 'nope'"):
         kernel.choose_models([kernel.ModelRequest("--collect-model", "nope")])
+
+
+def _job_configs() -> dict[str, type]:
+    from harnessrl.cli import eval, evolve, improve, study, train
+
+    commands = {"eval": eval.eval_cmd, "evolve": evolve.evolve_cmd, "study": study.study_cmd}
+    commands |= {"improve": improve.improve_cmd, "train grpo": train.grpo_cmd}
+    commands |= {"train sft": train.sft_cmd, "train distill": train.distill_cmd}
+    return {job: command.__wrapped_config__[0] for job, command in commands.items()}
+
+
+BAD_VALUES = {"suite": "no-such-suite", "harness": "no-such-harness", "harnesses": ["no-such-harness"]}
+
+
+@pytest.mark.parametrize("job", sorted(COMMANDS))
+def test_every_option_naming_a_suite_harness_or_tasks_is_read_by_the_kernel_and_refused_by_name(job, tmp_path):
+    """Each option a job config marks (harnessrl.config.Reads) is read in `enter`: a value that
+    cannot be read is a JobError whose line starts with that option, before the job runs."""
+    from harnessrl.config import Reads, option_name
+
+    config_class = _job_configs()[job]
+    base = {"model": "tiny-random"}
+    if job == "train distill":
+        base |= {"teacher_harness": "react", "student_harness": "react"}
+    if job == "train sft":
+        base |= {"from_runs": ["runs/earlier"]}
+    marks = {n: m for n, f in config_class.model_fields.items() for m in f.metadata if isinstance(m, Reads)}
+    for name, mark in marks.items():
+        changes = dict(base)
+        if mark.when is not None:
+            changes[mark.when] = 1 if mark.when == "eval_every" else ["react"]
+        changes[name] = BAD_VALUES.get(mark.kind, 10**6)
+        with pytest.raises(JobError) as refused:
+            kernel.enter(job, config_class(**changes), tmp_path / "never")
+        assert str(refused.value).startswith(option_name(name)), (name, str(refused.value))
+    assert not (tmp_path / "never").exists()
+    if job != "train sft":  # its harness comes from the episodes it learns from (train/sft.py)
+        assert marks, f"{job}: no option marked for the kernel to read"
+
+
+def test_the_context_holds_what_the_options_name_and_objects_given_in_their_place(tmp_path):
+    from harnessrl.harness.registry import load_harness
+    from harnessrl.harness.spec import parse_spec
+    from harnessrl.improve import ImproveConfig
+    from harnessrl.train.config import TrainConfig
+
+    config = ImproveConfig(model="tiny-random", dev_tasks=2, test_tasks=3, content_tasks=4, evolved="json-tools")
+    inputs = kernel.enter("improve", config, tmp_path / "i").inputs
+    assert [len(inputs.tasks[f]) for f in ("dev_tasks", "test_tasks", "content_tasks")] == [2, 3, 4]
+    assert {t.split for t in inputs.tasks["test_tasks"]} == {"test"} and inputs.suite.name == "toolcalc"
+    assert (inputs.harness["seed_harness"].name, inputs.harness["evolved"].name) == ("react", "json-tools")
+    # a spec built by the caller stands in for a name: recorded by its name, read as given
+    spec = load_harness("react").model_copy(update={"name": "react-short"})
+    ctx = kernel.enter("train grpo", TrainConfig(model="tiny-random"), tmp_path / "t", objects={"harnesses": [spec]})
+    assert ctx.config.harnesses == ["react-short"] and ctx.inputs.harnesses["harnesses"] == [spec]
+    assert "eval_harnesses" not in ctx.inputs.harnesses  # none held out: nothing read
+    # an agent program given where the job needs harnessrl's own loop is still refused, by option
+    external = parse_spec({"name": "ext", "kind": "external", "command": ["true"]}, "test")
+    with pytest.raises(JobError, match="^--seed-harness: .*external agent program"):
+        kernel.enter("improve", config, tmp_path / "x", objects={"seed_harness": external})

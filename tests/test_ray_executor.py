@@ -22,7 +22,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs Ray: pip install 'harnessrl[ray]'")
 
-from helpers import oracle_policy  # noqa: E402
+from helpers import grpo_trainer, oracle_policy  # noqa: E402
 from test_trainer import TextScore  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -36,7 +36,6 @@ from harnessrl.store import RunStore  # noqa: E402
 from harnessrl.tasks import get_suite, list_suites  # noqa: E402
 from harnessrl.tasks.base import Tool  # noqa: E402
 from harnessrl.train.config import TrainConfig  # noqa: E402
-from harnessrl.train.trainer import Trainer  # noqa: E402
 from harnessrl.types import Termination  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -177,7 +176,7 @@ def test_a_training_step_with_the_ray_executor_is_the_local_one(executor, tmp_pa
     records = {}
     for kind, ex in (("local", None), ("ray", executor)):
         out = tmp_path / kind
-        Trainer(config, out, suite=TextScore(), specs=specs, progress=False, executor=ex).run()
+        grpo_trainer(config, out, suite=TextScore(), specs=specs, progress=False, executor=ex).run()
         (records[kind],) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         with RunStore(out / "rollouts") as store:
             assert len(list(store.trajectories(with_tokens=False))) == 4

@@ -9,12 +9,12 @@ import json
 import math
 
 import pytest
-from helpers import keyed_server
+from helpers import grpo_trainer, keyed_server
 from test_trainer import BASE, SPECS, TextScore, lines
 
 from harnessrl.store import RunStore
 from harnessrl.train.rollout_server import ADAPTERS_DIR
-from harnessrl.train.trainer import Trainer, TrainError
+from harnessrl.train.trainer import TrainError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,7 +23,7 @@ CONFIG = BASE.replace(eval_every=0)
 
 
 def run(out, config):
-    Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
+    grpo_trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
     return lines(out / "metrics.jsonl")
 
 
@@ -75,5 +75,5 @@ def test_every_model_call_records_the_policy_version_that_sampled_it(runs):
 def test_an_unreachable_server_is_a_clear_error_before_training(tmp_path):
     config = CONFIG.replace(rollout_servers=["http://127.0.0.1:9/v1"])
     with pytest.raises(TrainError, match=r"rollout server http://127.0.0.1:9/v1 does not answer GET /v1/models"):
-        Trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
+        grpo_trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
     assert not (tmp_path / "o" / "metrics.jsonl").exists()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, grpo_trainer
 
 from harnessrl.models.base import GenerationRequest, SamplingParams
 from harnessrl.train.rollout_server import (
@@ -407,7 +407,6 @@ def served_run(tmp_path_factory):
     from harnessrl.models.embedded import load_tokenizer, tiny_random_model
     from harnessrl.models.hf import HFPolicy
     from harnessrl.serve import ServedModels, create_app
-    from harnessrl.train.trainer import Trainer
     from harnessrl.wire.http import BackgroundServer
 
     out = tmp_path_factory.mktemp("vllm-like") / "run"
@@ -419,7 +418,7 @@ def served_run(tmp_path_factory):
         config = BASE.replace(eval_every=0, rollout_servers=[f"{root}/v1"])
         with pytest.MonkeyPatch.context() as env:
             env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
-            Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
+            grpo_trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
     finally:
         server.stop()
         models.close()
@@ -466,13 +465,13 @@ def test_the_trainer_probes_its_servers_at_start(tiny, tmp_path):
     returning raw logprobs stops the run with the flag to add, and no rollout was sampled."""
     from test_trainer import BASE, SPECS, TextScore
 
-    from harnessrl.train.trainer import Trainer, TrainError
+    from harnessrl.train.trainer import TrainError
 
     server = VLLMLike(tiny, logprobs_mode="raw_logprobs")
     try:
         config = BASE.replace(eval_every=0, temperature=0.7, rollout_servers=[server.url])
         with pytest.raises(TrainError, match="--logprobs-mode processed_logprobs"):
-            Trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
+            grpo_trainer(config, tmp_path / "o", suite=TextScore(), specs=SPECS, progress=False).run()
     finally:
         server.close()
     chats = [b for p, b in server.requests if p.endswith("/chat/completions")]

@@ -10,10 +10,11 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers import grpo_trainer
 from test_trainer import BASE, SPECS, TextScore, lines
 
 from harnessrl.train.schedulers import HarnessBanditScheduler, Selection, make_scheduler
-from harnessrl.train.trainer import Trainer, allocate_tasks
+from harnessrl.train.trainer import allocate_tasks
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -349,7 +350,7 @@ def test_each_baseline_runs_in_the_trainer(name, tmp_path):
     config = BASE.replace(
         scheduler=name, steps=2, tasks_per_step=4, eval_every=0, save_rollouts=False, checkpoint_every=2
     )
-    t = Trainer(config, tmp_path / "run", suite=TextScore(), specs=SPECS, progress=False)
+    t = grpo_trainer(config, tmp_path / "run", suite=TextScore(), specs=SPECS, progress=False)
     t.run()
     records = lines(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2]

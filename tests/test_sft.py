@@ -22,6 +22,7 @@ from harnessrl.cli.train import train_app
 from harnessrl.harness.loops import Episode, episode_id
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.registry import load_harness
+from harnessrl.kernel import enter
 from harnessrl.models.base import GenerationRequest, SamplingParams, request_seed
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.rollout import Runner, make_jobs
@@ -83,6 +84,11 @@ def source_run(tmp_path_factory, toolcalc_tasks, tokenizer) -> Path:
 @pytest.fixture(scope="module")
 def renderer(tokenizer):
     return ChatRenderer(tokenizer)
+
+
+def sft_run(config: SFTConfig, out, *, resume=False, progress=False, **job):
+    """`run_sft` over the job context the kernel makes of `config` (the other options: run_sft's)."""
+    return run_sft(enter("train sft", config, out, resume=resume, error=SFTError, progress=progress), **job)
 
 
 def _config(source_run, **kw) -> SFTConfig:
@@ -252,7 +258,7 @@ def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_adapter(source_run, tmp_
 
     out = tmp_path / "sft"
     export = tmp_path / "ex.jsonl"
-    summary = run_sft(_config(source_run, epochs=6, batch_size=64, lr=1e-2), out, export_jsonl=export, progress=False)
+    summary = sft_run(_config(source_run, epochs=6, batch_size=64, lr=1e-2), out, export_jsonl=export, progress=False)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == list(range(1, 7))
     assert lines[-1]["loss"] < lines[0]["loss"] - 0.5  # one batch of every example: the same loss, going down
@@ -277,9 +283,9 @@ def test_tiny_sft_lowers_the_loss_and_writes_a_loadable_adapter(source_run, tmp_
 
 def test_resume_equals_the_uninterrupted_run(source_run, tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_sft(_config(source_run, epochs=2, lr=1e-2), whole, progress=False)
-    run_sft(_config(source_run, epochs=1, lr=1e-2), cut, progress=False)
-    run_sft(_config(source_run, epochs=2, lr=1e-2), cut, resume=True, progress=False)
+    sft_run(_config(source_run, epochs=2, lr=1e-2), whole, progress=False)
+    sft_run(_config(source_run, epochs=1, lr=1e-2), cut, progress=False)
+    sft_run(_config(source_run, epochs=2, lr=1e-2), cut, resume=True, progress=False)
 
     def metrics(folder):
         return [
@@ -336,8 +342,8 @@ def test_packed_epochs_keep_each_episodes_calls_together_in_a_seeded_episode_ord
 
 def test_a_packed_run_trains_records_pack_and_a_run_without_it_does_not(source_run, tmp_path):
     packed, plain = tmp_path / "packed", tmp_path / "plain"
-    run_sft(_config(source_run, epochs=2, lr=1e-2, pack=True), packed, progress=False)
-    run_sft(_config(source_run, epochs=2, lr=1e-2), plain, progress=False)
+    sft_run(_config(source_run, epochs=2, lr=1e-2, pack=True), packed, progress=False)
+    sft_run(_config(source_run, epochs=2, lr=1e-2), plain, progress=False)
     assert json.loads((packed / "config.json").read_text())["pack"] is True
     assert "pack" not in json.loads((plain / "config.json").read_text())  # as runs were recorded before
     lines = [json.loads(x) for x in (packed / "metrics.jsonl").read_text().splitlines()]
@@ -504,11 +510,11 @@ def test_a_resume_on_other_episodes_is_refused(source_run, tmp_path):
     data, out = tmp_path / "data", tmp_path / "o"
     config = _config(data, as_harness="json-tools")
     _store(data, trajectories)
-    run_sft(config, out, progress=False)
+    sft_run(config, out, progress=False)
     shutil.rmtree(data)
     _store(data, trajectories[:3])  # the same --from, other episodes in it
     with pytest.raises(SFTError, match="the examples differ from the ones its checkpoint was trained on"):
-        run_sft(config, out, resume=True, progress=False)
+        sft_run(config, out, resume=True, progress=False)
 
 
 def test_episodes_the_target_cannot_reproduce_are_dropped_with_their_reason(source_run, renderer):
@@ -585,7 +591,7 @@ def test_export_hf_refuses_a_folder_holding_other_files(source_run, tmp_path):
     hf.mkdir()
     (hf / "notes.txt").write_text("keep me")
     with pytest.raises(SFTError, match="holds files other than a saved dataset"):
-        run_sft(_config(source_run), tmp_path / "o", export_hf=hf, export_only=True, progress=False)
+        sft_run(_config(source_run), tmp_path / "o", export_hf=hf, export_only=True, progress=False)
     assert [p.name for p in hf.iterdir()] == ["notes.txt"]
 
 
@@ -639,7 +645,7 @@ def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts
         batch_size=64,
     )
     out, hf = tmp_path / "sft", tmp_path / "hf"
-    summary = run_sft(config, out, export_hf=hf, sample_policy=policy, progress=False)
+    summary = sft_run(config, out, export_hf=hf, sample_policy=policy, progress=False)
     assert policy.calls > 0
     data = json.loads((out / "config.json").read_text())["data"]
     sampling = data["sampling"]
@@ -671,7 +677,7 @@ def test_sampling_keeps_each_tasks_best_attempt_and_a_resume_reuses_the_attempts
     # a resume samples nothing again and trains on the same examples
     idle = AttemptPolicy(tasks, spec, tokenizer, set(), attempts=3)
     config.epochs = 2
-    again = run_sft(config, out, resume=True, sample_policy=idle, progress=False)
+    again = sft_run(config, out, resume=True, sample_policy=idle, progress=False)
     assert idle.calls == 0 and again.steps == 2
     assert json.loads((out / "config.json").read_text())["data"]["sampling"]["per_task"] == per_task
 
@@ -758,11 +764,11 @@ def test_as_harness_own_keeps_each_episode_in_the_harness_it_ran_in(tmp_path, to
         trajectories += _run(oracle_policy(toolcalc_tasks, spec, tokenizer), toolcalc_tasks, spec)
     source = _store(tmp_path / "two", trajectories)
     with pytest.raises(SFTError, match="several harnesses .*--as-harness own"):
-        run_sft(_config(source, as_harness=None), tmp_path / "refused", progress=False)
+        sft_run(_config(source, as_harness=None), tmp_path / "refused", progress=False)
     assert not (tmp_path / "refused").exists()
 
     out = tmp_path / "own"
-    summary = run_sft(_config(source, as_harness="own"), out, export_jsonl=tmp_path / "own.jsonl", progress=False)
+    summary = sft_run(_config(source, as_harness="own"), out, export_jsonl=tmp_path / "own.jsonl", progress=False)
     assert summary.harness == "own"
     assert set(summary.data.by_harness) == {"json-tools", "code-act"}
     lines = [json.loads(line) for line in (tmp_path / "own.jsonl").read_text().splitlines()]

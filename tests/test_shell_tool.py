@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import oracle_policy, replies_policy
+from helpers import grpo_trainer, oracle_policy, replies_policy
 from typer.testing import CliRunner
 
 from harnessrl.harness.loops import Episode
@@ -260,14 +260,14 @@ def test_the_evolve_run_config_records_the_shell_isolation(tmp_path, tokenizer, 
 
 
 def test_the_training_record_holds_the_shell_isolation(tmp_path):
-    from harnessrl.train.trainer import TrainConfig, Trainer
+    from harnessrl.train.trainer import TrainConfig
 
     config = TrainConfig(
         model="tiny-random", scheduler="single:react-shell", steps=1, tasks_per_step=2, group_size=2, eval_every=0
     )
-    with_shell = Trainer(config, tmp_path / "on", suite=ShellSuite(), specs=[shell_harness()], progress=False)
+    with_shell = grpo_trainer(config, tmp_path / "on", suite=ShellSuite(), specs=[shell_harness()], progress=False)
     assert with_shell.record["shell_isolation"] == isolation_description(isolation_available())
-    without = Trainer(
+    without = grpo_trainer(
         config, tmp_path / "off", suite=ShellSuite(), specs=[shell_harness(enabled=False)], progress=False
     )
     assert "shell_isolation" not in without.record

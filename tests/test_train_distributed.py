@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import grpo_trainer
 from test_trainer import BASE, SPECS, TextScore, _lora, _set_up, _units, adapter_weights, lines
 
 from harnessrl.train import update as update_module
 from harnessrl.train.distributed import Distributed, local_mini_batches, unsupported_launch
 from harnessrl.train.grpo import grpo_loss, split_mini_batches
-from harnessrl.train.trainer import Trainer, TrainError, TrainingDiverged
+from harnessrl.train.trainer import TrainError, TrainingDiverged
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -49,10 +50,11 @@ import dataclasses, json, sys
 import torch
 torch.set_num_threads(1)
 from test_trainer import SPECS, TextScore
+from helpers import grpo_trainer
 from harnessrl.train.trainer import Trainer, TrainConfig, TrainError
 out, options, resume = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
 try:
-    Trainer(TrainConfig(**options), out, resume=resume, suite=TextScore(), specs=SPECS, progress=False).run()
+    grpo_trainer(TrainConfig(**options), out, resume=resume, suite=TextScore(), specs=SPECS, progress=False).run()
 except TrainError as e:
     print(f"TrainError: {e}", flush=True)
     sys.exit(2)
@@ -108,7 +110,7 @@ def snapshot(out: Path) -> dict:
 
 
 def in_process(out: Path, config, resume: bool = False) -> None:
-    Trainer(config, out, resume=resume, suite=TextScore(), specs=SPECS, progress=False).run()
+    grpo_trainer(config, out, resume=resume, suite=TextScore(), specs=SPECS, progress=False).run()
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +307,7 @@ def test_launch_modes_that_would_be_ignored_are_refused(monkeypatch, tmp_path, e
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(TrainError, match=message):
-        Trainer(CONFIG, tmp_path / "out", suite=TextScore(), specs=SPECS, progress=False)
+        grpo_trainer(CONFIG, tmp_path / "out", suite=TextScore(), specs=SPECS, progress=False)
     assert not (tmp_path / "out").exists()
     assert unsupported_launch({"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_DYNAMO_BACKEND": "NO"}) is None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from helpers import grpo_trainer
 from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
@@ -101,7 +102,7 @@ BASE = TrainConfig(
 
 
 def trainer(out, config=BASE, resume=False, suite=None, specs=SPECS) -> Trainer:
-    return Trainer(config, out, resume=resume, suite=suite or TextScore(), specs=specs, progress=False)
+    return grpo_trainer(config, out, resume=resume, suite=suite or TextScore(), specs=specs, progress=False)
 
 
 def lines(path: Path) -> list[dict]:
@@ -734,7 +735,7 @@ def test_one_of_several_processes_chooses_its_model_once_its_process_group_is_se
     from harnessrl.train.distributed import Distributed
 
     early = dataclasses.replace(choose_model("tiny-random", device="cpu"), device=torch.device("meta"))
-    one = Trainer(BASE, tmp_path / "one", suite=TextScore(), specs=SPECS, progress=False, model=early)
+    one = grpo_trainer(BASE, tmp_path / "one", suite=TextScore(), specs=SPECS, progress=False, model=early)
     assert one.model_choice is early  # one process: the kernel's choice as it is
 
     class RankZeroOfTwo(Distributed):  # the collectives as if the other process agreed
@@ -757,5 +758,5 @@ def test_one_of_several_processes_chooses_its_model_once_its_process_group_is_se
             pass
 
     monkeypatch.setattr(trainer_module.Distributed, "from_env", classmethod(lambda cls: RankZeroOfTwo(0, 2, 0)))
-    several = Trainer(BASE, tmp_path / "two", suite=TextScore(), specs=SPECS, progress=False, model=early)
+    several = grpo_trainer(BASE, tmp_path / "two", suite=TextScore(), specs=SPECS, progress=False, model=early)
     assert several.model_choice is not early and str(several.model_choice.device) == "cpu"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ADMIN_KEY
+from helpers import ADMIN_KEY, grpo_trainer
 
 from harnessrl.models.base import GenerationRequest, SamplingParams
 from harnessrl.models.chat import render_prompt_ids
@@ -334,11 +334,9 @@ def grpo_config(folder: Path, url: str, **changes):
 def grpo(out: Path, config):
     from test_trainer import SPECS, TextScore
 
-    from harnessrl.train.trainer import Trainer
-
     with pytest.MonkeyPatch.context() as env:  # the trainer sends it to vLLM
         env.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
-        Trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
+        grpo_trainer(config, out, suite=TextScore(), specs=SPECS, progress=False).run()
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 

@@ -1,7 +1,7 @@
 """Configs of the jobs: every option declared once, as a pydantic field with its bounds and help.
 
 The command line is generated from these models (`harnessrl.cli.common.config_command`), the
-library takes them as they are (`run_eval(EvalConfig(...), RunOptions(...))`), and the run folder
+library takes them as they are (`jobs.entries.evaluate(EvalConfig(...), RunOptions(...))`), and the run folder
 records them (`RunFolder`). A field's command-line names, where they are not just
 `--field-name`, are given with `cli(...)`.
 """

@@ -94,6 +94,7 @@ def content_phase(state: ImproveState, evolved: EvolvedHarness, weights: KeptWei
 def _grpo(state: ImproveState, stage: str, evolved: EvolvedHarness, model: str, tasks: list[str]) -> GRPOFacts:
     """GRPO (`train grpo`) from `model` on `tasks` over the seed and the evolved harness (the seed
     alone when they are one), as the stage OUT/`stage` (read when it finished)."""
+    from harnessrl.kernel import enter
     from harnessrl.results import GRPOFacts, TrainResult
     from harnessrl.train.trainer import Trainer, TrainError
 
@@ -127,16 +128,12 @@ def _grpo(state: ImproveState, stage: str, evolved: EvolvedHarness, model: str, 
     path = state.out / stage
 
     def train(path: Path, resume: bool) -> TrainResult:
-        trainer = Trainer(
-            config,
-            path,
-            resume=resume,
-            suite=TrainSubset(state.suite, tasks),
-            specs=specs,
-            progress=state.progress,
-            console=state.console,
-        )
-        return trainer.run()
+        objects = {"suite": TrainSubset(state.suite, tasks), "harnesses": specs}
+        ctx = enter(
+            "train grpo", config, path, resume=resume, error=TrainError, objects=objects,
+            progress=state.progress, console=state.console,
+        )  # fmt: skip
+        return Trainer(ctx).run()
 
     def facts(summary: TrainResult) -> GRPOFacts:
         metrics = (path / "metrics.jsonl").read_text().splitlines()

@@ -137,18 +137,10 @@ def train_grpo(
     run option `preflight`, each harness's first request of the first train task is measured
     against the model's context before the executor connects and the model loads; one that
     cannot fit is a TrainError (harnessrl.preflight)."""
-    from harnessrl.train.trainer import Trainer
+    from harnessrl.train.trainer import Trainer, TrainError
 
-    with _context("train grpo", config, run, given, log) as ctx:
-        trainer = Trainer(
-            ctx.config,
-            run.out,
-            resume=run.resume,
-            progress=run.progress,
-            console=console,
-            executor=executor,
-            model=ctx.model(),
-        )
+    with _context("train grpo", config, run, given, log, error=TrainError, console=console, executor=executor) as ctx:
+        trainer = Trainer(ctx)
         if getattr(run, "preflight", False):
             _preflight_training(trainer, log)
         executor.start()  # connect before the model loads
@@ -173,21 +165,11 @@ def train_sft(
     config: SFTConfig, run: Any, *, given: Collection[str] | None = None, log: Log = _quiet, console: Any = None
 ) -> Finished[Any]:
     """`harnessrl train sft`: supervised LoRA on stored episodes (train/sft.run_sft)."""
-    from harnessrl.train.sft import run_sft
+    from harnessrl.train.sft import SFTError, run_sft
 
-    with _context("train sft", config, run, given, log) as ctx:
-        result = run_sft(
-            ctx.config,
-            run.out,
-            resume=run.resume,
-            export_jsonl=getattr(run, "export_jsonl", None),
-            export_hf=getattr(run, "export_hf", None),
-            export_only=getattr(run, "export_only", False),
-            progress=run.progress,
-            console=console,
-            model=ctx.model(),
-        )
-        return Finished(ctx.config, result)
+    with _context("train sft", config, run, given, log, error=SFTError, console=console) as ctx:
+        exports = {k: getattr(run, k, None) for k in ("export_jsonl", "export_hf")}
+        return Finished(ctx.config, run_sft(ctx, **exports, export_only=getattr(run, "export_only", False)))
 
 
 def train_distill(

@@ -295,6 +295,7 @@ class Stages:
     def sft(self, stage: str) -> AdapterFacts:
         """The distilled (stage sft) or placebo adapter: SFT on the collected episodes, re-rendered
         into the seed harness."""
+        from harnessrl.kernel import enter
         from harnessrl.results import AdapterFacts, SFTResult
         from harnessrl.train.config import SFTConfig
         from harnessrl.train.sft import SFTError, run_sft
@@ -316,9 +317,11 @@ class Stages:
         )
 
         def train(path: Path, resume: bool) -> SFTResult:
-            return run_sft(
-                sft_config, path, resume=resume, spec=self.seed_spec, progress=self.progress, console=self.console
-            )
+            ctx = enter(
+                "train sft", sft_config, path, resume=resume, error=SFTError, progress=self.progress,
+                console=self.console,
+            )  # fmt: skip
+            return run_sft(ctx, spec=self.seed_spec)
 
         def facts(summary: SFTResult) -> AdapterFacts:
             data = summary.data

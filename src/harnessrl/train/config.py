@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 from pydantic import Field, field_validator
 
-from harnessrl.config import Device, Options, Reads, SuiteName, TrainDtype, cli, comma_list, option_name
+from harnessrl.config import Device, HarnessNames, Options, Reads, SuiteName, TrainDtype, cli, comma_list, option_name
 
 DEFAULT_HARNESSES = ("json-tools", "xml-tags", "react", "code-act", "plan-execute", "workspace-agent")
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -72,8 +72,8 @@ class TrainConfig(Options):
     model: TrainModel = "smollm2-135m"
     device: Device = "auto"
     dtype: TrainDtype = "auto"
-    suite: str = Field(default="toolcalc", description="suite whose train split gives the tasks")
-    harnesses: list[str] = Field(
+    suite: SuiteName = Field(default="toolcalc", description="suite whose train split gives the tasks")
+    harnesses: HarnessNames = Field(
         default_factory=lambda: list(DEFAULT_HARNESSES),
         description="harness names, 'all' or spec paths; comma-separate or repeat",
         json_schema_extra=cli("--harnesses", "-H"),
@@ -89,7 +89,9 @@ class TrainConfig(Options):
         json_schema_extra=cli("--scheduler-option", repeat=True),
     )
     steps: int = Field(default=150, ge=1, description="training steps (one rollout batch each)")
-    tasks_per_step: int = Field(default=8, ge=1, description="train tasks sampled per step")
+    tasks_per_step: Annotated[int, Reads("count", "train")] = Field(
+        default=8, ge=1, description="train tasks sampled per step"
+    )
     group_size: int = Field(
         default=8, ge=2, description="attempts per task (one GRPO group, compared with each other), >= 2"
     )
@@ -147,9 +149,11 @@ class TrainConfig(Options):
     sketch_kind: str = Field(default="countsketch", description="countsketch or gaussian")
     checkpoint_every: int = Field(default=10, ge=1, description="write OUT/checkpoint every N steps (and at the end)")
     eval_every: int = Field(default=0, ge=0, description="evaluate on dev tasks every N steps (0 = off)")
-    eval_tasks: int = Field(default=8, ge=1, description="first N dev tasks, every harness")
+    eval_tasks: Annotated[int, Reads("count", "dev", when="eval_every")] = Field(
+        default=8, ge=1, description="first N dev tasks, every harness"
+    )
     eval_temperature: float = Field(default=0.7, ge=0, description="sampling temperature of evaluations")
-    eval_harnesses: list[str] = Field(
+    eval_harnesses: Annotated[list[str], Reads("harnesses", when="eval_harnesses")] = Field(
         default_factory=list,
         description="held-out harnesses: evaluated with the trained ones, never trained on, reported apart "
         "(names or spec paths; comma-separate or repeat)",

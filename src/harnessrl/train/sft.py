@@ -44,7 +44,6 @@ import torch
 from harnessrl.results import SFTData, SFTResult, SFTTrained
 from harnessrl.rundir import RunFolder, append_jsonl, truncate_jsonl
 from harnessrl.train import lora
-from harnessrl.train.config import SFTConfig
 from harnessrl.train.grpo import TrainingUnit, pad_units, token_logprobs
 from harnessrl.train.packing import pad_packed
 from harnessrl.train.progress import SFT_VIEW, StepProgress
@@ -72,7 +71,7 @@ from harnessrl.train.sft_sample import (
 from harnessrl.train.update import TrainingDiverged, micro_batches
 
 if TYPE_CHECKING:
-    from harnessrl.models.choice import ModelChoice
+    from harnessrl.kernel import JobContext
     from harnessrl.models.hf import HFPolicy
 
 # Keys that may change when a run is resumed: --epochs and --checkpoint-every change nothing the
@@ -139,36 +138,25 @@ def sft_loss(
 
 
 class SFTRun(lora.WritesAdapter):
-    """`SFTRun(config, out, resume=...)` checks everything cheap (options, harness, model spec,
-    run folders) and raises SFTError; `prepare()` loads the model, samples (--sample: into
-    `samples_root`/samples) and builds the examples (SFTError on bad data; nothing written but
-    the resumable samples); `train()` writes the run folder and trains.
+    """`SFTRun(ctx)` (its context from the job kernel) checks what is left (the harness, the run
+    folders) and raises SFTError; `prepare()` loads the model, samples (--sample: into
+    `ctx.out`/samples) and builds the examples (SFTError on bad data; nothing written but the
+    resumable samples); `train()` writes the run folder and trains.
 
-    `out` None: no run folder (an export only). `sample_policy`: the policy that makes the
-    --sample attempts instead of the model being trained (tests: a scripted one)."""
+    `export_only`: no run folder (an export only). `spec`: the harness to train for, given as an
+    object. `sample_policy`: the policy that makes the --sample attempts instead of the model
+    being trained (tests: a scripted one)."""
 
     trained_by = "harnessrl train sft"
 
-    def __init__(
-        self,
-        config: SFTConfig,
-        out: str | os.PathLike | None,
-        *,
-        resume: bool = False,
-        spec=None,
-        progress: bool = True,
-        console=None,
-        samples_root: str | os.PathLike | None = None,
-        sample_policy=None,
-        model: ModelChoice | None = None,
-    ):
+    def __init__(self, ctx: JobContext, *, export_only: bool = False, spec=None, sample_policy=None):
         from rich.console import Console
 
         from harnessrl.kernel import job_harness
 
-        self.config = config.check(SFTError)
+        self.config = config = ctx.config
         sampling = config.sample is not None
-        self.model_choice = lora.trained_model(config, SFTError, model)  # chosen once (harnessrl.kernel)
+        self.model_choice = lora.trained_model(config, SFTError, ctx.model())  # chosen once (harnessrl.kernel)
         self.selection: EpisodeSelection | None = None
         if config.from_runs:
             self.selection = select_episodes(config.from_runs, config.min_score, allow_empty=sampling)
@@ -198,10 +186,8 @@ class SFTRun(lora.WritesAdapter):
         self.spec = spec
         self.harness_name = spec.name if spec is not None else OWN
         self.suite = self.selection.suite if self.selection is not None else config.sample_suite
-        self.out = None if out is None else Path(out)
-        self.resume = resume
-        self.progress = progress
-        self.console = console if console is not None else Console(stderr=True)
+        self.out, self.resume, self.progress = None if export_only else ctx.out, ctx.resume, ctx.progress
+        self.console = ctx.console if ctx.console is not None else Console(stderr=True)
         self.folder: RunFolder | None = None
         if self.out is not None:
             if spec is not None:
@@ -210,16 +196,14 @@ class SFTRun(lora.WritesAdapter):
                 assert self.specs is not None  # --as-harness own
                 harness_spec = {n: x.to_dict() for n, x in self.specs.items()}
             self.folder = lora.open_run_folder(
-                self.out, "fine-tuning", config, self.model_choice, resume=resume, may_differ=SFT_RESUMABLE_CHANGES,
+                self.out, "fine-tuning", config, self.model_choice, resume=self.resume,
+                may_differ=SFT_RESUMABLE_CHANGES,
                 recorded_when_on={"pack": False},  # runs from before --pack resume as they were
                 as_harness=self.harness_name, harness_spec=harness_spec, suite=self.suite,
             )  # fmt: skip
         self.plan: SamplingPlan | None = None
         if sampling:
-            root = samples_root if samples_root is not None else out
-            if root is None:
-                raise SFTError("--sample needs a run folder (--out) to keep its attempts in")
-            self.plan = plan_sampling(config, self.selection, spec, root)
+            self.plan = plan_sampling(config, self.selection, spec, ctx.out)
         self.sample_policy = sample_policy
         self.policy: HFPolicy | None = None
         self.examples: ExampleSet | None = None
@@ -415,41 +399,27 @@ class SFTRun(lora.WritesAdapter):
 
 
 def run_sft(
-    config: SFTConfig,
-    out: str | os.PathLike,
+    ctx: JobContext,
     *,
-    resume: bool = False,
     export_jsonl: str | os.PathLike | None = None,
+    export_hf: str | os.PathLike | None = None,
     export_only: bool = False,
     spec=None,
-    progress: bool = True,
-    console=None,
-    export_hf: str | os.PathLike | None = None,
     sample_policy=None,
-    model: ModelChoice | None = None,
 ) -> SFTResult:
-    """`harnessrl train sft` as a library call: (sample,) select, replay, (export), train.
+    """`harnessrl train sft` over its job context (harnessrl.kernel.enter): (sample,) select,
+    replay, (export), train.
 
     Every bad input raises SFTError before anything is written (--sample: but its attempts,
-    kept in `out`/samples for the next start). `export_only`: write the exports (`export_jsonl`
-    or `export_hf` is then required) and train nothing; no run folder is opened.
-    `sample_policy`: see SFTRun. `model`: the model the job kernel chose (chosen here when None).
+    kept in `ctx.out`/samples for the next start). `export_only`: write the exports (`export_jsonl`
+    or `export_hf` is then required) and train nothing; no run folder is opened. `spec`,
+    `sample_policy`: see SFTRun.
     """
     if export_only and export_jsonl is None and export_hf is None:
         raise SFTError("--export-only needs --export-jsonl PATH or --export-hf DIR")
     if export_hf is not None:
         check_hf_export(export_hf)
-    run = SFTRun(
-        config,
-        None if export_only else out,
-        resume=resume,
-        spec=spec,
-        progress=progress,
-        console=console,
-        samples_root=out,
-        sample_policy=sample_policy,
-        model=model,
-    )
+    run = SFTRun(ctx, export_only=export_only, spec=spec, sample_policy=sample_policy)
     examples = run.prepare()
     summary = SFTResult(
         data=SFTData.model_validate(examples.stats),

@@ -93,14 +93,12 @@ Files in the run folder OUT:
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harnessrl.errors import JobError
-from harnessrl.harness.spec import HarnessSpec
 from harnessrl.results import TrainEval, TrainResult
 from harnessrl.rundir import RunFolder, RunFolderError, append_jsonl, truncate_jsonl
 from harnessrl.train import checkpoint, lora
@@ -127,7 +125,7 @@ from harnessrl.train.step import (
 from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
 
 if TYPE_CHECKING:
-    from harnessrl.models.choice import ModelChoice
+    from harnessrl.kernel import JobContext
     from harnessrl.tasks.base import Task
 
 
@@ -169,80 +167,49 @@ class TrainError(JobError):
 
 
 class Trainer(lora.WritesAdapter):
-    """`Trainer(config, out, resume=...)` checks everything cheap (options, harnesses, suite,
-    scheduler, the run folder) and raises TrainError; `run()` loads the model and trains.
-
-    `suite` and `specs` may be given as objects instead of names (tests shrink harness rules
-    this way); the recorded config then holds their names and the specs' full content.
+    """`Trainer(ctx)` (its context from the job kernel, which read the suite, the harnesses and the
+    task counts its options name) checks what is left (the held-out harnesses, the scheduler, the
+    model, the processes, the run folder) and raises TrainError; `run()` loads the model and
+    trains. Objects given to the kernel in place of names (tests shrink harness rules this way)
+    are recorded by name, and every spec's full content beside it.
     """
 
     trained_by = "harnessrl train grpo"
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        out: str | os.PathLike,
-        *,
-        resume: bool = False,
-        suite: TrainSuite | None = None,
-        specs: list[HarnessSpec] | None = None,
-        eval_specs: list[HarnessSpec] | None = None,
-        progress: bool = True,
-        console=None,
-        executor=None,
-        model: ModelChoice | None = None,
-    ):
+    def __init__(self, ctx: JobContext):
         from rich.console import Console
 
-        from harnessrl.executors import LocalExecutor
-        from harnessrl.kernel import job_harnesses, job_split, job_suite
-
-        self.suite = suite if suite is not None else job_suite(config.suite, TrainError)
-        self.specs = (
-            list(specs) if specs is not None else job_harnesses(list(config.harnesses), "--harnesses", TrainError)
-        )
+        self.suite = ctx.inputs.suite
+        self.specs, self.eval_specs = ctx.inputs.harnesses["harnesses"], ctx.inputs.harnesses.get("eval_harnesses", [])
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise TrainError(f"harness names must be unique, got {names}")
-        # the held-out harnesses: evaluated, never trained on (harnessrl.train.held_out)
-        self.eval_specs = list(eval_specs) if eval_specs is not None else []
-        if eval_specs is None and config.eval_harnesses:
-            self.eval_specs = job_harnesses(list(config.eval_harnesses), "--eval-harnesses", TrainError)
-        try:
+        try:  # the held-out harnesses: evaluated, never trained on (harnessrl.train.held_out)
             check_held_out(names, [s.name for s in self.eval_specs])
         except ValueError as e:
             raise TrainError(f"--eval-harnesses: {e}") from None
-        self.config = config = config.replace(
-            suite=self.suite.name, harnesses=names, eval_harnesses=[s.name for s in self.eval_specs]
-        ).check(TrainError)
+        self.config = config = ctx.config.replace(harnesses=names, eval_harnesses=[s.name for s in self.eval_specs])
         try:
             self.scheduler = make_scheduler(config.scheduler, names, seed=config.seed, **config.scheduler_options)
         except (ValueError, TypeError) as e:
             raise TrainError(str(e)) from None
-        job_split(self.suite, "train", config.tasks_per_step, "--tasks-per-step", TrainError)
-        job_split(self.suite, "dev", config.eval_tasks if config.eval_every else 0, "--eval-tasks", TrainError)
         lora.check_trainable(config, TrainError)  # before the processes meet: a model that cannot be trained
-
         try:
             self.dist = Distributed.from_env()  # one process, or one of several (docs: "Several processes")
         except DistributedError as e:
             raise TrainError(str(e)) from None
         # The model chosen once, after the processes are set up: under torchrun "auto" is this
-        # process's own GPU, which torch names only once Distributed.from_env has set it. A choice
-        # made before (`model`, the job kernel's) is taken as it is by a single process only.
-        self.model_choice = lora.trained_model(config, TrainError, model if self.dist.world_size == 1 else None)
-
-        self.out = Path(out)
-        self.resume = resume
-        self.progress = progress
-        self.executor = executor if executor is not None else LocalExecutor()  # the caller closes it
+        # process's own GPU, which torch names only once Distributed.from_env has set it. The job
+        # kernel's choice is taken as it is by a single process only.
+        self.model_choice = lora.trained_model(config, TrainError, ctx.model() if self.dist.world_size == 1 else None)
+        self.out, self.resume, self.progress, self.executor = ctx.out, ctx.resume, ctx.progress, ctx.executor
         self.folder: RunFolder | None = None  # rank 0's alone
         error = None
         if self.dist.is_main:
             try:
                 self.folder = lora.open_run_folder(
-                    self.out, "training", config, self.model_choice, resume=resume, may_differ=RESUMABLE_CHANGES,
-                    recorded_when_on={"advantage_control": "none"},
+                    self.out, "training", config, self.model_choice, resume=self.resume,
+                    may_differ=RESUMABLE_CHANGES, recorded_when_on={"advantage_control": "none"},
                     harness_specs={s.name: s.to_dict() for s in [*self.specs, *self.eval_specs]},
                     processes=self.dist.world_size,
                 )  # fmt: skip
@@ -254,7 +221,7 @@ class Trainer(lora.WritesAdapter):
         if error is not None:
             self.dist.close()
             raise TrainError(error)
-        self.console = console if console is not None else Console(stderr=True)
+        self.console = ctx.console if ctx.console is not None else Console(stderr=True)
         self.step = 0  # training steps completed
         self.task_rng = random.Random(f"harnessrl-train-tasks:{config.seed}")
         self.spec_by_name = {s.name: s for s in self.specs}
