@@ -1,8 +1,8 @@
 """The entries of the jobs, all in one place: one short function per command (eval, evolve, study,
 improve, train grpo / sft / distill), each over the job kernel (harnessrl.kernel).
 
-Each entry enters the kernel (the resume rule, the models chosen once, one error type), then hands
-the job its context: `with enter(...) as ctx: return job(ctx.config, ...)`. The command line
+Each entry enters the kernel (the resume rule, the models chosen once, what the options name read
+once, one error type), then hands the job its context: `with enter(...) as ctx: job(ctx)`. The command line
 calls these and prints; a library caller may too (`given=None`: its config is taken whole, see
 the resume rule in harnessrl.kernel). The jobs themselves stay where their ideas live
 (jobs/evaluate.py, evolve/, jobs/study.py, improve/, train/).
@@ -11,10 +11,9 @@ the resume rule in harnessrl.kernel). The jobs themselves stay where their ideas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Collection
 
-from harnessrl.errors import JobError
-from harnessrl.kernel import Finished, JobContext, ModelRequest, config_models, enter, option_values
+from harnessrl.kernel import Finished, JobContext, enter, option_values
 
 if TYPE_CHECKING:
     from harnessrl.config import EvalConfig
@@ -33,34 +32,21 @@ def _quiet(message: str) -> None:
 
 
 def _context(
-    job: str,
-    config: Any,
-    run: Any,
-    given: Collection[str] | None,
-    log: Log,
-    *,
-    error: type[JobError] = JobError,
-    models: Callable[[Any], Iterable[ModelRequest]] = config_models,
-    earlier: Callable[[Path], dict[str, Any]] | None = None,
-    console: Any = None,
-    executor: Executor | None = None,
+    job: str, config: Any, run: Any, given: Collection[str] | None, log: Log, **job_options: Any
 ) -> JobContext:
     """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.progress`,
-    `run.isolation`)."""
+    `run.isolation`) and the job's own (`error`, `models`, `earlier`, `console`, `executor`)."""
+    isolation = getattr(run, "isolation", "auto")
     return enter(
         job,
         config,
         run.out,
         resume=run.resume,
         given=given,
-        isolation=getattr(run, "isolation", "auto"),
-        models=models,
+        isolation=isolation,
         log=log,
-        earlier=earlier,
-        error=error,
         progress=run.progress,
-        console=console,
-        executor=executor,
+        **job_options,
     )
 
 
