@@ -363,6 +363,27 @@ def _loop(spec: Any, purpose: str, option: str, error: type[JobError]) -> Any:
         raise error(f"{option}: {e}") from None
 
 
+def preflight_inputs(config: Options, inputs: JobInputs, error: type[JobError], log: Callable[[str], None]) -> None:
+    """The run option `--preflight` (eval, train grpo): every harness the job runs, its first
+    request of the job's first task (the first of the tasks read, else the suite's first train
+    task) measured against a local model's context before anything loads, one line each in
+    `log`; `error` where one cannot fit (harnessrl.preflight)."""
+    from harnessrl.models.base import ModelUnavailable
+    from harnessrl.preflight import check_before_run
+
+    specs = [s for s in inputs.harness.values() if s is not None]
+    specs += [s for listed in inputs.harnesses.values() for s in listed]
+    tasks = next((listed for listed in inputs.tasks.values() if listed), None)
+    if tasks is None and inputs.suite.split_sizes.get("train"):
+        tasks = inputs.suite.tasks("train", 1)
+    if not tasks:
+        return
+    try:
+        check_before_run(getattr(config, "model"), specs, tasks[0], log)
+    except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
+        raise error(str(e)) from None
+
+
 def enter(
     job: str,
     config: Any,
@@ -379,6 +400,7 @@ def enter(
     progress: bool = True,
     console: Any = None,
     executor: Any = None,
+    preflight: bool = False,
 ) -> JobContext:
     """A job's context (see the module docstring), to run the job in as `with enter(...) as ctx:`
     (the options are kept in `out` when the block ends and the job has started a run there).
@@ -388,7 +410,8 @@ def enter(
     by field). `isolation="required"` (the run option `--isolation required`): a JobError unless
     bubblewrap isolates sandboxed commands here, and from then on every sandboxed command of this
     process refuses to run without it. `error`: the job's JobError class, for its refusals.
-    `progress`, `log`, `console`, `executor`: how the job reports and where its episodes run.
+    `progress`, `log`, `console`, `executor`: how the job reports and where its episodes run;
+    `preflight`: the run option of that name (`preflight_inputs`).
     Nothing is written here: a refusal leaves the folder as it was."""
     out = Path(out)
     if isolation == "required":
@@ -404,6 +427,8 @@ def enter(
     config.check(error)  # options that refuse each other, once the resume rule has filled them in
     chosen = choose_models(models(config))
     inputs = read_inputs(config, error, objects)
+    if preflight:
+        preflight_inputs(config, inputs, error, log)
     keeps = resume or not holds_run(out)
     executor = executor if executor is not None else _local_executor()
     return JobContext(job, config, out, resume, chosen, keeps, inputs, progress, log, console, executor)

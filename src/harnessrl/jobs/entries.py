@@ -36,7 +36,7 @@ def _context(
 ) -> JobContext:
     """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.progress`,
     `run.isolation`) and the job's own (`error`, `models`, `earlier`, `console`, `executor`)."""
-    isolation = getattr(run, "isolation", "auto")
+    isolation, preflight = getattr(run, "isolation", "auto"), bool(getattr(run, "preflight", False))
     return enter(
         job,
         config,
@@ -46,6 +46,7 @@ def _context(
         isolation=isolation,
         log=log,
         progress=run.progress,
+        preflight=preflight,
         **job_options,
     )
 
@@ -62,7 +63,7 @@ def evaluate(
     from harnessrl.jobs.evaluate import EvalError, run_eval
 
     with _context("eval", config, run, given, log, error=EvalError, executor=executor) as ctx:
-        return Finished(ctx.config, run_eval(ctx, preflight=bool(getattr(run, "preflight", False))))
+        return Finished(ctx.config, run_eval(ctx))
 
 
 def evolve(
@@ -120,31 +121,14 @@ def train_grpo(
     executor: Executor,
 ) -> Finished[Any]:
     """`harnessrl train grpo`: GRPO with LoRA across harnesses (train/trainer.Trainer). With the
-    run option `preflight`, each harness's first request of the first train task is measured
-    against the model's context before the executor connects and the model loads; one that
-    cannot fit is a TrainError (harnessrl.preflight)."""
+    run option `preflight`, the kernel measures each harness's first request of the first train
+    task against the model's context first (harnessrl.kernel.preflight_inputs)."""
     from harnessrl.train.trainer import Trainer, TrainError
 
     with _context("train grpo", config, run, given, log, error=TrainError, console=console, executor=executor) as ctx:
         trainer = Trainer(ctx)
-        if getattr(run, "preflight", False):
-            _preflight_training(trainer, log)
         executor.start()  # connect before the model loads
         return Finished(ctx.config, trainer.run())
-
-
-def _preflight_training(trainer: Any, log: Log) -> None:
-    from harnessrl.models.base import ModelUnavailable
-    from harnessrl.preflight import check_before_run
-    from harnessrl.train.trainer import TrainError
-
-    tasks = trainer.suite.tasks("train", 1)
-    if not tasks:
-        return
-    try:
-        check_before_run(trainer.config.model, [*trainer.specs, *trainer.eval_specs], tasks[0], log)
-    except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
-        raise TrainError(str(e)) from None
 
 
 def train_sft(

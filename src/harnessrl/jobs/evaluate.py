@@ -22,12 +22,10 @@ class EvalError(JobError):
     """A configuration or run-folder problem, reported before any episode runs."""
 
 
-def run_eval(ctx: JobContext, *, preflight: bool = False) -> EvalSummary:
+def run_eval(ctx: JobContext) -> EvalSummary:
     """Evaluate the model on the suite through every harness, over the job's context
-    (harnessrl.kernel.enter: its model and judge, suite, tasks and harnesses); returns the
-    summary. Its episodes run on `ctx.executor` (the caller closes it). `preflight`: first measure
-    each harness's first request of the first task against a local model's context
-    (harnessrl.preflight), and refuse (EvalError) where one cannot fit."""
+    (harnessrl.kernel.enter: its model and judge, suite, tasks and harnesses, and the preflight
+    when asked); returns the summary. Its episodes run on `ctx.executor` (the caller closes it)."""
     from harnessrl.models import load_policy
     from harnessrl.models.base import SamplingParams
 
@@ -47,14 +45,6 @@ def run_eval(ctx: JobContext, *, preflight: bool = False) -> EvalSummary:
                 f"--judge-model: no selected task of suite '{config.suite}' has a part graded by an LLM judge "
                 "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
             )
-    if preflight:
-        from harnessrl.models.base import ModelUnavailable
-        from harnessrl.preflight import check_before_run
-
-        try:
-            check_before_run(config.model, specs, task_list[0], ctx.log)
-        except (ValueError, ModelUnavailable) as e:  # PreflightRefused, or a model it cannot read
-            raise EvalError(str(e)) from None
 
     sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
     evaluation = EvaluationFolder(
