@@ -43,9 +43,9 @@ typecheck: install
 	$(VENV)/bin/mypy src
 
 # the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them: on this 2-core
-# machine pytest takes 486 s and 499 s with 2 (without the npm agents and vLLM's CPU build), 460 s
-# with 3, where the load made a sandboxed command overrun its test's 2 s wall limit once;
-# TEST_WORKERS=0 runs it in this process
+# machine pytest took 421 s with 2 on a quiet day, 486 s and 499 s on a busier one (without the npm
+# agents and vLLM's CPU build), 460 s with 3, where the load made a sandboxed command overrun its
+# test's 2 s wall limit once; TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 test: check
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
