@@ -204,21 +204,25 @@ def check_notes_solved(traj, prefix: str) -> None:
     assert adding.name == "notes_add" and adding.ok and '"status": "added"' in adding.output
 
 
-def shrunk(name: str, **rules) -> HarnessSpec:
-    """A built-in harness with some rules cut (max_steps=2, max_new_tokens=16, ...): a tiny random
-    model's episodes end fast, through the same harness code."""
-    data = load_harness(name).to_dict()
+def shrunk(
+    base: str | HarnessSpec, *, name: str | None = None, system_prompt: str | None = None, **rules
+) -> HarnessSpec:
+    """A harness (a built-in name, or a spec) with some rules cut (max_steps=2, max_new_tokens=16,
+    ...): a tiny random model's episodes end fast, through the same harness code. `name`,
+    `system_prompt`: given, they replace the harness's own."""
+    data = (load_harness(base) if isinstance(base, str) else base).to_dict()
     data["rules"].update(rules)
+    data.update({k: v for k, v in (("name", name), ("system_prompt", system_prompt)) if v is not None})
     return HarnessSpec.model_validate(data)
 
 
-def shrunk_file(folder: Path, name: str, **rules) -> Path:
-    """`shrunk` written as a spec file in `folder` (for the command line's --harness), under its
-    own name."""
+def shrunk_file(folder: Path, base: str, *, name: str | None = None, **rules) -> Path:
+    """`shrunk` written as a spec file in `folder` (for the command line's --harness): NAME.yaml
+    under the given `name`, else BASE-shrunk.yaml keeping the harness's own name."""
     import yaml
 
-    path = folder / f"{name}-shrunk.yaml"
-    path.write_text(yaml.safe_dump(shrunk(name, **rules).to_dict()))
+    path = folder / f"{name or base + '-shrunk'}.yaml"
+    path.write_text(yaml.safe_dump(shrunk(base, name=name, **rules).to_dict()))
     return path
 
 

@@ -16,9 +16,9 @@ import time
 
 import pytest
 import torch
-from helpers import grpo_trainer, keyed_server
+from helpers import grpo_trainer, keyed_server, shrunk
 from test_train_distributed import launch, needs_gloo
-from test_trainer import BASE, SPECS, TextScore, adapter_weights, lines, shrink
+from test_trainer import BASE, SPECS, TextScore, adapter_weights, lines
 
 from harnessrl.store import RunStore
 from harnessrl.train import trainer as trainer_module
@@ -276,7 +276,7 @@ def test_dynamic_sampling_says_when_its_budget_ran_out(tmp_path):
     still learns from every zero."""
     from harnessrl.tasks import get_suite
 
-    specs = [shrink(h, max_steps=1, max_new_tokens=8) for h in ("json-tools", "react")]
+    specs = [shrunk(h, max_steps=1, max_new_tokens=8) for h in ("json-tools", "react")]
     config = DYNAMIC.replace(suite="toolcalc", steps=1, tasks_per_step=2, save_rollouts=False)
     t = grpo_trainer(config, tmp_path / "flat", suite=get_suite("toolcalc"), specs=specs, progress=False)
     spy = Spy(t.scheduler)

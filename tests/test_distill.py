@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 import typer
-from test_trainer import TextScore, adapter_weights, lines, shrink
+from helpers import shrunk
+from test_trainer import TextScore, adapter_weights, lines
 from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
@@ -33,8 +34,8 @@ from harnessrl.train.distill import (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SHORT = dict(max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
-STUDENT = shrink("react", system_prompt="Reply with any text.", **SHORT)
-TEACHER = shrink("react", system_prompt="You are careful. Reply with one short sentence of plain text.", **SHORT)
+STUDENT = shrunk("react", system_prompt="Reply with any text.", **SHORT)
+TEACHER = shrunk("react", system_prompt="You are careful. Reply with one short sentence of plain text.", **SHORT)
 BASE = DistillConfig(
     teacher_harness="teacher",
     student_harness="student",

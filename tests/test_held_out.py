@@ -5,14 +5,14 @@ weights (the evaluation at step 0). The tiny model and the `textscore` suite of 
 from __future__ import annotations
 
 import pytest
-from helpers import grpo_trainer
-from test_trainer import BASE, SPECS, TextScore, lines, shrink
+from helpers import grpo_trainer, shrunk
+from test_trainer import BASE, SPECS, TextScore, lines
 
 from harnessrl.train.trainer import TrainError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-HELD_OUT = shrink(
+HELD_OUT = shrunk(
     "xml-tags",
     system_prompt="Reply with any text.",
     max_steps=1,

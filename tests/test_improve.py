@@ -14,7 +14,8 @@ import json
 import pytest
 import typer
 import yaml
-from test_trainer import TextScore, shrink
+from helpers import shrunk
+from test_trainer import TextScore
 from typer.testing import CliRunner
 
 from harnessrl.errors import JobError
@@ -54,7 +55,7 @@ def specs(tmp_path_factory, registered):
         ("seed", "Reply with any text."),
         ("better", "You are careful. Reply with one short sentence."),
     ):
-        spec = shrink("react", system_prompt=prompt, max_new_tokens=MAX_NEW_TOKENS[name], **SHORT)
+        spec = shrunk("react", system_prompt=prompt, max_new_tokens=MAX_NEW_TOKENS[name], **SHORT)
         paths[name] = folder / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump({**spec.to_dict(), "name": name}))
     external = folder / "external.yaml"
@@ -253,7 +254,7 @@ def test_an_evolved_harness_of_another_protocol_is_imitated_but_not_distilled_on
 
     state = Improve(enter("improve", config(specs, evolved=None), tmp_path / "protocol", progress=False)).state
     begin(state)
-    xml = shrink("xml-tags", system_prompt="Reply with any text.", max_new_tokens=8, **SHORT)
+    xml = shrunk("xml-tags", system_prompt="Reply with any text.", max_new_tokens=8, **SHORT)
     base = cell(state, "harness/seed-dev", "dev", state.dev_tasks, state.seed_spec, "tiny-random")
     try:
         kept = weights_phase(state, base, EvolvedHarness(spec=xml, is_seed=False))

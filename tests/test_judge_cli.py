@@ -8,12 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+from helpers import shrunk_file
 from openai_server import OpenAITestServer
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
-from harnessrl.harness.registry import load_harness
 from harnessrl.models.scripted import ScriptedPolicy
 from harnessrl.store import RunStore
 from harnessrl.tasks.sandbox_exec import isolation_available
@@ -40,12 +39,7 @@ def judge_server(tokenizer):
 
 def one_step_harness(tmp_path: Path) -> Path:
     """json-tools cut to one short step: the tiny random agent ends fast, and grading still runs."""
-    data = load_harness("json-tools").to_dict()
-    data["name"] = "one-step"
-    data["rules"].update({"max_steps": 1, "max_new_tokens": 8})
-    path = tmp_path / "one-step.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return shrunk_file(tmp_path, "json-tools", name="one-step", max_steps=1, max_new_tokens=8)
 
 
 def eval_pinchbench(tmp_path: Path, out: Path, *extra: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import shrunk
 from openai_server import OpenAITestServer, ServerOptions, closed_port
 
 from harnessrl.harness.protocols import get_protocol, read_reply
@@ -35,12 +36,6 @@ ADD = ToolSchema(
         "required": ["a", "b"],
     },
 )
-
-
-def with_rules(spec: HarnessSpec, **rules) -> HarnessSpec:
-    data = spec.to_dict()
-    data["rules"].update(rules)
-    return HarnessSpec.model_validate(data)
 
 
 def ask(text: str = "What is 2 plus 3?", **kw) -> GenerationRequest:
@@ -370,7 +365,7 @@ def test_runner_fails_only_the_episode_whose_request_fails(make_server):
     tasks = get_suite("toolcalc").tasks("dev", 3)
     server = make_server(fail_matching=tasks[0].instruction)
     policy = policy_for(server, max_retries=1)
-    spec = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
+    spec = shrunk(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
     runner = Runner(policy, GREEDY, progress=False, max_retries=1)
     trajs = {t.task_id: t for t in runner.run(make_jobs(tasks, [spec], 1))}
     bad = trajs[tasks[0].id]
@@ -398,7 +393,7 @@ def test_request_seed_is_sent_as_31_bits(make_server):
 def test_runner_records_backend_failures_as_infra_errors(make_server):
     server = make_server(always_fail=True)
     policy = policy_for(server, max_retries=1)
-    spec = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
+    spec = shrunk(load_harness("json-tools"), max_steps=2, max_new_tokens=8)
     tasks = get_suite("toolcalc").tasks("dev", 2)
     trajs = Runner(policy, GREEDY, progress=False, max_retries=1).run(make_jobs(tasks, [spec], 1))
     assert len(trajs) == 2
@@ -510,7 +505,7 @@ def test_a_json_harness_with_native_tools_acts_on_the_servers_calls(make_server)
     """The loop takes the server's calls as they came (no text round trip), runs them, and sends
     them back as native tool calls with the result on their id."""
     server = make_server(tool_call=("add", {"a": 2, "b": 3}))
-    data = with_rules(load_harness("json-tools"), max_steps=2, max_new_tokens=8).to_dict()
+    data = shrunk(load_harness("json-tools"), max_steps=2, max_new_tokens=8).to_dict()
     data["protocol"]["native_tools"] = True
     spec = HarnessSpec.model_validate(data)
     task = get_suite("toolcalc").tasks("dev", 1)[0]
@@ -546,7 +541,7 @@ def test_concurrency_cap(make_server):
 def test_eval_through_the_runner(make_server):
     server = make_server()
     policy = load_policy(server.spec(), GREEDY)
-    specs = [with_rules(load_harness(n), max_steps=2, max_new_tokens=8) for n in ("json-tools", "react")]
+    specs = [shrunk(load_harness(n), max_steps=2, max_new_tokens=8) for n in ("json-tools", "react")]
     tasks = get_suite("toolcalc").tasks("dev", 2)
     trajs = Runner(policy, GREEDY, progress=False, max_in_flight=4).run(make_jobs(tasks, specs, 1))
     assert len(trajs) == 4 and {t.harness for t in trajs} == {"json-tools", "react"}

@@ -22,14 +22,12 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray executor needs Ray: pip install 'harnessrl[ray]'")
 
-from helpers import grpo_trainer, oracle_policy  # noqa: E402
+from helpers import grpo_trainer, oracle_policy, shrunk  # noqa: E402
 from test_trainer import TextScore  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from harnessrl.cli import app  # noqa: E402
 from harnessrl.executors import ExecutorError, make_executor  # noqa: E402
-from harnessrl.harness.registry import load_harness  # noqa: E402
-from harnessrl.harness.spec import HarnessSpec  # noqa: E402
 from harnessrl.models.base import SamplingParams  # noqa: E402
 from harnessrl.rollout import Runner, make_jobs  # noqa: E402
 from harnessrl.store import RunStore  # noqa: E402
@@ -56,12 +54,6 @@ def executor(cluster):
         yield ex
 
 
-def shrink(name: str, **rules) -> HarnessSpec:
-    data = load_harness(name).to_dict()
-    data["rules"].update(rules)
-    return HarnessSpec.model_validate(data)
-
-
 def tokens(trajectory) -> list[tuple[list[int], list[int]]]:
     return [(s.model_call.prompt_ids, s.model_call.completion_ids) for s in trajectory.steps]
 
@@ -73,7 +65,7 @@ def test_ray_eval_matches_the_local_one_and_resumes_with_another_executor(cluste
     paths = []
     for name in ("json-tools", "react"):
         paths.append(tmp_path / f"{name}.yaml")
-        paths[-1].write_text(shrink(name, max_steps=2, max_new_tokens=12).to_yaml())
+        paths[-1].write_text(shrunk(name, max_steps=2, max_new_tokens=12).to_yaml())
     common = ["eval", "--model", "tiny-random", "--suite", "toolcalc", "--tasks", "2", "--attempts", "2"]
     common += ["--harness", ",".join(map(str, paths)), "--max-in-flight", "1", "--no-progress"]
     outs = {kind: tmp_path / kind for kind in ("local", "ray")}
@@ -104,7 +96,7 @@ def test_a_killed_actor_loses_and_duplicates_nothing(executor, tokenizer, tmp_pa
     """SIGKILL the actor that holds one episode while that episode waits for its model reply:
     the episode is re-run on another actor, and every job is stored exactly once."""
     tasks = get_suite("toolcalc").tasks("dev", 4)  # one attempt each: the oracle follows an episode by its task
-    spec = shrink("json-tools", max_new_tokens=1024, max_total_tokens=None)
+    spec = shrunk("json-tools", max_new_tokens=1024, max_total_tokens=None)
     target = tasks[1]
     handles = {}
     opened = executor.open
@@ -159,7 +151,7 @@ def test_a_killed_actor_loses_and_duplicates_nothing(executor, tokenizer, tmp_pa
 
 def test_a_training_step_with_the_ray_executor_is_the_local_one(executor, tmp_path):
     specs = [
-        shrink(n, max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+        shrunk(n, max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
         for n in ("json-tools", "react")
     ]
     config = TrainConfig(
@@ -196,7 +188,7 @@ def test_every_builtin_suite_survives_the_trip_and_unpicklable_tasks_are_named(e
     for name in list_suites():
         suite = get_suite(name)
         tasks += suite.tasks("dev", len(suite.family_names()))
-    spec = shrink("json-tools", max_new_tokens=1024, max_total_tokens=None)
+    spec = shrunk("json-tools", max_new_tokens=1024, max_total_tokens=None)
     runner = Runner(
         oracle_policy(tasks, spec, tokenizer), SamplingParams(temperature=0.0), max_in_flight=2, progress=False,
         executor=executor, max_retries=0,

@@ -9,11 +9,10 @@ import time
 from collections import Counter
 
 import pytest
-from helpers import oracle_policy, replies_policy
+from helpers import oracle_policy, replies_policy, shrunk
 
 from harnessrl.harness.oracle import Oracle
 from harnessrl.harness.registry import builtin_names, load_harness
-from harnessrl.harness.spec import HarnessSpec
 from harnessrl.metrics import harness_summary
 from harnessrl.models.base import SamplingParams, request_seed
 from harnessrl.models.scripted import ScriptedPolicy
@@ -22,12 +21,6 @@ from harnessrl.store import RunStore
 from harnessrl.tasks import get_suite
 from harnessrl.tasks.base import Suite, Tool
 from harnessrl.types import ActionKind, BlockReason, Termination, Trajectory
-
-
-def with_rules(spec: HarnessSpec, **rules) -> HarnessSpec:
-    data = spec.to_dict()
-    data["rules"].update(rules)
-    return HarnessSpec.model_validate(data)
 
 
 def run(policy, specs, tasks, attempts=1, **kw):
@@ -44,7 +37,7 @@ def test_oracle_passes_every_family_through_every_harness(harness, suite, tokeni
     tasks = s.tasks("dev", len(s.family_names()))
     assert {t.family for t in tasks} == set(s.family_names())
     # budgets wide enough for the longest solution: this test is about agreement, not limits
-    spec = with_rules(load_harness(harness), max_new_tokens=1024, max_total_tokens=None)
+    spec = shrunk(load_harness(harness), max_new_tokens=1024, max_total_tokens=None)
     trajs = run(oracle_policy(tasks, spec, tokenizer), [spec], tasks)
     assert len(trajs) == len(tasks)
     for t in trajs:
@@ -69,7 +62,7 @@ def test_the_oracle_plays_each_episode_from_the_task_it_is_handed(tokenizer):
     twin = dataclasses.replace(tasks[1], id=tasks[1].id + "-twin", instruction=tasks[0].instruction)
     assert twin.solution != tasks[0].solution
     specs = [
-        with_rules(load_harness(n), max_new_tokens=1024, max_total_tokens=None) for n in ("json-tools", "plan-execute")
+        shrunk(load_harness(n), max_new_tokens=1024, max_total_tokens=None) for n in ("json-tools", "plan-execute")
     ]
     runner = Runner(Oracle(tokenizer), SamplingParams(), max_in_flight=8, progress=False)
     trajs = runner.run(make_jobs([*tasks, twin], specs, 2))
@@ -85,7 +78,7 @@ def test_tiny_random_model_through_every_harness(suite, tiny_policy):
     nothing crashes, every model call keeps its tokens and logprobs."""
     s = get_suite(suite)
     tasks = s.tasks("dev", 2)
-    specs = [with_rules(load_harness(n), max_steps=2, max_new_tokens=12) for n in builtin_names()]
+    specs = [shrunk(load_harness(n), max_steps=2, max_new_tokens=12) for n in builtin_names()]
     trajs = run(tiny_policy, specs, tasks, attempts=2, max_in_flight=8)
     assert len(trajs) == len(tasks) * len(specs) * 2
     assert {t.harness for t in trajs} == set(builtin_names())
@@ -157,7 +150,7 @@ def test_malformed_and_empty_replies_get_feedback_with_the_format(tokenizer):
 
 
 def test_plain_text_answer_rule_submits_prose(tokenizer):
-    spec = with_rules(load_harness("json-tools"), plain_text_answer=True)
+    spec = shrunk(load_harness("json-tools"), plain_text_answer=True)
     task = _task("toolcalc")
     (t,) = run(replies_policy(["The answer is 5"], tokenizer), [spec], [task])
     assert t.steps[0].action == ActionKind.text and t.submitted and t.answer == "The answer is 5"
@@ -166,21 +159,19 @@ def test_plain_text_answer_rule_submits_prose(tokenizer):
 def test_loop_guard_warns_then_stops(tokenizer):
     task = _task()
     same = '```python\nlist_dir(path=".")\n```'
-    warn = with_rules(
-        load_harness("code-act"), loop_guard={"enabled": True, "repeats": 3, "action": "warn"}, max_steps=5
-    )
+    warn = shrunk(load_harness("code-act"), loop_guard={"enabled": True, "repeats": 3, "action": "warn"}, max_steps=5)
     (t,) = run(replies_policy([same], tokenizer), [warn], [task])
     assert t.termination == Termination.max_steps
     kinds = [[i.kind for i in s.interventions] for s in t.steps]
     assert kinds[1] == [] and "loop_guard" in kinds[2]
     assert "repeating" in t.steps[3].model_call.messages[-1].content
-    stop = with_rules(load_harness("code-act"), max_steps=10)  # built-in code-act stops
+    stop = shrunk(load_harness("code-act"), max_steps=10)  # built-in code-act stops
     (t,) = run(replies_policy([same], tokenizer), [stop], [task])
     assert t.termination == Termination.loop_guard and len(t.steps) == 3
 
 
 def test_budget_notice_and_max_steps(tokenizer):
-    spec = with_rules(load_harness("react"), max_steps=4, loop_guard={"enabled": False})
+    spec = shrunk(load_harness("react"), max_steps=4, loop_guard={"enabled": False})
     task = _task()
     (t,) = run(replies_policy(['Action: list_dir\nAction Input: {"path": "."}'], tokenizer), [spec], [task])
     assert t.termination == Termination.max_steps and len(t.steps) == 4
@@ -189,7 +180,7 @@ def test_budget_notice_and_max_steps(tokenizer):
 
 
 def test_history_window_keeps_last_exchanges(tokenizer):
-    spec = with_rules(load_harness("json-tools"), history_window=2, demonstrations=[], max_steps=6)
+    spec = shrunk(load_harness("json-tools"), history_window=2, demonstrations=[], max_steps=6)
     task = _task()
     (t,) = run(replies_policy(['{"tool": "list_dir", "arguments": {}}'], tokenizer), [spec], [task])
     n_msgs = [len(s.model_call.messages) for s in t.steps]
@@ -199,7 +190,7 @@ def test_history_window_keeps_last_exchanges(tokenizer):
 def test_observation_window_elides_old_tool_results_and_composes_with_history_window(tokenizer):
     task = _task()
     reply = '{"tool": "list_dir", "arguments": {"path": "."}}'
-    spec = with_rules(load_harness("json-tools"), observation_window=2, demonstrations=[], max_steps=5)
+    spec = shrunk(load_harness("json-tools"), observation_window=2, demonstrations=[], max_steps=5)
     (t,) = run(replies_policy([reply], tokenizer), [spec], [task])
     last = t.steps[-1].model_call.messages
     assert [m.role for m in last[2:]] == ["assistant", "tool"] * 4  # every reply stays
@@ -207,12 +198,12 @@ def test_observation_window_elides_old_tool_results_and_composes_with_history_wi
     assert tools[:2] == ['[observation elided: list_dir path="."]'] * 2
     assert all(m.startswith("Result of list_dir:") for m in tools[2:])
     # with a history window of 3 exchanges, the oldest kept one is elided, the last two are not
-    both = with_rules(spec, history_window=3)
+    both = shrunk(spec, history_window=3)
     (t,) = run(replies_policy([reply], tokenizer), [both], [task])
     tools = [m.content for m in t.steps[-1].model_call.messages if m.role == "tool"]
     assert len(tools) == 3 and tools[0].startswith("[observation elided") and "elided" not in tools[1] + tools[2]
     # feedback for a malformed reply is not a tool observation: it is neither counted nor elided
-    mixed = with_rules(spec, observation_window=1)
+    mixed = shrunk(spec, observation_window=1)
     (t,) = run(replies_policy([reply, "no call here", reply, reply], tokenizer), [mixed], [task])
     kept = [(m.role, m.content[:24]) for m in t.steps[-1].model_call.messages[2:] if m.role != "assistant"]
     assert [r for r, _ in kept] == ["tool", "user", "tool", "tool"]
@@ -222,10 +213,10 @@ def test_observation_window_elides_old_tool_results_and_composes_with_history_wi
 
 def test_max_tokens_and_timeout(tokenizer):
     task = _task()
-    spec = with_rules(load_harness("json-tools"), max_total_tokens=40, max_steps=50)
+    spec = shrunk(load_harness("json-tools"), max_total_tokens=40, max_steps=50)
     (t,) = run(replies_policy(['{"tool": "list_dir", "arguments": {"path": "."}}'], tokenizer), [spec], [task])
     assert t.termination == Termination.max_tokens and t.completion_tokens >= 40
-    spec = with_rules(load_harness("json-tools"), timeout_s=0.001, max_steps=50)
+    spec = shrunk(load_harness("json-tools"), timeout_s=0.001, max_steps=50)
     import time
 
     def slow(messages):
@@ -369,7 +360,7 @@ class _RecordingScript(ScriptedPolicy):
 
 
 def test_every_request_carries_its_seed_and_harnesses_share_them(tokenizer):
-    json_a = with_rules(load_harness("json-tools"), max_steps=2, demonstrations=[], loop_guard={"enabled": False})
+    json_a = shrunk(load_harness("json-tools"), max_steps=2, demonstrations=[], loop_guard={"enabled": False})
     json_b = json_a.model_copy(update={"name": "json-tools-b"})
     tasks = get_suite("toolcalc").tasks("dev", 2)
     policy = _RecordingScript(['{"tool": "add", "arguments": {"a": 1, "b": 2}}'] * 2, tokenizer)
@@ -431,7 +422,7 @@ def test_a_slow_tool_holds_up_its_own_episode_only(tokenizer, tmp_path):
             return '{"tool": "work", "arguments": {"seconds": 0}}'
         return '{"tool": "submit", "arguments": {}}'
 
-    spec = with_rules(
+    spec = shrunk(
         load_harness("json-tools"), timeout_s=2.0, max_steps=8, demonstrations=[], loop_guard={"enabled": False}
     )
     recorded: dict[str, float] = {}
@@ -489,7 +480,7 @@ def test_own_time_counts_the_episodes_requests_tools_and_grading(tokenizer):
             return '{"tool": "work", "arguments": {"seconds": 0.3}}'
         return '{"tool": "submit", "arguments": {}}'
 
-    spec = with_rules(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
+    spec = shrunk(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
     runner = Runner(SlowReplies(script, tokenizer=tokenizer), progress=False, max_in_flight=1)
     trajs = runner.run(make_jobs(tasks, [spec], 1))
     for t in trajs:
@@ -509,7 +500,7 @@ def test_a_failing_request_fails_only_its_episode(tokenizer):
             raise RuntimeError("server cannot serve this one")
         return '{"tool": "submit", "arguments": {"answer": "1"}}'
 
-    spec = with_rules(load_harness("json-tools"), demonstrations=[])
+    spec = shrunk(load_harness("json-tools"), demonstrations=[])
     trajs = {t.task_id: t for t in run(ScriptedPolicy(script, tokenizer=tokenizer), [spec], tasks, max_retries=1)}
     bad = trajs[tasks[0].id]
     assert bad.termination == Termination.error and bad.retries == 1 and "server cannot serve" in bad.infra_error
@@ -538,7 +529,7 @@ def test_episodes_do_not_depend_on_how_many_run_at_once(tiny_policy):
     """Sampled at T=1 through the tiny random model: each request's own seed decides its sample,
     so one episode at a time and eight at once give the same episodes, token for token."""
     tasks = get_suite("toolcalc").tasks("dev", 3)
-    specs = [with_rules(load_harness(n), max_steps=3, max_new_tokens=10) for n in ("json-tools", "react")]
+    specs = [shrunk(load_harness(n), max_steps=3, max_new_tokens=10) for n in ("json-tools", "react")]
     jobs = make_jobs(tasks, specs, 2)
     sampling = SamplingParams(temperature=1.0, seed=11)
     one = Runner(tiny_policy, sampling, progress=False, max_in_flight=1).run(jobs)
@@ -579,7 +570,7 @@ def test_seeded_script_gives_the_same_episodes_at_any_concurrency(tokenizer):
             return self.pool.submit(later)
 
     tasks = get_suite("toolcalc").tasks("dev", 4)
-    spec = with_rules(load_harness("json-tools"), max_steps=4, demonstrations=[], loop_guard={"enabled": False})
+    spec = shrunk(load_harness("json-tools"), max_steps=4, demonstrations=[], loop_guard={"enabled": False})
     jobs = make_jobs(tasks, [spec], 3)
     runs = [Runner(SeededReplies(), SamplingParams(seed=3), progress=False, max_in_flight=k).run(jobs) for k in (1, 8)]
     assert _token_ids(runs[0]) == _token_ids(runs[1])
@@ -637,7 +628,7 @@ def test_ctrl_c_stops_the_run_once_its_episodes_wound_down_and_keeps_what_was_re
             return f'{{"tool": "work", "arguments": {{"seconds": {tool_s}}}}}'
         return '{"tool": "submit", "arguments": {}}'
 
-    spec = with_rules(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
+    spec = shrunk(load_harness("json-tools"), demonstrations=[], loop_guard={"enabled": False})
     with RunStore(tmp_path / "run") as store:
         runner = Runner(
             CountingScript(script, tokenizer=tokenizer),

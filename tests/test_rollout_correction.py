@@ -11,7 +11,8 @@ import threading
 
 import pytest
 import torch
-from test_trainer import BASE, TextScore, _lora, _set_up, _units, shrink, trainer
+from helpers import shrunk
+from test_trainer import BASE, TextScore, _lora, _set_up, _units, trainer
 
 from harnessrl.models import SamplingParams, load_policy
 from harnessrl.models.int8 import Int8Unavailable
@@ -282,7 +283,7 @@ def test_the_mismatch_figures_are_over_every_process(tmp_path):
 
 # ------------------------------------------------------------ a sampler that really differs
 
-SPEC = shrink(
+SPEC = shrunk(
     "json-tools",
     system_prompt="Reply with any text.",
     max_steps=1,

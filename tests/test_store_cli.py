@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from helpers import oracle_policy, shrunk_file
 from typer.testing import CliRunner
 
@@ -28,12 +27,7 @@ cli = CliRunner()
 
 
 def small_spec(tmp_path: Path, name="small-json", base="json-tools", **rules) -> Path:
-    data = load_harness(base).to_dict()
-    data["name"] = name
-    data["rules"].update({"max_steps": 2, "max_new_tokens": 8, **rules})
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
+    return shrunk_file(tmp_path, base, name=name, **{"max_steps": 2, "max_new_tokens": 8, **rules})
 
 
 def test_store_round_trips_trajectories_losslessly(tmp_path, tokenizer):

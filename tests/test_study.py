@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import oracle_policy
+from helpers import oracle_policy, shrunk_file
 from typer.testing import CliRunner
 
 from harnessrl.cli import app
@@ -28,12 +27,7 @@ def small_spec(folder: Path, base: str, name: str) -> Path:
     """A built-in harness with budgets small enough for the tiny random model to finish fast (it
     writes random tokens up to max_new_tokens every step), and large enough for the oracle's and
     the replay's replies (toolcalc: at most two calls and the submit)."""
-    data = load_harness(base).to_dict()
-    data["name"] = name
-    data["rules"].update(max_steps=4, max_new_tokens=64, max_total_tokens=4096)
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+    return shrunk_file(folder, base, name=name, max_steps=4, max_new_tokens=64, max_total_tokens=4096)
 
 
 @pytest.fixture(scope="module")

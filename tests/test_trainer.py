@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from helpers import grpo_trainer
+from helpers import grpo_trainer, shrunk
 from typer.testing import CliRunner
 
 from harnessrl.cli.train import train_app
-from harnessrl.harness.registry import load_harness
-from harnessrl.harness.spec import HarnessSpec
 from harnessrl.tasks.base import Suite
 from harnessrl.train import update as update_module
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, split_mini_batches, token_logprobs
@@ -63,17 +61,9 @@ class TextScore(Suite):
         return []
 
 
-def shrink(name: str, system_prompt: str | None = None, **rules) -> HarnessSpec:
-    data = load_harness(name).to_dict()
-    data["rules"].update(rules)
-    if system_prompt is not None:
-        data["system_prompt"] = system_prompt
-    return HarnessSpec.model_validate(data)
-
-
 # Short prompts keep the full-vocabulary log-softmax of the backward pass cheap.
 SPECS = [
-    shrink(
+    shrunk(
         n,
         system_prompt="Reply with any text.",
         max_steps=1,
@@ -210,7 +200,7 @@ def test_all_zero_advantages_skip_the_optimizer_step(tmp_path, tokenizer):
     """toolcalc through strict one-step harnesses: the random model never scores, every group is flat."""
     from harnessrl.tasks import get_suite
 
-    specs = [shrink(n, max_steps=1, max_new_tokens=8) for n in ("json-tools", "react")]
+    specs = [shrunk(n, max_steps=1, max_new_tokens=8) for n in ("json-tools", "react")]
     config = BASE.replace(suite="toolcalc", steps=1, eval_every=0, save_rollouts=False)
     t = trainer(tmp_path / "flat", config, suite=get_suite("toolcalc"), specs=specs)
     t.run()
@@ -308,7 +298,7 @@ def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(f
     with pytest.raises(TrainError, match=r"different configuration.*lr \(0.0001 -> 0.0002\)"):
         trainer(out, BASE.replace(lr=2e-4), resume=True)
     with pytest.raises(TrainError, match="harness_specs"):
-        trainer(out, resume=True, specs=[shrink("json-tools", max_steps=2), SPECS[1]])
+        trainer(out, resume=True, specs=[shrunk("json-tools", max_steps=2), SPECS[1]])
     with pytest.raises(TrainError, match="already holds a run; use --resume"):
         trainer(out)
     with pytest.raises(TrainError, match="no training run to resume"):
@@ -644,7 +634,7 @@ def test_cli_bad_input_exits_2_with_a_message(args, message, tmp_path):
 def test_cli_mixed_run_end_to_end_and_diverged_exit_code(tmp_path, monkeypatch):
     paths = []
     for spec in SPECS:
-        strict = shrink(spec.name, max_steps=1, max_new_tokens=4, demonstrations=[])
+        strict = shrunk(spec.name, max_steps=1, max_new_tokens=4, demonstrations=[])
         paths.append(tmp_path / f"{spec.name}.yaml")
         paths[-1].write_text(strict.to_yaml())
     args = [

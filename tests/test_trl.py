@@ -22,10 +22,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import shrunk
 from test_trainer import TextScore, lines
 
 from harnessrl.harness.registry import load_harness
-from harnessrl.harness.spec import HarnessSpec
 from harnessrl.train.episode_sequence import PrefixBreak, episode_sequence
 from harnessrl.train.harness_schedule import HarnessSchedule, ScheduleError, batch_advantages
 from harnessrl.train.schedulers import Selection, make_scheduler
@@ -39,15 +39,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 STEPS = 4
 
 
-def shrink(name: str, **rules) -> HarnessSpec:
-    data = load_harness(name).to_dict()
-    data["rules"].update(rules)
-    data["system_prompt"] = "Reply with any text."
-    return HarnessSpec.model_validate(data)
-
+PROMPT = "Reply with any text."  # every harness here: short answers are as good as any
 
 SPECS = [
-    shrink(n, max_steps=2, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+    shrunk(n, system_prompt=PROMPT, max_steps=2, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
     for n in ("plan-execute", "json-tools")
 ]
 
@@ -85,7 +80,9 @@ class Recording:
         return out
 
 
-HELD_OUT = shrink("react", max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True)
+HELD_OUT = shrunk(
+    "react", system_prompt=PROMPT, max_steps=1, max_new_tokens=8, demonstrations=[], plain_text_answer=True
+)
 EVAL = dict(eval_harnesses=[HELD_OUT], eval_every=2, eval_tasks=2, eval_attempts=2)
 
 
@@ -352,7 +349,6 @@ def test_infrastructure_errors_are_left_out_and_the_run_goes_on(tmp_path):
 def test_an_external_agent_program_trains_through_trl(tmp_path):
     """examples/agents/minimal.yaml (an OpenAI-client program of its own, through the recording
     endpoint) as a trained harness: its model calls are the completion, its grade the reward."""
-    from harnessrl.harness.registry import load_harness
     from harnessrl.integrations.trl import HarnessRollout
 
     agent = load_harness(str(Path(__file__).resolve().parents[1] / "examples" / "agents" / "minimal.yaml"))
@@ -409,13 +405,15 @@ def test_a_trained_harness_cannot_be_held_out():
 def test_a_history_window_harness_is_refused_in_words():
     from harnessrl.integrations.trl import HarnessRollout, HarnessRolloutError
 
-    windowed = shrink("json-tools", history_window=2, max_steps=4)
+    windowed = shrunk("json-tools", system_prompt=PROMPT, history_window=2, max_steps=4)
     with pytest.raises(HarnessRolloutError, match="history_window = 2 below its max_steps.*harnessrl train"):
         HarnessRollout(TextScore(), [SPECS[0], windowed])
-    elided = shrink("json-tools", observation_window=1, max_steps=4)
+    elided = shrunk("json-tools", system_prompt=PROMPT, observation_window=1, max_steps=4)
     with pytest.raises(HarnessRolloutError, match="observation_window = 1 below"):
         HarnessRollout(TextScore(), [SPECS[0], elided])
-    HarnessRollout(TextScore(), [SPECS[0], shrink("json-tools", history_window=4, max_steps=4)])  # never acts
+    HarnessRollout(
+        TextScore(), [SPECS[0], shrunk("json-tools", system_prompt=PROMPT, history_window=4, max_steps=4)]
+    )  # never acts
 
 
 def fake_args(**overrides):
