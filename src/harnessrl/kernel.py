@@ -12,13 +12,18 @@ once before its own work, the same way for all of them.
 - **the models**, each chosen once (harnessrl.models.choice): spec parsed and checked, a local
   model's device and dtype resolved on this machine, the API-key variable named. The job and
   `load_policy` take the ModelChoice and resolve nothing again.
-- **the suite, its tasks and the harnesses** a job's options name (`job_suite`, `job_tasks`,
-  `job_split`, `job_harness`, `job_harnesses`): read once, each refusal naming the option;
-  what the run folder records of them and of the options, one way (`job_record`).
+- **the suite, its tasks and the harnesses** a job's options name: each config marks those
+  fields (harnessrl.config.Reads) and `read_inputs` reads them once into `JobContext.inputs`
+  (through `job_suite`, `job_tasks`, `job_split`, `job_harness`, `job_harnesses`), each refusal
+  naming the option; objects a library caller built may stand in for names (`objects`); what the
+  run folder records of them and of the options, one way (`job_record`).
+- **the preflight** (`--preflight`, eval and train grpo): `preflight_inputs`.
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
 - **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
 
-The job's entries (harnessrl.jobs.entries) call `enter` and then the job with its context.
+The context also carries how the job reports (progress, log, console) and where its episodes
+run (executor). The job's entries (harnessrl.jobs.entries) call `enter` and then the job with its
+context, which it takes whole: `run_eval(ctx)`, `Trainer(ctx)`, ...
 """
 
 from __future__ import annotations
