@@ -343,6 +343,7 @@ def test_every_option_naming_a_suite_harness_or_tasks_is_read_by_the_kernel_and_
 
 
 def test_the_context_holds_what_the_options_name_and_objects_given_in_their_place(tmp_path):
+    from harnessrl.config import EvalConfig
     from harnessrl.harness.registry import load_harness
     from harnessrl.harness.spec import parse_spec
     from harnessrl.improve import ImproveConfig
@@ -358,6 +359,11 @@ def test_the_context_holds_what_the_options_name_and_objects_given_in_their_plac
     ctx = kernel.enter("train grpo", TrainConfig(model="tiny-random"), tmp_path / "t", objects={"harnesses": [spec]})
     assert ctx.config.harnesses == ["react-short"] and ctx.inputs.harnesses["harnesses"] == [spec]
     assert "eval_harnesses" not in ctx.inputs.harnesses  # none held out: nothing read
+    # a split another option names: a split the suite lacks is that option's fault
+    with pytest.raises(JobError, match="^--split: unknown split 'nope'"):
+        kernel.enter("eval", EvalConfig(model="tiny-random", split="nope"), tmp_path / "e")
+    with pytest.raises(JobError, match="^--tasks: split 'dev' of suite 'toolcalc' has 48 tasks; asked for 99"):
+        kernel.enter("eval", EvalConfig(model="tiny-random", suite="toolcalc", tasks=99), tmp_path / "e")
     # an agent program given where the job needs harnessrl's own loop is still refused, by option
     external = parse_spec({"name": "ext", "kind": "external", "command": ["true"]}, "test")
     with pytest.raises(JobError, match="^--seed-harness: .*external agent program"):

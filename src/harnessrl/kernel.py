@@ -350,6 +350,8 @@ def read_inputs(config: Options, error: type[JobError] = JobError, given: Mappin
             harnesses[name] = list(given[name]) if name in given else job_harnesses(list(value), option, error)
         else:
             split = getattr(config, mark.split[1:]) if mark.split.startswith("@") else mark.split
+            if mark.split.startswith("@") and split not in suite.split_sizes:  # the option naming it is at fault
+                option = option_name(mark.split[1:])
             if mark.kind == "tasks":
                 tasks[name] = job_tasks(suite, split, value, option, error)
             else:
