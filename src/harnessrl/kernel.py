@@ -289,13 +289,12 @@ def job_harness(text: str, option: str, error: type[JobError] = JobError, *, loo
     harnessrl's own control loop (editing prompts, re-rendering conversations): an external
     agent program is refused there."""
     from harnessrl.harness.registry import load_harness
-    from harnessrl.harness.spec import require_loop_harness
 
     try:
         spec = load_harness(text)
-        return spec if loop_for is None else require_loop_harness(spec, loop_for)
     except ValueError as e:
         raise error(f"{option}: {e}") from None
+    return spec if loop_for is None else _loop(spec, loop_for, option, error)
 
 
 def job_harnesses(texts: list[str], option: str, error: type[JobError] = JobError) -> list[Any]:
@@ -412,14 +411,13 @@ def enter(
     """A job's context (see the module docstring), to run the job in as `with enter(...) as ctx:`
     (the options are kept in `out` when the block ends and the job has started a run there).
     `models(config)` lists the job's model options once the resume rule has filled the config in
-    (default: `config_models`);
-    then what the options name is read (`read_inputs`; `objects`: those a library caller built,
-    by field). `isolation="required"` (the run option `--isolation required`): a JobError unless
-    bubblewrap isolates sandboxed commands here, and from then on every sandboxed command of this
-    process refuses to run without it. `error`: the job's JobError class, for its refusals.
-    `progress`, `log`, `console`, `executor`: how the job reports and where its episodes run;
-    `preflight`: the run option of that name (`preflight_inputs`).
-    Nothing is written here: a refusal leaves the folder as it was."""
+    (default: `config_models`); then what the options name is read (`read_inputs`; `objects`:
+    those a library caller built, by field). `isolation="required"` (the run option
+    `--isolation required`): a JobError unless bubblewrap isolates sandboxed commands here, and
+    from then on every sandboxed command of this process refuses to run without it. `error`: the
+    job's JobError class, for its refusals. `progress`, `log`, `console`, `executor`: how the job
+    reports and where its episodes run; `preflight`: the run option of that name
+    (`preflight_inputs`). Nothing is written here: a refusal leaves the folder as it was."""
     out = Path(out)
     if isolation == "required":
         from harnessrl.tasks.sandbox_exec import IsolationRequired, require_isolation
