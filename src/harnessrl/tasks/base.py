@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, NotRequired, TypedDict
 
+from harnessrl.tasks import untrusted
 from harnessrl.types import Grade, ToolSchema
 
 
@@ -118,8 +117,10 @@ MAX_WORKSPACE_BYTES = 4 * 1024 * 1024
 class Workspace:
     """A temporary directory that the agent's tools may touch, and nothing else.
 
-    `resolve` refuses absolute paths, `..` components and symlinks that lead outside with
-    ToolBlocked; the byte limits are enforced by the file tools (tasks/workspace.py).
+    Every host read and write under it goes through harnessrl.tasks.untrusted (no link followed,
+    no FIFO or device opened, reads capped). `parts` turns a model-given path into the
+    components those calls take, refusing absolute paths and `..` with ToolBlocked; the byte
+    limits are enforced by the file tools (tasks/workspace.py).
     """
 
     def __init__(self, max_write_bytes: int = MAX_WRITE_BYTES, max_total_bytes: int = MAX_WORKSPACE_BYTES):
@@ -127,51 +128,41 @@ class Workspace:
         self.max_write_bytes = max_write_bytes
         self.max_total_bytes = max_total_bytes
 
-    # -- path resolution ------------------------------------------------------------------------
-    def resolve(self, path: str) -> Path:
-        """Map a model-given relative path to a real path inside the workspace, or refuse."""
+    # -- path checking --------------------------------------------------------------------------
+    def parts(self, path: str) -> list[str]:
+        """A model-given relative path as its components ([] for the workspace itself), or
+        ToolBlocked for a non-string, a NUL byte, an absolute path or `..`."""
         if not isinstance(path, str):
             raise ToolBlocked(f"path must be a string, got {type(path).__name__}", "invalid_arguments")
-        if "\x00" in path:
-            raise ToolBlocked("path contains a NUL byte", "sandbox")
-        p = path.strip()
-        if p in ("", ".", "./"):
-            return self.root
-        if p.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:[\\/]", p):
-            raise ToolBlocked(f"'{path}' is an absolute path; use a path relative to the workspace", "sandbox")
-        parts = re.split(r"[\\/]+", p)
-        if ".." in parts:
-            raise ToolBlocked(f"'{path}' leaves the workspace ('..' is not allowed)", "sandbox")
-        target = self.root.joinpath(*[x for x in parts if x not in ("", ".")])
-        real = Path(os.path.realpath(target))
-        if real != self.root and self.root not in real.parents:
-            raise ToolBlocked(f"'{path}' resolves outside the workspace (symlink)", "sandbox")
-        return target
-
-    def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
+        try:
+            return untrusted.parts_of(path.strip())
+        except untrusted.Refused as e:
+            if "NUL" in str(e):
+                raise ToolBlocked("path contains a NUL byte", "sandbox") from None
+            if e.reason == "outside" and ".." in str(e):
+                raise ToolBlocked(f"'{path}' leaves the workspace ('..' is not allowed)", "sandbox") from None
+            raise ToolBlocked(
+                f"'{path}' is an absolute path; use a path relative to the workspace", "sandbox"
+            ) from None
 
     # -- helpers used by task setup and graders ---------------------------------------------------
     def write(self, rel_path: str, content: str) -> None:
-        target = self.root / rel_path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        untrusted.write_text(self.root, rel_path, content)
 
     def read(self, rel_path: str) -> str | None:
-        target = self.root / rel_path
-        if not target.is_file():
-            return None
+        """The text of a regular file, None when it is missing or not one the host will read
+        (a link, a hard link, a FIFO...: an agent's leftovers are never followed)."""
         try:
-            return target.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            return target.read_bytes().decode("utf-8", "replace")
+            return untrusted.read_text(self.root, rel_path, self.max_total_bytes)
+        except untrusted.Refused:
+            return None
 
     def files(self) -> list[str]:
-        """All regular files, relative, sorted."""
-        return sorted(self.rel(p) for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+        """All regular files, relative, sorted (links are not files)."""
+        return [e.rel for e in untrusted.walk(self.root) if e.kind == "file"]
 
     def total_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+        return untrusted.total_file_bytes(self.root)
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,16 +1,24 @@
 """The file tools that act on an episode's workspace.
 
-Every path a tool receives is resolved inside the episode's temporary workspace (`Workspace`,
-the sandbox an `Environment` holds; defined in tasks/base.py and importable from here as well).
-Absolute paths, `..` components, symlinks that lead outside, and oversize writes are refused
-with ToolBlocked (recorded as a blocked call, with a message the model can act on).
+Every path a tool receives is a path relative to the episode's temporary workspace (`Workspace`,
+the sandbox an `Environment` holds; defined in tasks/base.py and importable from here as well),
+and every read and write goes through harnessrl.tasks.untrusted: each folder on the way is
+opened relative to the one before without following a link, so a link the agent (or a program
+it started) left, or swaps in while a call runs, is refused and never followed. Absolute paths,
+`..`, links, hard-linked files, FIFOs and devices, and oversize writes are refused with
+ToolBlocked (recorded as a blocked call, with a message the model can act on).
 """
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment, Tool, ToolBlocked, ToolFailed, Workspace
 
 MAX_READ_CHARS = 8000  # what the model is shown of one file
+MAX_READ_BYTES = 4 * MAX_READ_CHARS  # what is read of one file to show those characters
+MAX_SEARCH_BYTES = 1 << 20  # what search_text reads of one file
 
 
 # ----------------------------------------------------------------------------------------------
@@ -21,6 +29,24 @@ def _ws(env: Environment) -> Workspace:
     if env.workspace is None:
         raise RuntimeError("this tool needs a workspace, and the task has none")
     return env.workspace
+
+
+def _blocked(path: str, e: untrusted.Refused) -> ToolBlocked | ToolFailed:
+    """A refusal of the untrusted-file layer as the model sees it: a link or a linked file is a
+    blocked call (it points outside, or may), a missing file an ordinary failure."""
+    if e.reason == "missing":
+        return ToolFailed(f"no such file or directory: {path}")
+    if e.reason == "link":
+        return ToolBlocked(f"'{path}' resolves outside the workspace (symlink): links are not followed", "sandbox")
+    if e.reason == "hardlink":
+        return ToolBlocked(f"'{path}' is a hard-linked file: it is not read or written", "sandbox")
+    if e.reason == "not_regular":
+        return ToolFailed(f"{path}: {e}")
+    return ToolBlocked(f"'{path}': {e}", "sandbox")
+
+
+def _rel(ws: Workspace, path: str) -> PurePosixPath:
+    return PurePosixPath(*ws.parts(path)) if ws.parts(path) else PurePosixPath(".")
 
 
 def _check_write(ws: Workspace, content: str, existing: int = 0) -> bytes:
@@ -36,107 +62,147 @@ def _check_write(ws: Workspace, content: str, existing: int = 0) -> bytes:
 
 def list_dir(env: Environment, path: str = ".") -> str:
     ws = _ws(env)
-    target = ws.resolve(path)
-    if not target.exists():
-        raise ToolFailed(f"no such directory: {path}")
-    if not target.is_dir():
-        raise ToolFailed(f"not a directory: {path}")
-    entries = []
-    for child in sorted(target.iterdir()):
-        entries.append(child.name + ("/" if child.is_dir() else ""))
-    return "\n".join(entries) if entries else "(empty directory)"
+    rel = _rel(ws, path)
+    try:
+        found = untrusted.entries(ws.root, rel)
+    except untrusted.Refused as e:
+        if e.reason == "missing":
+            raise ToolFailed(f"no such directory: {path}") from None
+        if e.reason == "not_regular":
+            raise ToolFailed(f"not a directory: {path}") from None
+        raise _blocked(path, e) from None
+    names = [PurePosixPath(x.rel).name + ("/" if x.kind == "dir" else "") for x in found]
+    return "\n".join(names) if names else "(empty directory)"
 
 
 def read_file(env: Environment, path: str) -> str:
     ws = _ws(env)
-    target = ws.resolve(path)
-    if not target.is_file():
+    rel = _rel(ws, path)
+    if str(rel) == ".":
         raise ToolFailed(f"no such file: {path}")
-    text = target.read_bytes().decode("utf-8", "replace")
+    try:
+        text = untrusted.read_text(ws.root, rel, MAX_READ_BYTES, truncate=True)
+    except untrusted.Refused as e:
+        if e.reason in ("missing", "not_regular"):
+            raise ToolFailed(f"no such file: {path}") from None
+        raise _blocked(path, e) from None
     if len(text) > MAX_READ_CHARS:
-        return text[:MAX_READ_CHARS] + f"\n[... truncated, {len(text) - MAX_READ_CHARS} more characters]"
+        return text[:MAX_READ_CHARS] + "\n[... truncated: the file is longer than shown]"
     return text
+
+
+def _existing_size(ws: Workspace, rel: PurePosixPath, path: str) -> int:
+    try:
+        st = untrusted.lstat(ws.root, rel)
+    except untrusted.Refused as e:
+        raise _blocked(path, e) from None
+    if st is not None and untrusted.kind(ws.root, rel) == "dir":
+        raise ToolFailed(f"{path} is a directory")
+    return st.st_size if st is not None else 0
 
 
 def write_file(env: Environment, path: str, content: str) -> str:
     ws = _ws(env)
-    target = ws.resolve(path)
-    if target == ws.root or target.is_dir():
+    rel = _rel(ws, path)
+    if str(rel) == ".":
         raise ToolFailed(f"{path} is a directory")
-    existing = target.stat().st_size if target.is_file() else 0
-    data = _check_write(ws, content, existing)
-    try:  # e.g. a parent path is an existing file: an ordinary failure, not an infra error
-        target.parent.mkdir(parents=True, exist_ok=True)
-        ws.resolve(path)  # re-check: a parent created above must not be a symlink out
-        target.write_bytes(data)
-    except OSError as exc:
-        raise ToolFailed(f"cannot write {path}: {exc.strerror or exc}") from None
-    return f"Wrote {len(data)} bytes to {ws.rel(target)}."
+    data = _check_write(ws, content, _existing_size(ws, rel, path))
+    _write(ws, rel, path, data, append=False)
+    return f"Wrote {len(data)} bytes to {rel.as_posix()}."
 
 
 def append_file(env: Environment, path: str, content: str) -> str:
     ws = _ws(env)
-    target = ws.resolve(path)
-    if target == ws.root or target.is_dir():
+    rel = _rel(ws, path)
+    if str(rel) == ".":
         raise ToolFailed(f"{path} is a directory")
+    _existing_size(ws, rel, path)
     data = _check_write(ws, content)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target, "ab") as fh:
-            fh.write(data)
+    _write(ws, rel, path, data, append=True)
+    return f"Appended {len(data)} bytes to {rel.as_posix()}."
+
+
+def _write(ws: Workspace, rel: PurePosixPath, path: str, data: bytes, append: bool) -> None:
+    try:  # e.g. a parent path is an existing file: an ordinary failure, not an infra error
+        untrusted.write_bytes(ws.root, rel, data, append=append)
+    except untrusted.Refused as e:
+        if e.reason in ("missing", "not_regular"):
+            raise ToolFailed(f"cannot write {path}: {e}") from None
+        raise _blocked(path, e) from None
     except OSError as exc:
-        raise ToolFailed(f"cannot append to {path}: {exc.strerror or exc}") from None
-    return f"Appended {len(data)} bytes to {ws.rel(target)}."
+        raise ToolFailed(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def move_file(env: Environment, source: str, destination: str) -> str:
     ws = _ws(env)
-    src = ws.resolve(source)
-    dst = ws.resolve(destination)
-    if not src.exists() or src == ws.root:
-        raise ToolFailed(f"no such file: {source}")
-    if dst.is_dir():
-        dst = dst / src.name
-    if dst.exists():
-        raise ToolFailed(f"destination exists: {destination}")
-    try:  # e.g. a parent of the destination is a file, or a folder moved into itself
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        src.rename(dst)
-    except OSError as exc:
+    src, dst = _rel(ws, source), _rel(ws, destination)
+    try:
+        src_kind = untrusted.kind(ws.root, src) if str(src) != "." else None
+        if src_kind is None:
+            raise ToolFailed(f"no such file: {source}")
+        if src_kind == "link":
+            raise untrusted.Refused(f"{source} is a symbolic link", "link")
+        if str(dst) == "." or untrusted.kind(ws.root, dst) == "dir":
+            dst = (dst / src.name) if str(dst) != "." else PurePosixPath(src.name)
+        dst_kind = untrusted.kind(ws.root, dst)
+        if dst_kind == "link":
+            raise untrusted.Refused(f"{destination} is a symbolic link", "link")
+        if dst_kind is not None:
+            raise ToolFailed(f"destination exists: {destination}")
+        untrusted.rename(ws.root, src, dst)
+    except untrusted.Refused as e:
+        raise _blocked(f"{source} -> {destination}", e) from None
+    except OSError as exc:  # e.g. a folder moved into itself
         raise ToolFailed(f"cannot move {source} to {destination}: {exc.strerror or exc}") from None
-    return f"Moved {source} to {ws.rel(dst)}."
+    return f"Moved {source} to {dst.as_posix()}."
 
 
 def delete_file(env: Environment, path: str) -> str:
     ws = _ws(env)
-    target = ws.resolve(path)
-    if target == ws.root:
+    rel = _rel(ws, path)
+    if str(rel) == ".":
         raise ToolBlocked("refusing to delete the workspace itself", "sandbox")
-    if target.is_symlink() or target.is_file():
-        target.unlink()
-    elif target.is_dir():
-        if any(target.iterdir()):
-            raise ToolFailed(f"directory not empty: {path}")
-        target.rmdir()
-    else:
+    try:
+        if untrusted.kind(ws.root, rel) == "link":
+            raise untrusted.Refused(f"{path} is a symbolic link", "link")
+        removed = untrusted.remove(ws.root, rel)
+    except untrusted.Refused as e:
+        raise _blocked(path, e) from None
+    except OSError as exc:
+        if exc.errno == 39:  # ENOTEMPTY
+            raise ToolFailed(f"directory not empty: {path}") from None
+        raise ToolFailed(f"cannot delete {path}: {exc.strerror or exc}") from None
+    if not removed:
         raise ToolFailed(f"no such file: {path}")
     return f"Deleted {path}."
 
 
 def search_text(env: Environment, query: str, path: str = ".") -> str:
     ws = _ws(env)
-    base = ws.resolve(path)
+    rel = _rel(ws, path)
     if not query:
         raise ToolFailed("query must not be empty")
     hits = []
-    candidates = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file())
+    try:
+        k = untrusted.kind(ws.root, rel)
+        if k is None:
+            raise ToolFailed(f"no such file or directory: {path}")
+        if k == "link":
+            raise untrusted.Refused(f"{path} is a symbolic link", "link")
+        if k == "dir":
+            candidates = [PurePosixPath(e.rel) for e in untrusted.walk(ws.root, rel) if e.kind == "file"]
+        else:
+            candidates = [rel] if k == "file" else []
+    except untrusted.Refused as e:
+        raise _blocked(path, e) from None
     for f in candidates:
-        if f.is_symlink():
-            continue
-        text = f.read_bytes().decode("utf-8", "replace")
+        try:
+            text = untrusted.read_text(ws.root, f, MAX_SEARCH_BYTES, truncate=True)
+        except untrusted.Refused:
+            continue  # a link, a hard link, a FIFO, or swapped since the walk: never read
         for lineno, line in enumerate(text.splitlines(), 1):
             if query in line:
-                hits.append(f"{ws.rel(f)}:{lineno}: {line[:200]}")
+                hits.append(f"{f.as_posix()}:{lineno}: {line[:200]}")
                 if len(hits) >= 50:
                     return "\n".join(hits) + "\n[... more matches not shown]"
     return "\n".join(hits) if hits else f"no matches for '{query}'"

@@ -7,37 +7,40 @@ Layout: PATH holds one folder per task (or PATH is one task folder):
       input_files/        optional; copied to input_mount_dir when that key is set
       reward/reward.sh    run after the episode; its last stdout line is the score in [0, 1]
 
-As ClawGym's rollout does: the agent's workspace is `/root/.openclaw/workspace`;
-`input_mount_dir` must lie under it; after the episode `reward/` is copied to
-`<workspace>/reward/`, a payload `{task_id, user_query, metadata, final_message, transcript}` is
-written to `<workspace>/.openclaw_reward_payload.json` and named by `OPENCLAW_REWARD_PAYLOAD`,
-and `bash /root/.openclaw/workspace/reward/reward.sh` runs with HOME=/root, LC_ALL=C.UTF-8 and a
-120 s limit. The sandboxed shell (and the grader) see the live workspace at that path. Unlike
-ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout or a last line that
-is not a number in [0, 1] is an infrastructure error with the reason.
+As ClawGym's rollout does: the agent's workspace is `/root/.openclaw/workspace`; `input_mount_dir`
+must lie under it; after the episode `reward/` is copied to `<workspace>/reward/` (replacing
+whatever the agent left there, links removed, never followed), a payload `{task_id, user_query,
+metadata, final_message, transcript}` is written to `<workspace>/.openclaw_reward_payload.json` and
+named by `OPENCLAW_REWARD_PAYLOAD`, and `bash /root/.openclaw/workspace/reward/reward.sh` runs with
+HOME=/root, LC_ALL=C.UTF-8 and a 120 s limit, in the folder `reward/` (not the workspace) and with
+Python kept from importing what the agent left (`isolated_python`: the working folder is not put on
+its path; `reward/` is). The sandboxed shell (and the grader) see the live workspace at that path.
+Unlike ClawGym, which scores a failing reward script 0.0, a non-zero exit, a timeout or a last line
+that is not a number in [0, 1] is an infrastructure error with the reason.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.importers.common import (
+    GraderError,
     ImportedSuite,
     TaskEntry,
     TaskLoadError,
     broken,
     copy_tree_into,
     grader_failed,
+    isolated_python,
     openclaw_transcript,
     parse_unit_float,
     read_text,
     run_grader,
     working_directory_note,
-    write_json,
 )
 from harnessrl.types import Grade
 
@@ -103,7 +106,8 @@ class ClawGymSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             if mount is not None:  # as ClawGym: input_files/ is used only when a mount dir is named
-                copy_tree_into(folder / "input_files", env.require_workspace().root / _mount_inside_workspace(mount))
+                ws = env.require_workspace().root
+                copy_tree_into(folder / "input_files", ws, _mount_inside_workspace(mount))
 
         def grader(env: Environment) -> Grade:
             return self._grade(folder, entry, env)
@@ -120,12 +124,6 @@ class ClawGymSuite(ImportedSuite):
 
     def _grade(self, folder: Path, entry: dict[str, Any], env: Environment) -> Grade:
         ws: Path = env.require_workspace().root
-        reward_dst = ws / "reward"
-        if reward_dst.is_symlink() or reward_dst.is_file():
-            reward_dst.unlink()
-        elif reward_dst.exists():
-            shutil.rmtree(reward_dst)
-        shutil.copytree(folder / "reward", reward_dst)
         payload = {
             "task_id": entry["task_id"],
             "user_query": entry["user_query"],
@@ -133,17 +131,26 @@ class ClawGymSuite(ImportedSuite):
             "final_message": env.answer or "",
             "transcript": openclaw_transcript(env, entry["user_query"], WORKSPACE),
         }
-        write_json(ws / PAYLOAD_NAME, payload)
+        try:  # whatever the agent left at reward/ or at the payload's name is replaced, never followed
+            untrusted.remove(ws, "reward", tree=True)
+            untrusted.copy_in(folder / "reward", ws, "reward")
+            untrusted.remove(ws, PAYLOAD_NAME, tree=True)
+            untrusted.write_text(ws, PAYLOAD_NAME, json.dumps(payload))
+        except untrusted.Refused as e:
+            raise GraderError(f"cannot lay out the grader's files in the workspace: {e}") from None
         result = run_grader(
             ["bash", f"{WORKSPACE}/reward/reward.sh"],
             workdir=ws,
             mounts={WORKSPACE: ws},
-            cwd=WORKSPACE,
+            # not the workspace: an interpreter the script starts must not import what the agent
+            # planted there (`python3 -` puts its working folder first on its path)
+            cwd=f"{WORKSPACE}/reward",
             env={
                 "OPENCLAW_REWARD_PAYLOAD": f"{WORKSPACE}/{PAYLOAD_NAME}",
                 "HOME": "/root",
                 "LC_ALL": "C.UTF-8",
                 "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                **isolated_python(f"{WORKSPACE}/reward"),
             },
             limits=self.limits_for(REWARD_TIMEOUT_S),
         )

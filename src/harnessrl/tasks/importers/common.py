@@ -15,9 +15,7 @@ from `Task.grade`, which the runner records as an infrastructure error too (neve
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -25,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import SPLITS, SUBMIT_TOOL, Environment, Suite, Task, Tool
 from harnessrl.tasks.workspace import WORKSPACE_TOOLS
 from harnessrl.types import Grade
@@ -33,6 +32,7 @@ if TYPE_CHECKING:  # the sandbox module is imported when a grader runs
     from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult
 
 MAX_REASON_CHARS = 600  # of grader output quoted in an error
+MAX_GRADER_OUTPUT_BYTES = 1 << 20  # what is read of a file a grader wrote
 PYTHON = "python3"  # Python graders run on the system interpreter (stdlib only), as at home
 
 
@@ -211,15 +211,49 @@ def read_text(path: Path, what: str) -> str:
         raise TaskLoadError(f"cannot read {what} {path}: {e}") from None
 
 
-def copy_tree_into(source: Path, target: Path) -> None:
-    """Copy the contents of `source` into `target` (merging, like `cp -r source/. target`)."""
-    target.mkdir(parents=True, exist_ok=True)
-    for child in sorted(source.iterdir()):
-        dest = target / child.name
-        if child.is_dir():
-            shutil.copytree(child, dest, dirs_exist_ok=True, symlinks=True)
+def copy_tree_into(source: Path, root: Path, rel: str | PurePosixPath = ".") -> None:
+    """Copy the contents of the task's folder `source` into `rel` under the workspace `root`
+    (merging, like `cp -r source/. target`), through harnessrl.tasks.untrusted: no link that
+    stands in the workspace on the way is followed."""
+    try:
+        untrusted.copy_in(source, root, rel)
+    except untrusted.Refused as e:
+        raise TaskLoadError(f"cannot copy {source.name} into the workspace: {e}") from None
+
+
+def copy_file_into(source: Path | str | bytes, root: Path, rel: str | PurePosixPath) -> None:
+    """A task file (or its text or bytes) written to `rel` under the workspace `root`, its
+    folders made, through harnessrl.tasks.untrusted."""
+    try:
+        if isinstance(source, Path):
+            untrusted.copy_in(source, root, rel)
         else:
-            shutil.copy2(child, dest)
+            untrusted.write_bytes(root, rel, source.encode("utf-8") if isinstance(source, str) else source)
+    except untrusted.Refused as e:
+        raise TaskLoadError(f"cannot write {rel} into the workspace: {e}") from None
+
+
+def isolated_python(*trusted: str) -> dict[str, str]:
+    """The environment that keeps a Python a grader starts from importing what the agent left:
+    its working folder and its script's folder are not put on its path (PYTHONSAFEPATH, Python
+    3.11 and later), no user site, no byte-code written; only the `trusted` folders (the task's
+    own grader files, inside the sandbox) are on PYTHONPATH."""
+    out = {"PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if trusted:
+        out["PYTHONPATH"] = ":".join(trusted)
+    return out
+
+
+def read_grader_output(folder: Path, rel: str, what: str, cap: int = MAX_GRADER_OUTPUT_BYTES) -> str | None:
+    """A file a grader wrote in its own folder (a program it ran may have been the agent's), read
+    through harnessrl.tasks.untrusted; None when it is missing, GraderError when it is a link, a
+    hard link, a FIFO or device, or larger than `cap`."""
+    try:
+        return untrusted.read_text(folder, rel, cap)
+    except untrusted.Refused as e:
+        if e.reason == "missing":
+            return None
+        raise GraderError(f"{what} is not read: {e}") from None
 
 
 def relative_inside(path: str, what: str) -> PurePosixPath:
@@ -364,8 +398,3 @@ def parse_unit_float(text: str, what: str) -> float:
     if not 0.0 <= value <= 1.0:  # also refuses nan
         raise GraderError(f"{what} {value!r} is outside [0, 1]")
     return value
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data), encoding="utf-8")

@@ -52,12 +52,15 @@ from harnessrl.tasks.importers.common import (
     copy_tree_into,
     mount_point_problem,
     parse_unit_float,
+    read_grader_output,
     read_text,
     run_grader,
     scratch_folder,
     working_directory_note,
 )
 from harnessrl.types import Grade
+
+MAX_REWARD_BYTES = 64 * 1024  # what is read of reward.txt / reward.json
 
 DEFAULT_WORKDIR = "/app"
 DEFAULT_VERIFIER_TIMEOUT_S = 600.0
@@ -251,12 +254,7 @@ class HarborSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             for source, rel in local.copies:
-                target = env.require_workspace().root / rel
-                if source.is_dir():
-                    copy_tree_into(source, target)
-                else:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(source, target)
+                copy_tree_into(source, env.require_workspace().root, rel)
 
         def grader(env: Environment) -> Grade:
             run_env = {**local.env, **resolve_verifier_env(verifier_env, name)}
@@ -301,8 +299,11 @@ class HarborSuite(ImportedSuite):
             try:
                 score, rewards = read_reward(logs / "verifier", result.returncode)
             except GraderError as e:
-                output = (logs / "verifier" / TEST_OUTPUT).read_text(encoding="utf-8", errors="replace").strip()
-                raise GraderError(f"{e}; test.sh output: {output[-MAX_REASON_CHARS:] or '(none)'}") from None
+                try:
+                    output = read_grader_output(logs / "verifier", TEST_OUTPUT, "test.sh's output") or ""
+                except GraderError as refused:
+                    output = str(refused)
+                raise GraderError(f"{e}; test.sh output: {output.strip()[-MAX_REASON_CHARS:] or '(none)'}") from None
         return Grade(
             score=score,
             subscores={"reward": score},
@@ -331,13 +332,16 @@ def resolve_verifier_env(env: dict[str, Any], name: str) -> dict[str, str]:
 
 def read_reward(verifier_dir: Path, returncode: int | None) -> tuple[float, dict[str, float]]:
     """(score, all reward values) from reward.txt, else reward.json, as Harbor reads them."""
-    txt, js = verifier_dir / "reward.txt", verifier_dir / "reward.json"
-    if txt.is_file():
-        score = parse_unit_float(txt.read_text(encoding="utf-8", errors="replace"), "/logs/verifier/reward.txt")
+    # what tests/test.sh left may have been written by the agent's own program (the tests run it):
+    # a link, a FIFO or a huge file there is refused by name, never followed or read whole
+    txt = read_grader_output(verifier_dir, "reward.txt", "/logs/verifier/reward.txt", MAX_REWARD_BYTES)
+    if txt is not None:
+        score = parse_unit_float(txt, "/logs/verifier/reward.txt")
         return score, {"reward": score}
-    if js.is_file():
+    js = read_grader_output(verifier_dir, "reward.json", "/logs/verifier/reward.json", MAX_REWARD_BYTES)
+    if js is not None:
         try:
-            data = json.loads(js.read_text(encoding="utf-8", errors="replace"))
+            data = json.loads(js)
         except json.JSONDecodeError as e:
             raise GraderError(f"/logs/verifier/reward.json is not JSON: {e}") from None
         if (

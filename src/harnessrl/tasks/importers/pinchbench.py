@@ -39,14 +39,15 @@ from harnessrl.tasks.importers.common import (
     TaskEntry,
     TaskLoadError,
     broken,
+    copy_file_into,
     grader_failed,
     openclaw_transcript,
+    read_grader_output,
     read_text,
     relative_inside,
     run_grader,
     scratch_folder,
     working_directory_note,
-    write_json,
 )
 from harnessrl.types import Grade
 
@@ -197,12 +198,7 @@ class PinchBenchSuite(ImportedSuite):
 
         def setup(env: Environment) -> None:
             for dest, source in files:
-                target = env.require_workspace().root / dest
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if isinstance(source, Path):
-                    target.write_bytes(source.read_bytes())
-                else:
-                    target.write_text(source, encoding="utf-8")
+                copy_file_into(source, env.require_workspace().root, dest)
 
         def grader(env: Environment) -> Grade:
             return self._grade(task_id, grading_type, code, weights, prompt, sections, env)
@@ -254,9 +250,10 @@ class PinchBenchSuite(ImportedSuite):
             grader_dir = scratch
             (grader_dir / "checks.py").write_text(code, encoding="utf-8")
             (grader_dir / "driver.py").write_text(_DRIVER, encoding="utf-8")
-            write_json(grader_dir / "transcript.json", transcript)
+            (grader_dir / "transcript.json").write_text(json.dumps(transcript), encoding="utf-8")
             result = run_grader(
-                [PYTHON, f"{GRADER_DIR}/driver.py", GRADER_DIR, WORKSPACE],
+                # -I: the grader's Python imports nothing from the workspace (its working folder)
+                [PYTHON, "-I", f"{GRADER_DIR}/driver.py", GRADER_DIR, WORKSPACE],
                 workdir=grader_dir,
                 mounts={WORKSPACE: env.require_workspace().root, GRADER_DIR: grader_dir},
                 cwd=WORKSPACE,
@@ -265,10 +262,9 @@ class PinchBenchSuite(ImportedSuite):
             )
             if result.returncode != 0:
                 raise grader_failed("the Automated Checks grade() failed", result)
-            out = grader_dir / "scores.json"
             try:
-                raw = json.loads(out.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
+                raw = json.loads(read_grader_output(grader_dir, "scores.json", "grade()'s result") or "")
+            except json.JSONDecodeError as e:
                 raise GraderError(f"grade() left no readable result: {e}") from None
         return _numeric_scores(raw)
 

@@ -4,7 +4,7 @@ reads, the judge it may ask, and Claw-Eval's score formula over what it returns.
 from __future__ import annotations
 
 import base64
-import glob
+import fnmatch
 import json
 import mimetypes
 import os
@@ -13,6 +13,7 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment, Workspace
 from harnessrl.tasks.importers.claweval.sandbox import (
     WORKSPACE,
@@ -28,6 +29,7 @@ from harnessrl.types import Grade
 
 PASS_THRESHOLD = 0.75
 COMPLETION_WEIGHT, ROBUSTNESS_WEIGHT = 0.80, 0.20
+MAX_SNAPSHOT_BYTES = 8 << 20  # what is read of one workspace file for the grader's snapshot
 
 
 def task_score(completion: float, robustness: float, safety: float) -> float:
@@ -76,8 +78,9 @@ def env_snapshot(tf: TaskFile, ws: Workspace) -> dict[str, Any]:
     return snapshot
 
 
-def _host_path(path: str, ws: Workspace) -> Path | None:
-    """The host file behind a sandbox path (absolute under /workspace, or relative to it)."""
+def _workspace_rel(path: str) -> PurePosixPath | None:
+    """The workspace-relative form of a sandbox path (absolute under /workspace, or relative to
+    it), or None for one outside it."""
     p = PurePosixPath(path)
     if p.is_absolute():
         try:
@@ -86,23 +89,55 @@ def _host_path(path: str, ws: Workspace) -> Path | None:
             return None
     if ".." in p.parts:
         return None
-    return ws.root.joinpath(*p.parts)
+    return p
 
 
 def _glob_workspace(pattern: str, ws: Workspace) -> list[str]:
-    host = _host_path(pattern, ws)
-    if host is None:
+    """The regular files under the workspace that `pattern` matches (as Claw-Eval's glob, `**`
+    included), found by a walk that never enters a link; at most 50, as Claw-Eval."""
+    rel = _workspace_rel(pattern)
+    if rel is None:
         return []
-    found = sorted(glob.glob(str(host), recursive=True))[:50]  # Claw-Eval's max_files
-    return [f"{WORKSPACE}/{Path(f).relative_to(ws.root).as_posix()}" for f in found if Path(f).is_file()]
+    try:
+        files = [e.rel for e in untrusted.walk(ws.root) if e.kind == "file"]
+    except untrusted.Refused:
+        return []
+    found = [f for f in files if _glob_match(rel.as_posix(), f)]
+    return [f"{WORKSPACE}/{f}" for f in sorted(found)[:50]]
+
+
+def _glob_match(pattern: str, rel: str) -> bool:
+    """`rel` matches the glob `pattern` as glob.glob(recursive=True) would: `**` spans any number
+    of folders, `*` and `?` stay within one name, and a name starting with `.` is matched only by
+    a pattern part that starts with `.`."""
+    return _parts_match(pattern.split("/"), rel.split("/"))
+
+
+def _parts_match(pat: list[str], parts: list[str]) -> bool:
+    if not pat:
+        return not parts
+    head = pat[0]
+    if head == "**":
+        return any(_parts_match(pat[1:], parts[i:]) for i in range(len(parts) + 1) if not _hidden(parts[:i]))
+    if not parts or (parts[0].startswith(".") and not head.startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(parts[0], head) and _parts_match(pat[1:], parts[1:])
+
+
+def _hidden(names: list[str]) -> bool:
+    return any(n.startswith(".") for n in names)
 
 
 def _read_for_snapshot(path: str, ws: Workspace) -> dict[str, Any]:
-    host = _host_path(path, ws)
-    if host is None or not host.is_file():
+    rel = _workspace_rel(path)
+    if rel is None:
         return {"error": f"File not found: {path}"}
-    mime = mimetypes.guess_type(host.name)[0]
-    raw = host.read_bytes()
+    try:
+        raw = untrusted.read_bytes(ws.root, rel, MAX_SNAPSHOT_BYTES)
+    except untrusted.Refused as e:
+        # a link, FIFO or device the agent left is not followed: the grader sees no such file
+        return {"error": f"File not found: {path}" if e.reason == "missing" else f"File not read: {path}: {e}"}
+    mime = mimetypes.guess_type(rel.name)[0]
     try:
         return {"content": raw.decode("utf-8"), "mime_type": mime or "text/plain", "encoding": "utf-8"}
     except UnicodeDecodeError:

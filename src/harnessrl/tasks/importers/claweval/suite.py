@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.importers.claweval.grading import (
     PASS_THRESHOLD,
@@ -48,11 +48,13 @@ from harnessrl.tasks.importers.common import (
     TaskLoadError,
     agent_tools,
     broken,
+    copy_file_into,
     grader_failed,
+    isolated_python,
+    read_grader_output,
     run_grader,
     scratch_folder,
     working_directory_note,
-    write_json,
 )
 from harnessrl.tasks.importers.pinchbench import Judge
 from harnessrl.types import Grade
@@ -124,7 +126,8 @@ class ClawEvalSuite(ImportedSuite):
             return {}
         with scratch_folder("harnessrl-claweval-check-") as scratch:
             (scratch / "check.py").write_text(CHECK_SCRIPT, encoding="utf-8")
-            write_json(scratch / "tasks.json", [[f.task_id, str(f.folder)] for f in files])
+            tasks = [[f.task_id, str(f.folder)] for f in files]
+            (scratch / "tasks.json").write_text(json.dumps(tasks), encoding="utf-8")
             try:
                 result = run_grader(
                     [
@@ -145,13 +148,15 @@ class ClawEvalSuite(ImportedSuite):
             if result.returncode != 0:
                 reason = str(grader_failed("the load check of the graders failed", result))
                 return {f.task_id: reason for f in files}
-            return json.loads((scratch / "out.json").read_text(encoding="utf-8"))
+            return json.loads(read_grader_output(scratch, "out.json", "the load check's result") or "{}")
 
     def _python_env(self) -> dict[str, str]:
         extra = grader_python()[1].get("PYTHONPATH")
         return {
+            # the grader's Python reads the workspace as data: its working folder (not the
+            # workspace either) and script folder are kept off its path, the framework is on it
+            **isolated_python(),
             "PYTHONPATH": os.pathsep.join([str(self.root / "src"), str(self.root)] + ([extra] if extra else [])),
-            "PYTHONDONTWRITEBYTECODE": "1",
             "HOME": "/tmp",
             "LC_ALL": "C.UTF-8",
         }
@@ -169,9 +174,7 @@ class ClawEvalSuite(ImportedSuite):
             if not isinstance(env, ClawEvalEnvironment) or env.workspace is None:
                 raise RuntimeError("a Claw-Eval task needs its own environment (ClawEvalTask.make_env)")
             for rel in tf.sandbox_files:
-                target = env.workspace.root / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(tf.folder / rel, target)
+                copy_file_into(tf.folder / rel, env.workspace.root, rel)
             if self.service_network == "sandbox" and tf.services and isolation_available() == "bwrap":
                 env.routes = ServiceRoutes.in_namespaces(tf.services)
             else:
@@ -207,10 +210,12 @@ class ClawEvalSuite(ImportedSuite):
         audit, audit_errors = audit_data(tf, env)
         if audit_errors:
             details["audit_errors"] = audit_errors
-        for rel in tf.grader_files:  # after the episode, as Claw-Eval injects them
-            target = env.workspace.root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(tf.folder / rel, target)
+        for rel in tf.grader_files:  # after the episode, as Claw-Eval injects them: never through a link
+            try:
+                untrusted.remove(env.workspace.root, rel, tree=True)
+                copy_file_into(tf.folder / rel, env.workspace.root, rel)
+            except (untrusted.Refused, TaskLoadError) as e:
+                raise GraderError(f"cannot put the grader's file {rel} into the workspace: {e}") from None
         snapshot = env_snapshot(tf, env.workspace)
         trace = {
             "messages": claw_messages(env, tf.raw["prompt"]["text"]),
@@ -221,7 +226,7 @@ class ClawEvalSuite(ImportedSuite):
         }
         with scratch_folder("harnessrl-claweval-") as scratch:
             (scratch / "driver.py").write_text(DRIVER_SCRIPT, encoding="utf-8")
-            write_json(scratch / "trace.json", trace)
+            (scratch / "trace.json").write_text(json.dumps(trace), encoding="utf-8")
             bridge = JudgeBridge(scratch / "judge.sock", self.judge) if self.judge is not None else None
             try:
                 result = run_grader(
@@ -239,8 +244,8 @@ class ClawEvalSuite(ImportedSuite):
             if result.returncode != 0:
                 raise grader_failed("the task's grader failed", result)
             try:
-                out = json.loads((scratch / "result.json").read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
+                out = json.loads(read_grader_output(scratch, "result.json", "the grader's result") or "")
+            except json.JSONDecodeError as e:
                 raise GraderError(f"the grader left no readable result: {e}") from None
         if out.get("problem") == "judge_needed":
             raise GraderError("the grader asked for an LLM judge, and none is configured (use --judge-model)")

@@ -6,9 +6,9 @@ never raises: `run_checks` scores one that does (a missing, garbled or misplaced
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment
 
 
@@ -23,7 +23,8 @@ def norm_lines(text: str | None) -> list[str] | None:
 
 
 def read_text(env: Environment, rel: str) -> str | None:
-    """A workspace file's text, or None when it is missing, a directory or unreadable."""
+    """A workspace file's text, or None when it is missing, a directory, unreadable, or not a
+    file the host reads (a link, a hard link, a FIFO: Workspace.read)."""
     try:
         return env.require_workspace().read(rel)
     except Exception:
@@ -40,7 +41,11 @@ def same_text(env: Environment, rel: str, expected: str) -> bool:
 
 
 def gone(env: Environment, rel: str) -> bool:
-    return not os.path.lexists(env.require_workspace().root / rel)
+    """Nothing is left at `rel` (a link counts as something; a link on the way is not followed)."""
+    try:
+        return untrusted.kind(env.require_workspace().root, rel) is None
+    except untrusted.Refused:
+        return False
 
 
 def fraction(flags: list[bool]) -> float:
