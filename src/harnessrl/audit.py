@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment, Task, ToolBlocked, ToolFailed
 from harnessrl.tasks.grading import numbers_in
 
@@ -305,13 +306,9 @@ def _write_junk(task: Task, env: Environment) -> None:
             rel = _inside_workspace(word, env.workspace_mount)
             if rel is None or rel in existing:
                 continue
-            target = ws.root / rel
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(
-                    _JUNK.get(PurePosixPath(rel).suffix.lower(), "placeholder output\n"), encoding="utf-8"
-                )
-            except OSError:  # a parent is a file: an agent's write would fail too
+                ws.write(rel, _JUNK.get(PurePosixPath(rel).suffix.lower(), "placeholder output\n"))
+            except (OSError, untrusted.Refused):  # a parent is a file: an agent's write would fail too
                 continue
     _submit(task, env, "done")
 
