@@ -5,13 +5,15 @@ Two isolation levels, chosen once per process by `isolation_available()`:
 - "bwrap": bubblewrap builds a new mount namespace on an empty root and shows the command only
   what it is given (isolation by construction; docs/suites.md, "What a sandboxed command sees"):
   the system folders (SYSTEM_VIEW: /usr, /bin, /sbin, /lib*, /etc, /sys, /nix where they exist)
-  read-only, fresh `/dev`, `/proc` and a fresh tmpfs `/tmp` of `limits.disk_mb`, the `read_only`
-  paths the caller names (a program's own files, a Python environment) read-only at their own
-  path, and the workspace folder(s) read-write at their mount points. Nothing else of the host
-  exists in it: not /home, /root, /opt, /srv, /var, /work, not other tasks or run folders. The
-  rest of the root is read-only, so a mount point such as `/workspace` or
-  `/root/.openclaw/workspace` is made in the empty root. New user, pid, ipc, uts and (unless
-  network=True) network namespaces; killing the outer bwrap process tears down the pid namespace.
+  read-only, a fresh `/proc`, a fresh `/dev` (read-only but for its devices, /dev/pts and
+  /dev/shm), two fresh tmpfs, `/tmp` and `/dev/shm`, that together hold at most `limits.disk_mb`
+  (`scratch_sizes`), the `read_only` paths the caller names (a program's own files, a Python
+  environment) read-only at their own path, and the workspace folder(s) read-write at their
+  mount points. Nothing else of the host exists in it: not /home, /root, /opt, /srv, /var, /run,
+  /work, not other tasks or run folders. The rest of the root is read-only, so a mount point
+  such as `/workspace` or `/root/.openclaw/workspace` is made in the empty root. New user, pid,
+  ipc, uts and (unless network=True) network namespaces; killing the outer bwrap process tears
+  down the pid namespace.
 - "rlimits-only": bubblewrap is missing or does not work here. The command runs directly, in its
   own session, with the same resource limits and no filesystem or network isolation: it sees
   every file of the host that its uid may read (`WEAKER_ISOLATION` says so to a run's reader).
@@ -110,6 +112,11 @@ WEAKER_ISOLATION = (
     "for isolation by construction, or pass `--isolation required` to refuse to run without it"
 )
 _DISK_POLL_S = 0.5  # how often the size of a command's writable folders is measured
+# The most of `disk_mb` that /dev/shm takes under bubblewrap (Docker's default size of it), and the
+# share of it at most: the rest is /tmp's (`scratch_sizes`).
+SHM_MAX_MB = 64
+SHM_SHARE = 4  # a quarter
+_PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,8 @@ class ExecLimits:
     file_size_mb: int = 64  # RLIMIT_FSIZE
     processes: int = 64  # process count limit
     output_bytes: int = 1_000_000  # stdout/stderr kept (each); more is cut and flagged
-    # what the command may add to the disk: its /tmp under bubblewrap (a tmpfs of this size) and,
+    # what the command may add to the disk: under bubblewrap its /tmp and /dev/shm, two tmpfs that
+    # together hold this much (`scratch_sizes`; a write past them fails with ENOSPC), and,
     # measured twice a second while it runs, its writable folders (it is killed past the limit)
     disk_mb: int = 1024
 
@@ -638,12 +646,22 @@ def _hand_over(folder: Path, uid: int) -> None:
                 os.lchown(path, uid, uid)
 
 
+def scratch_sizes(disk_mb: int) -> tuple[int, int]:
+    """(bytes of /tmp, bytes of /dev/shm) of a sandbox under bubblewrap: two tmpfs that together
+    hold `disk_mb`, /dev/shm a quarter of it up to SHM_MAX_MB (a POSIX semaphore or shared memory
+    segment lives there: Python's multiprocessing, a browser), /tmp the rest. The kernel holds
+    each size, so whatever the command writes there, both together never exceed `disk_mb`."""
+    total = disk_mb * _MB
+    shm = min(SHM_MAX_MB * _MB, total // SHM_SHARE) // _PAGE * _PAGE
+    return total - shm, shm
+
+
 def _bwrap_argv(
     binds: dict[str, Path],
     cwd: str,
     network: bool,
     read_only: Sequence[Path] = (),
-    tmp_mb: int = 1024,
+    disk_mb: int = 1024,
     hidden: Sequence[Path] = (),
 ) -> list[str]:
     """The bubblewrap command line of the view the module docstring describes."""
@@ -654,7 +672,12 @@ def _bwrap_argv(
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_mb * _MB), "--tmpfs", "/tmp"]
+    tmp_bytes, shm_bytes = scratch_sizes(disk_mb)
+    # bwrap's /dev is a tmpfs of no set size whose /dev/shm is a plain folder of it: /dev/shm gets a
+    # sized tmpfs of its own and /dev is read-only (its device nodes and /dev/pts are mounts of
+    # their own, which stay writable), so nothing written there escapes `disk_mb`
+    args += ["--dev", "/dev", "--proc", "/proc", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    args += ["--size", str(shm_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     system = tuple(f"/{entry}/" for entry in SYSTEM_VIEW)
     mounts = [(str(p), str(p), "--ro-bind") for p in read_only if not (str(p) + "/").startswith(system)]
     mounts += [(dst, str(src), "--bind") for dst, src in binds.items()]
