@@ -20,6 +20,13 @@ conversations behind `previous_response_id` are kept per episode and dropped wit
 request the endpoint refuses under a running episode's address (an unknown route, a malformed
 body, a request past a limit) is told to the episode (`refused`), which keeps it in the
 trajectory.
+
+Limits of the endpoint's own: a request body past wire.http.MAX_BODY_BYTES is refused with 413
+before more of it is read (`limit_body`), and an episode's token counts (Anthropic's
+count_tokens, Gemini's countTokens: a prompt rendered, no model call) are at most
+COUNT_TOKENS_PER_MODEL_CALL per model call of its budget (`limits.max_model_calls`); past that
+each is refused with 429, as a model call past the budget is (the episode goes on: its model
+calls are still answered).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from typing import Protocol as Interface
 
 from fastapi import FastAPI, Request
@@ -46,13 +53,16 @@ from harnessrl.types import ModelCall
 from harnessrl.wire import gemini
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError
 from harnessrl.wire.gemini import error_for
-from harnessrl.wire.http import BackgroundServer, request_error_message
+from harnessrl.wire.http import BackgroundServer, limit_body, request_error_message
 from harnessrl.wire.messages import MessagesRequest, messages_reply
 from harnessrl.wire.messages import to_chat as to_messages_chat
 from harnessrl.wire.pending import PendingReplies
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 from harnessrl.wire.streaming import token_streaming
+
+if TYPE_CHECKING:
+    from harnessrl.harness.spec import ExternalLimits
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,9 @@ ROUTES_SERVED = (
     ":streamGenerateContent and :countTokens (or /v1/models/MODEL:...), POST /v1/messages and "
     "POST /v1/messages/count_tokens"
 )
+# The token counts an episode may ask for, per model call of its budget (limits.max_model_calls):
+# an agent that counts before each call has room for a second count, and no more is rendered.
+COUNT_TOKENS_PER_MODEL_CALL = 2
 
 
 class RecordedEpisode(Interface):
@@ -69,6 +82,7 @@ class RecordedEpisode(Interface):
 
     token: str  # the secret part of its address
     model_name: str
+    limits: ExternalLimits  # max_model_calls also bounds its token counts (COUNT_TOKENS_PER_MODEL_CALL)
     policy: Policy
     sampling: SamplingParams
 
@@ -102,6 +116,7 @@ class RecordingEndpoint:
     def __init__(self, host: str = "127.0.0.1", unix_path: Path | None = None):
         self._episodes: dict[str, RecordedEpisode] = {}
         self._stores: dict[str, ConversationStore] = {}  # per episode: previous_response_id
+        self._counted: dict[str, int] = {}  # per episode: the token counts asked for
         self._lock = threading.Lock()
         # the replies each episode waits for: given up when it ends (its program was stopped, by
         # its wall clock say, while the model still generated) and when the endpoint stops
@@ -144,6 +159,7 @@ class RecordingEndpoint:
         with self._lock:
             self._episodes.pop(episode.token, None)
             self._stores.pop(episode.token, None)
+            self._counted.pop(episode.token, None)
         self._replies.abandon(episode.token, "the episode ended before the reply")
 
     def _live(self, episode: RecordedEpisode) -> bool:
@@ -217,6 +233,21 @@ class RecordingEndpoint:
             raise ServeError(404, "no running episode has this address (it ended, or the token is wrong)")
         return episode
 
+    def _count_tokens(self, token: str, chat: ChatCompletionRequest) -> int:
+        """(blocking) The prompt tokens `chat` would take for the episode of `token`: one token
+        count of its budget (COUNT_TOKENS_PER_MODEL_CALL per model call); ServeError 429 past it."""
+        episode = self._episode(token)
+        cap = COUNT_TOKENS_PER_MODEL_CALL * episode.limits.max_model_calls
+        with self._lock:
+            asked = self._counted[token] = self._counted.get(token, 0) + 1
+        if asked > cap:
+            raise ServeError(
+                429,
+                f"the agent asked for more than {cap} token counts ({COUNT_TOKENS_PER_MODEL_CALL} per model call of "
+                f"limits.max_model_calls = {episode.limits.max_model_calls}); no more are answered (model calls are)",
+            )
+        return episode.count_tokens(chat)
+
     async def _gemini(
         self, token: str, model: str, body: gemini.GenerateContentRequest, *, stream: bool, alt: str | None
     ) -> Any:
@@ -230,6 +261,7 @@ class RecordingEndpoint:
     # -- the app ------------------------------------------------------------------------------------
     def _app(self) -> FastAPI:
         app = FastAPI(title="harnessrl recording endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+        limit_body(app)  # a body past wire.http.MAX_BODY_BYTES: 413, refused in the episode (http_error)
 
         @app.exception_handler(ServeError)
         async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
@@ -288,9 +320,9 @@ class RecordingEndpoint:
 
         @app.post("/episodes/{token}/v1/messages/count_tokens")
         async def count_tokens(token: str, body: MessagesRequest) -> dict:
-            episode = self._episode(token)
+            self._episode(token)  # 404 for an address no episode has, before the body is converted
             chat = to_messages_chat(body, counting=True)
-            return {"input_tokens": await asyncio.to_thread(episode.count_tokens, chat)}
+            return {"input_tokens": await asyncio.to_thread(self._count_tokens, token, chat)}
 
         async def generate_content(token: str, model: str, body: gemini.GenerateContentRequest) -> Any:
             return await self._gemini(token, model, body, stream=False, alt=None)
@@ -301,9 +333,9 @@ class RecordingEndpoint:
             return await self._gemini(token, model, body, stream=True, alt=alt)
 
         async def gemini_count_tokens(token: str, model: str, body: gemini.CountTokensRequest) -> dict:
-            episode = self._episode(token)
+            self._episode(token)  # 404 for an address no episode has, before the body is converted
             chat = gemini.to_chat(body.request(), gemini.model_name(model), counting=True)
-            return {"totalTokens": await asyncio.to_thread(episode.count_tokens, chat)}
+            return {"totalTokens": await asyncio.to_thread(self._count_tokens, token, chat)}
 
         for version in gemini.VERSIONS:
             app.post(f"/episodes/{{token}}/{version}/models/{{model:path}}:generateContent")(generate_content)

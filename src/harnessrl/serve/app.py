@@ -40,7 +40,7 @@ from harnessrl.wire import gemini as gm
 from harnessrl.wire import messages as ms
 from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, key_matches, presented_key
 from harnessrl.wire.chat import ChatCompletionRequest, ServeError, to_generation
-from harnessrl.wire.http import request_error_message
+from harnessrl.wire.http import limit_body, request_error_message
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
 
@@ -74,7 +74,8 @@ def check_admin_key(request: Request, key: str) -> None:
         raise ServeError(
             401,
             f"{path} changes what this server samples and needs its admin key: send 'Authorization: Bearer KEY' "
-            f"(the key of harnessrl serve --admin-key or ${ADMIN_KEY_ENV}, or the one it drew and printed at start)",
+            f"(the key of harnessrl serve --admin-key or ${ADMIN_KEY_ENV}, or the one it drew, in the file it named "
+            "at start)",
         )
     log.warning("refused %s %s from %s: wrong admin key", request.method, path, client)
     raise ServeError(403, f"{path}: the admin key sent is not this server's")
@@ -85,6 +86,7 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
     `admin_key`: what the adapter routes need (`check_admin_key`); None draws one that nobody
     is told, which closes those routes (adapters are then loaded on `models` directly)."""
     app = FastAPI(title="harnessrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    limit_body(app)  # a body past wire.http.MAX_BODY_BYTES: 413
     app.state.models = models
     conversations = app.state.conversations = ConversationStore()  # previous_response_id
     key = admin_key or draw_admin_key()

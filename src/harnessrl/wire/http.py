@@ -1,7 +1,7 @@
 """HTTP plumbing both servers share: `BackgroundServer` (any ASGI app served by uvicorn from a
 daemon thread: `harnessrl serve`'s `serving` and the recording endpoint of external harnesses),
-the socket and URL helpers of `run_server`, and the one-line message of a request body that fails
-validation."""
+the socket and URL helpers of `run_server`, the cap on a request's body (`limit_body`,
+MAX_BODY_BYTES), and the one-line message of a request body that fails validation."""
 
 from __future__ import annotations
 
@@ -13,10 +13,75 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 STARTUP_TIMEOUT_S = 60.0
 GRACEFUL_SHUTDOWN_S = 5
+# The largest request body either server reads (`limit_body`); a larger one is answered 413. The
+# first request of a real agent, its tool definitions included, is 100-200 KB, and a whole
+# conversation filling a 200k-token context as JSON about 1-2 MB.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def limit_body(app: FastAPI, max_bytes: int = MAX_BODY_BYTES) -> None:
+    """Refuse, with HTTP 413, a request whose body is larger than `max_bytes`, before more of it
+    is read: one whose Content-Length says so at its first read, and a chunked one as soon as
+    what came passes the cap. The refusal is an HTTPException raised where the route reads the
+    body, so the app's own exception handler answers it (in the route's error shape; the
+    recording endpoint records it as a refused request of the episode)."""
+    app.add_middleware(_BodyLimit, max_bytes=max_bytes)
+
+
+def body_too_large(size: int | None, max_bytes: int) -> str:
+    """The message of the 413 (`size`: the Content-Length it declared; None: a chunked body that passed the cap)."""
+    what = f"the request body is {size} bytes" if size is not None else f"the request body passed {max_bytes} bytes"
+    return (
+        f"{what}, more than this server reads ({max_bytes} bytes, wire.http.MAX_BODY_BYTES): "
+        "send a shorter conversation (fewer or smaller messages and tool results)"
+    )
+
+
+class _BodyLimit:
+    """The ASGI middleware of `limit_body`: the app reads the body through a `receive` that counts."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        seen = 0
+        max_bytes = self.max_bytes
+
+        async def counted() -> Message:
+            nonlocal seen
+            from fastapi import HTTPException
+
+            if declared is not None and declared > max_bytes:
+                raise HTTPException(413, body_too_large(declared, max_bytes))  # nothing of it read
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > max_bytes:
+                    raise HTTPException(413, body_too_large(None, max_bytes))
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
