@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from pydantic import Field
@@ -90,25 +91,32 @@ class ServeConfig(Options):
         None,
         description="the key /v1/load_lora_adapter and /v1/unload_lora_adapter need, sent as 'Authorization: "
         "Bearer KEY' (default: $HARNESSRL_ADMIN_KEY, which keeps it out of the process list; neither given: "
-        "one is drawn and printed at start)",
+        "one is drawn and written to a file only this user may read, whose path is printed at start)",
     )
 
 
-def _admin_key(given: str | None) -> tuple[str, str]:
-    """(the key of the adapter routes, the line that tells the user how to send it): --admin-key,
-    else $HARNESSRL_ADMIN_KEY, else a fresh key, printed since nobody else knows it."""
-    from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, env_admin_key
+def _admin_key(given: str | None) -> tuple[str, str, Path | None]:
+    """(the key of the adapter routes, the line that tells the user how to send it, the file
+    holding a drawn key): --admin-key, else $HARNESSRL_ADMIN_KEY, else a fresh key, written to a
+    file only this user may read (never printed: the output may go to a log others read)."""
+    from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, env_admin_key, write_key_file
 
     routes = "/v1/load_lora_adapter and /v1/unload_lora_adapter need 'Authorization: Bearer KEY'"
     if given:
-        return given, f"{routes}, KEY being --admin-key"
+        return given, f"{routes}, KEY being --admin-key", None
     key = env_admin_key()
     if key is not None:
-        return key, f"{routes}, KEY being ${ADMIN_KEY_ENV}"
+        return key, f"{routes}, KEY being ${ADMIN_KEY_ENV}", None
     key = draw_admin_key()
-    return key, (
-        f"{routes}; neither --admin-key nor ${ADMIN_KEY_ENV} was given, so KEY was drawn: {key}  "
-        f"(export {ADMIN_KEY_ENV}={key} where harnessrl train grpo --rollout-server runs)"
+    path = write_key_file(key)
+    return (
+        key,
+        (
+            f"{routes}; neither --admin-key nor ${ADMIN_KEY_ENV} was given, so KEY was drawn and written to {path} "
+            f"(mode 0600, removed when the server stops): export {ADMIN_KEY_ENV}=$(cat {path}) where harnessrl train "
+            "grpo --rollout-server runs"
+        ),
+        path,
     )
 
 
@@ -169,7 +177,7 @@ def serve_cmd(config: ServeConfig) -> None:
             except ServeError as e:
                 fail(f"--lora-modules {name}={path}: {e.message}")
         names = ", ".join([models.base_name, *models.adapter_names()])
-        key, how = _admin_key(config.admin_key)
+        key, how, key_file = _admin_key(config.admin_key)
 
         def announce(url: str) -> None:
             err.print(f"serving {names} at {url}  (Ctrl-C to stop)\n{how}", markup=False, highlight=False)
@@ -185,5 +193,10 @@ def serve_cmd(config: ServeConfig) -> None:
             )
         except OSError as e:
             fail(f"cannot listen on {config.host}:{config.port}: {e}")
+        finally:
+            if key_file is not None:
+                from harnessrl.wire.auth import remove_key_file
+
+                remove_key_file(key_file)
     finally:
         models.close()
