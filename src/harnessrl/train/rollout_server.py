@@ -130,7 +130,7 @@ def _key_refused(request: str, status: int, text: str, sent_key: bool) -> Rollou
     return RolloutServerError(
         f"a rollout server refused {request} (HTTP {status}: {text[:200]}): {why}. Set {ADMIN_KEY_ENV} "
         f"to the server's key: harnessrl serve's --admin-key or its own ${ADMIN_KEY_ENV} (a key it drew is "
-        "printed at its start); vLLM's --api-key (VLLM_API_KEY)"
+        "in the 0600 file its start names); vLLM's --api-key (VLLM_API_KEY)"
     )
 
 
