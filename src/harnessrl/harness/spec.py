@@ -319,8 +319,9 @@ class ExternalHarnessSpec(_Spec):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     kind: Literal["external"] = "external"
     description: str = ""
-    # an argv list, or one string run by /bin/sh -c; words naming files next to the spec file are
-    # made absolute when the file is loaded; the word {python} is a Python with harnessrl's packages
+    # an argv list, or one string run by /bin/sh -c; words naming the program's files next to the
+    # spec file (or paths read_only lists) are made absolute when the file is loaded; the word
+    # {python} is a Python with harnessrl's packages
     command: list[str] | str
     env: dict[str, str] = Field(default_factory=dict)  # extra environment variables
     # host files and folders the program needs besides its command's own (an installed agent's
@@ -387,15 +388,30 @@ class ExternalHarnessSpec(_Spec):
         return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else list(self.command)
 
     def resolved_against(self, folder: Path) -> "ExternalHarnessSpec":
-        """The spec with every command word that names an existing file or folder relative to
-        `folder` (the spec file's folder) replaced by its absolute path."""
+        """The spec with its `read_only` paths made absolute against `folder` (the spec file's
+        folder), and each command word that names an existing path relative to `folder` replaced
+        by its absolute path where that path is one `read_only` lists (or inside one), or the
+        program's own file: a file there whose name and folders on the way start with no dot,
+        and no link out of `folder`. Any other word stays as written (a folder such as `runs`, a
+        hidden file such as `.env`, a path outside `folder`): no host path is made of it unless
+        `read_only` lists it, and in the sandbox it names what the program finds there."""
         folder = folder.resolve()
+        read_only = [os.path.normpath(folder / p) for p in self.read_only]  # absolute ones stay
+
+        def listed(target: str) -> bool:
+            return any(target == entry or target.startswith(entry.rstrip("/") + "/") for entry in read_only)
 
         def resolve(word: str) -> str | None:
             if not _PLAIN_WORD.match(word) or word.startswith("/") or word in (".", ".."):
                 return None
-            target = folder / word
-            return str(target) if os.path.lexists(target) else None
+            target = os.path.normpath(folder / word)
+            if not os.path.lexists(target):
+                return None
+            if listed(target):
+                return target
+            hidden = any(part.startswith(".") for part in Path(os.path.normpath(word)).parts)
+            inside = Path(os.path.realpath(target)).is_relative_to(folder)
+            return target if os.path.isfile(target) and not hidden and inside else None
 
         if isinstance(self.command, str):
             # the words of the shell line, split on blanks; only plain words (no quotes, no $) change
@@ -405,8 +421,17 @@ class ExternalHarnessSpec(_Spec):
             )
         else:
             command = [path if (path := resolve(w)) is not None else w for w in self.command]
-        read_only = [os.path.normpath(folder / p) for p in self.read_only]  # absolute ones stay
         return self.model_copy(update={"command": command, "read_only": read_only})
+
+    def exposure(self) -> str | None:
+        """Why this spec would show its program what is never shown (agent_view.never_shown: a
+        command word or `read_only` path naming the root, the temp folder, a home, a run folder, a
+        source checkout), naming the word, the reason and the fix; None when it would not. Paths
+        are taken as they stand (a loaded spec's are absolute)."""
+        from harnessrl.harness.agent_view import exposure_problems
+
+        problems = exposure_problems(self.argv(), self.read_only)
+        return problems[0] if problems else None
 
     # -- YAML -------------------------------------------------------------------------------------
     def to_yaml(self) -> str:
@@ -440,9 +465,11 @@ def _format_errors(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> AnyHarnessSpec:
+def parse_spec(data: Any, source: str = "<spec>", *, check_paths: bool = True) -> AnyHarnessSpec:
     """A harness spec from its mapping: `kind: external` is an ExternalHarnessSpec, no kind (or
-    `kind: loop`) a HarnessSpec."""
+    `kind: loop`) a HarnessSpec. An external spec whose command words or `read_only` paths name
+    what is never shown to its program (ExternalHarnessSpec.exposure) is refused (`check_paths`:
+    load_spec checks once the paths are made absolute)."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a harness spec must be a mapping, got {type(data).__name__}")
     kind = data.get("kind", "loop")
@@ -452,17 +479,29 @@ def parse_spec(data: Any, source: str = "<spec>") -> AnyHarnessSpec:
             "default) or 'external' (an agent program of its own)"
         )
     try:
-        if kind == "external":
-            return ExternalHarnessSpec.model_validate(data)
-        return HarnessSpec.model_validate({k: v for k, v in data.items() if k != "kind"})
+        if kind != "external":
+            return HarnessSpec.model_validate({k: v for k, v in data.items() if k != "kind"})
+        spec = ExternalHarnessSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError(f"{source}: {_format_errors(e)}") from None
+    if check_paths:
+        _refuse_exposure(spec, source)
+    return spec
+
+
+def _refuse_exposure(spec: ExternalHarnessSpec, source: str) -> None:
+    """SpecError naming the file when the spec would show its program what is never shown."""
+    problem = spec.exposure()
+    if problem is not None:
+        raise SpecError(f"{source}: {problem}")
 
 
 def load_spec(path: str | Path) -> AnyHarnessSpec:
     """Load and validate a harness spec file; SpecError names the file, the field and the reason.
-    The command of an external harness has its words that name files next to the spec made
-    absolute (ExternalHarnessSpec.resolved_against)."""
+    The command of an external harness has its words that name its own files next to the spec,
+    or paths its `read_only` lists, made absolute (ExternalHarnessSpec.resolved_against); a
+    command word or `read_only` path naming what is never shown to the program is refused
+    (ExternalHarnessSpec.exposure)."""
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such harness spec file")
@@ -474,9 +513,10 @@ def load_spec(path: str | Path) -> AnyHarnessSpec:
         raise SpecError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
     except UnicodeDecodeError:
         raise SpecError(f"{p}: not a UTF-8 text file") from None
-    spec = parse_spec(data, str(p))
+    spec = parse_spec(data, str(p), check_paths=False)
     if isinstance(spec, ExternalHarnessSpec):
         spec = spec.resolved_against(p.parent)
+        _refuse_exposure(spec, str(p))
     return spec
 
 
