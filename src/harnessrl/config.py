@@ -168,6 +168,12 @@ class RunOptions(Options):
         description="required: refuse to run unless bubblewrap isolates sandboxed commands (agents, the shell "
         "tool, graders) by file system and network; auto: run with resource limits only where it cannot, and say so",
     )
+    allow_host_network: bool = Field(
+        False,
+        description="run agent programs whose spec asks for the host's network (network: host: every service on "
+        "this machine's loopback, and the internet), with a warning naming each; refused under --isolation required",
+        json_schema_extra=cli(bool_flag=True),
+    )
 
 
 EXECUTORS = ("local", "ray")  # see harnessrl.executors

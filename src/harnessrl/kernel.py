@@ -19,7 +19,10 @@ once before its own work, the same way for all of them.
   run folder records of them and of the options, one way (`job_record`).
 - **the preflight** (`--preflight`, eval and train grpo): `preflight_inputs`.
 - **one error**: every refusal is a JobError (harnessrl.errors) naming the option.
-- **isolation**: `--isolation required` refuses to start where bubblewrap does not work.
+- **isolation**: `--isolation required` refuses to start where bubblewrap does not work, and an
+  agent program whose spec asks for the host's network (`network: host`) is refused unless
+  `--allow-host-network` is given (then a warning names it), and always under `--isolation
+  required` (`host_network`).
 
 The context also carries how the job reports (progress, log, console) and where its episodes
 run (executor). The job's entries (harnessrl.jobs.entries) call `enter` and then the job with its
@@ -401,6 +404,7 @@ def enter(
     log: Callable[[str], None] = lambda message: None,
     earlier: Callable[[Path], dict[str, Any]] | None = None,
     isolation: str = "auto",
+    allow_host_network: bool = False,
     error: type[JobError] = JobError,
     objects: Mapping[str, Any] | None = None,
     progress: bool = True,
@@ -414,7 +418,9 @@ def enter(
     (default: `config_models`); then what the options name is read (`read_inputs`; `objects`:
     those a library caller built, by field). `isolation="required"` (the run option
     `--isolation required`): a JobError unless bubblewrap isolates sandboxed commands here, and
-    from then on every sandboxed command of this process refuses to run without it. `error`: the
+    from then on every sandboxed command of this process refuses to run without it; an agent
+    program asking for the host's network is refused there, and elsewhere unless
+    `allow_host_network` (the run option `--allow-host-network`; `host_network`). `error`: the
     job's JobError class, for its refusals. `progress`, `log`, `console`, `executor`: how the job
     reports and where its episodes run; `preflight`: the run option of that name
     (`preflight_inputs`). Nothing is written here: a refusal leaves the folder as it was."""
@@ -432,11 +438,68 @@ def enter(
     config.check(error)  # options that refuse each other, once the resume rule has filled them in
     chosen = choose_models(models(config))
     inputs = read_inputs(config, error, objects)
+    host_network(config, inputs, isolation, allow_host_network, error, log)
     if preflight:
         preflight_inputs(config, inputs, error, log)
     keeps = resume or not holds_run(out)
     executor = executor if executor is not None else _local_executor()
     return JobContext(job, config, out, resume, chosen, keeps, inputs, progress, log, console, executor)
+
+
+def host_network(
+    config: Any,
+    inputs: JobInputs,
+    isolation: str,
+    allowed: bool,
+    error: type[JobError] = JobError,
+    log: Callable[[str], None] = lambda message: None,
+) -> None:
+    """The rule of `network: host` (an agent program's spec asking for the host's network: every
+    service on this machine's loopback, and the internet), for the harnesses the job's options
+    name (`inputs`): under `--isolation required` (`isolation`) such a spec is refused whatever
+    `allowed` says; else it is refused unless `allowed` (`--allow-host-network`), and with it a
+    warning naming each goes to `log`. `error` names the option and the spec, before any episode."""
+    from harnessrl.harness.spec import ExternalHarnessSpec
+
+    named: list[tuple[str, str, Any]] = [(f, _text(getattr(config, f, None), s), s) for f, s in inputs.harness.items()]
+    for f, specs in inputs.harnesses.items():
+        named += [(f, text, s) for text, s in _texts(getattr(config, f, None), specs)]
+    host = [(option_name(f), t, s) for f, t, s in named if isinstance(s, ExternalHarnessSpec) and s.network == "host"]
+    for option, text, spec in host:
+        what = f"{option}: harness '{spec.name}'{f' ({text})' if text != spec.name else ''} asks for the host's network"
+        if isolation == "required":
+            raise error(
+                f"{what} (network: host), which --isolation required refuses whatever --allow-host-network "
+                "says; drop network: host from its spec, or run without --isolation required"
+            )
+        if not allowed:
+            raise error(
+                f"{what} (network: host: every service on this machine's loopback, and the internet); pass "
+                "--allow-host-network to run it so"
+            )
+        log(
+            f"warning: {what} (network: host, allowed by --allow-host-network): its program reaches every "
+            "service on this machine's loopback, and the internet"
+        )
+
+
+def _text(value: Any, spec: Any) -> str:
+    """The text an option gave for `spec` (a spec file's path), else the spec's name."""
+    return value if isinstance(value, str) else getattr(spec, "name", "")
+
+
+def _texts(value: Any, specs: list[Any]) -> list[tuple[str, Any]]:
+    """Each of `specs` with the text of a list option that named it (names, paths, comma lists,
+    `all` for every built-in one); each spec's name where the texts do not line up with them."""
+    from harnessrl.harness.registry import builtin_names
+
+    texts = [t.strip() for v in (value or []) if isinstance(v, str) for t in v.split(",") if t.strip()]
+    out: list[tuple[str, Any]] = []
+    for text in texts:
+        out += [(text, None)] * (len(builtin_names()) if text == "all" else 1)
+    if len(out) != len(specs):
+        return [(getattr(s, "name", ""), s) for s in specs]
+    return [(text, s) for (text, _), s in zip(out, specs)]
 
 
 def _local_executor() -> Any:

@@ -35,7 +35,8 @@ def _context(
     job: str, config: Any, run: Any, given: Collection[str] | None, log: Log, **job_options: Any
 ) -> JobContext:
     """The kernel entered with a command's run options (`run.out`, `run.resume`, `run.progress`,
-    `run.isolation`) and the job's own (`error`, `models`, `earlier`, `console`, `executor`)."""
+    `run.isolation`, `run.allow_host_network`) and the job's own (`error`, `models`, `earlier`,
+    `console`, `executor`)."""
     isolation, preflight = getattr(run, "isolation", "auto"), bool(getattr(run, "preflight", False))
     return enter(
         job,
@@ -44,6 +45,7 @@ def _context(
         resume=run.resume,
         given=given,
         isolation=isolation,
+        allow_host_network=bool(getattr(run, "allow_host_network", False)),
         log=log,
         progress=run.progress,
         preflight=preflight,
