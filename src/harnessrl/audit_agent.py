@@ -47,13 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import harnessrl
 from harnessrl import audit_probe
-from harnessrl.harness.agent_view import (
-    NoAgentPython,
-    agent_private_paths,
-    agent_python,
-    command_words,
-    host_paths,
-)
+from harnessrl.harness.agent_view import NoAgentPython, agent_private_paths, agent_python, host_paths
+from harnessrl.harness.exposure import command_words
 from harnessrl.harness.external import TASK_FILE, agent_environment, agent_limits
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.tasks.sandbox_exec import (

@@ -287,8 +287,8 @@ class ExternalLimits(_Spec):
     memory_mb: int = Field(4096, ge=64, le=1_048_576)  # address space per process
     file_size_mb: int = Field(64, ge=1, le=4096)  # largest file it may write
     processes: int = Field(64, ge=4, le=4096)  # processes and threads
-    # what it may add to the disk: its /tmp (a tmpfs this size, under bubblewrap) and its
-    # workspace and home, measured twice a second (past it the program is killed)
+    # what it may add to the disk: its /tmp and /dev/shm (two tmpfs holding this much together,
+    # under bubblewrap) and its workspace and home, measured twice a second (past it: killed)
     disk_mb: int = Field(1024, ge=1, le=1_048_576)
 
 
@@ -424,11 +424,11 @@ class ExternalHarnessSpec(_Spec):
         return self.model_copy(update={"command": command, "read_only": read_only})
 
     def exposure(self) -> str | None:
-        """Why this spec would show its program what is never shown (agent_view.never_shown: a
+        """Why this spec would show its program what is never shown (exposure.never_shown: a
         command word or `read_only` path naming the root, the temp folder, a home, a run folder, a
         source checkout), naming the word, the reason and the fix; None when it would not. Paths
         are taken as they stand (a loaded spec's are absolute)."""
-        from harnessrl.harness.agent_view import exposure_problems
+        from harnessrl.harness.exposure import exposure_problems
 
         problems = exposure_problems(self.argv(), self.read_only)
         return problems[0] if problems else None

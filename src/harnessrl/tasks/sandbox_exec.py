@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.tasks.sandbox_io import DISK_POLL_S, CappedReader, DiskWatch, feed
 from harnessrl.tasks.sandbox_net import (
     HIDDEN_PACKAGE_INIT,
     Forward,
@@ -87,7 +88,6 @@ SANDBOX_UID = 65534  # "nobody": the uid a command runs as under bwrap when we a
 PRIVATE_UID_POOL = range(1_900_000_000, 1_901_000_000)
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MB = 1024 * 1024
-_READ_CHUNK = 65536
 _STOP_POLL_S = 0.05  # how often a command with a `stop` event looks at it
 # The sandbox's pid 1: a shell that runs the command as its child and exits with its status.
 # The command must not be pid 1 itself: the kernel drops signals such as SIGXCPU and SIGTERM
@@ -111,7 +111,6 @@ WEAKER_ISOLATION = (
     "agent programs, graders) " + WITHOUT_BWRAP + "; install bubblewrap (e.g. `apt-get install bubblewrap`) "
     "for isolation by construction, or pass `--isolation required` to refuse to run without it"
 )
-_DISK_POLL_S = 0.5  # how often the size of a command's writable folders is measured
 # The most of `disk_mb` that /dev/shm takes under bubblewrap (Docker's default size of it), and the
 # share of it at most: the rest is /tmp's (`scratch_sizes`).
 SHM_MAX_MB = 64
@@ -497,15 +496,15 @@ def _launch(
             f"cannot start {argv[0]!r}: {who} already has {identity.nproc} processes "
             f"(the process limit, counted over every process of that uid; isolation: {isolation})",
         ) from None
-    out, err = _CappedReader(proc.stdout, limits.output_bytes), _CappedReader(proc.stderr, limits.output_bytes)
+    out, err = CappedReader(proc.stdout, limits.output_bytes), CappedReader(proc.stderr, limits.output_bytes)
     if stdin is not None:
-        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        threading.Thread(target=feed, args=(proc.stdin, stdin), daemon=True).start()
     timed_out = stopped = False
-    disk = _DiskWatch(writable, limits.disk_mb)
+    disk = DiskWatch(writable, limits.disk_mb)
     deadline = start + limits.wall_s
     while True:
         left = deadline - time.monotonic()
-        poll = min(left, _DISK_POLL_S if stop is None else _STOP_POLL_S)
+        poll = min(left, DISK_POLL_S if stop is None else _STOP_POLL_S)
         try:
             proc.wait(timeout=max(0.0, poll))
             break
@@ -701,89 +700,6 @@ def _bwrap_argv(
     return args
 
 
-class _DiskWatch:
-    """The disk limit of a command's writable folders: their size is measured when it starts and,
-    at each `exceeded()`, again; more than `disk_mb` added is over the limit. A folder of many
-    files is measured less often: never more than a tenth of the time goes to measuring."""
-
-    def __init__(self, folders: Sequence[Path], disk_mb: int):
-        self.folders = list(folders)
-        self.limit = disk_mb * _MB
-        t0 = time.monotonic()
-        self.base = _disk_use(self.folders)
-        self.next_at = time.monotonic() + max(_DISK_POLL_S, 9 * (time.monotonic() - t0))
-        self.over = ""
-
-    def exceeded(self) -> bool:
-        if not self.folders or time.monotonic() < self.next_at:
-            return bool(self.over)
-        t0 = time.monotonic()
-        added = _disk_use(self.folders) - self.base
-        self.next_at = time.monotonic() + max(_DISK_POLL_S, 9 * (time.monotonic() - t0))
-        if added > self.limit:
-            self.over = f"disk limit of {self.limit // _MB} MB exceeded: {added // _MB} MB written to its folders"
-        return bool(self.over)
-
-
-def _disk_use(folders: Sequence[Path]) -> int:
-    """Bytes the files under `folders` take on disk (allocated blocks: a sparse file counts what it holds)."""
-    total = 0
-    stack = [str(f) for f in folders]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += info.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:  # removed or unreadable meanwhile
-            continue
-    return total
-
-
-class _CappedReader:
-    """Drains one pipe on a thread; keeps the first `cap` bytes and counts the rest."""
-
-    def __init__(self, pipe, cap: int):
-        self.cap = cap
-        self.kept = bytearray()
-        self.total = 0
-        self._pipe = pipe
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        fd = self._pipe.fileno()
-        while chunk := os.read(fd, _READ_CHUNK):
-            self.total += len(chunk)
-            room = self.cap - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
-        self._pipe.close()
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.cap
-
-    def text(self) -> str:
-        return bytes(self.kept).decode("utf-8", "replace")
-
-
-def _feed(pipe, text: str) -> None:
-    try:
-        pipe.write(text.encode("utf-8"))
-        pipe.close()
-    except (BrokenPipeError, OSError):  # the command exited without reading all of it
-        pass
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -791,7 +707,7 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _reason(returncode: int | None, timed_out: bool, limits: ExecLimits, out: _CappedReader, err: _CappedReader) -> str:
+def _reason(returncode: int | None, timed_out: bool, limits: ExecLimits, out: CappedReader, err: CappedReader) -> str:
     parts = []
     if timed_out:
         parts.append(f"killed at the wall-clock limit of {limits.wall_s:g} s")
