@@ -59,6 +59,7 @@ from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
+from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult, run_sandboxed
 from harnessrl.tasks.sandbox_net import socket_path
@@ -621,8 +622,12 @@ class _Record:
         if episode.tool_server is not None:
             served = [t.name for t in episode.tool_server.tools]
             meta["mcp"] = {"tools": served, "calls": episode.tool_calls, "calls_total": episode.tool_calls_total}
-        answer = _read_answer(control / ANSWER_FILE)
+        answer, answer_refused = _read_answer(control)
+        if answer_refused:
+            meta["answer_file"] = answer_refused
         termination, detail, credited = _outcome(episode, result, answer, bool(steps))
+        if answer_refused and termination == Termination.exited:
+            detail = f"{detail}; {answer_refused}"
         infra_error = episode.infra_error
         if not steps and (unserved := _unserved_route(episode)):  # our side: not the model's failure
             termination, detail, infra_error = Termination.error, "infrastructure error", unserved
@@ -660,15 +665,17 @@ class _Record:
         )
 
 
-def _read_answer(path: Path) -> str | None:
+def _read_answer(control: Path) -> tuple[str | None, str]:
+    """(the answer file's text, "") or (None, why it was not read): a link, a hard-linked file, a
+    FIFO or device left where the answer goes is never followed or opened (the program may have
+    pointed it at a host file); at most MAX_ANSWER_BYTES are read."""
     try:
-        if not path.is_file():
-            return None
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_ANSWER_BYTES)
-    except OSError:
-        return None
-    return data.decode("utf-8", "replace").strip()
+        data = untrusted.read_bytes(control, ANSWER_FILE, MAX_ANSWER_BYTES, truncate=True)
+    except untrusted.Refused as e:
+        return None, "" if e.reason == "missing" else f"the answer file was not read: {e}"
+    except OSError as e:
+        return None, f"the answer file could not be read: {e.strerror or e}"
+    return data.decode("utf-8", "replace").strip(), ""
 
 
 def _outcome(
