@@ -55,7 +55,11 @@ def _check_write(ws: Workspace, content: str, existing: int = 0) -> bytes:
         raise ToolBlocked(
             f"write of {len(data)} bytes refused: the limit is {ws.max_write_bytes} bytes per write", "sandbox"
         )
-    if ws.total_bytes() + len(data) - existing > ws.max_total_bytes:
+    try:
+        used = ws.total_bytes()
+    except untrusted.Refused as e:  # more entries than a walk visits: refused, not a crash
+        raise ToolBlocked(f"write refused: {e}", "sandbox") from None
+    if used + len(data) - existing > ws.max_total_bytes:
         raise ToolBlocked(f"write refused: the workspace would exceed {ws.max_total_bytes} bytes", "sandbox")
     return data
 
