@@ -1,9 +1,12 @@
-"""`harnessrl audit`: adversarial probes against a suite's graders (harnessrl/audit.py), or what
-an agent program's sandbox lets it read, reach and import (harnessrl/audit_agent.py)."""
+"""`harnessrl audit`: adversarial probes against a suite's graders (harnessrl/audit.py), what
+an agent program's sandbox lets it read, reach and import (harnessrl/audit_agent.py), or the red
+team: agent programs attacking the host through an eval (harnessrl/redteam.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -46,13 +49,41 @@ def audit_cmd(
     fail_on_findings: Annotated[
         bool, typer.Option(help="exit 1 when a probe passes a task or the grader probe sees grader files")
     ] = False,
+    redteam: Annotated[
+        bool,
+        typer.Option(
+            "--redteam",
+            help="run the red team instead: attacker agent programs (one per attack) in an eval of --suite, "
+            "in the sandbox of --harness when given; each attack HOLDS or LEAKS; exit 1 when one LEAKS",
+        ),
+    ] = False,
+    n_tasks: Annotated[
+        Optional[int], typer.Option("--tasks", help="--redteam: the first N tasks of the split (default 1)", min=1)
+    ] = None,
+    attack: Annotated[
+        Optional[list[str]],
+        typer.Option(help="--redteam: an attack to run (repeat for several; default all)"),
+    ] = None,
+    model: Annotated[
+        str, typer.Option(help="--redteam: the model the attackers call once each (any form eval's --model takes)")
+    ] = "tiny-random",
 ) -> None:
     """Probe a suite's graders for reward hacks (--suite): tasks a null, instruction-only,
     junk-writing or grader-seeking agent passes, and grader files an agent could see. Or audit an
     agent program's sandbox (--harness SPEC): the host files it can read, the host ports it can
     reach, whether it can import harnessrl; exit code 0 when nothing is exposed, 1 when something
-    is, 2 when it could not be audited. Prints the report (and writes it with --out, beside
-    audit.json)."""
+    is, 2 when it could not be audited. Or run the red team (--redteam --suite S [--harness SPEC]):
+    an attacker agent per attack, in one eval, each attack HOLDS or LEAKS; exit 1 when one LEAKS.
+    Prints the report (and writes it with --out, beside audit.json)."""
+    if redteam:
+        if probe:
+            fail("--probe chooses the probes of a suite audit; --redteam runs attacks (--attack)")
+        if n is not None:
+            fail("--redteam takes the number of tasks as --tasks")
+        _redteam(suite, harness, split, n_tasks or 1, attack, model, out_dir, as_json)
+        return
+    if n_tasks is not None or attack:
+        fail("--tasks and --attack are options of --redteam")
     if harness is not None:
         if probe:
             fail("--probe chooses the probes of a suite audit; --harness runs its own probe")
@@ -76,6 +107,52 @@ def audit_cmd(
         out.print(text, markup=False, highlight=False, soft_wrap=True)
     if fail_on_findings and (report.passed_by_probe() or report.exposed()):
         raise typer.Exit(1)
+
+
+def _redteam(
+    suite: str | None,
+    harness: str | None,
+    split: str,
+    tasks: int,
+    attacks: list[str] | None,
+    model: str,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """The red team over `suite`: its report printed (redteam.json and redteam.md in --out, beside
+    the eval's run folder and its JSONL export); exit 1 when an attack LEAKS."""
+    from harnessrl.errors import JobError
+    from harnessrl.redteam import ATTACKS, run_battery
+
+    if suite is None:
+        fail("--redteam needs --suite: the suite whose tasks the attackers play")
+    folder = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="harnessrl-redteam-"))
+    try:
+        try:
+            report = run_battery(
+                suite,
+                attacks=tuple(attacks) if attacks else tuple(ATTACKS),
+                tasks=tasks,
+                harness_spec=Path(harness) if harness is not None else None,
+                out=folder,
+                model=model,
+                split=split,
+                log=lambda line: err.print(line, markup=False, highlight=False),
+            )
+        except (ValueError, JobError) as e:
+            fail(str(e))
+        if out_dir is not None:
+            (out_dir / "redteam.json").write_text(report.to_json(), encoding="utf-8")
+            (out_dir / "redteam.md").write_text(report.markdown(), encoding="utf-8")
+    finally:
+        if out_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    if as_json:
+        typer.echo(report.to_json())
+    else:
+        out.print(report.table(), markup=False, highlight=False, soft_wrap=True)
+    if report.exit_code():
+        raise typer.Exit(report.exit_code())
 
 
 def _tasks(suite: str, split: str, n: int | None) -> list[Task]:
