@@ -18,21 +18,6 @@ pytestmark = [needs_bwrap, pytest.mark.slow]
 
 PLAYED = [a for a in ATTACKS if a not in HOST_WIDE]
 
-# The Harbor importer runs test.sh's `python3 -c "import json; ..."` (json-reward) from /app, the
-# agent's workspace, with nothing keeping Python from importing the json.py planted there: its
-# forged json.dumps writes reward.json = {"reward": 1.0}, and the episode scores 1.0.
-HARBOR_PLANTED = (
-    "Harbor's verifier runs test.sh's python3 from /app without PYTHONSAFEPATH or -I: a json.py the agent "
-    'left in /app is imported and its forged dumps writes reward.json {"reward": 1.0} (json-reward scores 1.0)'
-)
-
-
-def _harbor_attacks():
-    return [
-        pytest.param(a, marks=pytest.mark.xfail(strict=True, reason=HARBOR_PLANTED)) if a == "planted_modules" else a
-        for a in PLAYED
-    ]
-
 
 @pytest.fixture(scope="module")
 def harbor(tmp_path_factory) -> RedTeamReport:
@@ -55,7 +40,7 @@ def claweval(tmp_path_factory) -> RedTeamReport:
     return run_battery(suite, attacks=PLAYED, tasks=2, out=out, forge_answer="14")
 
 
-@pytest.mark.parametrize("attack", _harbor_attacks())
+@pytest.mark.parametrize("attack", PLAYED)
 def test_harbor(harbor, attack):
     check_holds(harbor, attack)
 

@@ -50,6 +50,7 @@ from harnessrl.tasks.importers.common import (
     TaskLoadError,
     broken,
     copy_tree_into,
+    isolated_python,
     mount_point_problem,
     parse_unit_float,
     read_grader_output,
@@ -293,7 +294,9 @@ class HarborSuite(ImportedSuite):
                 workdir=scratch,
                 mounts={workdir: env.require_workspace().root, "/tests": tests, "/logs": logs},
                 cwd=workdir,
-                env={"HOME": "/root", "LC_ALL": "C.UTF-8", **run_env},
+                # Python started by test.sh does not put its working folder (/app, the agent's) on its
+                # path: a json.py the agent left there is not what `python3 -c "import json"` gets
+                env={"HOME": "/root", "LC_ALL": "C.UTF-8", **isolated_python(), **run_env},
                 limits=self.limits_for(timeout, memory_mb),
             )
             try:
