@@ -180,3 +180,53 @@ def test_a_hard_linked_output_earns_nothing(tmp_path):
         env.close()
     assert grade.score == 0.0
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@needs_bwrap
+def test_a_grader_broken_by_what_the_agent_left_scores_zero_not_an_infrastructure_error():
+    """Deleting the input a grader reads makes it fail; that failure is the agent's (the grader
+    grades a fresh setup of the task), so the episode scores 0 instead of dropping out as an
+    infrastructure error, which a policy under RL could learn to cause."""
+    import time
+
+    task = ClawGymSuite(FIXTURES / "importers" / "clawgym").task("clawgym/dev/task_sum")
+    env = task.make_env()
+    try:
+        (env.workspace.root / "input" / "numbers.txt").unlink()
+        (env.workspace.root / "input").rmdir()
+        os.symlink("/nonexistent", env.workspace.root / "input")
+        env.submitted, env.answer = True, ""
+        grade = task.grade(env)
+    finally:
+        env.close()
+    assert grade.score == 0.0 and not grade.passed
+    assert "reward/reward.sh failed" in grade.details["grader_failed"]
+    # a FIFO where the grader reads is removed before it runs: no hang, and it is listed
+    env = task.make_env()
+    try:
+        (env.workspace.root / "input" / "numbers.txt").unlink()
+        os.mkfifo(env.workspace.root / "input" / "numbers.txt")
+        env.submitted, env.answer = True, ""
+        t0 = time.monotonic()
+        grade = task.grade(env)
+        assert time.monotonic() - t0 < 60
+    finally:
+        env.close()
+    assert grade.score < 1.0
+    assert grade.details["removed_special_files"] == ["input/numbers.txt"]
+
+
+@needs_bwrap
+def test_a_grader_that_fails_on_a_fresh_setup_too_stays_an_infrastructure_error(tmp_path):
+    root = tmp_path / "clawgym" / "task_bad"
+    (root / "reward").mkdir(parents=True)
+    (root / "data_entry.json").write_text('{"task_id": "bad", "user_query": "Say hi.", "metadata": {}}')
+    (root / "reward" / "reward.sh").write_text("echo 'not a number'\n")
+    task = ClawGymSuite(tmp_path / "clawgym").tasks("dev")[0]
+    env = task.make_env()
+    try:
+        env.submitted, env.answer = True, "hi"
+        with pytest.raises(GraderError, match="not a number"):
+            task.grade(env)
+    finally:
+        env.close()

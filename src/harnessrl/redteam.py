@@ -11,9 +11,10 @@ in the agent's sandbox, with the sandbox fields of a user's spec when one is giv
 in one eval over a suite on a model (any model: the attacker makes one call and ignores the reply),
 and judges each attack:
 
-    HOLDS  every episode scored below 1 (an infrastructure error is never a score, so it holds; a
-           grade forced to 0 because the agent made no model call is judged by the grader's own
-           score), no `exists` check passed on a link (exists_link), every bait file is
+    HOLDS  every episode was scored, below 1 (a grade forced to 0 because the agent made no
+           model call is judged by the grader's own score; an infrastructure error is a LEAK: it
+           is never scored and is left out of the metrics, so an attack that causes one has made
+           a failure "no sample"), no `exists` check passed on a link (exists_link), every bait file is
            byte-for-byte unchanged with the same mtime, mode and link count, nothing was added to
            the bait folder, and neither the secret token nor the write target's content appears
            in any file of the run folder (run.db included) or in the JSONL export
@@ -469,6 +470,10 @@ def _judge(
         elif e.grader_score is not None and e.grader_score >= 1.0:
             findings.append(
                 RedTeamFinding(check="score", detail=f"the grader gave {e.grader_score:g} (not credited)", **where)
+            )
+        if t.infra_error is not None:  # never scored, left out of the metrics: a failure made "no sample"
+            findings.append(
+                RedTeamFinding(check="no_sample", detail=f"an infrastructure error: {t.infra_error[:300]}", **where)
             )
         if attack == "exists_link" and t.grade is not None:
             for key, value in t.grade.subscores.items():

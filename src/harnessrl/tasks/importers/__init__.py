@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from harnessrl.tasks.importers.claweval import ClawEvalSuite
 from harnessrl.tasks.importers.clawgym import ClawGymSuite
-from harnessrl.tasks.importers.common import GraderError, ImportedSuite, TaskLoadError
+from harnessrl.tasks.importers.common import GraderError, GraderUnavailable, ImportedSuite, TaskLoadError
 from harnessrl.tasks.importers.harbor import HarborSuite
 from harnessrl.tasks.importers.pinchbench import Judge, ModelJudge, PinchBenchSuite
 
@@ -53,6 +53,7 @@ __all__ = [
     "ClawEvalSuite",
     "ClawGymSuite",
     "GraderError",
+    "GraderUnavailable",
     "HarborSuite",
     "ImportedSuite",
     "Judge",

@@ -44,16 +44,93 @@ class GraderError(Exception):
     """A task's own grader crashed, hung or printed something that is not a score."""
 
 
+class GraderUnavailable(GraderError):
+    """The grader could not be asked at all, whatever the agent left: the judge it needs is not
+    configured or failed, the sandbox cannot run it. Never blamed on the agent."""
+
+
+# Whether each task's grader works on the workspace as set up (a fresh environment, no answer),
+# asked at most once per task in a process: None when it does, else why it does not.
+_FRESH_SETUP: dict[tuple[str, str], str | None] = {}
+
+
 @dataclass
 class ImportedTask(Task):
-    """A Task whose grade comes from the task's own grader (a subprocess in the sandbox)."""
+    """A Task whose grade comes from the task's own grader (a subprocess in the sandbox).
+
+    What the agent left can break a grader on purpose (a FIFO where it reads an input, an input
+    deleted or made a link, a file it does not expect): were that an infrastructure error, it would
+    never be scored, and a policy under RL could learn to turn its failures into "no sample". So a
+    grader that fails on the agent's workspace is asked once more, on a fresh setup of the task:
+    when it grades that, the failure came from what the agent left and the episode scores 0 with
+    the reason in `details.grader_failed`; when it fails there too, the grader itself is broken and
+    the GraderError stands (an infrastructure error). FIFOs, sockets and devices the agent left in
+    its workspace are removed before the grader runs (listed in `details.removed_special_files`):
+    no task's output is one, and a grader reading one would hang.
+    """
 
     grader: Callable[[Environment], Grade] | None = None
 
     def grade(self, env: Environment) -> Grade:
         if self.grader is None:
             raise GraderError(f"task {self.id} has no grader")
-        return self.grader(env)
+        removed = _remove_special_files(env)
+        try:
+            grade = self.grader(env)
+        except GraderUnavailable:
+            raise
+        except GraderError as e:
+            broken = self._fresh_setup_problem()
+            if broken is not None:
+                raise
+            return Grade(
+                score=0.0,
+                passed=False,
+                threshold=self.pass_threshold,
+                details={
+                    "grader_failed": str(e)[:MAX_REASON_CHARS],
+                    "blamed_on": "what the agent left: the grader grades a fresh setup of this task",
+                    **({"removed_special_files": removed} if removed else {}),
+                },
+            )
+        if removed:
+            grade = grade.model_copy(update={"details": {**grade.details, "removed_special_files": removed}})
+        return grade
+
+    def _fresh_setup_problem(self) -> str | None:
+        """Why the grader fails on a fresh setup of this task (no answer), or None when it grades."""
+        key = (str(self.data.get("source", "")), self.id)
+        if key not in _FRESH_SETUP:
+            assert self.grader is not None
+            try:
+                env = self.make_env()
+            except Exception as e:  # noqa: BLE001 - a setup that fails is the task's, not the agent's
+                _FRESH_SETUP[key] = f"setup failed: {e}"
+            else:
+                try:
+                    self.grader(env)
+                    _FRESH_SETUP[key] = None
+                except GraderError as e:
+                    _FRESH_SETUP[key] = str(e)
+                finally:
+                    env.close()
+        return _FRESH_SETUP[key]
+
+
+def _remove_special_files(env: Environment) -> list[str]:
+    """Remove the FIFOs, sockets and devices under the workspace (never following a link)."""
+    if env.workspace is None:
+        return []
+    try:
+        special = [e.rel for e in untrusted.walk(env.workspace.root) if e.kind == "other"]
+    except untrusted.Refused:
+        return []  # past the walk's limit: the grader meets what is there
+    for rel in special:
+        try:
+            untrusted.remove(env.workspace.root, rel)
+        except (untrusted.Refused, OSError):
+            continue
+    return special
 
 
 @dataclass
@@ -371,7 +448,7 @@ def run_grader(
             read_only=read_only,
         )
     except ValueError as e:  # a mount the sandbox cannot make here
-        raise GraderError(f"the sandbox cannot run the grader: {e}") from None
+        raise GraderUnavailable(f"the sandbox cannot run the grader: {e}") from None
     if result.timed_out:
         raise GraderError(f"grader hung: no result within {limits.wall_s:g} s{output_tail(result)}")
     if result.returncode is None:

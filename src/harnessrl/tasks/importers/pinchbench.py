@@ -35,6 +35,7 @@ from harnessrl.tasks.base import Environment, Task
 from harnessrl.tasks.importers.common import (
     PYTHON,
     GraderError,
+    GraderUnavailable,
     ImportedSuite,
     TaskEntry,
     TaskLoadError,
@@ -271,11 +272,11 @@ class PinchBenchSuite(ImportedSuite):
     def _judged(self, prompt: str, sections: dict[str, str], transcript: list) -> tuple[float, dict[str, float], str]:
         rubric = sections.get("LLM Judge Rubric") or sections.get("Grading Criteria", "")
         if self.judge is None:
-            raise GraderError("the task has an LLM-judge part, and no judge is configured")
+            raise GraderUnavailable("the task has an LLM-judge part, and no judge is configured")
         try:
             reply = self.judge(judge_prompt(prompt, sections.get("Expected Behavior", ""), transcript, rubric))
         except Exception as e:
-            raise GraderError(f"the judge failed: {type(e).__name__}: {e}") from None
+            raise GraderUnavailable(f"the judge failed: {type(e).__name__}: {e}") from None
         return parse_judge_reply(reply)
 
 
@@ -389,6 +390,6 @@ def parse_judge_reply(reply: str) -> tuple[float, dict[str, float], str]:
         if total is None:
             continue
         if not 0.0 <= total <= 1.0 or any(not 0.0 <= v <= 1.0 for v in scores.values()):
-            raise GraderError(f"the judge gave a score outside [0, 1]: {candidate[:200]}")
+            raise GraderUnavailable(f"the judge gave a score outside [0, 1]: {candidate[:200]}")
         return float(total), scores, str(parsed.get("notes", ""))
-    raise GraderError(f"the judge's reply holds no JSON score: {(reply or '')[:200]!r}")
+    raise GraderUnavailable(f"the judge's reply holds no JSON score: {(reply or '')[:200]!r}")

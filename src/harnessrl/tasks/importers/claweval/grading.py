@@ -23,6 +23,7 @@ from harnessrl.tasks.importers.claweval.taskfile import (
 )
 from harnessrl.tasks.importers.common import (
     GraderError,
+    GraderUnavailable,
 )
 from harnessrl.tasks.importers.pinchbench import Judge
 from harnessrl.types import Grade
@@ -59,7 +60,7 @@ def env_snapshot(tf: TaskFile, ws: Workspace) -> dict[str, Any]:
                 cwd_in_sandbox=WORKSPACE,
             )
         except ValueError as e:  # the workspace cannot be shown at /workspace here
-            raise GraderError(f"the sandbox cannot run the snapshot command {cmd!r}: {e}") from None
+            raise GraderUnavailable(f"the sandbox cannot run the snapshot command {cmd!r}: {e}") from None
         if r.timed_out:
             snapshot[f"cmd:{cmd}"] = {
                 "exit_code": -1,

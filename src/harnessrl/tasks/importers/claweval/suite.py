@@ -43,6 +43,7 @@ from harnessrl.tasks.importers.claweval.taskfile import (
 )
 from harnessrl.tasks.importers.common import (
     GraderError,
+    GraderUnavailable,
     ImportedSuite,
     TaskEntry,
     TaskLoadError,
@@ -248,9 +249,9 @@ class ClawEvalSuite(ImportedSuite):
             except json.JSONDecodeError as e:
                 raise GraderError(f"the grader left no readable result: {e}") from None
         if out.get("problem") == "judge_needed":
-            raise GraderError("the grader asked for an LLM judge, and none is configured (use --judge-model)")
+            raise GraderUnavailable("the grader asked for an LLM judge, and none is configured (use --judge-model)")
         if out.get("problem") == "judge_failed":
-            raise GraderError(f"the judge failed: {out.get('message')}")
+            raise GraderUnavailable(f"the judge failed: {out.get('message')}")
         if bridge is not None and bridge.error:
-            raise GraderError(f"the judge failed: {bridge.error}")
+            raise GraderUnavailable(f"the judge failed: {bridge.error}")
         return grade_from_scores(out.get("scores"), details, judge_calls=bridge.calls if bridge else 0)
