@@ -250,7 +250,8 @@ def swap_agent(root: str | None):
 def agent_run(out: Path, url: str, attack: bool) -> list[dict]:
     root = url.removesuffix("/v1")
     config = BASE.replace(steps=2, eval_every=0, scheduler="single:swap", rollout_servers=[url])
-    grpo_trainer(config, out, suite=TextScore(), specs=[swap_agent(root if attack else None)], progress=False).run()
+    specs = [swap_agent(root if attack else None)]  # network: host, consented to as a user would
+    grpo_trainer(config, out, suite=TextScore(), specs=specs, progress=False, allow_host_network=True).run()
     return lines(out / "metrics.jsonl")
 
 

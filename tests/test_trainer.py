@@ -690,7 +690,7 @@ def test_cli_options_match_the_config_defaults_and_the_docs():
 
     command = typer.main.get_command(_cli()).commands["train"].commands["grpo"]
     options = {p.name: p for p in command.params}
-    cli_only = {"out", "resume", "progress", "executor", "ray_address", "isolation", "preflight"}
+    cli_only = {"out", "resume", "progress", "executor", "ray_address", "isolation", "allow_host_network", "preflight"}
     renamed = {"scheduler_option": "scheduler_options"}
     fields = set(TrainConfig.model_fields)
     assert {renamed.get(n, n) for n in options} - cli_only == set(fields)
