@@ -4,6 +4,9 @@ tree against a base commit, alternated in one run, on the same jobs.
 - `eval`: `harnessrl eval --suite workspace --split dev --harness json-tools --model oracle` over
   `--tasks` tasks (the known solutions: every file tool call and grader read, no model time), wall
   time of the whole command;
+- `file tool call`: one call of the workspace file tools (write_file, read_file, list_dir,
+  search_text in turn) in a workspace of 60 files in 3 folders, median over 2,000 calls, in
+  process (what every built-in episode and every MCP call pays);
 - `grade clawgym` / `grade harbor`: one episode's grading (`Task.grade`, the task's own grader in
   the sandbox, with the workspace laid out and read back by the host) on the repository's ClawGym
   and Harbor fixtures, median over `--repeats` per task.
@@ -58,6 +61,30 @@ print(json.dumps(out))
 """
 
 
+TOOLS = """
+import json, statistics, time
+from harnessrl.tasks.base import Environment, Workspace
+from harnessrl.tasks.workspace import append_file, list_dir, read_file, search_text, write_file
+env = Environment(workspace=Workspace())
+for d in range(3):
+    for i in range(20):
+        write_file(env, f"d{d}/f{i}.txt", "line of text\\n" * 20)
+calls = [
+    lambda i: write_file(env, f"d{i % 3}/f{i % 20}.txt", "new text\\n" * 10),
+    lambda i: read_file(env, f"d{i % 3}/f{i % 20}.txt"),
+    lambda i: list_dir(env, f"d{i % 3}"),
+    lambda i: search_text(env, "new", f"d{i % 3}"),
+]
+times = []
+for i in range(2000):
+    t0 = time.perf_counter()
+    calls[i % 4](i)
+    times.append(time.perf_counter() - t0)
+env.close()
+print(json.dumps({"tool_ms": 1e3 * statistics.median(times)}))
+"""
+
+
 def run(tree: Path, argv: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     return subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True, check=False)
@@ -80,10 +107,13 @@ def eval_s(tree: Path, tasks: int) -> float:
 
 
 def grade_ms(tree: Path, repeats: int) -> dict[str, float]:
-    done = run(tree, [sys.executable, "-c", GRADE, str(FIXTURES), str(repeats)])
-    if done.returncode != 0:
-        raise SystemExit(f"grading failed in {tree}:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out = {}
+    for script, args in ((GRADE, [str(FIXTURES), str(repeats)]), (TOOLS, [])):
+        done = run(tree, [sys.executable, "-c", script, *args])
+        if done.returncode != 0:
+            raise SystemExit(f"measuring failed in {tree}:\n{done.stderr[-2000:]}")
+        out.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main() -> None:
@@ -110,11 +140,13 @@ def main() -> None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     rows = []
-    for what, key in (
-        ("eval, workspace dev (s)", None),
+    measures = (
+        (f"eval, workspace dev, {args.tasks} tasks, oracle (s)", None),
+        ("file tool call (ms)", "tool_ms"),
         ("grade clawgym (ms)", "clawgym"),
         ("grade harbor (ms)", "harbor"),
-    ):
+    )
+    for what, key in measures:
         if key is None:
             b, t = statistics.median(evals["base"]), statistics.median(evals["this"])
         else:
