@@ -128,6 +128,21 @@ def test_a_symlink_to_a_refused_folder_is_refused(tmp_path):
     assert "a link to /" in not_shown(["python3", str(tmp_path / "link")])
 
 
+def test_a_socket_or_fifo_named_by_a_command_word_is_refused(tmp_path):
+    """A daemon's socket named in a command (docker's, say) would make the program its client."""
+    import os
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "daemon.sock"))
+    os.mkfifo(tmp_path / "pipe")
+    try:
+        for word in (tmp_path / "daemon.sock", tmp_path / "pipe"):
+            assert "socket, FIFO or device" in not_shown(["python3", "agent.py", "--connect", str(word)])
+    finally:
+        server.close()
+
+
 def test_words_under_proc_and_dev_name_the_sandboxs_own(tmp_path):
     argv = ["/bin/sh", "-c", "python3 agent.py 2>/dev/null; cat /proc/self/status"]
     view = host_paths(argv)

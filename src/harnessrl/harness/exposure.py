@@ -93,8 +93,15 @@ def never_shown(path: Path, *, search: bool = True) -> NeverShown | None:
     `.git`) and a folder holding one. `search`: look through a folder's subfolders for run
     folders and checkouts (at most MAX_FOLDERS_SEARCHED); else only at the folder itself. The
     system folders every sandbox shows anyway are never refused. `path` is taken as it is
-    written (a caller checks a symlink's target too)."""
+    written (a caller checks a symlink's target too). A socket, FIFO or device is never shown,
+    wherever it lies."""
     path = Path(os.path.normpath(Path(path).absolute()))
+    if path.exists() and not path.is_dir() and not path.is_file():
+        return NeverShown(
+            "it is a socket, FIFO or device, not a program's file (a daemon's socket would let the "
+            "program act as that daemon's client)",
+            "leave it out of the command; the program gets what it needs through its endpoint",
+        )
     if any(_within(path, system) for system in [*(Path("/" + e) for e in SYSTEM_VIEW), *system_folders()]):
         return None
     if path == Path(path.anchor):
