@@ -54,3 +54,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def endpoint():
+    """A recording endpoint (the server agent programs call), started, stopped after the test."""
+    from harnessrl.harness.recording import RecordingEndpoint
+
+    server = RecordingEndpoint()
+    server.start()
+    yield server
+    server.stop()

@@ -32,7 +32,6 @@ from test_serve_tools import CALL_TEXT, ScriptedHF
 
 from harnessrl.harness.external import ExternalEpisode
 from harnessrl.harness.protocols import get_protocol
-from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import ExternalHarnessSpec, parse_spec
 from harnessrl.models import SamplingParams
 from harnessrl.models.embedded import tiny_random_model
@@ -368,14 +367,6 @@ def agent_spec(mode: str = "generate", **limits) -> ExternalHarnessSpec:
     spec = parse_spec(data)
     assert isinstance(spec, ExternalHarnessSpec)
     return spec
-
-
-@pytest.fixture
-def endpoint():
-    server = RecordingEndpoint()
-    server.start()
-    yield server
-    server.stop()
 
 
 def episode_for(endpoint, policy) -> tuple[ExternalEpisode, genai.Client]:

@@ -29,7 +29,7 @@ import pytest
 from typer.testing import CliRunner
 
 from harnessrl.harness.external import ExternalEpisode
-from harnessrl.harness.recording import COUNT_TOKENS_PER_MODEL_CALL, RecordingEndpoint
+from harnessrl.harness.recording import COUNT_TOKENS_PER_MODEL_CALL
 from harnessrl.harness.spec import parse_spec
 from harnessrl.models import SamplingParams
 from harnessrl.models.scripted import ScriptedPolicy
@@ -128,14 +128,6 @@ def agent_spec(max_model_calls: int):
         "tool_protocol": "hermes",
     }
     return parse_spec(data)
-
-
-@pytest.fixture
-def endpoint():
-    server = RecordingEndpoint()
-    server.start()
-    yield server
-    server.stop()
 
 
 def episode_for(endpoint, policy, max_model_calls: int = 4) -> ExternalEpisode:

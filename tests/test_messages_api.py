@@ -25,7 +25,6 @@ from test_serve_tools import CALL_TEXT, ScriptedHF
 
 from harnessrl.harness.external import ExternalEpisode
 from harnessrl.harness.protocols import get_protocol
-from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import parse_spec
 from harnessrl.models import SamplingParams
 from harnessrl.models.embedded import tiny_random_model
@@ -304,14 +303,6 @@ def agent_spec():
 
 def hermes(name: str, arguments: dict) -> str:
     return get_protocol("hermes").render_call(ToolCall(name=name, arguments=arguments))
-
-
-@pytest.fixture
-def endpoint():
-    server = RecordingEndpoint()
-    server.start()
-    yield server
-    server.stop()
 
 
 def episode_for(endpoint, policy) -> tuple[ExternalEpisode, anthropic.Anthropic]:

@@ -21,7 +21,6 @@ import pytest
 
 from harnessrl.harness.external import ExternalEpisode
 from harnessrl.harness.protocols import get_protocol
-from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import ExternalHarnessSpec, parse_spec
 from harnessrl.models import GenerationRequest, SamplingParams
 from harnessrl.models.embedded import tiny_random_model
@@ -241,14 +240,6 @@ def run(policy, spec, task):
     runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
     [traj] = runner.run(make_jobs([task], [spec], 1))
     return traj
-
-
-@pytest.fixture
-def endpoint():
-    server = RecordingEndpoint()
-    server.start()
-    yield server
-    server.stop()
 
 
 def episode_for(endpoint, replies: list[str], tokenizer) -> ExternalEpisode:
