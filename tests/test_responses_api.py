@@ -147,8 +147,7 @@ def test_responses_logprobs_are_included_when_asked(client):
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input_image"),
         ({"text": {"format": {"type": "json_object"}}}, "plain text"),
         ({"tools": [TOOL]}, "native tool calls are not supported"),  # as chat completions on this server
-        # what Codex CLI sends unless its config says otherwise (examples/agents/codex.py does)
-        ({"reasoning": {"summary": "auto"}}, "'reasoning.summary' is not supported with this model"),
+        ({"reasoning": {"effort": "none", "summary": "auto", "foo": 1}}, "'reasoning.foo'"),
         # a namespace's tools are served as its function and custom tools are, nothing else in it
         (
             {"tools": [TOOL, {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "web_search"}]}]},
@@ -350,6 +349,16 @@ APPLY_PATCH = {
     "description": "Edit files with a patch.",
     "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR},
 }
+
+
+@pytest.mark.parametrize(
+    "reasoning", [{"effort": "none"}, {"summary": "auto"}, {"effort": "none", "summary": "detailed"}]
+)
+def test_reasoning_settings_that_ask_for_no_reasoning_are_served(client, reasoning):
+    """What agent programs send by default in their Responses mode (Codex asks for a summary)
+    asks for nothing a model without reasoning does not do: answered, with no reasoning item."""
+    response = client.responses.create(model="tiny-random", input=USER, max_output_tokens=2, reasoning=reasoning)
+    assert [o.type for o in response.output] == ["message"]
 
 
 def test_encrypted_reasoning_asked_of_a_model_without_it_is_answered_as_openai_does(client):

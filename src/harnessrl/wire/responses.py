@@ -15,8 +15,9 @@ limits, recording, tool-call parsing) is the chat path's, so a Responses call is
 and refused exactly as a chat completion is.
 
 What cannot be served exactly is refused with a 400 naming it: built-in tools (web_search,
-file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning`
-settings and reasoning input items: the local models do not reason), `background` mode,
+file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning` settings
+that ask for any, and reasoning input items: the local models do not reason; `effort: "none"` and
+a `summary` setting, which ask for nothing more than such a model does, are accepted), `background` mode,
 server-side `conversation`s, prompt templates (`prompt`), structured output (`text.format` other
 than text), `text.verbosity` other than medium, `truncation: "auto"`, non-text input (images,
 files, audio), `item_reference` items. Asking to include encrypted reasoning is answered as
@@ -46,6 +47,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # `include` values with nothing to include here (no reasoning, no tools that run on the server):
 # accepted because agents send them by default (Codex asks for encrypted reasoning)
 VACUOUS_INCLUDES = {"reasoning.encrypted_content", "message.input_image.image_url"}
+REASONING_SUMMARIES = ("auto", "concise", "detailed", "none")  # of no reasoning: nothing
 STORED_RESPONSES = 4096  # conversations kept for previous_response_id on `harnessrl serve` (LRU)
 TEXT_PARTS = {"input_text", "output_text", "text"}
 CUSTOM_INPUT = "input"  # the one string argument a custom tool takes in the tool-call format
@@ -95,16 +97,19 @@ def check(body: ResponsesRequest) -> None:
         )
     if body.prompt is not None:
         raise ServeError(400, "prompt: prompt templates are not supported by this server", param="prompt")
-    reasoning = {k: v for k, v in (body.reasoning or {}).items() if v is not None}
-    if reasoning:
-        # OpenAI's answer for a model without reasoning, naming the first setting
-        first = sorted(reasoning)[0]
-        raise ServeError(
-            400,
-            f"Unsupported parameter: 'reasoning.{first}' is not supported with this model: it does not reason "
-            "(send no reasoning settings)",
-            param=f"reasoning.{first}",
-        )
+    # settings that ask for what a model without reasoning does anyway are accepted: no reasoning
+    # (`effort: "none"`), and a summary of whatever reasoning there is (none: nothing to summarise),
+    # which agent programs send by default in their Responses mode; any other is refused by name
+    asked = {k: v for k, v in (body.reasoning or {}).items() if v is not None}
+    vacuous = {"effort": ("none",), "summary": REASONING_SUMMARIES, "generate_summary": REASONING_SUMMARIES}
+    for key in sorted(asked):
+        if asked[key] not in vacuous.get(key, ()):
+            raise ServeError(
+                400,
+                f"Unsupported parameter: 'reasoning.{key}' = {asked[key]!r} is not supported with this model: it "
+                "does not reason (send effort 'none', or no reasoning settings)",
+                param=f"reasoning.{key}",
+            )
     fmt = ((body.text or {}).get("format") or {}).get("type", "text")
     if fmt != "text":
         raise ServeError(400, f"text.format: only plain text output is supported, got {fmt!r}", param="text")
