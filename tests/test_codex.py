@@ -186,9 +186,10 @@ def test_a_model_family_codex_does_not_know_ends_the_episode_saying_so():
     [task] = workspace_tasks(("answer_from_file",))
     runner = Runner(solution_policy([task], as_codex), SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
     [traj] = runner.run(make_jobs([task], [spec], 1))
-    assert traj.termination == Termination.exited and not traj.steps and not traj.is_infra_error
-    assert "CODEX_MODEL_FAMILY 'gpt-none' is not in Codex's bundled catalog: " in traj.termination_detail
-    assert "gpt-5.5" in traj.termination_detail  # the families it has are named
+    # it never reached the model: an infrastructure error saying why, never a scored 0
+    assert traj.termination == Termination.error and not traj.steps and traj.is_infra_error
+    assert "CODEX_MODEL_FAMILY 'gpt-none' is not in Codex's bundled catalog: " in traj.infra_error
+    assert "gpt-5.5" in traj.infra_error  # the families it has are named
 
 
 @pytest.mark.slow

@@ -262,7 +262,8 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
         escaped = [p for p in (escape_in_repo, escape_etc) if p.exists()]
         for p in escaped:
             p.unlink()
-    assert set(by) == {s.name for s in specs} and not any(t.is_infra_error for t in by.values())
+    assert set(by) == {s.name for s in specs}
+    assert [name for name, t in by.items() if t.is_infra_error] == ["lie"]
 
     good = by["minimal-agent"]
     assert good.termination == Termination.submitted and good.grade.passed
@@ -276,13 +277,9 @@ def test_misbehaving_programs_are_contained_and_recorded_while_the_others_finish
     assert hang.termination == Termination.timeout and hang.meta["agent"]["timed_out"]
     assert hang.duration_s < 15 and len(hang.steps) == 1
 
-    lie = by["lie"]  # its workspace is right, but no model ever spoke: nothing is credited
-    assert lie.termination == Termination.exited and not lie.steps and not lie.submitted and lie.answer is None
-    assert "no model call" in lie.termination_detail
-    assert not lie.grade.passed and lie.grade.details == {
-        "not_credited": "the agent made no model call",
-        "grader_score": 1.0,
-    }
+    lie = by["lie"]  # its workspace is right, but no model ever spoke: nothing of the model's to score
+    assert lie.termination == Termination.error and not lie.steps and not lie.submitted and lie.answer is None
+    assert lie.grade is None and "the agent made no model call (exit code 0)" in lie.infra_error
 
     escape = by["escape"]
     assert escape.termination == Termination.submitted and escape.answer == "tried"

@@ -26,14 +26,13 @@ A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For 
    trajectory's meta under "agent".
 
 Outcomes (termination): `submitted` (the answer file exists when the program ends on its own),
-`exited` (it ended without one, whatever its exit status, or it made no model call: then nothing
-it left is credited, and the detail names the first request the endpoint refused, if any, e.g.
-"the agent's POST /v1/foo got 404 (route not served: ...)"), `timeout` (past `limits.wall_s`),
+`exited` (it ended without one, whatever its exit status), `timeout` (past `limits.wall_s`),
 `max_steps` / `max_tokens` (a request past `limits.max_model_calls` / `limits.max_total_tokens`:
-refused, and the program is stopped), and `error` for our side only (the model backend failed,
-the sandbox could not start the program, the grader crashed, the program made no model call and
-its first refused request was a route the endpoint does not serve): retried like any
-infrastructure error.
+refused, and the program is stopped), and `error` where nothing of the model's is to be scored:
+the model backend failed, the sandbox could not start the program, the grader crashed, or the
+program made no model call at all (not found, refused at its first request, crashed or killed by
+a limit before it; the reason names the first request the endpoint refused, if any, e.g. "the
+agent's POST /v1/foo got 404 (route not served: ...)"): retried like any infrastructure error.
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult, run_sandboxed
 from harnessrl.tasks.sandbox_net import socket_path
 from harnessrl.types import (
     ActionKind,
-    Grade,
     ModelCall,
     RefusedRequest,
     Step,
@@ -625,12 +623,16 @@ class _Record:
         answer, answer_refused = _read_answer(control)
         if answer_refused:
             meta["answer_file"] = answer_refused
-        termination, detail, credited = _outcome(episode, result, answer, bool(steps))
+        termination, detail = _outcome(episode, result, answer, bool(steps))
         if answer_refused and termination == Termination.exited:
             detail = f"{detail}; {answer_refused}"
         infra_error = episode.infra_error
-        if not steps and (unserved := _unserved_route(episode)):  # our side: not the model's failure
-            termination, detail, infra_error = Termination.error, "infrastructure error", unserved
+        if not steps and termination != Termination.error:
+            # the model never spoke: nothing of it is in this episode to score, whatever the
+            # program left (a missing program, a refused first request, a crash or a limit before
+            # it): an infrastructure error with the reason, retried, never a 0 in the mean
+            termination, infra_error = Termination.error, _unserved_route(episode) or detail
+            detail = "infrastructure error"
         grade = None
         try:
             if termination != Termination.error:
@@ -641,13 +643,6 @@ class _Record:
                 except Exception as e:
                     termination, detail = Termination.error, "infrastructure error"
                     infra_error, grade = f"grader crashed: {short_traceback(e)}", None
-                if grade is not None and not credited:
-                    grade = Grade(
-                        score=0.0,
-                        passed=False,
-                        threshold=grade.threshold,
-                        details={"not_credited": "the agent made no model call", "grader_score": grade.score},
-                    )
         finally:
             env.close()
         return self._trajectory(
@@ -678,27 +673,24 @@ def _read_answer(control: Path) -> tuple[str | None, str]:
     return data.decode("utf-8", "replace").strip(), ""
 
 
-def _outcome(
-    episode: ExternalEpisode, result: ExecResult, answer: str | None, called: bool
-) -> tuple[Termination, str, bool]:
-    """(termination, its detail, whether what the program left is credited)."""
+def _outcome(episode: ExternalEpisode, result: ExecResult, answer: str | None, called: bool) -> tuple[Termination, str]:
+    """(termination, its detail); for a program that made no model call, the detail says why, as
+    the reason of the infrastructure error the episode becomes."""
     how = _how_it_ended(result)
     if episode.termination is not None:  # a limit or a backend failure stopped it
-        return episode.termination, episode.detail, True
-    if result.timed_out:
-        return Termination.timeout, f"the agent ran past limits.wall_s ({result.reason})", True
+        return episode.termination, episode.detail
     first = _first_refusal(episode)
     if not called:
+        if result.timed_out:
+            return Termination.timeout, f"the agent made no model call within limits.wall_s ({result.reason})"
         if first:
-            return Termination.exited, f"{first}; it made no model call, nothing it left is credited ({how})", False
-        return Termination.exited, f"the agent made no model call; nothing it left is credited ({how})", False
+            return Termination.exited, f"{first}; the agent made no model call ({how})"
+        return Termination.exited, f"the agent made no model call ({how})"
+    if result.timed_out:
+        return Termination.timeout, f"the agent ran past limits.wall_s ({result.reason})"
     if answer is not None:
-        return Termination.submitted, "" if how == "exit code 0" else how, True
-    return (
-        Termination.exited,
-        f"ended without an answer file ({how}){f'; first refused: {first}' if first else ''}",
-        True,
-    )
+        return Termination.submitted, "" if how == "exit code 0" else how
+    return Termination.exited, f"ended without an answer file ({how}){f'; first refused: {first}' if first else ''}"
 
 
 def _unserved_route(episode: ExternalEpisode) -> str:
