@@ -623,12 +623,13 @@ class _Record:
         answer, answer_refused = _read_answer(control)
         if answer_refused:
             meta["answer_file"] = answer_refused
-        termination, detail = _outcome(episode, result, answer, bool(steps))
+        called = episode.calls > 0 or bool(steps)  # a request admitted to the model, answered or not
+        termination, detail = _outcome(episode, result, answer, called)
         if answer_refused and termination == Termination.exited:
             detail = f"{detail}; {answer_refused}"
         infra_error = episode.infra_error
-        if not steps and termination != Termination.error:
-            # the model never spoke: nothing of it is in this episode to score, whatever the
+        if not called and termination != Termination.error:
+            # no request reached the model: nothing of it is in this episode to score, whatever the
             # program left (a missing program, a refused first request, a crash or a limit before
             # it): an infrastructure error with the reason, retried, never a 0 in the mean
             termination, infra_error = Termination.error, _unserved_route(episode) or detail
