@@ -105,11 +105,15 @@ Message.model_rebuild()
 class ModelCall(OmitsWhenNone):
     """One generation: token in, token out. Never re-tokenize the text the model produced."""
 
-    _omit_when_none: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_error")
+    _omit_when_none: ClassVar[tuple[str, ...]] = ("tool_calls", "tool_call_error", "sampled_logprobs")
 
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float]  # log-probability of each sampled completion token
+    logprobs: list[float]  # log-probability of each sampled completion token: log softmax(logits / T)
+    # The log-probability of each token under the distribution it was actually drawn from, where
+    # that is not the one above: after penalties, min_p, top_k and top_p, renormalised. None: the
+    # token was drawn from log softmax(logits / T) itself (no shaping), so `logprobs` is both.
+    sampled_logprobs: list[float] | None = None
     text: str  # decoded completion, special tokens stripped (with native tool calls: the prose around them)
     # Native function calling (a backend that returns tool calls as data: an OpenAI-compatible
     # server's `message.tool_calls`): the calls, in order. None where the backend returned text

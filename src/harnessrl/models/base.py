@@ -35,6 +35,24 @@ class SamplingParams(BaseModel):
     temperature: float = Field(0.7, ge=0.0, le=5.0)  # 0 = greedy
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = 0
+    # vLLM's sampling fields, with vLLM's meaning (docs/engine.md, "Sampling fields"); each default
+    # is the field's neutral value, so a run that sets none samples exactly as before.
+    top_k: int = Field(0, ge=-1)  # keep the k most probable tokens; 0 or -1: off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # drop tokens below min_p x the most probable's probability
+    repetition_penalty: float = Field(1.0, gt=0.0)  # on prompt and completion tokens (> 1 discourages)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # x the count of each completion token
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # once for each token in the completion
+
+    def shapes(self) -> bool:
+        """Whether anything but the temperature shapes the distribution sampled from."""
+        return (
+            self.top_p < 1.0
+            or self.top_k not in (0, -1)
+            or self.min_p > 0.0
+            or self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
 
 
 class SampledPrefix(BaseModel):
@@ -58,6 +76,8 @@ class GenerationRequest(BaseModel):
     messages: list[Message]
     max_new_tokens: int = Field(256, ge=1)
     stop: list[str] = Field(default_factory=list)  # cut the completion after the first of these
+    # end the completion at the first of these token ids too (vLLM's stop_token_ids; kept in it)
+    stop_token_ids: list[int] = Field(default_factory=list)
     tools: list[ToolSchema] | None = None  # for backends with native function calling
     # send `tools` as the backend's native function calling (where it has it: Policy.native_tool_calls)
     native_tools: bool = False
