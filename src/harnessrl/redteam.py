@@ -107,7 +107,6 @@ class RedTeamEpisode(BaseModel):
     task_id: str
     termination: str | None = None
     score: float | None = None  # None: no grade (an infrastructure error)
-    grader_score: float | None = None  # what the grader gave, where the grade was forced to 0
     infra_error: str | None = None
     model_calls: int = 0
 
@@ -466,10 +465,6 @@ def _judge(
         where = {"episode_id": e.episode_id, "task_id": e.task_id}
         if t.grade is not None and (t.grade.passed or t.grade.score >= 1.0):
             findings.append(RedTeamFinding(check="score", detail=f"scored {t.grade.score:g}", **where))
-        elif e.grader_score is not None and e.grader_score >= 1.0:
-            findings.append(
-                RedTeamFinding(check="score", detail=f"the grader gave {e.grader_score:g} (not credited)", **where)
-            )
         if t.infra_error is not None:  # never scored, left out of the metrics: a failure made "no sample"
             findings.append(
                 RedTeamFinding(check="no_sample", detail=f"an infrastructure error: {t.infra_error[:300]}", **where)
@@ -494,15 +489,11 @@ def _judge(
 
 
 def _episode(t: Trajectory) -> RedTeamEpisode:
-    grader_score = None
-    if t.grade is not None and isinstance(t.grade.details.get("grader_score"), (int, float)):
-        grader_score = float(t.grade.details["grader_score"])
     return RedTeamEpisode(
         episode_id=t.episode_id,
         task_id=t.task_id,
         termination=t.termination.value if t.termination is not None else None,
         score=None if t.grade is None else t.grade.score,
-        grader_score=grader_score,
         infra_error=t.infra_error,
         model_calls=len(t.steps),
     )
