@@ -164,7 +164,10 @@ def finish_reason(token: int, req: RequestState, max_context: int | None) -> str
 
 class RequestState:
     """One request inside the engine: its settings, its output so far, its row and its stamps.
-    `generator`: its own random stream (harnessrl.models.sampling.generator), opaque here."""
+    `sampler`: its sampling (harnessrl.models.sampling.RowSampler: its fields, its own random
+    stream, its penalty state over the prompt and the completion so far), opaque here.
+    `out_sampled`: the log-prob of each token under the distribution it was drawn from, for a
+    request whose sampler shapes it (None otherwise)."""
 
     __slots__ = (
         "cached",
@@ -173,7 +176,6 @@ class RequestState:
         "first_at",
         "future",
         "generation",
-        "generator",
         "id",
         "length",
         "lock",
@@ -181,8 +183,10 @@ class RequestState:
         "on_token",
         "out_ids",
         "out_logprobs",
+        "out_sampled",
         "prompt",
         "row",
+        "sampler",
         "scheduled_at",
         "stops",
         "submitted_at",
@@ -201,7 +205,8 @@ class RequestState:
         stops: frozenset[int],
         future,
         on_token: Callable[[int, float], None] | None = None,
-        generator=None,
+        sampler=None,
+        shapes: bool = False,
     ):
         self.id = rid
         self.prompt = prompt
@@ -209,11 +214,12 @@ class RequestState:
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.stops = stops
-        self.generator = generator
+        self.sampler = sampler
         self.future = future
         self.on_token = on_token
         self.out_ids: list[int] = []
         self.out_logprobs: list[float] = []
+        self.out_sampled: list[float] | None = [] if shapes else None
         self.row = -1
         self.length = 0  # tokens with keys/values in the row
         self.cached = 0
@@ -247,8 +253,35 @@ def check_request(req, vocab: int, max_context: int | None) -> tuple[tuple[int, 
         raise ValueError(f"top_p must be in (0, 1], got {req.top_p!r}")
     if not isinstance(req.seed, int):
         raise ValueError(f"seed must be an integer, got {req.seed!r}")
+    check_shaping(req, vocab)
     stops = frozenset(int(s) for s in req.stop_ids) if req.stop_ids is not None else None
     return prompt, stops
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_shaping(req, vocab: int) -> None:
+    """ValueError naming the first of vLLM's sampling fields (top_k, min_p, the penalties,
+    stop_token_ids) of an EngineRequest whose value is not one vLLM accepts; a request built
+    without them (their neutral defaults) passes."""
+    top_k = getattr(req, "top_k", 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < -1:
+        raise ValueError(f"top_k must be an integer >= 1, or 0 or -1 (off), got {top_k!r}")
+    min_p = getattr(req, "min_p", 0.0)
+    if not (_number(min_p) and 0 <= min_p <= 1):
+        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
+    repetition = getattr(req, "repetition_penalty", 1.0)
+    if not (_number(repetition) and repetition > 0):
+        raise ValueError(f"repetition_penalty must be a finite number > 0, got {repetition!r}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(req, name, 0.0)
+        if not (_number(value) and -2 <= value <= 2):
+            raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+    for token in getattr(req, "stop_token_ids", ()):
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+            raise ValueError(f"stop_token_ids: {token!r} is not a token id of the vocabulary (0..{vocab - 1})")
 
 
 def shared_prefix(prompts: Sequence[tuple[int, ...]], generations: Sequence[int]) -> int:

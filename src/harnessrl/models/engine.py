@@ -14,8 +14,10 @@ The engine is three parts (docs/engine.md, "Layout"):
 - harnessrl.models.forward_runner (`ForwardRunner`) runs that on the model: the batch cache of
   keys and values, the copies from and into the prefix cache, the prefills (inline, on the
   prefill thread, or in chunks between decode steps) and the batched decode forward;
-- harnessrl.models.sampling draws each token from its request's own generator and records its
-  log-probability.
+- harnessrl.models.sampling draws each token from its request's own generator, with vLLM's
+  sampling fields in vLLM's order (penalties, temperature, min_p, top_k, top_p), and gives its
+  log-probabilities: the tempered one of the raw logits, and where the request shapes its
+  distribution the one it was drawn from.
 
 This module holds the requests' life cycle between them: the waiting queue and the running rows
 (row i of the batch cache is request `_rows[i]`; a leaving row is replaced by the last one), the
@@ -51,7 +53,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import asdict
 from typing import Any
@@ -252,23 +254,12 @@ class Engine:
 
     # ----------------------------------------------------------------------------- public
 
-    def submit(
-        self,
-        prompt_ids: Sequence[int],
-        max_new_tokens: int = 256,
-        *,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        stop_ids: Sequence[int] | None = None,
-        on_token: Callable[[int, float], None] | None = None,
-    ) -> Future:
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int = 256, **fields: Any) -> Future:
         """Queue one request; its Future resolves to an EngineCompletion. Never raises for a bad
-        request: the Future carries the ValueError (or EngineClosed) instead. `on_token`: see
-        EngineRequest."""
-        return self.submit_request(
-            EngineRequest(prompt_ids, max_new_tokens, temperature, top_p, seed, stop_ids, on_token)
-        )
+        request: the Future carries the ValueError (or EngineClosed) instead. `fields`: the
+        other fields of EngineRequest by name (temperature, top_p, seed, stop_ids, on_token, top_k,
+        min_p, the penalties, stop_token_ids); a name that is not one is a TypeError here."""
+        return self.submit_request(EngineRequest(prompt_ids, max_new_tokens, **fields))
 
     def submit_request(self, request: EngineRequest) -> Future:
         future: Future = Future()
@@ -284,16 +275,18 @@ class Engine:
                 self._stats.failed += 1
                 future.set_exception(exc)
                 return future
+            sampler = sampling.for_request(request, prompt)
             req = RequestState(
                 self._next_id,
                 prompt,
                 max_new=request.max_new_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
-                stops=self.stop_ids if stops is None else stops,
+                stops=(self.stop_ids if stops is None else stops).union(request.stop_token_ids),
                 future=future,
                 on_token=request.on_token,
-                generator=sampling.generator(request.seed, request.temperature),
+                sampler=sampler,
+                shapes=sampler.shapes,
             )
             self._next_id += 1
             self._waiting.append(req)
@@ -692,10 +685,10 @@ class Engine:
                 self.prefix_cache.lock(node)
             self._unlock(req)
             req.lock = node if node is not self.prefix_cache.root else None
-        token, logprob = sampling.sample(logits, req.temperature, req.top_p, req.generator)
+        drawn = req.sampler.draw(logits)
         req.first_at = time.perf_counter()
         req.decode_mark = self._decode_clock  # it takes part in every decode step from here on
-        self._accept(req, token, logprob)
+        self._accept(req, *drawn)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
@@ -719,7 +712,7 @@ class Engine:
         self._decode_t0 = t0  # rows finishing while the step samples count the whole step
         try:
             for req, row_logits in zip(batch, logits):
-                self._accept(req, *sampling.sample(row_logits, req.temperature, req.top_p, req.generator))
+                self._accept(req, *req.sampler.draw(row_logits))
         finally:
             self._decode_t0 = None
             self._decode_clock += time.perf_counter() - t0
@@ -736,10 +729,12 @@ class Engine:
             self._shared_len = shared_prefix([r.prompt for r in self._rows], [r.generation for r in self._rows])
         return self._shared_len
 
-    def _accept(self, req: RequestState, token: int, logprob: float) -> None:
-        """Record a sampled token; finish the request when it stops."""
+    def _accept(self, req: RequestState, token: int, logprob: float, sampled: float | None = None) -> None:
+        """Record a sampled token (and its shaped log-prob); finish the request when it stops."""
         req.out_ids.append(token)
         req.out_logprobs.append(logprob)
+        if req.out_sampled is not None:
+            req.out_sampled.append(logprob if sampled is None else sampled)
         self._stats.completion_tokens += 1
         if req.on_token is not None:  # one attribute test per token for requests nobody streams
             try:
@@ -766,6 +761,7 @@ class Engine:
             prefill_s=req.first_at - req.scheduled_at,
             decode_s=self._decode_clock - req.decode_mark,
             ttft_s=req.first_at - req.submitted_at,
+            sampled_logprobs=None if req.out_sampled is None else list(req.out_sampled),
         )
         if self._decode_t0 is not None:  # inside a decode step: its decode_s once the step ends
             self._step_finished.append((completion, req.decode_mark))

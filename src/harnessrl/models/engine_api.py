@@ -22,7 +22,10 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One completion to generate. `stop_ids=None`: the engine's default stop ids."""
+    """One completion to generate. `stop_ids=None`: the engine's default stop ids.
+
+    The sampling fields have vLLM's meaning and order (docs/engine.md, "Sampling fields"); each
+    default is neutral, and a request whose fields are all neutral samples as it always did."""
 
     prompt_ids: Sequence[int]
     max_new_tokens: int = 256
@@ -33,6 +36,14 @@ class EngineRequest:
     # called from the engine's thread with (token id, logprob) as each token is sampled (a
     # server streams them); it must be quick and must not block: it runs inside the decode step
     on_token: Callable[[int, float], None] | None = None
+    top_k: int = 0  # keep the k most probable tokens (ties at the k-th kept); 0 or -1: off
+    min_p: float = 0.0  # drop tokens below min_p x the most probable one's probability
+    repetition_penalty: float = 1.0  # tokens in the prompt or the completion: logit / rp if > 0, else x rp
+    frequency_penalty: float = 0.0  # minus this x the token's count in the completion so far
+    presence_penalty: float = 0.0  # minus this once for each token present in the completion
+    # more stop ids, on top of `stop_ids` (or the engine's defaults): vLLM's stop_token_ids; the
+    # stop token is kept in the completion's ids, finish_reason "stop"
+    stop_token_ids: Sequence[int] = ()
 
 
 @dataclass
@@ -40,7 +51,7 @@ class EngineCompletion:
     """What a request produced. `ids` keeps the stop token when finish_reason is "stop"."""
 
     ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float]  # log softmax(z / T)[token] of the raw logits z (T = 0: log softmax(z))
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose keys/values came from the prefix cache
@@ -55,6 +66,10 @@ class EngineCompletion:
     # the step. 0 for a completion of one token (the prefill samples the first)
     decode_s: float = 0.0
     ttft_s: float = 0.0  # submitted -> its first token sampled (= queue_s + prefill_s)
+    # each token's log-prob under the distribution it was drawn from (after penalties, min_p,
+    # top_k, top_p, renormalised) for a request that shapes it; None when none did (then
+    # `logprobs` are both)
+    sampled_logprobs: list[float] | None = None
 
 
 @dataclass
