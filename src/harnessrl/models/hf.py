@@ -9,10 +9,14 @@ previous turn), so concurrent episodes never wait for each other's longest row.
 
 Logprobs. For every sampled token we record log softmax(z / T)[token], where z are the model's
 raw logits at that step and T the sampling temperature (T = 0, greedy: log softmax(z)[token]).
-top_p truncation is NOT applied to these numbers: they are the log-probabilities a
-teacher-forced forward pass of prompt + completion gives at the same temperature (up to float
-rounding, which batching and prefix reuse change by ~1e-7), which is what an importance ratio
-in training compares against.
+No shaping (penalties, min_p, top_k, top_p) is applied to these numbers: they are the
+log-probabilities a teacher-forced forward pass of prompt + completion gives at the same
+temperature (up to float rounding, which batching and prefix reuse change by ~1e-7), which is
+what an importance ratio in training compares against. When the sampling parameters shape the
+distribution (`SamplingParams.shapes()`), the ModelCall also holds `sampled_logprobs`: each
+token's log-probability under the distribution it was actually drawn from (vLLM's fields in
+vLLM's order, renormalised; docs/engine.md, "Sampling fields"), what a rollout-trainer mismatch
+correction compares the trainer against.
 
 Sampling and seeds. Every request samples with its own torch.Generator, seeded from its
 `seed` (the runner sets one per request: see `harnessrl.models.base.request_seed`), so a
@@ -24,9 +28,10 @@ replays the same sequence of calls, successive calls draw fresh noise, and ident
 in one `complete` call get different samples. The global RNG is never touched.
 
 Stopping. A request stops at the first end-of-turn id (<|im_end|> if the vocabulary has it, the
-tokenizer's eos and the model's configured eos ids), at its own max_new_tokens, or (in
-`complete` and `submit`) at the first of its stop strings. The end-of-turn token is kept in
-completion_ids (training sees the stop) but not in the text.
+tokenizer's eos and the model's configured eos ids) or of its own `stop_token_ids` (vLLM's: on
+top of the end-of-turn ids), at its own max_new_tokens, or (in `complete` and `submit`) at the
+first of its stop strings. The stop token is kept in completion_ids (training sees the stop);
+the end-of-turn token is not in the text.
 
 Training the same model. A trainer may wrap `policy.model` (LoRA injected in place) and step an
 optimizer between rollouts. The engine drops its prefix cache when the parameters change in
@@ -418,7 +423,10 @@ class HFPolicy(Policy):
         seed: int,
         stop_ids: Sequence[int],
         on_token: Callable[[int, float], None] | None = None,
+        stop_token_ids: Sequence[int] = (),
     ) -> Future[EngineCompletion]:
+        """One request on the engine with every sampling field of `sampling`; `stop_token_ids`
+        stop it too, on top of `stop_ids`."""
         try:
             engine = self._slot.running()
         except Exception as exc:  # noqa: BLE001 - e.g. the engine cannot serve this model
@@ -430,8 +438,14 @@ class HFPolicy(Policy):
             max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
             seed=seed,
             stop_ids=list(stop_ids),
+            stop_token_ids=list(stop_token_ids),
             on_token=on_token,
         )
 
@@ -467,7 +481,9 @@ class HFPolicy(Policy):
             return out
         seed = call_seed(sampling.seed, call_index) if request.seed is None else request.seed
         submitted_at = time.perf_counter()
-        inner = self._submit_ids(prompt, request.max_new_tokens, sampling, seed, self.stop_ids, on_token)
+        inner = self._submit_ids(
+            prompt, request.max_new_tokens, sampling, seed, self.stop_ids, on_token, request.stop_token_ids
+        )
         engine = self._slot.engine
 
         def resolve(done: Future[EngineCompletion]) -> None:
@@ -475,9 +491,7 @@ class HFPolicy(Policy):
                 return
             try:
                 completion = done.result()
-                call = chat.finish_call(
-                    self.tokenizer, request, prompt, completion.ids, completion.logprobs, completion.finish_reason
-                )
+                call = _finished(self.tokenizer, request, prompt, completion)
                 _timed(call, completion, got_at, submitted_at)
             except CancelledError:
                 out.cancel()
@@ -506,12 +520,10 @@ class HFPolicy(Policy):
             raise PolicyError(f"{self.name}: cannot render the prompt: {type(exc).__name__}: {exc}") from exc
         limits, seeds = [r.max_new_tokens for r in requests], [r.seed for r in requests]
         submitted_at = time.perf_counter()
-        outputs = self._completions(prompts, limits, sampling, None, seeds)
+        outputs = self._completions(prompts, limits, sampling, None, seeds, [r.stop_token_ids for r in requests])
         calls = []
         for request, prompt, (completion, done_at) in zip(requests, prompts, outputs):
-            call = chat.finish_call(
-                self.tokenizer, request, prompt, completion.ids, completion.logprobs, completion.finish_reason
-            )
+            call = _finished(self.tokenizer, request, prompt, completion)
             calls.append(_timed(call, completion, got_at, submitted_at, done_at))
         return calls
 
@@ -541,9 +553,11 @@ class HFPolicy(Policy):
         sampling: SamplingParams | None,
         stop_ids: Sequence[int] | None,
         seeds: Sequence[int | None] | None,
+        stop_token_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[tuple[EngineCompletion, float]]:
         """`generate_ids`' work: the engine's EngineCompletion of each prompt, and the perf_counter
-        time its future resolved (each request's own end, not the batch's)."""
+        time its future resolved (each request's own end, not the batch's). `stop_token_ids`:
+        each prompt's own further stop ids (a request's `stop_token_ids`)."""
         if not prompt_ids_batch:
             return []
         sampling = sampling or self.default_sampling
@@ -557,10 +571,16 @@ class HFPolicy(Policy):
         if any(len(p) == 0 for p in prompt_ids_batch):
             raise ValueError("empty prompt")
         stops = self.stop_ids if stop_ids is None else list(stop_ids)
+        extra = [()] * n if stop_token_ids is None else list(stop_token_ids)
         call_index = self._next_call()
         futures = [
             self._submit_ids(
-                prompt, limit, sampling, call_seed(sampling.seed, call_index, row) if s is None else s, stops
+                prompt,
+                limit,
+                sampling,
+                call_seed(sampling.seed, call_index, row) if s is None else s,
+                stops,
+                stop_token_ids=extra[row],
             )
             for row, (prompt, limit, s) in enumerate(zip(prompt_ids_batch, limits, row_seeds))
         ]
@@ -582,6 +602,15 @@ class HFPolicy(Policy):
         if failure is not None:
             raise self._failure(failure) from failure
         return results
+
+
+def _finished(tokenizer, request: GenerationRequest, prompt: list[int], completion: EngineCompletion) -> ModelCall:
+    """The ModelCall of a finished request: cut at its stop strings, with the sampled
+    distribution's log-probs where its sampling shaped it (cut with the ids)."""
+    call = chat.finish_call(tokenizer, request, prompt, completion.ids, completion.logprobs, completion.finish_reason)
+    if completion.sampled_logprobs is not None:
+        call.sampled_logprobs = list(completion.sampled_logprobs[: len(call.completion_ids)])
+    return call
 
 
 def _timed(

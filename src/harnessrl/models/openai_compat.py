@@ -28,13 +28,20 @@ request without one gets a seed derived from (``sampling.seed``, number of earli
 policy), so attempts of the same prompt get different noise and a fresh policy replays a run's seeds.
 ``logprobs=True`` is asked for; a server that answers 400 to that is asked again without it,
 once, and never asked again if that works.
-``explicit_sampling=True`` (the rollout servers of training) also sends every other field that
-shapes vLLM's sampling distribution at its neutral value: ``presence_penalty=0``,
-``frequency_penalty=0`` and, in the JSON body beside ``return_token_ids``, ``top_k=0``,
-``min_p=0`` and ``repetition_penalty=1``. vLLM fills each field a request does not send from
-the model's generation_config.json (instruct models ship a top_k or a repetition penalty
-there) unless it runs with ``--generation-config vllm``; sent, they are what the request says.
-Off by default: hosted APIs refuse the fields that are not OpenAI's.
+The other fields of SamplingParams that shape the distribution are sent when the run sets them
+(not neutral): ``presence_penalty`` and ``frequency_penalty`` as OpenAI's parameters, and, in
+the JSON body beside ``return_token_ids``, vLLM's ``top_k``, ``min_p`` and
+``repetition_penalty``; a request's ``stop_token_ids`` go there too. A server that does not know
+one refuses the request (never silently ignored here). A request whose sampling shapes the
+distribution (``SamplingParams.shapes()``) records the server's per-token logprobs also as
+``sampled_logprobs``: vLLM with ``--logprobs-mode processed_logprobs`` reports the log-probability
+under the distribution each token was drawn from (after penalties, min_p, top_k and top_p).
+``explicit_sampling=True`` (the rollout servers of training) also sends every one of those fields
+that the run leaves neutral, at its neutral value: ``presence_penalty=0``,
+``frequency_penalty=0``, ``top_k=0``, ``min_p=0`` and ``repetition_penalty=1``. vLLM fills each
+field a request does not send from the model's generation_config.json (instruct models ship a
+top_k or a repetition penalty there) unless it runs with ``--generation-config vllm``; sent, they
+are what the request says. Off by default: hosted APIs refuse the fields that are not OpenAI's.
 
 **Failures are infrastructure errors.** 429, 5xx, connection errors, timeouts and malformed
 responses (not JSON, no choices, no content and no tool calls) are retried with exponential
@@ -481,10 +488,14 @@ class OpenAIPolicy(Policy):
                 data = self._request_once(request, sampling, seed)
                 c = read_completion(data)
                 n_prompt, n_completion = usage_counts(data)
+                # the server's per-token log-probs of a shaped request are of the distribution
+                # the tokens were drawn from (vLLM with --logprobs-mode processed_logprobs)
+                shaped = sampling.shapes() and bool(c.logprobs) and len(c.logprobs) == len(c.completion_ids)
                 return ModelCall(
                     prompt_ids=c.prompt_ids,
                     completion_ids=c.completion_ids,
                     logprobs=c.logprobs,
+                    sampled_logprobs=list(c.logprobs) if shaped else None,
                     text=c.text,
                     finish_reason=c.finish_reason,
                     messages=list(request.messages),
@@ -535,12 +546,19 @@ class OpenAIPolicy(Policy):
         if logprobs:
             kwargs["logprobs"] = True
         extra: dict[str, Any] = {}
-        if self.explicit_sampling:
-            kwargs["presence_penalty"] = 0.0
-            kwargs["frequency_penalty"] = 0.0
-            # vLLM's own sampling fields go in the JSON body (the openai client has no parameters
-            # for them); top_k 0 is "off" (vLLM 0.33 also takes -1 but prefers 0)
-            extra.update(NEUTRAL_VLLM_SAMPLING)
+        # OpenAI's penalties as parameters, vLLM's own sampling fields in the JSON body (the openai
+        # client has no parameters for them; top_k 0 is "off", vLLM also takes -1 but prefers 0):
+        # each one the run sets, and every one at its neutral value with explicit_sampling
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(sampling, name)
+            if value != 0.0 or self.explicit_sampling:
+                kwargs[name] = value
+        for name, neutral in NEUTRAL_VLLM_SAMPLING.items():
+            value = 0 if name == "top_k" and sampling.top_k == -1 else getattr(sampling, name)
+            if value != neutral or self.explicit_sampling:
+                extra[name] = value
+        if request.stop_token_ids:
+            extra["stop_token_ids"] = list(request.stop_token_ids)
         if self.return_token_ids and token_ids:
             extra["return_token_ids"] = True
         if extra:
