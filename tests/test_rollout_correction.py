@@ -20,6 +20,7 @@ from harnessrl.rollout import Runner, make_jobs
 from harnessrl.train.distributed import Distributed
 from harnessrl.train.grpo import TrainingUnit, grpo_loss, pad_units, truncated_is_weights, units_from_trajectories
 from harnessrl.train.update import MismatchSums, accumulate_gradient, recompute_old_logprobs, update_policy
+from harnessrl.types import ActionKind, ModelCall, Step, Termination, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -150,6 +151,72 @@ def test_tis_update_weights_each_token_and_reports_the_mismatch(tmp_path):
         min(math.exp(-SHIFTS[i % len(SHIFTS)]), 2.0) * u.advantage for u in units for i in range(len(u.completion_ids))
     ]
     assert update.loss == pytest.approx(-sum(weighted) / sum(len(u.completion_ids) for u in units), rel=1e-4)
+
+
+def _episodes_sampled_shaped(units: list[TrainingUnit]) -> list[Trajectory]:
+    """One episode per unit whose model call records `logprobs` = the trainer's own (the tempered
+    log-probs of the raw logits) and `sampled_logprobs` = those shifted by -SHIFTS: the log-probs
+    of a shaped distribution (penalties, min_p, top_k, top_p) the tokens were drawn from."""
+    episodes = []
+    for u in units:
+        call = ModelCall(
+            prompt_ids=u.prompt_ids,
+            completion_ids=u.completion_ids,
+            logprobs=list(u.old_logprobs),
+            sampled_logprobs=[lp + SHIFTS[i % len(SHIFTS)] for i, lp in enumerate(u.old_logprobs)],
+            text="x",
+        )
+        episodes.append(
+            Trajectory(
+                episode_id=u.episode_id,
+                task_id="t",
+                suite="s",
+                family="f",
+                split="train",
+                harness=u.harness,
+                attempt=0,
+                instruction="do it",
+                steps=[Step(index=0, model_call=call, action=ActionKind.text)],
+                termination=Termination.submitted,
+            )
+        )
+    return episodes
+
+
+@pytest.mark.parametrize("passes", [1, 2], ids=["fused", "separate-pass"])
+def test_the_correction_divides_by_the_sampled_distributions_logprobs_where_a_call_has_them(tmp_path, passes):
+    """A call whose sampling was shaped records both log-probs: the units carry its
+    sampled_logprobs as the sampler's, and the mismatch figures and the TIS weights are those of
+    trainer / sampled distribution (log r = -shift on every token), not trainer / tempered (log r
+    = 0: the recorded `logprobs` ARE the trainer's here). Both update paths: one pass of one
+    mini-batch (the loss's forward gives the old log-probs) and a separate recomputation."""
+    config = BASE.replace(rollout_correction="tis", ppo_epochs=passes)
+    t = _set_up(tmp_path / "out", config)
+    units = _units(t)
+    episodes = _episodes_sampled_shaped(units)
+    from_episodes = units_from_trajectories(episodes, {u.episode_id: u.advantage for u in units})
+    for u, got in zip(units, from_episodes):
+        assert got.old_logprobs == u.old_logprobs
+        assert got.sampler_logprobs == episodes[units.index(u)].steps[0].model_call.sampled_logprobs
+    update = update_policy(t.update_context(), from_episodes, 0)
+    for key, value in _expected_figures(units).items():
+        assert getattr(update, key) == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    assert update.rollout_mismatch_frac > 0 and update.tis_capped_frac > 0
+    # the same episodes without sampled_logprobs (unshaped sampling): the sampler is the trainer
+    for episode in episodes:
+        episode.steps[0].model_call.sampled_logprobs = None
+    plain = units_from_trajectories(episodes, {u.episode_id: u.advantage for u in units})
+    assert all(u.sampler_logprobs is None for u in plain)
+    unshaped = update_policy(_set_up(tmp_path / "plain", config).update_context(), plain, 0)
+    assert unshaped.rollout_kl_max < 1e-8 and unshaped.rollout_mismatch_frac == 0
+    assert unshaped.tis_weight_mean == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_call_with_sampled_logprobs_of_another_length_is_refused():
+    episode = _episodes_sampled_shaped([TrainingUnit([1, 2], [3, 4], [-0.5, -0.25], 1.0, "json-tools", "e0")])[0]
+    episode.steps[0].model_call.sampled_logprobs = [-0.5]
+    with pytest.raises(ValueError, match="2 completion ids but 1 sampled_logprobs"):
+        units_from_trajectories([episode], {"e0": 1.0})
 
 
 def test_rollout_correction_none_trains_exactly_as_if_the_sampler_were_the_trainer(tmp_path):

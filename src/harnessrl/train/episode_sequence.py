@@ -9,7 +9,10 @@ feedback, tool results, the next turn's chat markup: in the forward pass, never 
     prompt_ids      = call 0's prompt
     completion_ids  = call 0's completion, env tokens 1, call 1's completion, env tokens 2, ...
     env_mask        = 1 on each call's completion, 0 on the env tokens between them
-    logprobs        = the sampler's log-prob of each model token, 0.0 on env tokens
+    logprobs        = the sampler's log-prob of each model token, 0.0 on env tokens: the
+                      distribution it was drawn from (a call's `sampled_logprobs` where its
+                      sampling shaped it, else its `logprobs`), what a trainer's importance
+                      correction divides by
 
 Call k+1's env tokens are its prompt after call k's prompt and completion. That is only a true
 record of what the model saw when call k+1's prompt BEGINS with call k's prompt and completion,
@@ -47,7 +50,7 @@ class EpisodeSequence:
     prompt_ids: list[int]
     completion_ids: list[int]
     env_mask: list[int]  # 1: sampled by the model (trained); 0: put there by the harness or a tool
-    logprobs: list[float]  # the sampler's, on model tokens; 0.0 on env tokens
+    logprobs: list[float]  # the sampler's (sampled_logprobs where shaped), on model tokens; 0.0 on env tokens
     turns: int  # model calls of the episode that sampled tokens
     turns_kept: int  # of those, the calls in the sequence (the chain up to the first prefix break)
     model_tokens: int  # completion tokens of every call
@@ -62,6 +65,13 @@ class EpisodeSequence:
 def sampled_calls(trajectory: Trajectory) -> list[ModelCall]:
     """The episode's model calls that sampled tokens, in order (a refused or failed request has none)."""
     return [s.model_call for s in trajectory.steps if s.model_call.completion_ids]
+
+
+def sampler_logprobs(call: ModelCall) -> list[float]:
+    """The log-prob of each completion token under the distribution it was drawn from: the
+    call's `sampled_logprobs` where its sampling shaped the distribution, else its `logprobs`."""
+    values = call.logprobs if call.sampled_logprobs is None else call.sampled_logprobs
+    return [float(x) for x in values]
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -80,16 +90,17 @@ def episode_sequence(trajectory: Trajectory, on_break: OnBreak = "truncate") -> 
     if not calls:
         return None
     for k, call in enumerate(calls):
-        if len(call.logprobs) != len(call.completion_ids):
-            raise ValueError(
-                f"episode {trajectory.episode_id!r} call {k}: {len(call.completion_ids)} completion ids "
-                f"but {len(call.logprobs)} logprobs"
-            )
+        for name, values in (("logprobs", call.logprobs), ("sampled_logprobs", call.sampled_logprobs)):
+            if values is not None and len(values) != len(call.completion_ids):
+                raise ValueError(
+                    f"episode {trajectory.episode_id!r} call {k}: {len(call.completion_ids)} completion ids "
+                    f"but {len(values)} {name}"
+                )
     first = calls[0]
     tokens = list(first.prompt_ids) + list(first.completion_ids)
     completion = list(first.completion_ids)
     mask = [1] * len(first.completion_ids)
-    logprobs = [float(x) for x in first.logprobs]
+    logprobs = sampler_logprobs(first)
     kept = 1
     for k, call in enumerate(calls[1:], start=1):
         prompt = list(call.prompt_ids)
@@ -108,7 +119,7 @@ def episode_sequence(trajectory: Trajectory, on_break: OnBreak = "truncate") -> 
         tokens = prompt + list(call.completion_ids)
         completion += env + list(call.completion_ids)
         mask += [0] * len(env) + [1] * len(call.completion_ids)
-        logprobs += [0.0] * len(env) + [float(x) for x in call.logprobs]
+        logprobs += [0.0] * len(env) + sampler_logprobs(call)
         kept += 1
     return EpisodeSequence(
         prompt_ids=list(first.prompt_ids),

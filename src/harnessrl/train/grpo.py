@@ -82,8 +82,10 @@ class TrainingUnit:
     episode_id: str
     # The sampler's own log-probs, kept when old_logprobs are replaced by the trainer's: the engine
     # that sampled (bf16 vLLM, int8, a 4-bit llama.cpp) is never exactly the float32 trainer, and
-    # the gap is measured and optionally corrected (truncated importance sampling). None: the
-    # old_logprobs are still the sampler's.
+    # the gap is measured and optionally corrected (truncated importance sampling). Where the
+    # sampling shaped the distribution (penalties, min_p, top_k, top_p) they are the log-probs of
+    # the distribution each token was drawn from (ModelCall.sampled_logprobs), not the tempered
+    # ones. None: the old_logprobs are still the sampler's (and are that distribution's).
     sampler_logprobs: list[float] | None = None
 
     def sampled_logprobs(self) -> list[float]:
@@ -116,6 +118,12 @@ def units_from_trajectories(
                     f"episode {traj.episode_id!r} step {step.index}: {len(call.completion_ids)} completion ids "
                     f"but {len(call.logprobs)} logprobs"
                 )
+            sampled = call.sampled_logprobs
+            if sampled is not None and len(sampled) != len(call.completion_ids):
+                raise ValueError(
+                    f"episode {traj.episode_id!r} step {step.index}: {len(call.completion_ids)} completion ids "
+                    f"but {len(sampled)} sampled_logprobs"
+                )
             units.append(
                 TrainingUnit(
                     prompt_ids=list(call.prompt_ids),
@@ -124,6 +132,8 @@ def units_from_trajectories(
                     advantage=advantage,
                     harness=traj.harness,
                     episode_id=traj.episode_id,
+                    # the distribution the tokens were drawn from, where shaping made it another
+                    sampler_logprobs=list(sampled) if sampled is not None else None,
                 )
             )
     return units
