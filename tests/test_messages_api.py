@@ -199,7 +199,7 @@ def test_messages_stream_sends_every_event_token_by_token(client):
         ),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
         ({"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "MCP"),
-        ({"top_k": 5}, "top_k"),
+        ({"top_k": -1}, "top_k"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
     ],
 )

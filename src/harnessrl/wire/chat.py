@@ -1,26 +1,30 @@
 """The OpenAI chat completions wire format: request bodies in, response bodies out.
 
 Requests are validated here and turned into our GenerationRequest + SamplingParams; a request
-asking for something the local engine cannot do exactly (n > 1, penalties, top_logprobs, ...)
-is refused with a 400 naming the parameter, never silently served differently. Native tools are
-taken when the caller says it takes them (`tools=True`: the recording endpoint of external
-harnesses, and `harnessrl serve` with --enable-auto-tool-choice; harness/prompt_tools.py then shows them to
-the model); the conversation's tool turns are then kept as data on the Messages. Without, they
-are refused as vLLM refuses them without its auto tool choice.
+asking for something the local engine cannot do exactly (n > 1, top_logprobs, beam search,
+logit_bias, ...) is refused with a 400 naming the parameter, never silently served differently.
+vLLM's sampling fields the engine applies are served with vLLM's meaning and ranges (a value out
+of range is a 400 naming the field): temperature, top_p, top_k (0 or -1: off), min_p,
+repetition_penalty, frequency_penalty, presence_penalty, seed, stop (strings) and stop_token_ids.
+Native tools are taken when the caller says it takes them (`tools=True`: the recording endpoint of
+external harnesses, and `harnessrl serve` with --enable-auto-tool-choice; harness/prompt_tools.py
+then shows them to the model); the conversation's tool turns are then kept as data on the
+Messages. Without, they are refused as vLLM refuses them without its auto tool choice.
 Fields neither OpenAI nor vLLM defines are ignored, as vLLM 0.33 does (its request models allow
 extra fields and only log them: entrypoints/serve/engine/protocol.py, OpenAIBaseModel); vLLM's
-own sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, stop_token_ids,
-bad_words, allowed_token_ids, use_beam_search, ...) are declared here, so that one set to
-anything but its neutral value is refused rather than ignored. Responses carry what the official `openai` client
-and vLLM clients read, including vLLM's extras: `prompt_token_ids` on the response and
-`token_ids` on the choice (`return_token_ids`), and logprob tokens written `token_id:N`
-(`return_tokens_as_token_ids`).
+own sampling fields the engine has no equivalent for (min_tokens, ignore_eos, bad_words,
+allowed_token_ids, use_beam_search, ...) are declared here, so that one set to anything but its
+neutral value is refused rather than ignored. `reasoning_effort` is accepted when it asks for no
+reasoning ("none", what these models do) and refused by name otherwise. Responses carry what the
+official `openai` client and vLLM clients read, including vLLM's extras: `prompt_token_ids` on
+the response and `token_ids` on the choice (`return_token_ids`), and logprob tokens written
+`token_id:N` (`return_tokens_as_token_ids`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +40,15 @@ NO_NATIVE_TOOLS = (
     "or describe the tools in the prompt)"
 )
 SEED_RANGE = 2**64
+# vLLM's ranges for its sampling fields (SamplingParams._verify_args), as pydantic constraints: a
+# value outside is a 400 naming the field; the wire fronts that carry these fields declare the same
+TopK = Annotated[int, Field(ge=-1)]  # 0 or -1: off; else keep the k most probable tokens
+MinP = Annotated[float, Field(ge=0.0, le=1.0)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]  # frequency_penalty, presence_penalty
+TokenId = Annotated[int, Field(ge=0)]
+# what `reasoning_effort` may ask of a model that does not reason: nothing
+NO_REASONING = ("none",)
 
 
 class ServeError(Exception):
@@ -74,7 +87,8 @@ class ChatMessageIn(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions. Fields the engine cannot honour are declared so that a request
-    setting them to anything but their neutral value is refused (see `to_generation`)."""
+    setting them to anything but their neutral value is refused (see `to_generation`); the
+    sampling fields it applies carry vLLM's ranges."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -94,22 +108,25 @@ class ChatCompletionRequest(BaseModel):
     # vLLM's extras
     return_token_ids: bool | None = False
     return_tokens_as_token_ids: bool | None = False
+    # vLLM's sampling fields, applied by the engine (vLLM's ranges)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    stop_token_ids: list[TokenId] | None = None
+    # accepted when it asks for no reasoning ("none"), else refused
+    reasoning_effort: str | None = None
     # refused unless neutral
     tools: list[Any] | None = None
     tool_choice: Any = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
-    top_k: int | None = None
-    min_p: float | None = None
     # vLLM's other sampling fields: refused unless neutral (vLLM would honour them)
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
@@ -216,14 +233,14 @@ def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> 
             "top_logprobs is not supported: logprobs gives the sampled token's log-probability",
             param="top_logprobs",
         )
+    if body.reasoning_effort is not None and body.reasoning_effort not in NO_REASONING:
+        raise ServeError(
+            400,
+            f"Unsupported value: 'reasoning_effort' = {body.reasoning_effort!r} is not supported with this model: it "
+            "does not reason (send 'none', or no reasoning_effort)",
+            param="reasoning_effort",
+        )
     neutral = {
-        "frequency_penalty": (None, 0, 0.0),
-        "presence_penalty": (None, 0, 0.0),
-        "repetition_penalty": (None, 1, 1.0),
-        "top_k": (None, 0, -1),
-        "min_p": (None, 0, 0.0),
-    }
-    vllm_neutral = {
         "use_beam_search": (None, False),
         "length_penalty": (None, 1, 1.0),
         "min_tokens": (None, 0),
@@ -231,10 +248,10 @@ def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> 
         "include_stop_str_in_output": (None, False),
         "prompt_logprobs": (None,),
     }
-    for field, allowed in {**neutral, **vllm_neutral}.items():
+    for field, allowed in neutral.items():
         if getattr(body, field) not in allowed:
             raise ServeError(400, f"{field} is not supported by this server (only its neutral value)", param=field)
-    for field in ("stop_token_ids", "bad_words", "allowed_token_ids", "structured_outputs"):
+    for field in ("bad_words", "allowed_token_ids", "structured_outputs"):
         if getattr(body, field):
             raise ServeError(400, f"{field} is not supported by this server", param=field)
     if body.logit_bias:
@@ -243,24 +260,28 @@ def _refuse_unless_neutral(body: ChatCompletionRequest, tools: bool = False) -> 
         raise ServeError(400, "response_format: only plain text responses are supported", param="response_format")
 
 
-NEUTRAL_DEFAULTS = {"top_k": (0, -1), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0)}
-NEUTRAL_DEFAULTS.update({"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0)})
+# the fields vLLM's chat completions take from the model's generation_config.json when a request
+# does not send them (--generation-config auto), and their values otherwise (OpenAI's and vLLM's);
+# presence_penalty and frequency_penalty are not among them: vLLM's chat request has its own 0
+OPENAI_DEFAULTS = {"temperature": DEFAULT_TEMPERATURE, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+OPENAI_DEFAULTS["repetition_penalty"] = 1.0
 
 
-def _refuse_unappliable_defaults(body: ChatCompletionRequest, defaults: dict[str, float]) -> None:
-    """vLLM applies the model's generation_config.json to every field a request does not send;
-    this server's engine cannot apply a top_k, min_p or penalty, so a request that would get one
-    is refused, naming the way out."""
-    for field, neutral in NEUTRAL_DEFAULTS.items():
-        value = defaults.get(field)
-        if getattr(body, field) is None and value is not None and value not in neutral:
-            raise ServeError(
-                400,
-                f"{field}: the model's generation_config.json sets {field}={value}, which vLLM applies to a request "
-                f"that does not send {field} and this server cannot apply: send {field} (its neutral value), or "
-                "serve with --generation-config vllm",
-                param=field,
-            )
+def sampling_params(body: ChatCompletionRequest, defaults: dict[str, float] | None = None) -> SamplingParams:
+    """The SamplingParams `body` asks for: each field it sends, else `defaults` (vLLM's
+    --generation-config auto) for the fields vLLM defaults from there (OPENAI_DEFAULTS), else
+    the neutral value. A default outside the field's range is a 500 naming it (a server setting)."""
+    defaults = defaults or {}
+    values: dict[str, Any] = {}
+    for field, neutral in OPENAI_DEFAULTS.items():
+        sent = getattr(body, field)
+        values[field] = sent if sent is not None else defaults.get(field, neutral)
+    values["frequency_penalty"] = body.frequency_penalty or 0.0
+    values["presence_penalty"] = body.presence_penalty or 0.0
+    try:
+        return SamplingParams(**values)
+    except ValueError as exc:  # only a default can be out of range here: the body's were checked
+        raise ServeError(500, f"the model's generation config gives a sampling default out of range: {exc}") from None
 
 
 def to_generation(
@@ -274,23 +295,19 @@ def to_generation(
     With `tools`, `tools` and `tool_choice` are accepted and the conversation's tool turns kept
     as data on its Messages (the caller shows the tools to the model and writes those turns as
     the model reads them: harness/prompt_tools.py). `defaults`: the values of fields the body does not
-    send (vLLM's --generation-config auto; ServedModels's `sampling_defaults`), else OpenAI's."""
-    defaults = defaults or {}
+    send (vLLM's --generation-config auto; ServedModels's `sampling_defaults`), else OpenAI's
+    (`sampling_params`)."""
     _refuse_unless_neutral(body, tools=tools)
-    _refuse_unappliable_defaults(body, defaults)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     seed = None if body.seed is None else body.seed % SEED_RANGE  # negative seeds wrap, as 64-bit integers do
     request = GenerationRequest(
         messages=to_messages(body.messages, tools),
         max_new_tokens=body.max_completion_tokens or body.max_tokens or max_new_tokens,
         stop=[s for s in stop if s],
+        stop_token_ids=list(body.stop_token_ids or []),
         seed=seed,
     )
-    sampling = SamplingParams(
-        temperature=defaults.get("temperature", DEFAULT_TEMPERATURE) if body.temperature is None else body.temperature,
-        top_p=defaults.get("top_p", 1.0) if body.top_p is None else body.top_p,
-    )
-    return request, sampling
+    return request, sampling_params(body, defaults)
 
 
 # ----------------------------------------------------------------------------------- responses

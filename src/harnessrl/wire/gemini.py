@@ -15,23 +15,26 @@ Its `response` is the tool message's text: the string of `{"output": ...}`, else
 `functionDeclarations` (with `parameters`, an OpenAPI schema whose upper-case types are written
 the JSON-schema way, or `parametersJsonSchema`) take the chat function shape; `toolConfig`'s
 function-calling mode AUTO / NONE / ANY (one allowed name: that function) the chat tool_choice.
-`generationConfig`: temperature, topP, topK, candidateCount (n), maxOutputTokens, stopSequences,
-presencePenalty, frequencyPenalty, seed and responseLogprobs / logprobs become the chat fields they
-mean. From there on (rendering, limits, token ids, logprobs, recording, tool-call parsing)
-everything is the chat path's, so a Gemini call is served, recorded and refused exactly as a chat
-completion is: a topK or candidateCount above 1 is refused as it is there.
+`generationConfig`: temperature, topP, topK (0: off), maxOutputTokens, stopSequences,
+presencePenalty, frequencyPenalty, seed and responseLogprobs become the chat fields they mean,
+with chat's ranges (a value out of range is a 400 naming the field). From there on (rendering,
+limits, token ids, logprobs, recording, tool-call parsing) everything is the chat path's, so a
+Gemini call is served, recorded and refused exactly as a chat completion is.
 
 Accepted and ignored, as they change nothing here: `safetySettings` (nothing is filtered),
-`labels`, a part's `thoughtSignature`, `thinkingConfig.includeThoughts` (these models have no
-thoughts to include) and a `thinkingBudget` of 0 or -1 (none, or the model's choice: none),
+`labels`, a part's `thoughtSignature`, `candidateCount` 1, and a `thinkingConfig` that asks
+nothing a model without thoughts does not do: `includeThoughts` (no thoughts to include) and any
+`thinkingBudget` (0: none; -1: the model's choice; a positive budget is a ceiling, which no
+thinking keeps; Google's own API refuses thinkingConfig for its models that do not think, but
+agent programs send it by default for the Gemini model names they know: `_check_thinking`);
 `mediaResolution`, a responseMimeType of text/plain and responseModalities of TEXT; the headers
 x-goog-api-key and x-goog-api-client and the `key` query parameter. Refused with a 400 naming them,
 in Google's error shape (`error_body`): inline and file data, executable code and any other
-non-text part; thought parts and a thinkingBudget above 0 or a thinkingLevel (these models do not
-think); built-in tools (googleSearch, codeExecution, urlContext, retrieval, computerUse, ...);
-`cachedContent`; structured output (responseSchema, responseJsonSchema, a JSON mime type); other
-response modalities, speech and image settings; the VALIDATED calling mode and several allowed
-names (no constrained decoding).
+non-text part; thought parts, a thinkingLevel and a thinkingBudget below -1; candidateCount above
+1 and `logprobs` (top candidates); built-in tools (googleSearch, codeExecution, urlContext,
+retrieval, computerUse, ...); `cachedContent`; structured output (responseSchema,
+responseJsonSchema, a JSON mime type); other response modalities, speech and image settings; the
+VALIDATED calling mode and several allowed names (no constrained decoding).
 
 The reply (`response_body`) is a GenerateContentResponse: one candidate whose content holds a
 text part (when there is text, or nothing else) and one `functionCall` part per tool call (`args`
@@ -60,7 +63,7 @@ from pydantic.alias_generators import to_camel
 
 from harnessrl.models.base import PolicyError
 from harnessrl.types import ModelCall
-from harnessrl.wire.chat import ChatCompletionRequest, ServeError, token_string
+from harnessrl.wire.chat import ChatCompletionRequest, Penalty, ServeError, TopK, token_string
 from harnessrl.wire.messages import error_for as other_error_for
 from harnessrl.wire.replies import Exchange, complete, failure_text, join_pieces, shown_pieces
 from harnessrl.wire.responses import assistant_turn
@@ -158,12 +161,12 @@ class GeminiTool(_Fields):
 class GenerationConfig(_Fields):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    candidate_count: int | None = None
+    top_k: TopK | None = None  # chat's top_k and range (0: off)
+    candidate_count: int | None = Field(None, ge=1)  # 1 only (`check`)
     max_output_tokens: int | None = Field(None, ge=1)
     stop_sequences: list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: int | None = None
     response_logprobs: bool | None = None
     logprobs: int | None = Field(None, ge=0)
@@ -257,22 +260,36 @@ def check(body: GenerateContentRequest) -> None:
     for name, value in (("speechConfig", config.speech_config), ("imageConfig", config.image_config)):
         if value is not None:
             raise _refuse(f"generationConfig.{name} is not supported: the model writes text only", name)
+    if config.candidate_count not in (None, 1):
+        raise _refuse(
+            f"generationConfig.candidateCount must be 1 (one candidate per request), got {config.candidate_count}",
+            "generationConfig.candidateCount",
+        )
+    if config.logprobs:
+        raise _refuse(
+            "generationConfig.logprobs (top candidates) is not supported: responseLogprobs gives the chosen token's",
+            "generationConfig.logprobs",
+        )
     _check_thinking(config.thinking_config or {})
 
 
 def _check_thinking(thinking: dict[str, Any]) -> None:
+    """A thinking budget is a ceiling (Google's models think less than it, or over it, as the
+    prompt needs; -1 lets the model choose), so any budget is one a model that does not think
+    keeps: accepted, as `includeThoughts` (no thoughts to include). A thinkingLevel asks for a
+    depth of reasoning and is refused by name, as is a budget below -1 (Google's range)."""
     budget = thinking.get("thinkingBudget", thinking.get("thinking_budget"))
-    if budget not in (None, 0, -1):
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < -1):
         raise _refuse(
-            f"generationConfig.thinkingConfig.thinkingBudget {budget!r}: this model does not think (send 0, or omit "
-            "thinkingConfig)",
-            "generationConfig.thinkingConfig",
+            "generationConfig.thinkingConfig.thinkingBudget must be an integer of at least -1 (dynamic), got "
+            f"{budget!r}",
+            "generationConfig.thinkingConfig.thinkingBudget",
         )
     level = thinking.get("thinkingLevel", thinking.get("thinking_level"))
     if level not in (None, "THINKING_LEVEL_UNSPECIFIED"):
         raise _refuse(
             f"generationConfig.thinkingConfig.thinkingLevel {level!r}: this model does not think (omit thinkingLevel)",
-            "generationConfig.thinkingConfig",
+            "generationConfig.thinkingConfig.thinkingLevel",
         )
 
 
@@ -517,12 +534,10 @@ def to_chat(
         "temperature": config.temperature,
         "top_p": config.top_p,
         "top_k": config.top_k,
-        "n": config.candidate_count,
         "presence_penalty": config.presence_penalty,
         "frequency_penalty": config.frequency_penalty,
         "seed": config.seed,
         "logprobs": bool(config.response_logprobs),
-        "top_logprobs": config.logprobs,
         "tools": tools,
         "tool_choice": choice,
         "stream": stream and not counting,

@@ -8,21 +8,22 @@ assistant's `tool_use` blocks its `tool_calls` (`input` as the JSON arguments); 
 a `system` message inside `messages` (Claude Code sends one) stays a system message there.
 Custom tools (name, description, input_schema) take the chat function shape; `tool_choice` auto /
 any / tool / none becomes auto / required / the named function / none; `stop_sequences` the stop
-strings, `max_tokens`, `temperature`, `top_p` and `top_k` the chat fields of those names. From
-there on (rendering, limits, token ids, logprobs, recording, tool-call parsing) everything is
-the chat path's, so a Messages call is served, recorded and refused exactly as a chat
-completion is: a `top_k` is refused as it is there, a tool_choice `any` or `tool` on `harnessrl
-serve` too (nothing here can force a tool call).
+strings, `max_tokens`, `temperature`, `top_p` and `top_k` the chat fields of those names (served
+as there: `top_k` 0 is off). From there on (rendering, limits, token ids, logprobs, recording,
+tool-call parsing) everything is the chat path's, so a Messages call is served, recorded and
+refused exactly as a chat completion is: a tool_choice `any` or `tool` on `harnessrl serve` is
+refused (nothing here can force a tool call).
 
 Accepted and ignored, as they change nothing here: `cache_control` on any block or tool,
 `metadata`, `service_tier`, a tool's `eager_input_streaming`, a tool result's `is_error` (its
 text is what the model reads), and the headers x-api-key, anthropic-version and anthropic-beta.
 Refused with a 400 naming them, in Anthropic's error shape (`error_body`): images, documents,
-search results and any other non-text block; thinking blocks and a `thinking` setting other than
-disabled (these models do not think); Anthropic-defined and server tools (web_search, bash,
-text_editor, computer, code execution, ...), MCP servers, containers, `context_management`,
-`output_config` / `output_format` (effort, structured output), deferred tools (tool search) and
-strict tools (no constrained decoding).
+search results and any other non-text block; thinking blocks and a `thinking` setting that asks
+for thinking (`enabled`, `adaptive`: these models do not think; `{"type": "disabled"}` is
+accepted); Anthropic-defined and server tools (web_search, bash, text_editor, computer, code
+execution, ...), MCP servers, containers, `context_management`, `output_config` /
+`output_format` (effort, structured output), deferred tools (tool search) and strict tools (no
+constrained decoding).
 
 The reply (`message_body`) holds a text block (when there is text, or nothing else) and one
 `tool_use` block per tool call (its id is the chat tool call id the agent sends back in its

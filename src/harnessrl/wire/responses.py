@@ -12,7 +12,10 @@ and custom tools under one name, as Codex sends an MCP server's tools) is shown 
 each named `<namespace>__<tool>`; a call of one comes back with its own `name` and the
 `namespace`, and such items in the input are read back the same way. Everything after that (rendering,
 limits, recording, tool-call parsing) is the chat path's, so a Responses call is served, recorded
-and refused exactly as a chat completion is.
+and refused exactly as a chat completion is. Besides OpenAI's `temperature` and `top_p`, vLLM's
+sampling extras of its Responses API (`top_k`, `repetition_penalty`, `frequency_penalty`,
+`presence_penalty`, `seed`, `stop`; `min_p` and `stop_token_ids` too, as chat completions take
+them) are served with chat's meaning and ranges.
 
 What cannot be served exactly is refused with a 400 naming it: built-in tools (web_search,
 file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning` settings
@@ -41,7 +44,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.types import ModelCall
-from harnessrl.wire.chat import ChatCompletionRequest, ServeError, logprobs_content
+from harnessrl.wire.chat import (
+    SEED_RANGE,
+    ChatCompletionRequest,
+    MinP,
+    Penalty,
+    RepetitionPenalty,
+    ServeError,
+    TokenId,
+    TopK,
+    logprobs_content,
+)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # `include` values with nothing to include here (no reasoning, no tools that run on the server):
@@ -50,6 +63,9 @@ VACUOUS_INCLUDES = {"reasoning.encrypted_content", "message.input_image.image_ur
 REASONING_SUMMARIES = ("auto", "concise", "detailed", "none")  # of no reasoning: nothing
 STORED_RESPONSES = 4096  # conversations kept for previous_response_id on `harnessrl serve` (LRU)
 TEXT_PARTS = {"input_text", "output_text", "text"}
+# vLLM's sampling extras of its Responses API, and chat's min_p and stop_token_ids (`to_chat`)
+SAMPLING_EXTRAS: tuple[str, ...] = ("top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+SAMPLING_EXTRAS += ("seed", "stop", "stop_token_ids")
 CUSTOM_INPUT = "input"  # the one string argument a custom tool takes in the tool-call format
 
 
@@ -74,6 +90,16 @@ class ResponsesRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     include: list[str] | None = None
     metadata: dict[str, Any] | None = None
+    # vLLM's sampling extras of its Responses API (sent through the openai client's extra_body),
+    # with chat completions' meaning and ranges (min_p and stop_token_ids as well, as chat has them)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=SEED_RANGE)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
     # refused unless absent / neutral
     top_logprobs: int | None = Field(None, ge=0)
     reasoning: dict[str, Any] | None = None
@@ -362,6 +388,7 @@ def to_chat(body: ResponsesRequest, history: list[dict]) -> tuple[ChatCompletion
             "messages": messages,
             "temperature": body.temperature,
             "top_p": body.top_p,
+            **{field: getattr(body, field) for field in SAMPLING_EXTRAS},
             "max_completion_tokens": body.max_output_tokens,
             "tools": tools,
             "tool_choice": choice,
