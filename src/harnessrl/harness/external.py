@@ -61,6 +61,7 @@ from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, req
 from harnessrl.tasks import untrusted
 from harnessrl.tasks.base import Environment
 from harnessrl.tasks.sandbox_exec import ExecLimits, ExecResult, run_sandboxed
+from harnessrl.tasks.sandbox_limits import not_started, sandbox_limit
 from harnessrl.tasks.sandbox_net import socket_path
 from harnessrl.types import (
     ActionKind,
@@ -505,7 +506,7 @@ class ExternalEpisodes:
         watcher = threading.Thread(target=watch_run, name="external-watch", daemon=True)
         watcher.start()
         try:
-            return run_sandboxed(
+            result = run_sandboxed(
                 argv,
                 workdir=workdir,
                 mounts={inside: workdir, str(control): control},
@@ -522,6 +523,12 @@ class ExternalEpisodes:
             return f"cannot start the agent program: {e}"
         finally:
             done.set()
+        if result.refused:  # bubblewrap could not build the sandbox: the program never ran
+            return (
+                f"cannot start the agent program: the sandbox (bubblewrap) refused to start it: {result.refused} "
+                "(a path the sandbox shows is missing or cannot be mounted: check the spec's command and read_only)"
+            )
+        return result
 
 
 def agent_environment(
@@ -678,15 +685,22 @@ def _outcome(episode: ExternalEpisode, result: ExecResult, answer: str | None, c
     """(termination, its detail); for a program that made no model call, the detail says why, as
     the reason of the infrastructure error the episode becomes."""
     how = _how_it_ended(result)
+    limit = sandbox_limit(result, episode.limits, "limits.")
+    if limit:
+        how = f"{how}; {limit}"
     if episode.termination is not None:  # a limit or a backend failure stopped it
         return episode.termination, episode.detail
     first = _first_refusal(episode)
     if not called:
         if result.timed_out:
-            return Termination.timeout, f"the agent made no model call within limits.wall_s ({result.reason})"
+            return Termination.timeout, (
+                f"the agent made no model call within limits.wall_s ({result.reason}); raise limits.wall_s "
+                f"({episode.limits.wall_s:g} s) in the spec if the program needs longer to start"
+            )
         if first:
             return Termination.exited, f"{first}; the agent made no model call ({how})"
-        return Termination.exited, f"the agent made no model call ({how})"
+        missing = not_started(result, episode.spec.argv()[0])
+        return Termination.exited, f"{missing + '; ' if missing else ''}the agent made no model call ({how})"
     if result.timed_out:
         return Termination.timeout, f"the agent ran past limits.wall_s ({result.reason})"
     if answer is not None:

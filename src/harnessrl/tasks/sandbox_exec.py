@@ -143,6 +143,9 @@ class ExecResult:
     isolation: str  # "bwrap" or "rlimits-only"
     reason: str = ""  # why it was killed / limited, human readable, "" when clean
     stopped: bool = False  # killed because the caller set its `stop` event (returncode None)
+    # bubblewrap's own message when it refused to build the sandbox (a bind source missing, a mount
+    # point it cannot make): the command never ran; "" otherwise
+    refused: str = ""
 
 
 def isolation_description(isolation: str) -> str:
@@ -532,6 +535,9 @@ def _launch(
         reason = _reason(returncode, timed_out, limits, out, err)
     if stopped:
         reason = "; ".join(["stopped by the caller", *([reason] if reason else [])])
+    refused = bwrap_refusal(returncode, err.text()) if isolation == "bwrap" else ""
+    if refused:
+        reason = "; ".join([f"bubblewrap refused to start the command: {refused}", *([reason] if reason else [])])
     return ExecResult(
         returncode=returncode,
         stdout=out.text(),
@@ -542,7 +548,18 @@ def _launch(
         isolation=isolation,
         reason=reason,
         stopped=stopped,
+        refused=refused,
     )
+
+
+def bwrap_refusal(returncode: int | None, stderr: str) -> str:
+    """bubblewrap's message when it failed to set the sandbox up (it exits 1 with a first line
+    `bwrap: ...` before anything of the command runs), else "". The command's own output cannot
+    start that way: bwrap writes before it starts the sandbox's init."""
+    first = stderr.lstrip().split("\n", 1)[0].strip()
+    if returncode != 1 or not first.startswith("bwrap: "):
+        return ""
+    return first
 
 
 def mount_point_problem(dst: str) -> str | None:
