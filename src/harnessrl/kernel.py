@@ -376,7 +376,8 @@ def preflight_inputs(config: Options, inputs: JobInputs, error: type[JobError], 
     """The run option `--preflight` (eval, train grpo): every harness the job runs, its first
     request of the job's first task (the first of the tasks read, else the suite's first train
     task) measured against a local model's context before anything loads, one line each in
-    `log`; `error` where one cannot fit (harnessrl.preflight)."""
+    `log`; `error` (exit 2) where one cannot fit, or where an agent program could not make its
+    first request (harnessrl.preflight.check_before_run)."""
     from harnessrl.models.base import ModelUnavailable
     from harnessrl.preflight import check_before_run
 

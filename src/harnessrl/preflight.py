@@ -259,7 +259,14 @@ def measure(spec: AnyHarnessSpec, task: Task, model: PromptModel, captured: Capt
     common.update(unit=model.unit, context=model.context)
     if isinstance(captured, str):
         tool_format = spec.tool_protocol if isinstance(spec, ExternalHarnessSpec) else spec.protocol.format
-        return PreflightReport(**common, dialect="?", tool_format=tool_format, verdict="no request", note=captured)
+        return PreflightReport(
+            **common,
+            dialect="?",
+            tool_format=tool_format,
+            verdict="no request",
+            note=captured,
+            advice=no_request_fix(captured),
+        )
     request = captured.request
     if model.tokenizer is not None:
         prompt = len(model.prompt_ids(request))
@@ -385,37 +392,102 @@ def preflight(
 
 
 def refusal(reports: list[PreflightReport]) -> str | None:
-    """Why a run must not start (a harness whose first request does not fit the model), or None."""
+    """Why a run must not start, or None: a harness whose first request does not fit the model,
+    or an agent program that could not make its first request at all (every episode of it would
+    be an infrastructure error: nothing of the model's would be measured)."""
     too_big = [r for r in reports if r.verdict == "too big"]
-    if not too_big:
+    unmeasured = [r for r in reports if r.verdict == "no request"]
+    if not too_big and not unmeasured:
         return None
     lines = [
         f"harness {r.harness}: its first request ({r.prompt:,} tokens of {r.task}) does not fit "
         f"{r.model}'s context of {r.context:,} tokens; {r.advice}"
         for r in too_big
     ]
-    return "\n".join(lines) + "\n(--no-preflight runs it anyway: every such request is refused)"
+    lines += [
+        f"harness {r.harness}: no first request measured on {r.task}: {r.note}; so every episode of it would be "
+        f"an infrastructure error and nothing of the model's measured. Fix: {r.advice}"
+        for r in unmeasured
+    ]
+    anyway = []
+    if too_big:
+        anyway.append("every such request is refused")
+    if unmeasured:
+        anyway.append("an agent that makes no model call is an infrastructure error, retried per --retries")
+    return "\n".join(lines) + f"\n(--no-preflight runs it anyway: {'; '.join(anyway)})"
+
+
+# the words of a reason that name the cause, and what to do about it (the first that matches)
+_NO_REQUEST_FIXES = (
+    (
+        ("limits.",),
+        "raise the limit the reason names in the spec's `limits` (docs/external-harness.md, 'Sandbox limits "
+        "before the first call')",
+    ),
+    (
+        ("exit code 127", "not found", "No such file or directory"),
+        "the program was not found in the sandbox: name an interpreter on the sandbox's PATH or an absolute path "
+        "in `command`, and list the program's folder under `read_only` (docs/external-harness.md, 'What the agent "
+        "sees')",
+    ),
+    (
+        ("exit code 126", "Permission denied"),
+        "the program could not be run: make it executable and readable by others, or run it through its "
+        "interpreter (`command: [sh, agent.sh]`)",
+    ),
+    (
+        (" got 4",),
+        "the endpoint refused the agent's first request (the message says why): point the agent at "
+        "OPENAI_BASE_URL in a dialect it serves (chat, responses, messages, gemini) and send what it accepts",
+    ),
+    (
+        ("sandbox",),
+        "the sandbox could not start the program: see its message (a path it cannot show, bubblewrap's refusal)",
+    ),
+    (
+        ("within",),
+        "the program made no model call in time: check that it reads its task and calls OPENAI_BASE_URL at once "
+        "(no prompt for input, no network it does not have), or raise limits.wall_s",
+    ),
+)
+
+
+def no_request_fix(note: str) -> str:
+    """What to do about an agent program that made no first request, by its reason (`note`)."""
+    for words, fix in _NO_REQUEST_FIXES:
+        if any(w in note for w in words):
+            return fix
+    return (
+        "run the program by hand with the contract's environment (docs/external-harness.md, 'The contract'), "
+        "see why it stops before its first request (its exit status and stderr are in the reason), and fix its "
+        "command, settings or spec"
+    )
 
 
 class PreflightRefused(JobError):
-    """A harness's first request does not fit the model: the run must not start."""
+    """A harness's first request does not fit the model, or an agent program could not make its
+    first request: the run must not start."""
 
 
 def check_before_run(
-    model_spec: str,
+    model: str | PromptModel,
     specs: list[AnyHarnessSpec],
     task: Task,
     log: Callable[[str], None],
     *,
     wait_s: float = WAIT_S,
 ) -> list[PreflightReport]:
-    """What `eval` and `train grpo` run first: every harness's first request of `task` measured
-    for a local model, one line each through `log` (with the advice where it is tight); raises
-    PreflightRefused where one does not fit. A model served elsewhere is not checked (its server
-    renders the prompts), nor is the oracle (no model)."""
-    if served_elsewhere(model_spec):
-        return []
-    model = prompt_model(model_spec)
+    """What `eval`, `train grpo` and the TRL integration run first: every harness's first request
+    of `task` measured for a local model (a spec, or the PromptModel of a model already loaded),
+    one line each through `log` (with the advice where it is tight); raises PreflightRefused where
+    one does not fit, or where an agent program made no first request (not found, crashed, its
+    first request refused, a limit or a hang before it: each of its episodes would be an
+    infrastructure error). A model served elsewhere is not checked (its server renders the
+    prompts), nor is the oracle (no model); a loop harness's first request is always built."""
+    if isinstance(model, str):
+        if served_elsewhere(model):
+            return []
+        model = prompt_model(model)
 
     def say(r: PreflightReport) -> None:
         if r.prompt is None:

@@ -87,6 +87,16 @@ def job_errors(out: str | Path, saved: str, *, say: bool = True) -> Iterator[Non
         raise typer.Exit(e.exit_code) from None
 
 
+def check_measured(out_folder: str | Path) -> None:
+    """After a job that runs episodes: exit 3 (NOTHING_MEASURED) with the first error when every
+    episode under its run folder was an infrastructure error (harnessrl.jobs.measured)."""
+    from harnessrl.jobs.measured import NOTHING_MEASURED, nothing_measured
+
+    why = nothing_measured(out_folder)
+    if why is not None:
+        fail(why, NOTHING_MEASURED)
+
+
 def executor_for(run: Any) -> Any:
     """The executor that a command's run options ask for (`--executor`, `--ray-address`), to use
     in a `with` block; exits 2 with the reason when it cannot be had (Ray not installed)."""

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from harnessrl.cli.common import config_command, err, executor_for, fail, given_options, job_errors, out
 from harnessrl.config import PREFLIGHT, EvalConfig, ExecutorOptions, run_options
+from harnessrl.jobs.measured import NOTHING_MEASURED, message
 
 if TYPE_CHECKING:
     from harnessrl.results import EvalSummary
@@ -18,9 +19,9 @@ EvalRun = run_options(
     "runs/eval", "continue a run folder, skipping finished episodes", base=ExecutorOptions, preflight=PREFLIGHT
 )
 
-# The exit status of an evaluation whose every episode was an infrastructure error: it ran, but
-# measured nothing (a dead model server, an agent program the sandbox cannot start, a broken grader).
-NOTHING_MEASURED = 3
+# NOTHING_MEASURED (3): the exit status of an evaluation whose every episode was an infrastructure
+# error: it ran, but measured nothing (a dead model server, an agent program the sandbox cannot
+# start, a broken grader); every job that runs episodes exits so (harnessrl.jobs.measured).
 
 
 def _fmt(x: Any) -> str:
@@ -89,11 +90,7 @@ def check_measured(summary: EvalSummary, folder: Path) -> None:
             )
         return
     n = sum(m.n_infra_errors for m in summary.harnesses.values())
-    fail(
-        f"every episode of the run ({n}) was an infrastructure error, so nothing was measured; "
-        f"the first: {_first_infra_error(folder, empty[0])}",
-        NOTHING_MEASURED,
-    )
+    fail(message(n, _first_infra_error(folder, empty[0])), NOTHING_MEASURED)
 
 
 @config_command(EvalConfig, EvalRun)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, given_options, job_errors, out
+from harnessrl.cli.common import check_measured, config_command, err, executor_for, given_options, job_errors, out
 from harnessrl.config import ExecutorOptions, run_options
 from harnessrl.evolve.config import EvolveConfig
 
@@ -39,6 +39,7 @@ def evolve_cmd(config: EvolveConfig, run: Any) -> None:
             )
     print_final(done.result, done.config)
     out.print(f"run folder: {run.out} (evolution.jsonl, best_harness.yaml, final.json)", highlight=False)
+    check_measured(run.out)
 
 
 def _fmt(x: float | None) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 from pydantic import Field
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, given_options, job_errors, out
+from harnessrl.cli.common import check_measured, config_command, err, given_options, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.improve import ImproveConfig
 
@@ -40,6 +40,7 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
         out.print(f"{d.phase}: {d.key} = {d.choice}", highlight=False, markup=False, soft_wrap=True)
     if isinstance(result, ImproveStopped):
         out.print(f"stopped after the {result.stopped_after} phase; continue with --resume --out {run.out}")
+        check_measured(run.out)
         return
     table = Table(title=f"{result.suite} / test / {result.model}: held out, once")
     for col in ("cell", "what", "mean score", "95% CI", "process fail", "content fail"):
@@ -59,3 +60,4 @@ def improve_cmd(config: ImproveConfig, run: Any) -> None:
     out.print(
         f"folder: {run.out} (improve.json, report.md, decisions.jsonl, one run folder per stage)", highlight=False
     )
+    check_measured(run.out)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from harnessrl.cli.common import config_command, err, given_options, job_errors, out
+from harnessrl.cli.common import check_measured, config_command, err, given_options, job_errors, out
 from harnessrl.config import run_options
 from harnessrl.jobs.study import StudyConfig
 
@@ -31,6 +31,7 @@ def study_cmd(config: StudyConfig, run: Any) -> None:
         )
     print_study(done.result)
     out.print(f"study folder: {run.out} (study.json, stages.json, one run folder per stage)", highlight=False)
+    check_measured(run.out)
 
 
 def _fmt(x: Any) -> str:

@@ -9,7 +9,15 @@ from typing import Any, Optional
 import typer
 from pydantic import Field
 
-from harnessrl.cli.common import config_command, err, executor_for, given_options, job_errors, out
+from harnessrl.cli.common import (
+    check_measured,
+    config_command,
+    err,
+    executor_for,
+    given_options,
+    job_errors,
+    out,
+)
 from harnessrl.config import PREFLIGHT, ExecutorOptions, cli, run_options
 from harnessrl.train.config import DistillConfig, SFTConfig, TrainConfig
 
@@ -82,6 +90,7 @@ def grpo_cmd(config: TrainConfig, run: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    check_measured(run.out)
 
 
 @train_app.command("sft")
@@ -122,6 +131,7 @@ def sft_cmd(config: SFTConfig, run: Any) -> None:
             highlight=False,
             soft_wrap=True,
         )
+    check_measured(run.out)  # the episodes --sample ran (none without it)
 
 
 @train_app.command("distill")
@@ -150,3 +160,4 @@ def distill_cmd(config: DistillConfig, run: Any) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    check_measured(run.out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
+from harnessrl.jobs.measured import measuring
 from harnessrl.kernel import Finished, JobContext, enter, option_values
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ def evaluate(
     from harnessrl.jobs.evaluate import EvalError, run_eval
 
     with _context("eval", config, run, given, log, error=EvalError, executor=executor) as ctx:
-        return Finished(ctx.config, run_eval(ctx))
+        with measuring(ctx.out, "eval"):
+            return Finished(ctx.config, run_eval(ctx))
 
 
 def evolve(
@@ -90,7 +92,8 @@ def evolve(
     with _context(
         "evolve", config, run, given, log, error=EvolveError, models=models, earlier=earlier, executor=executor
     ) as ctx:
-        return Finished(ctx.config, run_evolve(ctx))
+        with measuring(ctx.out, "evolve"):
+            return Finished(ctx.config, run_evolve(ctx))
 
 
 def study(
@@ -100,7 +103,8 @@ def study(
     from harnessrl.jobs.study import StudyError, run_study
 
     with _context("study", config, run, given, log, error=StudyError, console=console) as ctx:
-        return Finished(ctx.config, run_study(ctx))
+        with measuring(ctx.out, "study"):
+            return Finished(ctx.config, run_study(ctx))
 
 
 def improve(
@@ -110,7 +114,8 @@ def improve(
     from harnessrl.improve import ImproveError, run_improve
 
     with _context("improve", config, run, given, log, error=ImproveError, console=console) as ctx:
-        return Finished(ctx.config, run_improve(ctx, getattr(run, "stop_after", None)))
+        with measuring(ctx.out, "improve"):
+            return Finished(ctx.config, run_improve(ctx, getattr(run, "stop_after", None)))
 
 
 def train_grpo(
@@ -130,7 +135,8 @@ def train_grpo(
     with _context("train grpo", config, run, given, log, error=TrainError, console=console, executor=executor) as ctx:
         trainer = Trainer(ctx)
         executor.start()  # connect before the model loads
-        return Finished(ctx.config, trainer.run())
+        with measuring(ctx.out, "train grpo"):
+            return Finished(ctx.config, trainer.run())
 
 
 def train_sft(
@@ -141,7 +147,8 @@ def train_sft(
 
     with _context("train sft", config, run, given, log, error=SFTError, console=console) as ctx:
         exports = {k: getattr(run, k, None) for k in ("export_jsonl", "export_hf")}
-        return Finished(ctx.config, run_sft(ctx, **exports, export_only=getattr(run, "export_only", False)))
+        with measuring(ctx.out, "train sft"):
+            return Finished(ctx.config, run_sft(ctx, **exports, export_only=getattr(run, "export_only", False)))
 
 
 def train_distill(
@@ -161,7 +168,8 @@ def train_distill(
     ) as ctx:
         job = DistillRun(ctx)
         executor.start()  # connect before the model loads
-        return Finished(ctx.config, job.run())
+        with measuring(ctx.out, "train distill"):
+            return Finished(ctx.config, job.run())
 
 
 # Every command's entry, by the command's name (tests check each enters the kernel).

@@ -34,6 +34,12 @@ Rank 0 writes `OUTPUT_DIR/harnessrl/`: `steps.jsonl` (one line per batch, at its
 With `eval_every`, the callback also evaluates the trained and the held-out harnesses
 (`eval_harnesses`) every N steps: `OUTPUT_DIR/harnessrl/eval.jsonl` (harnessrl.train.held_out).
 
+Before the first batch (`preflight=True`, the default) every harness's first request of the
+batch's first task is measured against the model TRL trains, as `harnessrl train grpo` does
+(harnessrl.preflight.check_before_run): a request that cannot fit its context, or an agent
+program that cannot make its first request (not found, crashed, refused, a sandbox limit or a
+hang before it), is refused with the reason and the fix before any episode runs.
+
 Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`), top_k /
 min_p / repetition_penalty sampling, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
 every process to hold the whole gradient). Each is refused with an error saying so.
@@ -105,7 +111,9 @@ class HarnessRollout:
     renders the history from its text, as `harnessrl eval` does. on_prefix_break: "truncate"
     (train the turns before a prefix break, count the rest) or "error"
     (harnessrl.train.episode_sequence). max_in_flight / retries:
-    the runner's. executor: where environments and graders run (default in process).
+    the runner's. executor: where environments and graders run (default in process). preflight:
+    measure every harness's first request before the first batch and refuse one that cannot be
+    served (module docstring); False skips it.
     """
 
     def __init__(
@@ -129,6 +137,7 @@ class HarnessRollout:
         eval_attempts: int = 1,
         eval_split: str = "dev",
         eval_temperature: float | None = None,
+        preflight: bool = True,
     ):
         from harnessrl.harness.registry import resolve_harnesses
         from harnessrl.harness.spec import SpecError
@@ -174,6 +183,7 @@ class HarnessRollout:
         self.sampled_history = sampled_history
         self.max_in_flight = max_in_flight
         self.retries = retries
+        self.preflight = preflight
         self.executor = executor
         self.spec_by_name = {s.name: s for s in self.specs}
         self.reward = EpisodeReward(self)
@@ -228,7 +238,7 @@ class HarnessRollout:
                 "TRL's evaluation loop (eval_strategy) is not served by HarnessRollout: set eval_strategy='no' and "
                 "evaluate with HarnessRollout(eval_every=N, eval_harnesses=[...]) (docs/trl.md)"
             )
-        self._bind(trainer, facts)
+        self._bind(trainer, facts, prompts)
         started = time.perf_counter()
         G = facts.num_generations
         batch = facts.batch_index()
@@ -304,8 +314,9 @@ class HarnessRollout:
         out["harnessrl_episode"] = [t.episode_id for t in trajectories]
         return out
 
-    def _bind(self, trainer, facts) -> None:
-        """On the first batch: the policy over TRL's model, the runner, the run's record folder."""
+    def _bind(self, trainer, facts, prompts: list) -> None:
+        """On the first batch: the preflight on its first task, the policy over TRL's model, the
+        runner, the run's record folder."""
         if self._runner is not None:
             if self._policy is not None and self._policy.model is not facts.generation_model():
                 raise HarnessRolloutError(
@@ -321,6 +332,8 @@ class HarnessRollout:
                 "pass reward_funcs=rollout.reward to GRPOTrainer (the episodes' scores are the reward)"
             )
         policy = self._ensure_policy(facts.generation_model(), facts.tokenizer())
+        if self.preflight and prompts:
+            self._preflight(policy, self.task(prompts[0]), facts.is_main)
         self._runner = Runner(
             policy,
             max_in_flight=self.max_in_flight,
@@ -337,6 +350,25 @@ class HarnessRollout:
             # a resumed run plays the batches after its checkpoint again: their records go
             self._store.delete_attempts_from(facts.batch_index() * facts.groups_per_batch() * facts.num_generations)
             truncate_jsonl(folder / "steps.jsonl", facts.global_step)
+
+    def _preflight(self, policy: HFPolicy, task: Task, speak: bool) -> None:
+        """Every harness's first request of `task` measured against the model TRL trains (its
+        tokenizer and context): HarnessRolloutError with the reason and the fix where one cannot
+        fit or an agent program made none (harnessrl.preflight.check_before_run)."""
+        from harnessrl.models.prompt_model import PromptModel
+        from harnessrl.preflight import PreflightRefused, check_before_run
+
+        context = getattr(getattr(policy.model, "config", None), "max_position_embeddings", None)
+        model = PromptModel("trl-model", policy.tokenizer, int(context) if context else None)
+
+        def log(line: str) -> None:
+            if speak:
+                print(f"[harnessrl] {line}", file=sys.stderr, flush=True)
+
+        try:
+            check_before_run(model, self.specs, task, log)
+        except PreflightRefused as e:
+            raise HarnessRolloutError(f"{e} (HarnessRollout(preflight=False) runs it anyway)") from None
 
     def _ensure_policy(self, model, tokenizer) -> HFPolicy:
         """harnessrl's engine over the model TRL trains (built once; the rollouts and evaluations share it)."""
