@@ -1,0 +1,77 @@
+"""Cline's CLI (npm `cline`), unmodified, as an external harness (examples/agents/cline.yaml).
+
+A one-shot yolo run (`cline --yolo --json TASK`) with the episode's recording endpoint as its
+OpenAI-compatible provider (set with Cline's own `cline auth`, chat completions) runs two
+`workspace` tasks (a file read and answered, a file copied) on the embedded-size tiny random
+model (8,192 positions; Cline's first request in yolo mode is ~3,330 tokens): the endpoint serves
+Cline's real prompt to a real (random) model, and whatever it writes the episode is Cline's,
+recorded and triaged, never an infrastructure error.
+
+Skipped, saying why, where Cline is not installed (examples/agents/install_cline.sh).
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+from helpers import check_recorded_and_triaged, workspace_tasks
+
+from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
+from harnessrl.models.base import SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.types import Termination
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "agents" / "cline.yaml"
+PREFIX = ROOT / ".agents"  # where install_cline.sh puts Cline by default
+FAMILIES = ("answer_from_file", "copy_content")
+TOOLS = ("read_files", "run_commands", "editor", "submit_and_exit")  # yolo mode's tools
+
+
+@pytest.fixture(autouse=True)
+def _local_only(monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def installed() -> ExternalHarnessSpec:
+    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    cline = PREFIX / "cline" / "node_modules" / "@cline" / f"cli-linux-{arch}" / "bin" / "cline"
+    if not cline.exists():
+        pytest.skip(f"Cline is not installed under {PREFIX} (sh examples/agents/install_cline.sh)")
+    spec = load_spec(SPEC)
+    assert isinstance(spec, ExternalHarnessSpec)
+    return spec
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cline_on_the_tiny_random_model_is_recorded_and_triaged(tokenizer, tmp_path):
+    """Cline's real prompt on a real (random) model of the embedded model's context."""
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+
+    spec = installed()
+    # a short reply keeps the random model's turn cheap
+    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update={"max_new_tokens": 16})})
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
+    policy.close()
+    assert len(trajectories) == 2
+    for traj in check_recorded_and_triaged(trajectories, tmp_path / "run"):
+        # its real prompt, served: its system prompt and yolo mode's four tools in the hermes
+        # block, within the embedded model's context
+        first = traj.steps[0].model_call
+        assert 2500 < len(first.prompt_ids) < 8192
+        assert first.messages[0].role == "system" and "You are Cline" in first.messages[0].content
+        for name in TOOLS:
+            assert f'"name": "{name}"' in first.messages[0].content
+        # every 16-token reply is cut at the episode's limit and holds no call: Cline asks again
+        # and, after a few, stops with its error ("Model reached the maximum output token limit
+        # before completing the turn", exit 1): no answer, the episode ends `exited`
+        assert all(step.model_call.finish_reason == "length" for step in traj.steps)
+        assert traj.termination == Termination.exited and traj.meta["agent"]["exit_code"] == 1
+        assert "maximum output token limit" in traj.meta["agent"]["stdout"]
