@@ -17,7 +17,7 @@ from harnessrl.models.embedded import tiny_random_model
 from harnessrl.models.engine import Engine, EngineRequest
 from harnessrl.models.hf import HFPolicy
 from harnessrl.models.openai_compat import OpenAIPolicy
-from harnessrl.models.sampling import Penalties, RowSampler, generator, sample
+from harnessrl.models.sampling import Penalties, RowSampler, generator, sample, shaped_logprobs
 from harnessrl.train.episode_sequence import episode_sequence
 from harnessrl.types import ActionKind, Message, ModelCall, Step, Termination, Trajectory
 
@@ -250,6 +250,23 @@ def test_shaped_sampling_is_reproducible_alone_or_beside_others(model, prompt):
     assert other_seed.ids != alone.ids
     # the sampled log-probs are of a truncated, renormalised distribution: above the tempered ones
     assert all(s >= lp - 1e-6 for s, lp in zip(alone.sampled_logprobs, alone.logprobs))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_the_engines_sampled_logprobs_are_the_teacher_forced_shaped_ones(model, prompt, temperature):
+    """`shaped_logprobs` recomputes them from a forward of prompt + completion (what the vLLM test
+    compares vLLM's processed logprobs against): the engine recorded the same, to float noise."""
+    fields = {"top_k": 40, "min_p": 0.02, "top_p": 0.9, "repetition_penalty": 0.7, "frequency_penalty": 0.4}
+    got = _engine(model).generate([EngineRequest(prompt, 10, temperature=temperature, seed=2, **fields)])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + got.ids])).logits[0].float()
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(got.ids)]
+    assert got.sampled_logprobs == pytest.approx(
+        shaped_logprobs(rows, prompt, got.ids, temperature, **fields), abs=1e-4
+    )
+    # a token the shaping drops has no probability under it
+    dropped = int(torch.argmin(rows[0]))
+    assert shaped_logprobs(rows[:1], prompt, [dropped], 0.9, **fields) == [-math.inf]
 
 
 def test_neutral_fields_through_the_engine_are_the_defaults_bit_for_bit(model, prompt):

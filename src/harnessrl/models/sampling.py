@@ -194,6 +194,30 @@ def for_request(request, prompt: Sequence[int]) -> RowSampler:
     )
 
 
+def shape(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, min_p: float, penalties: Penalties | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The steps of the module docstring on one row's raw logits (vocab,), for T > 0: (the tempered
+    log-probs of the raw logits, the log-probs after penalties, temperature, min_p and top_k,
+    renormalised, -inf where dropped, and the ids top_p keeps, most probable first, or None when
+    the request does not truncate). `penalties` is read, not updated."""
+    z = penalties.apply(logits) if penalties is not None else logits
+    raw = torch.log_softmax(logits / temperature, dim=-1)
+    x = z / temperature
+    if min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < probs.max() * min_p, -math.inf)
+    if 0 < top_k < x.numel():
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, -math.inf)
+    logq = torch.log_softmax(x, dim=-1)  # renormalised over what min_p and top_k kept
+    if top_p < 1.0:
+        return raw, logq, nucleus(logq.exp(), top_p)
+    if min_p > 0.0 or top_k > 0:
+        return raw, logq, torch.nonzero(logq > -math.inf).squeeze(1)
+    return raw, logq, None
+
+
 def shaped_sample(
     logits: torch.Tensor,
     temperature: float,
@@ -205,27 +229,13 @@ def shaped_sample(
 ) -> tuple[int, float, float]:
     """(token, tempered log-prob of the raw logits, log-prob under the shaped distribution), the
     steps of the module docstring in vLLM's order. `penalties` is read, not updated."""
-    z = penalties.apply(logits) if penalties is not None else logits
     if temperature == 0:  # greedy: penalties only, then the arg max
+        z = penalties.apply(logits) if penalties is not None else logits
         token = int(torch.argmax(z))
         raw = torch.log_softmax(logits, dim=-1)
         shaped = raw if z is logits else torch.log_softmax(z, dim=-1)
         return token, float(raw[token]), float(shaped[token])
-    raw = torch.log_softmax(logits / temperature, dim=-1)
-    x = z / temperature
-    if min_p > 0.0:
-        probs = torch.softmax(x, dim=-1)
-        x = x.masked_fill(probs < probs.max() * min_p, -math.inf)
-    if 0 < top_k < x.numel():
-        kth = torch.topk(x, top_k).values[-1]
-        x = x.masked_fill(x < kth, -math.inf)
-    logq = torch.log_softmax(x, dim=-1)  # renormalised over what min_p and top_k kept
-    if top_p < 1.0:
-        ids = nucleus(logq.exp(), top_p)
-    elif min_p > 0.0 or top_k > 0:
-        ids = torch.nonzero(logq > -math.inf).squeeze(1)
-    else:
-        ids = None
+    raw, logq, ids = shape(logits, temperature, top_p, top_k, min_p, penalties)
     if ids is None:  # penalties only: the whole vocabulary
         pick = race(logq, gen)
         return pick, float(raw[pick]), float(logq[pick])
@@ -233,3 +243,52 @@ def shaped_sample(
     pick = race(candidates, gen)
     token = int(ids[pick])
     return token, float(raw[token]), float(candidates[pick] - torch.logsumexp(candidates, dim=0))
+
+
+def shaped_logprobs(
+    logits: torch.Tensor,
+    prompt: Sequence[int],
+    completion: Sequence[int],
+    temperature: float,
+    *,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+) -> list[float]:
+    """Teacher-forced: the log-prob of each token of `completion` under the distribution the
+    engine would have drawn it from with these fields (what it records as sampled_logprobs), from
+    the raw logits (len(completion), vocab) of the positions that predicted them. -inf for a token
+    the shaping drops."""
+    sampler = RowSampler(
+        0,
+        temperature,
+        top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        prompt=prompt,
+    )
+    out = []
+    for row, token in zip(logits, completion):
+        if temperature == 0:
+            z = sampler.penalties.apply(row) if sampler.penalties is not None else row
+            out.append(float(torch.log_softmax(z, dim=-1)[token]))
+        else:
+            _, logq, ids = shape(row, temperature, sampler.top_p, sampler.top_k, sampler.min_p, sampler.penalties)
+            if ids is None:
+                out.append(float(logq[token]))
+            else:
+                candidates = logq[ids]
+                where = (ids == token).nonzero()
+                total = torch.logsumexp(candidates, dim=0)
+                out.append(float(candidates[int(where[0, 0])] - total) if len(where) else -math.inf)
+        if sampler.penalties is not None:
+            if sampler.penalties.counts is None:
+                sampler.penalties.apply(row)  # (makes its state: the vocabulary's size)
+            sampler.penalties.add(int(token))
+    return out
