@@ -15,7 +15,10 @@ clients (openai, anthropic, google-genai) to `harnessrl serve` on the tiny rando
 - --generation-config auto applies the model's top_k, min_p and repetition_penalty to a request
   that does not send them, as vLLM's chat completions do, instead of refusing it;
 - the recording endpoint answers Gemini CLI's default generation config (topK 64, topP 0.95, a
-  thinking budget with includeThoughts) and records the call.
+  thinking budget with includeThoughts) and records the call;
+- what the engine makes of them, in each dialect: top_k 1 at temperature 1 samples the greedy
+  tokens; stop_token_ids end the completion at the token (kept in it; one outside the vocabulary
+  is a 400 naming the field); stop strings cut the reply.
 """
 
 from __future__ import annotations
@@ -359,3 +362,72 @@ def test_the_endpoint_records_a_call_with_gemini_clis_default_generation_config(
     assert reply.text == "All done." and not episode.refusals
     [step] = episode.steps()
     assert step.model_call.text == "All done."
+
+
+# ------------------------------------------------------------------- what the engine makes of them
+
+
+def chat_ids(client: openai.OpenAI, **fields) -> tuple[list[int], str, str]:
+    """(completion token ids, text, finish reason) of an 8-token chat completion."""
+    extra = {"return_token_ids": True, **fields.pop("extra_body", {})}
+    reply = client.chat.completions.create(model="tiny-random", messages=WIRE, max_tokens=8, extra_body=extra, **fields)
+    choice = reply.choices[0]
+    return choice.model_extra["token_ids"], choice.message.content, choice.finish_reason
+
+
+def test_top_k_1_samples_the_greedy_tokens_in_every_dialect(served):
+    url = served[0]
+    client = openai_client(url)
+    greedy = chat_ids(client, temperature=0)
+    sampled = chat_ids(client, temperature=1.0, seed=1)
+    assert sampled[0] != greedy[0]  # at temperature 1 the tiny model's tokens differ from greedy's
+    assert chat_ids(client, temperature=1.0, seed=1, extra_body={"top_k": 1})[0] == greedy[0]
+    text = greedy[1]
+    responses = client.responses.create(
+        model="tiny-random", input=WIRE, max_output_tokens=8, temperature=1.0, extra_body={"top_k": 1, "seed": 1}
+    )
+    assert responses.output_text == text
+    messages = anthropic_client(url).messages.create(
+        model="tiny-random", max_tokens=8, messages=WIRE, extra_body={"temperature": 1.0, "top_k": 1}
+    )
+    assert messages.content[0].text == text
+    gemini = gemini_client(url)
+    config = types.GenerateContentConfig(max_output_tokens=8, temperature=1.0, top_k=1, seed=1)
+    assert gemini.models.generate_content(model="tiny-random", contents=WIRE[0]["content"], config=config).text == text
+
+
+def test_stop_token_ids_end_the_completion_at_the_token_kept_in_it(served):
+    client = openai_client(served[0])
+    ids, text, _ = chat_ids(client, temperature=0)
+    at = next(k for k in range(2, len(ids)) if ids[k] not in ids[:k])  # its first occurrence
+    cut, _, finish = chat_ids(client, temperature=0, extra_body={"stop_token_ids": [ids[at]]})
+    assert cut == ids[: at + 1] and finish == "stop"
+    answered = client.responses.create(
+        model="tiny-random", input=WIRE, max_output_tokens=8, temperature=0, extra_body={"stop_token_ids": [ids[at]]}
+    )
+    assert answered.usage.output_tokens == at + 1 and text.startswith(answered.output_text)
+    with pytest.raises(openai.BadRequestError, match="stop_token_ids: 1000000000 is not a token id"):
+        chat_ids(client, extra_body={"stop_token_ids": [10**9]})
+
+
+def test_stop_strings_cut_the_reply_in_every_dialect(served):
+    url = served[0]
+    client = openai_client(url)
+    _, text, _ = chat_ids(client, temperature=0)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    expected = text[: text.index(stop)]
+    reply = client.chat.completions.create(model="tiny-random", messages=WIRE, max_tokens=8, temperature=0, stop=stop)
+    assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "stop"
+    responses = client.responses.create(
+        model="tiny-random", input=WIRE, max_output_tokens=8, temperature=0, extra_body={"stop": [stop]}
+    )
+    assert responses.output_text == expected
+    messages = anthropic_client(url).messages.create(
+        model="tiny-random", max_tokens=8, messages=WIRE, stop_sequences=[stop], extra_body={"temperature": 0}
+    )
+    assert messages.content[0].text == expected
+    assert (messages.stop_reason, messages.stop_sequence) == ("stop_sequence", stop)
+    gemini = gemini_client(url)
+    config = types.GenerateContentConfig(max_output_tokens=8, temperature=0, stop_sequences=[stop])
+    answer = gemini.models.generate_content(model="tiny-random", contents=WIRE[0]["content"], config=config)
+    assert answer.text == expected and answer.candidates[0].finish_reason == types.FinishReason.STOP
