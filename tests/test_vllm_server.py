@@ -574,6 +574,61 @@ def test_a_same_path_reload_serves_stale_prefix_cache_blocks(vllm, folder, token
     assert stale > 0.5, f"an in-place reload served the new weights exactly ({stale:.4f}): update docs/scale.md"
 
 
+# vLLM's sampling fields, every one away from its neutral value (a repetition penalty < 1 and a
+# negative presence penalty favour tokens already there: the random model never repeats greedily)
+SHAPING = {
+    "top_k": 30,
+    "min_p": 0.02,
+    "top_p": 0.9,
+    "repetition_penalty": 0.7,
+    "frequency_penalty": 0.5,
+    "presence_penalty": -0.8,
+}
+
+
+def test_vllm_shapes_the_distribution_as_harnessrl_does_on_the_same_logits(vllm, tokenizer, trainer_model):
+    """The same penalties, temperature, min_p, top_k and top_p, in the same order, on the same
+    float32 weights: sampled through the openai: backend (which sends every field), vLLM's
+    processed logprobs of its own tokens (the recipe's --logprobs-mode processed_logprobs: the
+    distribution each token was drawn from) are harnessrl's sampled-distribution log-probs of
+    those tokens, recomputed teacher-forced (`shaped_logprobs`, what the engine records), and
+    greedy with the penalties vLLM picks the tokens harnessrl's engine picks, with the same
+    log-probs of the penalised distribution."""
+    from harnessrl.models.engine import Engine, EngineRequest
+    from harnessrl.models.sampling import shaped_logprobs
+
+    server = vllm["recipe"]
+    request = GenerationRequest(
+        messages=[Message(role="user", content="List the fruits: apple, pear, apple, plum, pear, apple.")],
+        max_new_tokens=16,
+    )
+    sampling = SamplingParams(temperature=0.8, seed=3, **SHAPING)
+    policy = OpenAIPolicy.from_spec(f"openai:base@{server.url}", sampling, api_key=ADMIN_KEY)
+    calls = policy.complete([request.model_copy(update={"seed": seed}) for seed in (1, 2, 3)])
+    body = server.proxy.posted("/v1/chat/completions")[-1]
+    assert {k: body[k] for k in SHAPING} == SHAPING and body["temperature"] == 0.8
+    for call in calls:
+        assert call.completion_ids and call.sampled_logprobs == call.logprobs  # (all vLLM reports)
+        prompt, completion = call.prompt_ids, call.completion_ids
+        with torch.no_grad():
+            logits = trainer_model(torch.tensor([prompt + completion])).logits[0].float()
+        rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
+        ours = shaped_logprobs(rows, prompt, completion, 0.8, **SHAPING)
+        assert max(abs(a - b) for a, b in zip(call.sampled_logprobs, ours)) < 1e-3, (call.sampled_logprobs, ours)
+        # and not the tempered log-probs of the raw logits, which the shaping changed
+        tempered = teacher_forced_logprobs(trainer_model, prompt, completion, 0.8)
+        assert max(abs(a - b) for a, b in zip(call.sampled_logprobs, tempered)) > 0.05
+
+    greedy = policy.complete([request], SamplingParams(temperature=0.0, **SHAPING))[0]
+    with Engine(trainer_model, tokenizer, max_batch=1) as engine:
+        fields = {k: SHAPING[k] for k in ("repetition_penalty", "frequency_penalty", "presence_penalty")}
+        ours_greedy = engine.generate([EngineRequest(greedy.prompt_ids, len(greedy.completion_ids), **fields)])[0]
+        plain = engine.generate([EngineRequest(greedy.prompt_ids, len(greedy.completion_ids))])[0]
+    assert greedy.completion_ids == ours_greedy.ids != plain.ids
+    assert ours_greedy.sampled_logprobs is not None
+    assert max(abs(a - b) for a, b in zip(greedy.logprobs, ours_greedy.sampled_logprobs)) < 1e-3
+
+
 def test_the_cpu_recipe_flags_are_the_documented_ones():
     """docs/scale.md shows serve_cpu.sh's flags; the script and the page say the same."""
     script = SERVE.read_text()
