@@ -1,0 +1,103 @@
+"""Kilo Code's CLI (npm `@kilocode/cli`), unmodified, as an external harness
+(examples/agents/kilo.yaml).
+
+`kilo run --auto`, with the episode's recording endpoint as a custom provider in the config file
+kilo.py writes (its only provider enabled, no telemetry), runs two `workspace` tasks (a file read
+and answered, a file copied) on the embedded-size tiny random model (8,192 positions: the
+spec's four tools keep Kilo's first request within it, ~5,500 tokens): the endpoint serves
+Kilo's real prompt to a real (random) model, and whatever it writes the episode is Kilo's,
+recorded and triaged, never an infrastructure error. Kilo speaks chat completions through the
+AI SDK's OpenAI-compatible package and the Responses API through its OpenAI package
+(KILO_PROVIDER_PACKAGE): both are run.
+
+Skipped, saying why, where Kilo is not installed (examples/agents/install_kilo.sh).
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+from helpers import check_recorded_and_triaged, workspace_tasks
+
+from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
+from harnessrl.models.base import SamplingParams
+from harnessrl.rollout import Runner, make_jobs
+from harnessrl.types import Termination
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "agents" / "kilo.yaml"
+PREFIX = ROOT / ".agents"  # where install_kilo.sh puts Kilo by default
+FAMILIES = ("answer_from_file", "copy_content")
+TOOLS = ("bash", "read", "write", "edit")  # what the spec's KILO_DISABLED_TOOLS leaves
+
+
+@pytest.fixture(autouse=True)
+def _local_only(monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def installed(**env: str) -> ExternalHarnessSpec:
+    arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    kilo = PREFIX / "kilo" / "node_modules" / "@kilocode" / f"cli-linux-{arch}" / "bin" / "kilo"
+    if not kilo.exists():
+        pytest.skip(f"Kilo is not installed under {PREFIX} (sh examples/agents/install_kilo.sh)")
+    spec = load_spec(SPEC)
+    assert isinstance(spec, ExternalHarnessSpec)
+    # a short reply keeps the random model's turn cheap
+    limits = spec.limits.model_copy(update={"max_new_tokens": 16})
+    return spec.model_copy(update={"env": {**spec.env, **env}, "limits": limits})
+
+
+def dialect(spec: ExternalHarnessSpec) -> str:
+    """The API its first request used, as preflight reads it from the route."""
+    from harnessrl.models.prompt_model import prompt_model
+    from harnessrl.preflight import first_agent_request
+
+    [task] = workspace_tasks(("answer_from_file",))
+    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
+    assert not isinstance(captured, str), captured
+    return captured.dialect
+
+
+def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: Path) -> None:
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
+    policy.close()
+    assert len(trajectories) == 2
+    for traj in check_recorded_and_triaged(trajectories, run_dir):
+        # its real prompt, served: its system prompt with the four tools in the hermes block,
+        # within the embedded model's context
+        first = traj.steps[0].model_call
+        assert 4000 < len(first.prompt_ids) < 8192
+        assert first.messages[0].role == "system"
+        for name in TOOLS:
+            assert f'"name": "{name}"' in first.messages[0].content
+        # the 16-token reply is cut at the episode's limit and holds no call: Kilo ends its run
+        # with that text (exit 0), which the glue hands in as the answer
+        [step] = traj.steps
+        assert step.model_call.finish_reason == "length" and not step.tool_calls
+        assert traj.termination == Termination.submitted and traj.meta["agent"]["exit_code"] == 0
+        assert traj.answer.strip() == step.model_call.text.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kilo_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path):
+    spec = installed()
+    assert dialect(spec) == "chat"
+    run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kilo_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_path):
+    spec = installed(KILO_PROVIDER_PACKAGE="@ai-sdk/openai")
+    assert dialect(spec) == "responses"
+    run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
