@@ -251,3 +251,24 @@ def test_evolve_whose_every_episode_failed_exits_3_with_the_first_error(tmp_path
     assert "every episode of the run (4) was an infrastructure error, so nothing was measured" in r.output
     assert "model backend failed" in r.output and "evolve stopped: the noise estimate needs" in r.output
     assert tally(out).infra == 4
+
+
+def test_preflight_needs_measures_what_an_agent_took_of_the_sandbox_to_make_its_first_call(tmp_path):
+    """`harnessrl preflight --needs`: the agent that unpacks 3 MB into its HOME (the file-size test
+    above) runs with its limits out of the way; its file, its processes and its address space are
+    measured, and the first call is made."""
+    agent = tmp_path / "unpacks.yaml"
+    code = BIG_FILE.replace("\n" + ASK, "\nimport time\ntime.sleep(1)\n" + ASK)
+    agent.write_text(
+        yaml.safe_dump(
+            {"name": "unpacks", "kind": "external", "command": ["{python}", "-c", code], "limits": {"file_size_mb": 1}}
+        )
+    )
+    r = CliRunner().invoke(app, ["preflight", "--needs", "--json", "-H", str(agent), "--suite", "workspace"])
+    assert r.exit_code == 0, r.output
+    [needs] = json.loads(r.output[r.output.index("[") :])
+    use = needs["use"]
+    assert needs["harness"] == "unpacks" and needs["note"] == ""  # the first call was made under roomy limits
+    assert use["largest_file"] == "home/unpacked.bin" and use["largest_file_mb"] == 3.0
+    assert use["written_mb"] >= 3.0 and use["processes"] >= 2 and use["tasks"] >= use["processes"]
+    assert use["address_space_mb"] > 10 and use["resident_mb"] > 5

@@ -367,6 +367,32 @@ def test_an_external_agent_program_trains_through_trl(tmp_path):
     assert record["turns"] >= 2 and record["turns_kept"] >= 2
 
 
+def test_an_agent_that_cannot_make_its_first_request_is_refused_before_any_episode(tmp_path):
+    """The preflight `harnessrl train grpo` runs, before HarnessRollout's first batch: an agent
+    program that is not found is refused with the reason and the fix, and nothing is recorded;
+    preflight=False plays it, every episode an infrastructure error (no reward), never a 0."""
+    from harnessrl.harness.spec import parse_spec
+    from harnessrl.integrations.trl import HarnessRollout, HarnessRolloutError
+
+    missing = parse_spec(
+        {"name": "missing", "kind": "external", "command": ["no-such-agent-program-xyz"], "limits": {"wall_s": 20}}
+    )
+    rollout = HarnessRollout(TextScore(), [missing, SPECS[1]], scheduler="single:missing", seed=0, retries=0)
+    with pytest.raises(HarnessRolloutError, match="harness missing: no first request measured") as refused:
+        train(tmp_path / "refused", rollout, steps=1, per_device_train_batch_size=2)
+    assert "'no-such-agent-program-xyz' was not found in the sandbox" in str(refused.value)
+    assert "preflight=False" in str(refused.value)
+    assert not (tmp_path / "refused" / "harnessrl" / "rollouts").exists()  # no episode ran
+    rollout = HarnessRollout(
+        TextScore(), [missing, SPECS[1]], scheduler="single:missing", seed=0, retries=0, preflight=False
+    )
+    _, recording = train(tmp_path / "played", rollout, steps=1, per_device_train_batch_size=2)
+    (out,) = recording.outputs
+    assert out["harnessrl_score"] == [None, None]  # infrastructure errors: no reward, not a 0
+    (record,) = lines(tmp_path / "played" / "harnessrl" / "steps.jsonl")
+    assert record["episodes"] == record["infra_errors"] == 2
+
+
 def test_a_held_out_harness_is_evaluated_and_reported_apart(full_run):
     """react is evaluated at steps 0 (the base weights), 2 and 4, never trained on: its pass@k and
     pass^k up to k = 2 and its paired difference against step 0 are reported apart."""

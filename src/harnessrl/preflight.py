@@ -22,6 +22,7 @@ its own server: its requests are captured and sized in characters, their tokens 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from harnessrl.harness.recording import RecordingEndpoint
 from harnessrl.harness.spec import AnyHarnessSpec, ExternalHarnessSpec, HarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, PolicyError, SamplingParams
 from harnessrl.models.prompt_model import PromptModel, prompt_model, served_elsewhere
+from harnessrl.tasks.sandbox_needs import TreeUse
 from harnessrl.types import Message, ModelCall, ToolSchema
 from harnessrl.wire.chat import ChatCompletionRequest
 
@@ -247,6 +249,40 @@ def first_agent_request(
         dialect=_dialect(paths),
         tool_format=spec.tool_protocol,
     )
+
+
+# ------------------------------------------------------------------------- what the sandbox must give
+
+# The limits an agent program runs under while what it needs is measured: far out of its way.
+ROOMY_LIMITS = {"file_size_mb": 4096, "memory_mb": 1_048_576, "processes": 4096, "disk_mb": 8192}
+
+
+@dataclass
+class SandboxNeeds:
+    """What an agent program took of the sandbox to make its first model call (`harnessrl
+    preflight --needs`): its peaks (tasks/sandbox_needs.TreeUse) and how long the call took to come."""
+
+    harness: str
+    note: str  # "" when it made its first call; else why it did not
+    seconds: float
+    use: TreeUse
+
+
+def sandbox_needs(spec: ExternalHarnessSpec, task: Task, model: PromptModel, wait_s: float = WAIT_S) -> SandboxNeeds:
+    """Run the agent program to its first model call as the preflight does, its sandbox limits
+    raised to ROOMY_LIMITS, while the host samples its process tree and HOME (one program at a
+    time: every sandbox of this process is counted). The peaks are what its own limits must allow."""
+    from harnessrl.tasks.sandbox_needs import TreeWatch
+
+    roomy = spec.model_copy(update={"limits": spec.limits.model_copy(update=ROOMY_LIMITS)})
+    watch = TreeWatch()
+    watch.start()
+    t0 = time.monotonic()
+    try:
+        captured = first_agent_request(roomy, task, model, wait_s)
+    finally:
+        use = watch.stop()
+    return SandboxNeeds(spec.name, captured if isinstance(captured, str) else "", time.monotonic() - t0, use)
 
 
 # -------------------------------------------------------------------------------------- measuring

@@ -4,7 +4,7 @@ before a run (harnessrl/preflight.py)."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -35,6 +35,15 @@ def preflight_cmd(
     as_json: Annotated[
         bool, typer.Option("--json", help="print the reports as JSON (a list, one per harness)")
     ] = False,
+    needs: Annotated[
+        bool,
+        typer.Option(
+            "--needs",
+            help="instead: run each agent program to its first model call with its sandbox limits out of the "
+            "way and print what it took (processes and threads, address space, files in HOME): what its "
+            "limits must allow",
+        ),
+    ] = False,
 ) -> None:
     """Measure each harness's first request against the model's context, before a run: a loop
     harness's is rendered, an agent program is run on the task until its first model call (which
@@ -42,7 +51,8 @@ def preflight_cmd(
     tokenizer) against the context, the dialect (chat, responses, messages, gemini), the tool-call
     format, the tools and the system prompt, whether a reply of the harness's max_new_tokens fits,
     and what to trim. Exit status: 0 when every request leaves room for a whole reply or is tight,
-    1 when one does not fit at all, 2 when a harness made no request (or for a bad option)."""
+    1 when one does not fit at all, 2 when a harness made no request (or for a bad option).
+    --needs: what each agent program took of the sandbox instead (2 when one made no call even so)."""
     from harnessrl.harness.registry import resolve_harnesses
     from harnessrl.harness.spec import SpecError
     from harnessrl.models.base import ModelUnavailable
@@ -68,6 +78,9 @@ def preflight_cmd(
         if not as_json:
             err.print(f"  {r.harness}: {r.verdict}", highlight=False)
 
+    if needs:
+        print_needs(specs, chosen, the_model, wait, as_json)
+        return
     reports = preflight(specs, chosen, the_model, wait_s=wait, on_report=progress)
     if as_json:
         typer.echo(json.dumps([r.to_json() for r in reports], indent=1))
@@ -76,6 +89,51 @@ def preflight_cmd(
     if any(r.verdict == "too big" for r in reports):
         raise typer.Exit(TOO_BIG)
     if any(r.verdict == "no request" for r in reports):
+        raise typer.Exit(NOT_MEASURED)
+
+
+def print_needs(specs: list, task: Any, model: Any, wait: float, as_json: bool) -> None:
+    """`--needs`: what each agent program took of the sandbox to make its first model call (loop
+    harnesses run no program: left out); exit 2 when one made no call even so."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from harnessrl.harness.spec import ExternalHarnessSpec
+    from harnessrl.preflight import sandbox_needs
+
+    agents = [s for s in specs if isinstance(s, ExternalHarnessSpec)]
+    if not agents:
+        fail("--needs measures agent programs (kind: external); none is among the harnesses")
+    measured = []
+    for spec in agents:
+        if not as_json:
+            err.print(f"  {spec.name}: running to its first model call", highlight=False)
+        measured.append(sandbox_needs(spec, task, model, wait))
+    if as_json:
+        typer.echo(json.dumps([asdict(m) for m in measured], indent=1))
+    else:
+        table = Table(title=f"what each agent took of the sandbox to make its first model call ({task.id})")
+        for col in ("harness", "first call", "processes", "with threads", "address space", "resident", "HOME"):
+            table.add_column(col, justify="left" if col == "harness" else "right")
+        table.add_column("largest file")
+        for m in measured:
+            u = m.use
+            table.add_row(
+                m.harness,
+                "none" if m.note else f"{m.seconds:.0f} s",
+                str(u.processes),
+                str(u.tasks),
+                f"{u.address_space_mb:,.0f} MB",
+                f"{u.resident_mb:,.0f} MB",
+                f"{u.written_mb:,.1f} MB",
+                f"{u.largest_file_mb:,.1f} MB {u.largest_file}".strip(),
+            )
+        out.print(table)
+        for m in measured:
+            if m.note:
+                out.print(f"{m.harness}: {m.note}", highlight=False, markup=False, soft_wrap=True)
+    if any(m.note for m in measured):
         raise typer.Exit(NOT_MEASURED)
 
 
