@@ -365,7 +365,8 @@ def truncated_is_weights(
     drawn from the sampler (a bf16 / int8 / 4-bit engine), the loss is of the trainer's policy.
 
     With log r_t = old_logp_t - sampler_logp_t (the trainer's log-prob of the sampled token,
-    recomputed before the update, minus the sampler's; M = completion_mask):
+    recomputed before the update, minus the sampler's: of the distribution the token was drawn
+    from, a call's sampled_logprobs where its sampling was shaped; M = completion_mask):
 
         "token":     w_t = min(r_t, cap)                                   one weight per token
         "sequence":  w_b = min(prod_t r_t, cap) = exp(min(sum_t M * log r_t, log cap))
