@@ -98,7 +98,8 @@ def eval_cmd(config: EvalConfig, run: Any) -> None:
     """Evaluate a model on a suite through one or more harnesses.
 
     Exit status: 0 the run finished;
-    2 a configuration error, or a harness whose first request cannot fit the model (nothing ran);
+    2 a configuration error, or a harness whose first request cannot fit the model or whose agent
+    program could not make its first request (the preflight: nothing ran);
     3 every episode was an infrastructure error, so nothing was measured (the first error is shown);
     130 Ctrl-C, 143 SIGTERM (finished episodes are kept: continue with --resume).
     """

@@ -24,7 +24,9 @@ EvolveRun = run_options(
 
 @config_command(EvolveConfig, EvolveRun)
 def evolve_cmd(config: EvolveConfig, run: Any) -> None:
-    """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks."""
+    """Evolve a harness: propose edits, keep those that beat measured noise on dev tasks, confirm once on test tasks.
+
+    Exit status 3: every episode was an infrastructure error (nothing was measured)."""
     from harnessrl.jobs import entries
 
     saved = "the incumbent, the log and finished episodes are saved"

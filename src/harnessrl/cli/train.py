@@ -64,7 +64,11 @@ CHECKPOINT_SAVED = "the last checkpoint is saved"
 @train_app.command("grpo")
 @config_command(TrainConfig, TrainRun)
 def grpo_cmd(config: TrainConfig, run: Any) -> None:
-    """GRPO with LoRA across harnesses: each step the scheduler picks the harness that collects the batch."""
+    """GRPO with LoRA across harnesses: each step the scheduler picks the harness that collects the batch.
+
+    Exit status: 0 trained; 1 training diverged; 2 a configuration error, or (the preflight) a
+    harness whose first request cannot fit the model or whose agent program could not make its
+    first request; 3 every training episode was an infrastructure error (nothing was measured)."""
     from harnessrl.jobs import entries
     from harnessrl.train.distributed import process_rank
 
