@@ -18,7 +18,9 @@ clients (openai, anthropic, google-genai) to `harnessrl serve` on the tiny rando
   thinking budget with includeThoughts) and records the call;
 - what the engine makes of them, in each dialect: top_k 1 at temperature 1 samples the greedy
   tokens; stop_token_ids end the completion at the token (kept in it; one outside the vocabulary
-  is a 400 naming the field); stop strings cut the reply.
+  is a 400 naming the field); stop strings cut the reply;
+- the logprobs of a shaped request are those of the distribution drawn from (vLLM's
+  processed_logprobs), streamed too; raw_logprobs are streamed as they are answered.
 """
 
 from __future__ import annotations
@@ -431,3 +433,49 @@ def test_stop_strings_cut_the_reply_in_every_dialect(served):
     config = types.GenerateContentConfig(max_output_tokens=8, temperature=0, stop_sequences=[stop])
     answer = gemini.models.generate_content(model="tiny-random", contents=WIRE[0]["content"], config=config)
     assert answer.text == expected and answer.candidates[0].finish_reason == types.FinishReason.STOP
+
+
+def stream_logprobs(client: openai.OpenAI, **fields) -> list[float]:
+    chunks = client.chat.completions.create(model="tiny-random", messages=WIRE, stream=True, logprobs=True, **fields)
+    return [e.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+
+
+def test_a_shaped_requests_logprobs_are_those_of_the_distribution_drawn_from(served, tokenizer):
+    """vLLM's processed_logprobs (this server's default mode): for a request whose top_k, min_p or
+    penalties shape the distribution, each token's log-probability after that shaping, the
+    call's sampled_logprobs; streamed the same; a neutral request keeps log softmax(z / T)."""
+    from harnessrl.models import GenerationRequest
+    from harnessrl.types import Message
+
+    client = openai_client(served[0])
+    fields = {"max_tokens": 6, "temperature": 0.7, "seed": 21, "extra_body": {"top_k": 5, "repetition_penalty": 1.3}}
+    reply = client.chat.completions.create(model="tiny-random", messages=WIRE, logprobs=True, **fields)
+    served_lp = [e.logprob for e in reply.choices[0].logprobs.content]
+    reference = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    try:
+        request = GenerationRequest(messages=[Message(**m) for m in WIRE], max_new_tokens=6, seed=21)
+        shaped = SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.3)
+        call = reference.submit(request, shaped).result(timeout=120)
+    finally:
+        reference.close()
+    assert call.sampled_logprobs is not None and len(call.sampled_logprobs) == len(served_lp) > 0
+    assert all(abs(a - b) < 1e-4 for a, b in zip(served_lp, call.sampled_logprobs))
+    assert any(abs(a - b) > 1e-3 for a, b in zip(call.sampled_logprobs, call.logprobs))  # they differ
+    streamed = stream_logprobs(client, **fields)
+    assert len(streamed) == len(served_lp) and all(abs(a - b) < 1e-4 for a, b in zip(streamed, served_lp))
+
+
+def test_raw_logprobs_are_streamed_as_they_are_answered(tokenizer):
+    """--logprobs-mode raw_logprobs: a stream carries the recomputed log softmax(z), as the
+    answer without a stream does (a stream used to carry the processed ones)."""
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    try:
+        with serving(policy, logprobs_mode="raw_logprobs") as url:
+            client = openai_client(url)
+            fields = {"max_tokens": 4, "temperature": 0.5, "seed": 3}
+            reply = client.chat.completions.create(model="tiny-random", messages=WIRE, logprobs=True, **fields)
+            whole = [e.logprob for e in reply.choices[0].logprobs.content]
+            streamed = stream_logprobs(client, **fields)
+    finally:
+        policy.close()
+    assert len(streamed) == len(whole) == 4 and all(abs(a - b) < 1e-4 for a, b in zip(streamed, whole))

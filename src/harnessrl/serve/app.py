@@ -24,6 +24,8 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -93,6 +95,33 @@ def check_token_ids(ids: list[int], policy: HFPolicy) -> None:
                 f"stop_token_ids: {token} is not a token id of this model's vocabulary (0..{vocab - 1})",
                 param="stop_token_ids",
             )
+
+
+def then(source: Future, transform: Callable[[ModelCall], ModelCall]) -> Future:
+    """A future of `transform(the ModelCall of source)`, run in a thread of its own once `source`
+    resolves (never on the engine's thread: a forward pass there would wait for itself); it ends
+    as `source` does when that fails or is cancelled, and cancelling it cancels `source`."""
+    ours: Future = Future()
+
+    def run() -> None:
+        if source.cancelled():
+            ours.cancel()
+            return
+        error = source.exception()
+        try:
+            value = transform(source.result()) if error is None else None
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on `ours`
+            error = exc
+        if not ours.set_running_or_notify_cancel():
+            return  # cancelled meanwhile
+        if error is not None:
+            ours.set_exception(error)
+        else:
+            ours.set_result(value)
+
+    source.add_done_callback(lambda _: threading.Thread(target=run, name="harnessrl-logprobs", daemon=True).start())
+    ours.add_done_callback(lambda f: source.cancel() if f.cancelled() else None)
+    return ours
 
 
 def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI:
@@ -192,18 +221,31 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
         except BaseException:
             models.release(entry)
             raise
-        # vLLM's default raw logprobs are recomputed once the reply is done: such a stream waits for it
+        # the logprobs vLLM reports that the engine's call does not hold as `logprobs`: its default
+        # raw ones (recomputed by a forward pass once the reply is done), and the processed ones of
+        # a request whose sampling shapes the distribution (the call's sampled_logprobs): such a
+        # request's reply, streamed too, is written from the call that holds them
         raw = bool(body.logprobs) and models.logprobs_mode == "raw_logprobs"
+        shaped = bool(body.logprobs) and not raw and sampling.shapes()
+
+        def reported(call: ModelCall) -> ModelCall:
+            """(blocking) `call` with the logprobs this server reports."""
+            if raw and call.completion_ids:
+                # vLLM's default: log softmax of the raw logits, before temperature
+                return call.model_copy(update={"logprobs": entry.raw_logprobs(call.prompt_ids, call.completion_ids)})
+            if shaped and call.sampled_logprobs is not None:
+                # vLLM's processed_logprobs: of the distribution drawn from (penalties, min_p, top_k, top_p)
+                return call.model_copy(update={"logprobs": list(call.sampled_logprobs)})
+            return call
 
         def submit(on_token):
             if on_token is None:
-                return policy.submit(request, sampling)
-            return policy.submit(request, sampling, on_token=on_token)
+                future = policy.submit(request, sampling)
+            else:
+                future = policy.submit(request, sampling, on_token=on_token)
+            return then(future, reported) if raw or shaped else future
 
         def finish(call: ModelCall) -> tuple[ModelCall, dict | None]:
-            if raw and call.completion_ids:
-                # vLLM's default: log softmax of the raw logits, before temperature
-                call = call.model_copy(update={"logprobs": entry.raw_logprobs(call.prompt_ids, call.completion_ids)})
             if not tools or fmt is None:
                 return call, None
             parsed = fmt.parse(call, tools)
@@ -226,7 +268,7 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
             model=entry.name,
             stop=list(request.stop),
             # a reply to a request with tools may be a tool call: parsed before any of it is shown
-            live=not raw and bool(getattr(policy, "streams_tokens", False)) and not tools,
+            live=not (raw or shaped) and bool(getattr(policy, "streams_tokens", False)) and not tools,
             buffered=bool(tools),
             prompt_ids=prompt,
         )

@@ -7,11 +7,13 @@ hands over an `Exchange`: how to start the generation, what to do with the finis
 recording endpoint records it and parses tool calls), and how to report a backend failure.
 
 Streams carry the tokens as the engine samples them (wire/streaming.py) when the policy hands
-them out one by one and nothing needs the whole reply first. Two cases wait for the whole reply
+them out one by one and nothing needs the whole reply first. Some cases wait for the whole reply
 and then send it token by token: a request that offered tools (on the recording endpoint, or on
 `harnessrl serve` with a tool-call parser: the text may turn out to be a tool call, which must
-not reach the client as text), and logprobs
-under `logprobs_mode="raw_logprobs"` (recomputed by a forward pass once the reply is done).
+not reach the client as text), and, on `harnessrl serve`, logprobs under
+`logprobs_mode="raw_logprobs"` (recomputed by a forward pass once the reply is done) or of a
+request whose sampling shapes the distribution (the call's sampled_logprobs): the finished call
+the server's `submit` future resolves to holds them.
 """
 
 from __future__ import annotations
