@@ -146,3 +146,34 @@ def test_gemini_cli_solves_a_claweval_service_task_through_the_mcp_tools():
     check_notes_solved(traj, "mcp_harnessrl_")
     # its three tools and the task's three keep the first prompt within the embedded model's context
     assert len(traj.steps[0].model_call.prompt_ids) < 8192
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gemini_cli_with_its_default_settings_is_recorded_and_triaged(tokenizer, tmp_path):
+    """Gemini CLI with none of harnessrl's settings but the sign-in (gemini_cli.auth.settings.json:
+    the API-key sign-in, without which its headless mode refuses the base URL's `gateway` sign-in,
+    "Invalid auth method selected.", exit 41): its own generation settings (temperature 1, topP
+    0.95, topK 64, thinkingConfig with includeThoughts) and all its 15 tools (~11,360 tokens), on a
+    tiny random model with 32,768 positions. Every request is served, none refused."""
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+
+    spec = installed()
+    env = {**spec.env, "GEMINI_CLI_SETTINGS": "gemini_cli.auth.settings.json"}
+    limits = spec.limits.model_copy(update={"max_new_tokens": 16})
+    spec = spec.model_copy(update={"env": env, "limits": limits})
+    model = tiny_random_model()
+    model.config.max_position_embeddings = 32768  # rotary positions are computed, not learned
+    policy = HFPolicy(model, tokenizer, name="tiny-random-32k")
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
+    policy.close()
+    assert len(trajectories) == 2
+    for traj in check_recorded_and_triaged(trajectories, tmp_path / "run"):
+        # its whole default tool set reached the model, past the embedded model's 8,192 tokens
+        first = traj.steps[0].model_call
+        assert len(first.prompt_ids) > 8192
+        for name in (*TOOLS, "list_directory", "grep_search", "glob", "replace"):
+            assert f'"name": "{name}"' in first.messages[0].content
+        assert traj.termination == Termination.submitted and traj.meta["agent"]["exit_code"] == 0

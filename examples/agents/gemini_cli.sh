@@ -26,10 +26,13 @@ GEMINI_CLI_TRUST_WORKSPACE=true
 # its sessions, caches and settings in the episode's own HOME, never the user's: the spec's
 # settings file (GEMINI_CLI_SETTINGS, a name looked up beside this script) as its user settings
 GEMINI_CLI_HOME=$HOME
-settings=${GEMINI_CLI_SETTINGS:-gemini_cli.settings.json}
-case $settings in /*) ;; *) settings=$here/$settings ;; esac
+# (GEMINI_CLI_SETTINGS set but empty: no settings file, Gemini CLI's defaults throughout)
+settings=${GEMINI_CLI_SETTINGS-gemini_cli.settings.json}
 mkdir -p "$HOME/.gemini"
-cp "$settings" "$HOME/.gemini/settings.json"
+if [ -n "$settings" ]; then
+    case $settings in /*) ;; *) settings=$here/$settings ;; esac
+    cp "$settings" "$HOME/.gemini/settings.json"
+fi
 # where the episode serves its task's own tools over MCP (Streamable HTTP), that server joins the
 # copied settings as its only MCP server, trusted (no confirmation), and its tools join tools.core
 # (an allowlist that hides every other tool, MCP tools included); they reach the model as
@@ -37,7 +40,7 @@ cp "$settings" "$HOME/.gemini/settings.json"
 if [ -n "${HARNESSRL_MCP_URL:-}" ]; then
     "$node_bin/node" -e 'const fs = require("fs");
 const file = process.argv[1];
-const settings = JSON.parse(fs.readFileSync(file, "utf8"));
+const settings = fs.existsSync(file) ? JSON.parse(fs.readFileSync(file, "utf8")) : {};
 settings.mcpServers = { harnessrl: { type: "http", url: process.argv[2], trust: true } };
 if (settings.tools?.core) settings.tools.core.push("mcp_harnessrl_*");
 fs.writeFileSync(file, JSON.stringify(settings, null, 2) + "\n");' "$HOME/.gemini/settings.json" "$HARNESSRL_MCP_URL"
