@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from helpers import shrunk_file
 from typer.testing import CliRunner
 
@@ -18,7 +19,15 @@ from harnessrl.harness.loops import Episode
 from harnessrl.harness.registry import load_harness
 from harnessrl.harness.spec import ExternalHarnessSpec, parse_spec
 from harnessrl.models.prompt_model import prompt_model
-from harnessrl.preflight import first_agent_request, first_loop_request, preflight
+from harnessrl.preflight import (
+    PreflightRefused,
+    check_before_run,
+    first_agent_request,
+    first_loop_request,
+    no_request_fix,
+    preflight,
+    refusal,
+)
 from harnessrl.tasks import get_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,11 +101,35 @@ def test_the_dialect_is_the_route_of_the_agents_first_model_call():
     assert report.dialect == "responses" and report.tools == 2 and report.verdict == "fits"
 
 
-def test_an_agent_that_makes_no_model_call_is_reported_without_a_request():
+def test_an_agent_that_makes_no_model_call_is_reported_without_a_request_and_refused_before_a_run():
+    """behave.py lie: it writes its answer and exits without calling the model. The report says
+    so with a fix; the check before a run (eval, train grpo, TRL: a spec or a loaded model's
+    PromptModel) refuses it beside a loop harness that fits, naming the harness and the reason."""
     spec = agent("behave.py", "lie", env={"LIE_PATH": "x.txt", "LIE_CONTENT": "x"})
-    [report] = preflight([spec], first_task(), prompt_model("tiny-random"))
+    model = prompt_model("tiny-random")
+    [report] = preflight([spec], first_task(), model)
     assert report.verdict == "no request" and report.prompt is None
-    assert "made no model call" in report.note
+    assert "made no model call (exit code 0)" in report.note and "run the program by hand" in report.advice
+    said: list[str] = []
+    with pytest.raises(PreflightRefused) as refused:
+        check_before_run(model, [load_harness("json-tools"), spec], first_task(), said.append)
+    assert refused.value.exit_code == 2
+    message = str(refused.value)
+    assert "harness lie: no first request measured on workspace/dev/00000: the agent did not run: " in message
+    assert "every episode of it would be an infrastructure error" in message and "Fix: " in message
+    assert "json-tools" not in message  # the loop harness fits: only what could not be measured is refused
+    assert said[0].startswith("preflight: json-tools: ") and said[1].startswith("preflight: lie: no first request")
+    assert refusal([report.model_copy(update={"verdict": "fits", "note": ""})]) is None
+    assert check_before_run("openai:m@http://127.0.0.1:9/v1", [spec], first_task(), said.append) == []  # not checked
+
+
+def test_the_fix_for_an_agent_without_a_first_request_follows_its_reason():
+    assert "raise the limit" in no_request_fix("...; the sandbox's limit limits.file_size_mb (64 MB) stopped it")
+    assert "was not found" in no_request_fix("the program 'x' was not found in the sandbox; ... (exit code 127)")
+    assert "refused the agent's first request" in no_request_fix("the agent's POST /v1/chat/completions got 400 (x)")
+    bwrap = "cannot start the agent program: the sandbox (bubblewrap) refused to start it: bwrap: Can't find source "
+    assert "bubblewrap's refusal" in no_request_fix(bwrap + "path /x: No such file or directory")
+    assert "in time" in no_request_fix("the agent made no model call within 120 s")
 
 
 def _huge_yaml(folder: Path) -> Path:

@@ -272,3 +272,21 @@ def test_preflight_needs_measures_what_an_agent_took_of_the_sandbox_to_make_its_
     assert use["largest_file"] == "home/unpacked.bin" and use["largest_file_mb"] == 3.0
     assert use["written_mb"] >= 3.0 and use["processes"] >= 2 and use["tasks"] >= use["processes"]
     assert use["address_space_mb"] > 10 and use["resident_mb"] > 5
+
+
+def test_a_trainer_that_kept_no_rollouts_is_counted_from_its_metrics(tmp_path):
+    """--no-save-rollouts: no run database, so the steps' episodes and infra_errors are counted."""
+    from harnessrl.jobs.measured import nothing_measured
+
+    lines = [{"step": 1, "episodes": 8, "infra_errors": 8}, {"step": 2, "episodes": 8, "infra_errors": 8}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    counted = tally(tmp_path)
+    assert (counted.episodes, counted.infra) == (16, 16)
+    assert nothing_measured(tmp_path) == (
+        "every episode of the run (16) was an infrastructure error, so nothing was measured; the first: not kept "
+        "(the run kept no episodes: see its metrics.jsonl)"
+    )
+    lines.append({"step": 3, "episodes": 8, "infra_errors": 7})  # one episode measured: not refused
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert nothing_measured(tmp_path) is None
+    assert nothing_measured(tmp_path / "absent") is None  # no run: nothing to say

@@ -461,6 +461,10 @@ _NO_REQUEST_FIXES = (
         "before the first call')",
     ),
     (
+        ("cannot start the agent program",),
+        "the sandbox could not start the program: see its message (a path it cannot show, bubblewrap's refusal)",
+    ),
+    (
         ("exit code 127", "not found", "No such file or directory"),
         "the program was not found in the sandbox: name an interpreter on the sandbox's PATH or an absolute path "
         "in `command`, and list the program's folder under `read_only` (docs/external-harness.md, 'What the agent "
@@ -475,10 +479,6 @@ _NO_REQUEST_FIXES = (
         (" got 4",),
         "the endpoint refused the agent's first request (the message says why): point the agent at "
         "OPENAI_BASE_URL in a dialect it serves (chat, responses, messages, gemini) and send what it accepts",
-    ),
-    (
-        ("sandbox",),
-        "the sandbox could not start the program: see its message (a path it cannot show, bubblewrap's refusal)",
     ),
     (
         ("within",),
