@@ -35,14 +35,13 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harnessrl.harness.prompt_tools import reply_message
-from harnessrl.models.hf import HFPolicy
 from harnessrl.serve.models import ServedModel, ServedModels
 from harnessrl.serve.tools import offered_tools
 from harnessrl.types import ModelCall
 from harnessrl.wire import gemini as gm
 from harnessrl.wire import messages as ms
 from harnessrl.wire.auth import ADMIN_KEY_ENV, draw_admin_key, key_matches, presented_key
-from harnessrl.wire.chat import ChatCompletionRequest, ServeError, to_generation
+from harnessrl.wire.chat import ChatCompletionRequest, ServeError, check_stop_token_ids, to_generation
 from harnessrl.wire.http import limit_body, request_error_message
 from harnessrl.wire.replies import Exchange, ResponseTurn, chat_reply, responses_reply
 from harnessrl.wire.responses import ConversationStore, ResponsesRequest, new_id, to_chat
@@ -82,19 +81,6 @@ def check_admin_key(request: Request, key: str) -> None:
         )
     log.warning("refused %s %s from %s: wrong admin key", request.method, path, client)
     raise ServeError(403, f"{path}: the admin key sent is not this server's")
-
-
-def check_token_ids(ids: list[int], policy: HFPolicy) -> None:
-    """ServeError 400 naming stop_token_ids for an id outside the model's vocabulary (the engine
-    would fail the request)."""
-    vocab = policy.model.get_input_embeddings().num_embeddings
-    for token in ids:
-        if token >= vocab:
-            raise ServeError(
-                400,
-                f"stop_token_ids: {token} is not a token id of this model's vocabulary (0..{vocab - 1})",
-                param="stop_token_ids",
-            )
 
 
 def then(source: Future, transform: Callable[[ModelCall], ModelCall]) -> Future:
@@ -184,7 +170,7 @@ def create_app(models: ServedModels, *, admin_key: str | None = None) -> FastAPI
         assert policy is not None  # acquire() returns a resident model
         fmt = models.prompt_tools  # None: no native tools (to_generation refuses them)
         request, sampling = to_generation(body, 1, fmt is not None, defaults=models.sampling_defaults())
-        check_token_ids(request.stop_token_ids, policy)
+        check_stop_token_ids(request.stop_token_ids, policy.model.get_input_embeddings().num_embeddings)
         tools = offered_tools(body) if fmt is not None else []
         if fmt is not None:
             request = fmt.with_tools(request, tools)

@@ -284,6 +284,18 @@ def sampling_params(body: ChatCompletionRequest, defaults: dict[str, float] | No
         raise ServeError(500, f"the model's generation config gives a sampling default out of range: {exc}") from None
 
 
+def check_stop_token_ids(ids: list[int], vocab: int) -> None:
+    """ServeError 400 naming stop_token_ids for an id outside a vocabulary of `vocab` tokens (the
+    engine would fail the request: a server error, where the request is the client's mistake)."""
+    for token in ids:
+        if token >= vocab:
+            raise ServeError(
+                400,
+                f"stop_token_ids: {token} is not a token id of this model's vocabulary (0..{vocab - 1})",
+                param="stop_token_ids",
+            )
+
+
 def to_generation(
     body: ChatCompletionRequest,
     max_new_tokens: int,
