@@ -236,7 +236,18 @@ def test_responses_carry_vllms_sampling_extras(served):
     assert request.seed == 42 and request.stop == ["END"] and request.stop_token_ids == [9]
 
 
-@pytest.mark.parametrize(("field", "value"), [("top_k", -5), ("repetition_penalty", -1.0), ("presence_penalty", 9.0)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", -5),
+        ("min_p", 2.0),
+        ("repetition_penalty", -1.0),
+        ("frequency_penalty", -2.5),
+        ("presence_penalty", 9.0),
+        ("stop_token_ids", [-4]),
+        ("seed", 2**64),
+    ],
+)
 def test_responses_values_out_of_range_are_a_400_naming_the_field(served, field, value):
     with pytest.raises(openai.BadRequestError, match=field):
         openai_client(served[0]).responses.create(
@@ -266,8 +277,9 @@ def test_messages_carry_top_k_and_stop_sequences_and_disabled_thinking(served):
 
 def test_messages_refuse_a_bad_top_k_and_thinking_by_name(served):
     client = anthropic_client(served[0])
-    with pytest.raises(anthropic.BadRequestError, match="top_k"):
-        client.messages.create(model="tiny-random", max_tokens=2, messages=WIRE, extra_body={"top_k": -1})
+    for field, value in (("top_k", -1), ("top_p", 0.0), ("temperature", 1.5)):  # Anthropic's temperature is 0 to 1
+        with pytest.raises(anthropic.BadRequestError, match=field):
+            client.messages.create(model="tiny-random", max_tokens=2, messages=WIRE, extra_body={field: value})
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         client.messages.create(
             model="tiny-random", max_tokens=2, messages=WIRE, thinking={"type": "enabled", "budget_tokens": 1024}
@@ -309,6 +321,7 @@ def test_gemini_generation_config_reaches_the_sampling_and_any_thinking_budget_i
         ({"presencePenalty": 2.5}, "presencePenalty"),
         ({"frequencyPenalty": -9}, "frequencyPenalty"),
         ({"candidateCount": 2}, "candidateCount"),
+        ({"seed": 2**64}, "seed"),
         ({"responseLogprobs": True, "logprobs": 3}, "logprobs"),
         ({"thinkingConfig": {"thinkingBudget": -5}}, "thinkingBudget"),
         ({"thinkingConfig": {"thinkingBudget": "lots"}}, "thinkingBudget"),
