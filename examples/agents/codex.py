@@ -10,7 +10,7 @@ The glue is what Codex's command line cannot say, written per episode into its o
 - with CODEX_MODEL_FAMILY set (codex.yaml sets it), a model catalog entry for the served model,
   made from that family's entry in the catalog bundled in the installed Codex itself (its prompt
   and tool set: `apply_patch` as a custom freeform tool, `exec_command`, ...) with what the
-  served model does not have taken out: reasoning levels and summaries, verbosity, images,
+  served model does not have taken out: reasoning levels, verbosity, images,
   OpenAI's hosted tool search (MCP tools are listed to the model itself), and a context window of
   CODEX_CONTEXT_WINDOW. Without it Codex uses its fallback metadata for an
   unknown model (a different prompt and tools, no apply_patch).
@@ -83,11 +83,11 @@ def model_entry(codex: Path, env: dict[str, str], family: str, model: str, windo
         "slug": model,
         "display_name": model,
         "description": f"served by harnessrl, described as Codex's {family}",
+        # what the endpoint refuses (a 400 naming it): a reasoning effort other than "none" (the
+        # family's default is "medium"; these models do not reason) and a verbosity other than
+        # "medium" (the family's default is "low"; they have no verbosity control)
         "supported_reasoning_levels": [],
         "default_reasoning_level": None,
-        "supports_reasoning_summaries": False,
-        "supports_reasoning_summary_parameter": False,
-        "default_reasoning_summary": "none",
         "support_verbosity": False,
         "default_verbosity": None,
         "input_modalities": ["text"],
@@ -104,8 +104,6 @@ def config(env: dict[str, str], catalog: Path | None) -> str:
         f"model = {toml(env['OPENAI_MODEL'])}",
         f"model_provider = {toml(PROVIDER)}",
         *([f"model_catalog_json = {toml(str(catalog))}"] if catalog else []),
-        # the served model does not reason: no reasoning summary asked for (OpenAI refuses one too)
-        'model_reasoning_summary = "none"',
         # no prompts: harnessrl's sandbox is the isolation, Codex's own one (bubblewrap) is not nested in it
         'approval_policy = "never"',
         'sandbox_mode = "danger-full-access"',
