@@ -10,7 +10,8 @@ clients (openai, anthropic, google-genai) to `harnessrl serve` on the tiny rando
   cannot be honoured (beam search, n > 1, logit_bias, allowed_token_ids, bad_words, structured
   outputs, top_logprobs, min_tokens, ...) stays a 400 naming it;
 - settings that ask for no reasoning are served on every route (chat's reasoning_effort "none",
-  Anthropic's thinking disabled, Gemini's thinkingConfig with any budget and includeThoughts),
+  Anthropic's thinking disabled or adaptive, Gemini's thinkingConfig with any budget and
+  includeThoughts),
   and one that asks for reasoning is refused by name;
 - --generation-config auto applies the model's top_k, min_p and repetition_penalty to a request
   that does not send them, as vLLM's chat completions do, instead of refusing it;
@@ -273,6 +274,16 @@ def test_messages_carry_top_k_and_stop_sequences_and_disabled_thinking(served):
     request, sampling = recorded.last()
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.5, 0.7, 4)
     assert request.stop == ["STOP", "HALT"]
+
+
+@pytest.mark.parametrize("thinking", [{"type": "disabled"}, {"type": "adaptive"}])
+def test_messages_thinking_that_a_model_without_thinking_honours_is_served(served, thinking):
+    """`disabled`, and `adaptive` (as much thinking as the model chooses: none here): answered
+    with no thinking block."""
+    reply = anthropic_client(served[0]).messages.create(
+        model="tiny-random", max_tokens=3, messages=WIRE, thinking=thinking
+    )
+    assert [block.type for block in reply.content] == ["text"]
 
 
 def test_messages_refuse_a_bad_top_k_and_thinking_by_name(served):

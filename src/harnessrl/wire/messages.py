@@ -19,11 +19,11 @@ Accepted and ignored, as they change nothing here: `cache_control` on any block 
 text is what the model reads), and the headers x-api-key, anthropic-version and anthropic-beta.
 Refused with a 400 naming them, in Anthropic's error shape (`error_body`): images, documents,
 search results and any other non-text block; thinking blocks and a `thinking` setting that asks
-for thinking (`enabled`, `adaptive`: these models do not think; `{"type": "disabled"}` is
-accepted); Anthropic-defined and server tools (web_search, bash, text_editor, computer, code
-execution, ...), MCP servers, containers, `context_management`, `output_config` /
-`output_format` (effort, structured output), deferred tools (tool search) and strict tools (no
-constrained decoding).
+for thinking (`enabled`: these models do not think; `disabled` and `adaptive`, as much thinking as
+the model chooses, are accepted and answered with no thinking block); Anthropic-defined and
+server tools (web_search, bash, text_editor, computer, code execution, ...), MCP servers,
+containers, `context_management`, `output_config` / `output_format` (effort, structured output),
+deferred tools (tool search) and strict tools (no constrained decoding).
 
 The reply (`message_body`) holds a text block (when there is text, or nothing else) and one
 `tool_use` block per tool call (its id is the chat tool call id the agent sends back in its
@@ -76,6 +76,11 @@ NOT_SERVED_BLOCKS = {
 }
 
 
+# `thinking` types a model that does not think honours: none, and as much as the model chooses
+# (adaptive: Claude may skip thinking where a request does not need it); `enabled` asks for thinking
+UNTHINKING = ("disabled", "adaptive")
+
+
 class MessagesRequest(BaseModel):
     """POST /v1/messages (and its count_tokens, which sends no max_tokens). Fields this server
     cannot honour are declared so that a request setting them is refused (`check`), never
@@ -122,9 +127,12 @@ def error_for(path: str, status: int, message: str, param: str | None = None) ->
 def check(body: MessagesRequest) -> None:
     """400 for the request-level settings this server does not do (see the module docstring)."""
     thinking = (body.thinking or {}).get("type", "disabled") if body.thinking is not None else "disabled"
-    if thinking != "disabled":
+    if thinking not in UNTHINKING:
         raise ServeError(
-            400, f"thinking: {thinking!r} is not supported: this model does not think (omit thinking)", param="thinking"
+            400,
+            f"thinking: {thinking!r} is not supported: this model does not think (send {{'type': 'disabled'}}, or "
+            "omit thinking)",
+            param="thinking",
         )
     if body.mcp_servers:
         raise ServeError(400, "mcp_servers: MCP servers are not supported by this server", param="mcp_servers")
