@@ -127,7 +127,7 @@ def test_the_fix_for_an_agent_without_a_first_request_follows_its_reason():
     assert "raise the limit" in no_request_fix("...; the sandbox's limit limits.file_size_mb (64 MB) stopped it")
     assert "was not found" in no_request_fix("the program 'x' was not found in the sandbox; ... (exit code 127)")
     assert "refused the agent's first request" in no_request_fix("the agent's POST /v1/chat/completions got 400 (x)")
-    bwrap = "cannot start the agent program: the sandbox (bubblewrap) refused to start it: bwrap: Can't find source "
+    bwrap = "cannot start the agent program: bubblewrap refused to start the command: bwrap: Can't find source "
     assert "bubblewrap's refusal" in no_request_fix(bwrap + "path /x: No such file or directory")
     assert "in time" in no_request_fix("the agent made no model call within 120 s")
 

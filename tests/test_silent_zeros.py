@@ -147,9 +147,33 @@ def test_a_mount_bubblewrap_refuses_is_an_infrastructure_error_with_its_message(
     monkeypatch.setattr(sandbox_exec, "_bwrap_argv", with_a_missing_source)
     check_infra(
         play(python(ASK), tokenizer),
-        "the sandbox (bubblewrap) refused to start it",
+        "cannot start the agent program: bubblewrap refused to start the command: ",
         "bwrap: Can't find source path /nonexistent-harnessrl-source",
     )
+
+
+@pytest.mark.skipif(isolation_available() != "bwrap", reason="bubblewrap does not work here")
+def test_a_refused_sandbox_is_never_a_failed_command_of_the_shell_tool(monkeypatch):
+    """The same refusal under the shell tool (and a grader, which runs the same way) raises: the
+    loop records a crashed tool, an infrastructure error, where an exit status 1 would have been
+    shown to the model as its command's failure."""
+    from harnessrl.tasks.sandbox_exec import SandboxRefused, run_sandboxed
+    from harnessrl.tasks.shell import shell_tool
+
+    argv = sandbox_exec._bwrap_argv
+    monkeypatch.setattr(
+        sandbox_exec,
+        "_bwrap_argv",
+        lambda *a, **k: [*argv(*a, **k)[:1], "--bind", "/nonexistent-x", "/opt/x", *argv(*a, **k)[1:]],
+    )
+    env = task().make_env()
+    try:
+        with pytest.raises(SandboxRefused, match="bwrap: Can't find source path /nonexistent-x"):
+            run_sandboxed(["true"], workdir=env.workspace.root)
+        with pytest.raises(RuntimeError, match="the shell cannot run this task's commands: bubblewrap refused"):
+            shell_tool(ExecLimits(), 1000).fn(env, "echo hi")
+    finally:
+        env.close()
 
 
 def test_the_signs_of_each_limit_and_of_a_missing_program():

@@ -519,15 +519,10 @@ class ExternalEpisodes:
                 read_only=shown.read_only,
                 hidden=shown.hidden,
             )
-        except (ValueError, OSError) as e:  # the sandbox cannot run it here (a mount point, no free uid)
+        except (ValueError, OSError) as e:  # the sandbox cannot run it here (a mount point, bwrap's refusal, no uid)
             return f"cannot start the agent program: {e}"
         finally:
             done.set()
-        if result.refused:  # bubblewrap could not build the sandbox: the program never ran
-            return (
-                f"cannot start the agent program: the sandbox (bubblewrap) refused to start it: {result.refused} "
-                "(a path the sandbox shows is missing or cannot be mounted: check the spec's command and read_only)"
-            )
         return result
 
 

@@ -143,9 +143,6 @@ class ExecResult:
     isolation: str  # "bwrap" or "rlimits-only"
     reason: str = ""  # why it was killed / limited, human readable, "" when clean
     stopped: bool = False  # killed because the caller set its `stop` event (returncode None)
-    # bubblewrap's own message when it refused to build the sandbox (a bind source missing, a mount
-    # point it cannot make): the command never ran; "" otherwise
-    refused: str = ""
 
 
 def isolation_description(isolation: str) -> str:
@@ -158,6 +155,12 @@ def _whose() -> str:
     if os.geteuid() == 0:
         return "as a uid of their own (we run as root)"
     return f"as this user (uid {os.geteuid()}: everything it may read and write, its home included)"
+
+
+class SandboxRefused(ValueError):
+    """bubblewrap refused to build the sandbox (a bind source gone since it was checked, a mount
+    point it cannot make): the command never ran. A ValueError, as every argument the sandbox
+    cannot honour here: callers report it as their side's failure, never as the command's."""
 
 
 class IsolationRequired(RuntimeError):
@@ -203,7 +206,7 @@ def isolation_available() -> str:
             isolation="bwrap",
         )
         return "bwrap" if result.returncode == 0 else "rlimits-only"
-    except OSError:
+    except (OSError, SandboxRefused):
         return "rlimits-only"
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)
@@ -244,8 +247,9 @@ def run_sandboxed(
 
     Raises ValueError for arguments that cannot be honoured (an empty argv, a relative mount
     point or one `mount_point_problem` refuses, a folder or `read_only` path the sandbox user
-    cannot reach, with what to do about it) and, in rlimits-only mode, for mounts at a path other
-    than their host path (they need bubblewrap).
+    cannot reach, with what to do about it; SandboxRefused, with bubblewrap's message, where
+    bubblewrap itself refused to build the sandbox) and, in rlimits-only mode, for mounts at a
+    path other than their host path (they need bubblewrap).
     """
     return _run(
         argv,
@@ -536,8 +540,11 @@ def _launch(
     if stopped:
         reason = "; ".join(["stopped by the caller", *([reason] if reason else [])])
     refused = bwrap_refusal(returncode, err.text()) if isolation == "bwrap" else ""
-    if refused:
-        reason = "; ".join([f"bubblewrap refused to start the command: {refused}", *([reason] if reason else [])])
+    if refused:  # the command never ran: not its exit status to report
+        raise SandboxRefused(
+            f"bubblewrap refused to start the command: {refused} (a path the sandbox shows is missing or cannot be "
+            "mounted there)"
+        )
     return ExecResult(
         returncode=returncode,
         stdout=out.text(),
@@ -548,7 +555,6 @@ def _launch(
         isolation=isolation,
         reason=reason,
         stopped=stopped,
-        refused=refused,
     )
 
 
