@@ -279,7 +279,7 @@ def check_shaping(req, vocab: int) -> None:
         value = getattr(req, name, 0.0)
         if not (_number(value) and -2 <= value <= 2):
             raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
-    for token in getattr(req, "stop_token_ids", ()):
+    for token in getattr(req, "stop_token_ids", None) or ():
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
             raise ValueError(f"stop_token_ids: {token!r} is not a token id of the vocabulary (0..{vocab - 1})")
 

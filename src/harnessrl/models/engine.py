@@ -282,7 +282,7 @@ class Engine:
                 max_new=request.max_new_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
-                stops=(self.stop_ids if stops is None else stops).union(request.stop_token_ids),
+                stops=(self.stop_ids if stops is None else stops).union(request.stop_token_ids or ()),
                 future=future,
                 on_token=request.on_token,
                 sampler=sampler,
