@@ -506,7 +506,7 @@ class ExternalEpisodes:
         watcher = threading.Thread(target=watch_run, name="external-watch", daemon=True)
         watcher.start()
         try:
-            result = run_sandboxed(
+            return run_sandboxed(
                 argv,
                 workdir=workdir,
                 mounts={inside: workdir, str(control): control},
@@ -523,7 +523,6 @@ class ExternalEpisodes:
             return f"cannot start the agent program: {e}"
         finally:
             done.set()
-        return result
 
 
 def agent_environment(
