@@ -10,7 +10,7 @@ official `google-genai` client.
   object) whose function response, named only, is matched to it and shown as the format's result;
   streamed too; declarations in Google's OpenAPI form (OBJECT, STRING) and as JSON schema;
 - what cannot be served is a 400 in Google's error shape naming it (inline data, thoughts,
-  built-in tools, structured output, a topK out of range, thinking levels, cached content, ...), an unknown
+  built-in tools, structured output, a topK out of range, an unknown thinking level, cached content, ...), an unknown
   method a 404 NOT_FOUND;
 - the recording endpoint records each Gemini call as a step (token ids and logprobs), hands out
   call ids whose name-only function responses are recorded with the call that made them, streams,
@@ -297,7 +297,7 @@ INLINE = [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "d
         ({"generationConfig": {"topK": -2}}, "topK"),
         ({"generationConfig": {"candidateCount": 2}}, "candidateCount must be 1"),
         ({"generationConfig": {"thinkingConfig": {"thinkingBudget": -2}}}, "thinkingBudget"),
-        ({"generationConfig": {"thinkingConfig": {"thinkingLevel": "HIGH"}}}, "does not think"),
+        ({"generationConfig": {"thinkingConfig": {"thinkingLevel": "EXTREME"}}}, "thinkingLevel"),
         ({"generationConfig": {"topP": 0}}, "generationConfig"),
         ({"cachedContent": "cachedContents/x"}, "cachedContent"),
         ({"toolConfig": {"functionCallingConfig": {"mode": "VALIDATED"}}}, "VALIDATED"),

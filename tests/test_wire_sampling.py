@@ -10,8 +10,8 @@ clients (openai, anthropic, google-genai) to `harnessrl serve` on the tiny rando
   cannot be honoured (beam search, n > 1, logit_bias, allowed_token_ids, bad_words, structured
   outputs, top_logprobs, min_tokens, ...) stays a 400 naming it;
 - settings that ask for no reasoning are served on every route (chat's reasoning_effort "none",
-  Anthropic's thinking disabled or adaptive, Gemini's thinkingConfig with any budget and
-  includeThoughts),
+  Anthropic's thinking disabled or adaptive, Gemini's thinkingConfig with any budget or level
+  and includeThoughts),
   and one that asks for reasoning is refused by name;
 - --generation-config auto applies the model's top_k, min_p and repetition_penalty to a request
   that does not send them, as vLLM's chat completions do, instead of refusing it;
@@ -300,8 +300,19 @@ def test_messages_refuse_a_bad_top_k_and_thinking_by_name(served):
 # --------------------------------------------------------------------------------- Gemini API
 
 
-@pytest.mark.parametrize("budget", [-1, 0, 8192])
-def test_gemini_generation_config_reaches_the_sampling_and_any_thinking_budget_is_served(served, budget):
+@pytest.mark.parametrize(
+    "thinking",
+    [
+        types.ThinkingConfig(thinking_budget=-1, include_thoughts=True),
+        types.ThinkingConfig(thinking_budget=0),
+        types.ThinkingConfig(thinking_budget=8192, include_thoughts=True),  # Gemini CLI's, for 2.5 models
+        types.ThinkingConfig(thinking_level=types.ThinkingLevel.HIGH, include_thoughts=True),  # for Gemini 3
+        types.ThinkingConfig(thinking_level=types.ThinkingLevel.MINIMAL),
+    ],
+)
+def test_gemini_generation_config_reaches_the_sampling_and_any_thinking_config_is_served(served, thinking):
+    """Google answers a thinking model's request, whatever its thinkingConfig, with or without
+    thought parts: a reply with none answers every budget and level."""
     url, recorded = served
     config = types.GenerateContentConfig(
         max_output_tokens=3,
@@ -313,7 +324,7 @@ def test_gemini_generation_config_reaches_the_sampling_and_any_thinking_budget_i
         seed=7,
         presence_penalty=0.3,
         frequency_penalty=-0.4,
-        thinking_config=types.ThinkingConfig(thinking_budget=budget, include_thoughts=True),
+        thinking_config=thinking,
     )
     client = gemini_client(url, "v1beta")  # kept: a google-genai client closes its connections when collected
     reply = client.models.generate_content(model="tiny-random", contents="hi", config=config)
@@ -336,7 +347,8 @@ def test_gemini_generation_config_reaches_the_sampling_and_any_thinking_budget_i
         ({"responseLogprobs": True, "logprobs": 3}, "logprobs"),
         ({"thinkingConfig": {"thinkingBudget": -5}}, "thinkingBudget"),
         ({"thinkingConfig": {"thinkingBudget": "lots"}}, "thinkingBudget"),
-        ({"thinkingConfig": {"thinkingLevel": "HIGH"}}, "thinkingLevel"),
+        ({"thinkingConfig": {"thinkingLevel": "EXTREME"}}, "thinkingLevel"),
+        ({"thinkingConfig": {"thinkingLevel": "LOW", "thinkingBudget": 1024}}, "not both"),
     ],
 )
 def test_gemini_bad_or_unservable_settings_are_a_400_naming_them(served, generation, named):

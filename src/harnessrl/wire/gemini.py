@@ -22,19 +22,20 @@ limits, token ids, logprobs, recording, tool-call parsing) everything is the cha
 Gemini call is served, recorded and refused exactly as a chat completion is.
 
 Accepted and ignored, as they change nothing here: `safetySettings` (nothing is filtered),
-`labels`, a part's `thoughtSignature`, `candidateCount` 1, and a `thinkingConfig` that asks
-nothing a model without thoughts does not do: `includeThoughts` (no thoughts to include) and any
-`thinkingBudget` (0: none; -1: the model's choice; a positive budget is a ceiling, which no
-thinking keeps; Google's own API refuses thinkingConfig for its models that do not think, but
-agent programs send it by default for the Gemini model names they know: `_check_thinking`);
+`labels`, a part's `thoughtSignature`, `candidateCount` 1, and `thinkingConfig` (Google answers
+a thinking model's request, whatever its thinking settings, with or without thought parts: a
+reply with none answers any `thinkingBudget` of -1 or more, any `thinkingLevel` and
+`includeThoughts`; Google's own API refuses thinkingConfig for its models that cannot think,
+but agent programs send it by default for the Gemini model names they know: `_check_thinking`);
 `mediaResolution`, a responseMimeType of text/plain and responseModalities of TEXT; the headers
 x-goog-api-key and x-goog-api-client and the `key` query parameter. Refused with a 400 naming them,
 in Google's error shape (`error_body`): inline and file data, executable code and any other
-non-text part; thought parts, a thinkingLevel and a thinkingBudget below -1; candidateCount above
-1 and `logprobs` (top candidates); built-in tools (googleSearch, codeExecution, urlContext,
-retrieval, computerUse, ...); `cachedContent`; structured output (responseSchema,
-responseJsonSchema, a JSON mime type); other response modalities, speech and image settings; the
-VALIDATED calling mode and several allowed names (no constrained decoding).
+non-text part; thought parts; a thinkingBudget below -1, an unknown thinkingLevel, or both a
+budget and a level; candidateCount above 1 and `logprobs` (top candidates); built-in tools
+(googleSearch, codeExecution, urlContext, retrieval, computerUse, ...); `cachedContent`;
+structured output (responseSchema, responseJsonSchema, a JSON mime type); other response
+modalities, speech and image settings; the VALIDATED calling mode and several allowed names (no
+constrained decoding).
 
 The reply (`response_body`) is a GenerateContentResponse: one candidate whose content holds a
 text part (when there is text, or nothing else) and one `functionCall` part per tool call (`args`
@@ -97,6 +98,8 @@ NOT_SERVED_PARTS = {
     "toolCall": "server-side tool calls are not supported: only functionCall parts",
     "toolResponse": "server-side tool responses are not supported: only functionResponse parts",
 }
+# google.genai's ThinkingLevel values
+THINKING_LEVELS = ("THINKING_LEVEL_UNSPECIFIED", "MINIMAL", "LOW", "MEDIUM", "HIGH")
 FINISH_REASONS = {"length": "MAX_TOKENS"}  # a chat finish reason -> Google's; anything else is STOP
 
 
@@ -274,10 +277,12 @@ def check(body: GenerateContentRequest) -> None:
 
 
 def _check_thinking(thinking: dict[str, Any]) -> None:
-    """A thinking budget is a ceiling (Google's models think less than it, or over it, as the
-    prompt needs; -1 lets the model choose), so any budget is one a model that does not think
-    keeps: accepted, as `includeThoughts` (no thoughts to include). A thinkingLevel asks for a
-    depth of reasoning and is refused by name, as is a budget below -1 (Google's range)."""
+    """Google answers any thinkingConfig of a thinking model with or without thought parts ("the
+    model might respond to some requests without thinking", its documentation says): a budget is
+    a ceiling (-1 lets the model choose), a thinkingLevel the maximum depth. So a reply with no
+    thoughts answers every one, and each is accepted, as `includeThoughts` (no thoughts to
+    include); refused by name, as Google refuses them: a budget below -1, a level Google does
+    not define, and a budget sent with a level."""
     budget = thinking.get("thinkingBudget", thinking.get("thinking_budget"))
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < -1):
         raise _refuse(
@@ -286,10 +291,15 @@ def _check_thinking(thinking: dict[str, Any]) -> None:
             "generationConfig.thinkingConfig.thinkingBudget",
         )
     level = thinking.get("thinkingLevel", thinking.get("thinking_level"))
-    if level not in (None, "THINKING_LEVEL_UNSPECIFIED"):
+    if level is not None and level not in THINKING_LEVELS:
         raise _refuse(
-            f"generationConfig.thinkingConfig.thinkingLevel {level!r}: this model does not think (omit thinkingLevel)",
+            f"generationConfig.thinkingConfig.thinkingLevel must be one of {', '.join(THINKING_LEVELS)}, got {level!r}",
             "generationConfig.thinkingConfig.thinkingLevel",
+        )
+    if level not in (None, "THINKING_LEVEL_UNSPECIFIED") and budget is not None:
+        raise _refuse(
+            "generationConfig.thinkingConfig: send thinkingBudget or thinkingLevel, not both",
+            "generationConfig.thinkingConfig",
         )
 
 
