@@ -46,7 +46,8 @@ LOCAL_ONLY = f"harnessrl serve serves local models only: {LOCAL_FORMS}"
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.33's --max-lora-rank choices
 GENERATION_CONFIGS = ("auto", "vllm")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-# what vLLM takes from generation_config.json as request defaults (config/model.py, get_diff_sampling_param)
+# what vLLM takes from generation_config.json as request defaults (config/model.py, get_diff_sampling_param);
+# its chat completions apply all but the presence and frequency penalties (wire.chat.sampling_params)
 GENERATION_DEFAULTS = (
     "repetition_penalty",
     "presence_penalty",
