@@ -146,7 +146,7 @@ def test_a_mount_bubblewrap_refuses_is_an_infrastructure_error_with_its_message(
 
     monkeypatch.setattr(sandbox_exec, "_bwrap_argv", with_a_missing_source)
     check_infra(
-        play(python(ASK), tokenizer),
+        play(spec(["sh", "-c", "echo never reached"]), tokenizer),  # no {python}: its probe runs in a sandbox too
         "cannot start the agent program: bubblewrap refused to start the command: ",
         "bwrap: Can't find source path /nonexistent-harnessrl-source",
     )
