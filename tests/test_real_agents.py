@@ -199,3 +199,74 @@ def test_both_agents_run_on_the_tiny_random_model_through_eval_and_report(tmp_pa
     index = (tmp_path / "report" / "index.html").read_text()
     for spec in specs:
         assert f'data-harness="{spec.name}"' in index
+
+
+def first_dialect(spec: ExternalHarnessSpec) -> str:
+    """The API of the program's first request, as preflight reads it from the route it used."""
+    from harnessrl.models.prompt_model import prompt_model
+    from harnessrl.preflight import first_agent_request
+
+    [task] = [t for t in workspace_tasks() if t.family == "answer_from_file"]
+    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
+    assert not isinstance(captured, str), captured
+    return captured.dialect
+
+
+@pytest.mark.slow
+def test_mini_swe_agent_on_the_responses_api_solves_two_tasks():
+    """mini-swe-agent's Responses model class (`litellm_response`: litellm.responses, its `bash`
+    tool in the Responses shape) with the same config file: its requests go to /v1/responses,
+    the scripted solver's calls come back as function_call items that mini runs, and both tasks
+    pass."""
+    spec = installed(MINI)
+    spec = spec.model_copy(update={"env": {**spec.env, "MINI_MODEL_CLASS": "litellm_response"}})
+    assert first_dialect(spec) == "responses"
+    tasks = workspace_tasks()
+    runner = Runner(solver(tasks, as_bash_call), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        task = next(t for t in tasks if t.id == traj.task_id)
+        agent = traj.meta["agent"]
+        assert traj.termination == Termination.submitted and traj.grade.passed, (traj.termination_detail, agent)
+        assert not traj.is_infra_error and not traj.refused_requests
+        assert "exit_status=Submitted" in agent["stdout"]
+        assert len(traj.steps) == len(task.solution)
+        for step in traj.steps[:-1]:
+            [made] = step.tool_calls
+            assert made.name == "bash" and step.tool_results and step.tool_results[0].output
+        if task.family == "answer_from_file":
+            assert traj.answer == task.solution[-1]["arguments"]["answer"]
+
+
+OPENCLAW_LEAN = AGENTS / "openclaw_lean.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_openclaw_lean_on_the_responses_api_is_recorded(tokenizer, tmp_path):
+    """OpenClaw's custom provider with `api: "openai-responses"` (openclaw.sh's OPENCLAW_API) in
+    place of chat completions, the lean spec, on the embedded-size tiny random model: its
+    requests go to /v1/responses and every call is recorded, none refused."""
+    from helpers import check_recorded_and_triaged
+    from helpers import workspace_tasks as family_tasks
+
+    from harnessrl.models.embedded import tiny_random_model
+    from harnessrl.models.hf import HFPolicy
+
+    prefix = AGENTS.parents[1] / ".agents"  # where install_openclaw.sh puts Node and OpenClaw
+    if not (prefix / "openclaw" / "node_modules" / "openclaw" / "openclaw.mjs").exists():
+        pytest.skip(f"OpenClaw is not installed under {prefix} (sh examples/agents/install_openclaw.sh)")
+    spec = load_spec(OPENCLAW_LEAN)
+    assert isinstance(spec, ExternalHarnessSpec)
+    limits = spec.limits.model_copy(update={"max_new_tokens": 16})
+    spec = spec.model_copy(update={"env": {**spec.env, "OPENCLAW_API": "openai-responses"}, "limits": limits})
+    assert first_dialect(spec) == "responses"
+    policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    trajectories = runner.run(make_jobs(family_tasks(FAMILIES), [spec], 1))
+    policy.close()
+    assert len(trajectories) == 2
+    for traj in check_recorded_and_triaged(trajectories, tmp_path / "run"):
+        assert len(traj.steps[0].model_call.prompt_ids) < 8192
+        assert {"read", "write", "exec"} <= offered(traj)
