@@ -151,6 +151,17 @@ def test_chat_values_out_of_vllms_range_are_a_400_naming_the_field(served, field
     assert raised.value.status_code == 400
 
 
+@pytest.mark.parametrize("field", ["repetition_penalty", "min_p", "presence_penalty", "frequency_penalty"])
+def test_a_field_that_is_not_a_finite_number_is_a_400_naming_it(served, field):
+    """JSON as Python writes it may hold Infinity and NaN (the official client refuses to send
+    them): the engine needs finite numbers, so they are refused before it."""
+    for value in ("Infinity", "NaN"):
+        body = '{"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+        body += f'"{field}": {value}}}'
+        answer = httpx.post(f"{served[0]}/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 400 and field in answer.json()["error"]["message"], answer.text
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [

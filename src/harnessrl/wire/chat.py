@@ -43,9 +43,9 @@ SEED_RANGE = 2**64
 # vLLM's ranges for its sampling fields (SamplingParams._verify_args), as pydantic constraints: a
 # value outside is a 400 naming the field; the wire fronts that carry these fields declare the same
 TopK = Annotated[int, Field(ge=-1)]  # 0 or -1: off; else keep the k most probable tokens
-MinP = Annotated[float, Field(ge=0.0, le=1.0)]
-RepetitionPenalty = Annotated[float, Field(gt=0.0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]  # frequency_penalty, presence_penalty
+MinP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]  # finite, as vLLM's engine needs
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]  # frequency_penalty, presence_penalty
 TokenId = Annotated[int, Field(ge=0)]
 # what `reasoning_effort` may ask of a model that does not reason: nothing
 NO_REASONING = ("none",)
