@@ -34,11 +34,12 @@ Rank 0 writes `OUTPUT_DIR/harnessrl/`: `steps.jsonl` (one line per batch, at its
 With `eval_every`, the callback also evaluates the trained and the held-out harnesses
 (`eval_harnesses`) every N steps: `OUTPUT_DIR/harnessrl/eval.jsonl` (harnessrl.train.held_out).
 
-Before the first batch (`preflight=True`, the default) every harness's first request of the
-batch's first task is measured against the model TRL trains, as `harnessrl train grpo` does
-(harnessrl.preflight.check_before_run): a request that cannot fit its context, or an agent
-program that cannot make its first request (not found, crashed, refused, a sandbox limit or a
-hang before it), is refused with the reason and the fix before any episode runs.
+Before the first episode (`preflight=True`, the default: the first batch's, or the base
+evaluation's at step 0) every harness's first request, the held-out ones included, of that
+batch's or evaluation's first task is measured against the model TRL trains, as `harnessrl train
+grpo` does (harnessrl.preflight.check_before_run): a request that cannot fit its context, or an
+agent program that cannot make its first request (not found, crashed, refused, a sandbox limit
+or a hang before it), is refused with the reason and the fix before any episode runs.
 
 Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`), top_k /
 min_p / repetition_penalty sampling, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
@@ -183,7 +184,7 @@ class HarnessRollout:
         self.sampled_history = sampled_history
         self.max_in_flight = max_in_flight
         self.retries = retries
-        self.preflight = preflight
+        self.preflight = preflight  # set False once the check ran (the first batch or evaluation)
         self.executor = executor
         self.spec_by_name = {s.name: s for s in self.specs}
         self.reward = EpisodeReward(self)
@@ -332,7 +333,7 @@ class HarnessRollout:
                 "pass reward_funcs=rollout.reward to GRPOTrainer (the episodes' scores are the reward)"
             )
         policy = self._ensure_policy(facts.generation_model(), facts.tokenizer())
-        if self.preflight and prompts:
+        if prompts:
             self._preflight(policy, self.task(prompts[0]), facts.is_main)
         self._runner = Runner(
             policy,
@@ -352,9 +353,12 @@ class HarnessRollout:
             truncate_jsonl(folder / "steps.jsonl", facts.global_step)
 
     def _preflight(self, policy: HFPolicy, task: Task, speak: bool) -> None:
-        """Every harness's first request of `task` measured against the model TRL trains (its
-        tokenizer and context): HarnessRolloutError with the reason and the fix where one cannot
-        fit or an agent program made none (harnessrl.preflight.check_before_run)."""
+        """Once, before the first episode (a batch's, or the base evaluation's at step 0): every
+        harness's first request of `task`, the held-out ones included, measured against the model
+        TRL trains (its tokenizer and context): HarnessRolloutError with the reason and the fix where
+        one cannot fit or an agent program made none (harnessrl.preflight.check_before_run)."""
+        if not self.preflight:
+            return
         from harnessrl.models.prompt_model import PromptModel
         from harnessrl.preflight import PreflightRefused, check_before_run
 
@@ -366,9 +370,10 @@ class HarnessRollout:
                 print(f"[harnessrl] {line}", file=sys.stderr, flush=True)
 
         try:
-            check_before_run(model, self.specs, task, log)
+            check_before_run(model, [*self.specs, *self.eval_specs], task, log)
         except PreflightRefused as e:
             raise HarnessRolloutError(f"{e} (HarnessRollout(preflight=False) runs it anyway)") from None
+        self.preflight = False  # checked: not again
 
     def _ensure_policy(self, model, tokenizer) -> HFPolicy:
         """harnessrl's engine over the model TRL trains (built once; the rollouts and evaluations share it)."""
@@ -402,6 +407,8 @@ class HarnessRollout:
             tasks = self.suite.tasks(self.eval_split, self.eval_tasks)
         except ValueError as e:
             raise HarnessRolloutError(f"eval_split/eval_tasks: {e}") from None
+        if tasks:
+            self._preflight(policy, tasks[0], speak=True)  # rank 0 alone evaluates
         seed = sampling_seed(self.seed, step, "eval")
         temperature = self.eval_temperature if self.eval_temperature is not None else temperature
         runner = Runner(
