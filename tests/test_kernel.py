@@ -368,3 +368,52 @@ def test_the_context_holds_what_the_options_name_and_objects_given_in_their_plac
     external = parse_spec({"name": "ext", "kind": "external", "command": ["true"]}, "test")
     with pytest.raises(JobError, match="^--seed-harness: .*external agent program"):
         kernel.enter("improve", config, tmp_path / "x", objects={"seed_harness": external})
+
+
+def test_the_preflight_refuses_an_agent_without_a_first_request_and_the_jobs_say_nothing_was_measured(tmp_path):
+    """Through the kernel, as a library caller meets them: the preflight's refusal is the job's own
+    error (exit 2) before anything ran; a job that fails once every episode it ran was an
+    infrastructure error is NothingMeasured (exit 3), its own error named; one that measured
+    something, or failed before any episode, keeps its own error."""
+    import time
+
+    from harnessrl.config import EvalConfig
+    from harnessrl.harness.spec import parse_spec
+    from harnessrl.jobs.evaluate import EvalError
+    from harnessrl.jobs.measured import NothingMeasured, measuring
+    from harnessrl.store import RunStore
+    from harnessrl.types import Termination, Trajectory
+
+    missing = parse_spec({"name": "missing", "kind": "external", "command": ["no-such-agent-program-xyz"]}, "test")
+    config = EvalConfig(model="tiny-random", suite="workspace", tasks=1, harness=["missing"])
+    with pytest.raises(EvalError, match="harness missing: no first request measured") as refused:
+        kernel.enter("eval", config, tmp_path / "e", objects={"harness": [missing]}, preflight=True, error=EvalError)
+    assert refused.value.exit_code == 2 and not (tmp_path / "e").exists()
+
+    def episode(n: int, infra: bool) -> Trajectory:
+        return Trajectory(
+            episode_id=f"ep-{n}", task_id=f"t/{n}", suite="t", family="f", split="dev", harness="h", attempt=0,
+            instruction="x", started_at=time.time(), termination=Termination.error if infra else Termination.exited,
+            termination_detail="infrastructure error" if infra else "", infra_error="backend down" if infra else None,
+        )  # fmt: skip
+
+    out = tmp_path / "run"
+    with pytest.raises(NothingMeasured, match=r"\(2\) was an infrastructure error.*the first: backend down.*"
+                       r"\(evolve stopped: no scored task\)") as nothing:  # fmt: skip
+        with measuring(out, "evolve"):
+            with RunStore(out) as store:
+                store.add(episode(1, True))
+                store.add(episode(2, True))
+            raise ValueError("no scored task")
+    assert nothing.value.exit_code == 3 and isinstance(nothing.value.__cause__, ValueError)
+    with pytest.raises(ValueError, match="^no scored task$"):  # one of its episodes was measured
+        with measuring(out, "evolve"):
+            with RunStore(out) as store:
+                store.add(episode(3, False))
+            raise ValueError("no scored task")
+    earlier = tmp_path / "earlier"
+    with RunStore(earlier) as store:
+        store.add(episode(4, True))
+    with pytest.raises(JobFailed):  # no episode ran meanwhile: the earlier failures are not this error's
+        with measuring(earlier, "train grpo"):
+            raise JobFailed("diverged")
