@@ -187,6 +187,10 @@ def test_the_signs_of_each_limit_and_of_a_missing_program():
     cases = {
         "Error: EFBIG: file too large, write": "limits.file_size_mb (64 MB)",
         "Error: spawn /bin/sh EAGAIN": "limits.processes (64 processes and threads)",
+        "bash: fork: retry: Resource temporarily unavailable": "limits.processes (64",
+        "runtime: failed to create new OS thread (have 7 already; errno=11)": "limits.processes (64",
+        "Assertion `(0) == (uv_thread_create(t.get(), start_thread, this))' failed.": "limits.processes (64",
+        "fatal error: runtime: out of memory": "limits.memory_mb (4096",
         "fatal error: Failed to reserve virtual memory for CodeRange": "limits.memory_mb (4096 MB",
         "OSError: [Errno 28] No space left on device": "limits.disk_mb (1024 MB)",
     }

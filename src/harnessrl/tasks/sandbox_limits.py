@@ -14,7 +14,8 @@ from typing import Any
 from harnessrl.tasks.sandbox_exec import ExecResult
 
 # The signs of each limit: the words of the program's own error (or the sandbox's reason), the
-# field that sets the limit, and its unit. The first that matches is named.
+# field that sets the limit, and its unit; the first that matches is named. (Threads count as
+# processes: Go's and libuv's thread creation fail there; MemoryError finds Java's OutOfMemoryError.)
 _LIMIT_SIGNS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (re.compile(r"disk limit of \d+ MB exceeded|ENOSPC|No space left on device"), "disk_mb", "MB"),
     (re.compile(r"file size limit of \d+ MB exceeded|EFBIG|[Ff]ile too large"), "file_size_mb", "MB"),
@@ -23,7 +24,8 @@ _LIMIT_SIGNS: tuple[tuple[re.Pattern[str], str, str], ...] = (
         re.compile(
             r"(fork|spawn|thread|clone)\w*[^\n]{0,80}(EAGAIN|Resource temporarily unavailable)"
             r"|(EAGAIN|Resource temporarily unavailable)[^\n]{0,80}(fork|spawn|thread|clone)"
-            r"|can't fork|[Cc]annot fork|can't start new thread|BlockingIOError"
+            r"|can't fork|[Cc]annot fork|can't start new thread|BlockingIOError|uv_thread_create"
+            r"|failed to create new OS thread|failed to spawn thread"
         ),
         "processes",
         "processes and threads",
