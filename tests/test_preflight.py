@@ -197,3 +197,17 @@ def test_a_model_served_elsewhere_is_sized_in_characters_with_its_tokens_unknown
     assert report.prompt == sum(len(m.content) for m in loop.request.messages)
     assert report.tool_definitions == len(loop.tool_block) > 0
     assert "renders its prompts on its own server" in report.note
+
+
+def test_an_agent_that_hangs_before_its_first_call_is_refused_with_what_to_check():
+    """A program that never calls within the preflight's wait (here 2 s; `--wait`, 120 s by
+    default) is stopped and refused: its episodes would end at limits.wall_s with no call."""
+    spec = parse_spec({"name": "sleeper", "kind": "external", "command": ["sleep", "60"], "limits": {"wall_s": 60}})
+    model = prompt_model("tiny-random")
+    t0 = time.monotonic()
+    [report] = preflight([spec], first_task(), model, wait_s=2)
+    assert time.monotonic() - t0 < 20  # stopped at the wait, not at its wall clock
+    assert report.verdict == "no request" and report.note == "the agent made no model call within 2 s"
+    assert "calls OPENAI_BASE_URL at once" in report.advice
+    with pytest.raises(PreflightRefused, match="harness sleeper: no first request measured .* within 2 s"):
+        check_before_run(model, [spec], first_task(), lambda line: None, wait_s=2)
