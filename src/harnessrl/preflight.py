@@ -427,10 +427,11 @@ def preflight(
     return reports
 
 
-def refusal(reports: list[PreflightReport]) -> str | None:
+def refusal(reports: list[PreflightReport], skip: str = "--no-preflight") -> str | None:
     """Why a run must not start, or None: a harness whose first request does not fit the model,
     or an agent program that could not make its first request at all (every episode of it would
-    be an infrastructure error: nothing of the model's would be measured)."""
+    be an infrastructure error: nothing of the model's would be measured). `skip`: how the caller
+    runs it anyway."""
     too_big = [r for r in reports if r.verdict == "too big"]
     unmeasured = [r for r in reports if r.verdict == "no request"]
     if not too_big and not unmeasured:
@@ -450,7 +451,7 @@ def refusal(reports: list[PreflightReport]) -> str | None:
         anyway.append("every such request is refused")
     if unmeasured:
         anyway.append("an agent that makes no model call is an infrastructure error, retried per --retries")
-    return "\n".join(lines) + f"\n(--no-preflight runs it anyway: {'; '.join(anyway)})"
+    return "\n".join(lines) + f"\n({skip} runs it anyway: {'; '.join(anyway)})"
 
 
 # the words of a reason that name the cause, and what to do about it (the first that matches)
@@ -512,6 +513,7 @@ def check_before_run(
     log: Callable[[str], None],
     *,
     wait_s: float = WAIT_S,
+    skip: str = "--no-preflight",
 ) -> list[PreflightReport]:
     """What `eval`, `train grpo` and the TRL integration run first: every harness's first request
     of `task` measured for a local model (a spec, or the PromptModel of a model already loaded),
@@ -519,7 +521,8 @@ def check_before_run(
     one does not fit, or where an agent program made no first request (not found, crashed, its
     first request refused, a limit or a hang before it: each of its episodes would be an
     infrastructure error). A model served elsewhere is not checked (its server renders the
-    prompts), nor is the oracle (no model); a loop harness's first request is always built."""
+    prompts), nor is the oracle (no model); a loop harness's first request is always built.
+    `skip`: how the caller's user runs it anyway, named in the refusal."""
     if isinstance(model, str):
         if served_elsewhere(model):
             return []
@@ -534,7 +537,7 @@ def check_before_run(
             log(f"preflight: {r.harness}: warning: {r.advice}")
 
     reports = preflight(specs, task, model, wait_s=wait_s, on_report=say)
-    why = refusal(reports)
+    why = refusal(reports, skip)
     if why is not None:
         raise PreflightRefused(why)
     return reports

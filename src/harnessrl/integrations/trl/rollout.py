@@ -370,9 +370,9 @@ class HarnessRollout:
                 print(f"[harnessrl] {line}", file=sys.stderr, flush=True)
 
         try:
-            check_before_run(model, [*self.specs, *self.eval_specs], task, log)
+            check_before_run(model, [*self.specs, *self.eval_specs], task, log, skip="HarnessRollout(preflight=False)")
         except PreflightRefused as e:
-            raise HarnessRolloutError(f"{e} (HarnessRollout(preflight=False) runs it anyway)") from None
+            raise HarnessRolloutError(str(e)) from None
         self.preflight = False  # checked: not again
 
     def _ensure_policy(self, model, tokenizer) -> HFPolicy:
