@@ -99,3 +99,20 @@ def test_copilot_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_pat
     spec = installed(COPILOT_PROVIDER_WIRE_API="responses")
     assert dialect(spec) == "responses"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_copilot_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Copilot lists the episode's MCP server (the task's notes tools, added by the glue with
+    --additional-mcp-config and offered beside its four tools as harnessrl-<tool>), the scripted
+    model calls two of them, Copilot runs them over MCP, harnessrl runs them in the episode
+    against the task's notes service, and the task's own grader passes it."""
+    from helpers import check_notes_solved, claweval_notes_task, notes_solver
+
+    installed()  # skips where Copilot is not installed
+    spec = load_spec(SPEC)
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("harnessrl-"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "harnessrl-")

@@ -101,3 +101,20 @@ def test_kilo_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed(KILO_PROVIDER_PACKAGE="@ai-sdk/openai")
     assert dialect(spec) == "responses"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kilo_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Kilo lists the episode's MCP server (the task's notes tools, a remote MCP server in the
+    config kilo.py writes, shown as harnessrl_<tool>), the scripted model calls two of them, Kilo
+    runs them over MCP, harnessrl runs them in the episode against the task's notes service, and
+    the task's own grader passes it."""
+    from helpers import check_notes_solved, claweval_notes_task, notes_solver
+
+    installed()  # skips where Kilo is not installed
+    spec = load_spec(SPEC)
+    task = claweval_notes_task()
+    runner = Runner(notes_solver("harnessrl_"), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "harnessrl_")

@@ -34,14 +34,19 @@ export COPILOT_PROVIDER_BASE_URL COPILOT_PROVIDER_API_KEY COPILOT_MODEL COPILOT_
 set -- --allow-all --no-ask-user --no-auto-update --disable-client-telemetry --no-color \
     --no-custom-instructions --log-dir "$HOME/copilot-logs" -s
 # the built-in tools offered (COPILOT_TOOLS, comma-separated; unset or empty: all of them)
-if [ -n "${COPILOT_TOOLS:-}" ]; then
-    set -- "$@" "--available-tools=$COPILOT_TOOLS"
-fi
+tools=${COPILOT_TOOLS:-}
 if [ -n "${HARNESSRL_MCP_URL:-}" ]; then
-    # the episode's task tools (Streamable HTTP) as its one added MCP server
+    # the episode's task tools (Streamable HTTP) as its one added MCP server; its tools reach the
+    # model as harnessrl-<tool>, and the server's name in --available-tools names them all
     printf '{"mcpServers": {"harnessrl": {"type": "http", "url": "%s", "tools": ["*"]}}}\n' \
         "$HARNESSRL_MCP_URL" > "$HOME/mcp.json"
     set -- "$@" --additional-mcp-config "@$HOME/mcp.json"
+    if [ -n "$tools" ]; then
+        tools="$tools,harnessrl"
+    fi
+fi
+if [ -n "$tools" ]; then
+    set -- "$@" "--available-tools=$tools"
 fi
 
 cd "$HARNESSRL_WORKSPACE"
