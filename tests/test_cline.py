@@ -75,3 +75,43 @@ def test_cline_on_the_tiny_random_model_is_recorded_and_triaged(tokenizer, tmp_p
         assert all(step.model_call.finish_reason == "length" for step in traj.steps)
         assert traj.termination == Termination.exited and traj.meta["agent"]["exit_code"] == 1
         assert "maximum output token limit" in traj.meta["agent"]["stdout"]
+
+
+def notes_submitter():
+    """The notes task's solution as Cline's model makes it: the two served tools called as
+    harnessrl__<tool>, then yolo mode's `submit_and_exit` with the answer as its summary (a plain
+    reply does not end a yolo run: Cline asks again)."""
+    from helpers import NOTES_ANSWER, NOTES_CALLS
+
+    from harnessrl.harness.protocols import get_protocol
+    from harnessrl.models.scripted import ScriptedPolicy
+    from harnessrl.types import ToolCall
+
+    def reply(messages) -> str:
+        turn = sum(m.role == "assistant" for m in messages)
+        if turn < len(NOTES_CALLS):
+            name, arguments = NOTES_CALLS[turn]
+            call = ToolCall(name="harnessrl__" + name, arguments=arguments)
+        else:
+            call = ToolCall(name="submit_and_exit", arguments={"summary": NOTES_ANSWER, "verified": True})
+        return get_protocol("hermes").render_call(call)
+
+    return ScriptedPolicy(reply, name="solver")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cline_solves_a_claweval_service_task_through_the_mcp_tools():
+    """Cline lists the episode's MCP server (the task's notes tools, in the MCP settings cline.py
+    writes into its data folder, shown as harnessrl__<tool>), the scripted model calls two of
+    them, Cline runs them over MCP, harnessrl runs them in the episode against the task's notes
+    service, and the task's own grader passes it; the summary of its submit_and_exit is the
+    answer."""
+    from helpers import check_notes_solved, claweval_notes_task
+
+    spec = installed()
+    task = claweval_notes_task()
+    runner = Runner(notes_submitter(), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, "harnessrl__")
+    assert [c.name for c in traj.steps[-1].tool_calls] == ["submit_and_exit"]

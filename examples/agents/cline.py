@@ -13,8 +13,10 @@ the episode's own (`--data-dir $HOME/cline-data`, Cline's isolated local state):
 
 Then the task as its one-shot prompt in yolo mode (`--yolo`: every tool approved, its
 `submit_and_exit` tool on, sub-agents and teams off) with NDJSON output (`--json`) and stdin
-closed; the text of its `run_result` event is written to the answer file when the run
-completed and Cline exited 0.
+closed; the summary of its `submit_and_exit` call (else the text of its `run_result` event) is
+written to the answer file when the run completed and Cline exited 0. Where the episode serves
+its task's tools over MCP (HARNESSRL_MCP_URL), that server is Cline's one MCP server
+(settings/cline_mcp_settings.json), its tools shown to the model as harnessrl__<tool>.
     usage: cline.py [PREFIX]   (PREFIX: where install_cline.sh put Cline; default the
                                 repository's .agents folder)
 """
@@ -50,18 +52,29 @@ def binary(prefix: Path) -> Path:
 
 
 def final_text(ndjson: str) -> str | None:
-    """The text of the last `run_result` event of a completed run, else None."""
-    result = None
+    """The answer of a completed run, else None: the `summary` of its last `submit_and_exit`
+    call (yolo mode's way to end; Cline's own text after it prefixes "Submission recorded"), or
+    the text of its `run_result` event where it ended without one."""
+    result, submitted = None, None
     for line in ndjson.splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and event.get("type") == "run_result":
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "run_result":
             result = event
+        inner = event.get("event") if event.get("type") == "agent_event" else None
+        if (
+            isinstance(inner, dict)
+            and inner.get("toolName") == "submit_and_exit"
+            and isinstance(inner.get("input"), dict)
+        ):
+            submitted = inner["input"].get("summary", submitted)
     if result is None or result.get("finishReason") != "completed":
         return None
-    return str(result.get("text") or "")
+    return str(submitted if submitted is not None else result.get("text") or "")
 
 
 def main() -> int:
@@ -79,6 +92,10 @@ def main() -> int:
     for folder in (data, Path(env["HOME"]) / ".cline" / "data"):
         (folder / "settings").mkdir(parents=True, exist_ok=True)
         (folder / "settings" / "global-settings.json").write_text(settings, encoding="utf-8")
+    if env.get("HARNESSRL_MCP_URL"):
+        # the episode's task tools (Streamable HTTP) as Cline's one MCP server
+        servers = {"mcpServers": {"harnessrl": {"type": "streamableHttp", "url": env["HARNESSRL_MCP_URL"]}}}
+        (data / "settings" / "cline_mcp_settings.json").write_text(json.dumps(servers), encoding="utf-8")
     provider = env.get("CLINE_PROVIDER") or "openai"
     auth = [str(cline), "auth", "--provider", provider, "--apikey", env["OPENAI_API_KEY"]]
     auth += ["--modelid", env["OPENAI_MODEL"], "--baseurl", env["OPENAI_BASE_URL"], "--data-dir", str(data)]
