@@ -318,3 +318,31 @@ def test_a_trainer_that_kept_no_rollouts_is_counted_from_its_metrics(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert nothing_measured(tmp_path) is None
     assert nothing_measured(tmp_path / "absent") is None  # no run: nothing to say
+
+
+# A first request whose stop_token_ids name ids past the vocabulary, then the same request without
+# them: the episode records the refusal and the second call.
+BAD_STOP_IDS = (
+    "import json, os, sys, urllib.request, urllib.error\n"
+    "def ask(extra):\n"
+    "    body = {'model': 'm', 'messages': [{'role': 'user', 'content': 'hi'}], 'max_tokens': 4, **extra}\n"
+    "    request = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions',\n"
+    "                                     data=json.dumps(body).encode(), headers={'Content-Type': 'application/json'})\n"
+    "    return urllib.request.urlopen(request).read()\n"
+    "try:\n"
+    "    ask({'stop_token_ids': [10 ** 9]})\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    print('refused', e.code, e.read())\n"
+    "print(ask({}))\n"
+)
+
+
+def test_a_stop_token_id_past_the_vocabulary_is_the_agents_400_never_an_infrastructure_error(tiny_policy):
+    """The engine refuses such a request; were that a backend failure, an agent could make any
+    episode an infrastructure error (never scored) at will. It is a 400 to the agent instead."""
+    runner = Runner(tiny_policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    [trajectory] = runner.run(make_jobs([task()], [python(BAD_STOP_IDS)], 1))
+    assert not trajectory.is_infra_error, trajectory.infra_error
+    assert [r.status for r in trajectory.refused_requests] == [400]
+    assert "stop_token_ids" in trajectory.refused_requests[0].message
+    assert len(trajectory.steps) == 1

@@ -74,7 +74,14 @@ from harnessrl.types import (
     ToolSchema,
     Trajectory,
 )
-from harnessrl.wire.chat import ChatCompletionRequest, ServeError, content_text, to_generation, tool_schemas
+from harnessrl.wire.chat import (
+    ChatCompletionRequest,
+    ServeError,
+    check_stop_token_ids,
+    content_text,
+    to_generation,
+    tool_schemas,
+)
 
 if TYPE_CHECKING:
     from harnessrl.tasks.base import Task
@@ -209,6 +216,11 @@ class ExternalEpisode:
         tools = tool_schemas(body)
         # the run's sampling applies, not the request's
         request, _ = to_generation(body, self.limits.max_new_tokens, tools=True)
+        embeddings = getattr(getattr(self.policy, "model", None), "get_input_embeddings", None)
+        if request.stop_token_ids and callable(embeddings):
+            # the agent's mistake is a 400 to it: the engine's refusal would be a backend failure,
+            # an infrastructure error the agent could raise at will to have an episode not scored
+            check_stop_token_ids(request.stop_token_ids, embeddings().num_embeddings)
         return self.prompt_tools.with_tools(request, tools), tools
 
     def count_tokens(self, body: ChatCompletionRequest) -> int:
