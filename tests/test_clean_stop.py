@@ -293,7 +293,8 @@ def test_a_harness_of_only_infrastructure_errors_beside_one_that_measured_is_a_w
     measured = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # json-tools, short episodes
     args = ["eval", "--harness", str(measured), "--harness", str(agent_yaml(tmp_path, "ask", 30))]
     args += ["--suite", "workspace", "--tasks", "2", "--model", "tiny-random", "--retries", "0", "--no-progress"]
-    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])
+    # the preflight would refuse the agent (it makes no first request) before any episode
+    r = CliRunner().invoke(app, [*args, "--no-preflight", "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
     assert "warning: every episode of harness ask (2) was an infrastructure error; the first: no Python" in r.output
 

@@ -362,7 +362,7 @@ def _look_for_grader(task: Task, env: Environment, result: ProbeResult) -> None:
     """Run _LOOK in the sandbox an agent program would get for this task; note what it saw."""
     from harnessrl.harness.agent_view import agent_private_paths, host_paths, imported_task_folder
     from harnessrl.harness.spec import PYTHON_PLACEHOLDER
-    from harnessrl.tasks.sandbox_exec import ExecLimits, isolation_available, run_sandboxed
+    from harnessrl.tasks.sandbox_exec import ExecLimits, SandboxRefused, isolation_available, run_sandboxed
 
     folder = imported_task_folder(task)
     source = str(folder) if folder is not None else None
@@ -394,6 +394,8 @@ def _look_for_grader(task: Task, env: Environment, result: ProbeResult) -> None:
             read_only=view.read_only,
             hidden=view.hidden,
         )
+    except SandboxRefused as e:  # bubblewrap could not build the agent's sandbox: the probe never ran
+        raise RuntimeError(f"the grader probe did not run: {e}") from None
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

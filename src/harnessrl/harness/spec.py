@@ -285,7 +285,9 @@ class ExternalLimits(_Spec):
     output_bytes: int = Field(100_000, ge=1000, le=100_000_000)  # stdout and stderr kept, each
     cpu_s: int = Field(600, ge=1, le=86400)  # CPU seconds of the program
     memory_mb: int = Field(4096, ge=64, le=1_048_576)  # address space per process
-    file_size_mb: int = Field(64, ge=1, le=4096)  # largest file it may write
+    # largest file it may write: 256 lets every agent program measured start (GitHub Copilot CLI
+    # unpacks a 138.5 MB file into its home first; docs/external-harness.md, "Sandbox limits ...")
+    file_size_mb: int = Field(256, ge=1, le=4096)
     processes: int = Field(64, ge=4, le=4096)  # processes and threads
     # what it may add to the disk: its /tmp and /dev/shm (two tmpfs holding this much together,
     # under bubblewrap) and its workspace and home, measured twice a second (past it: killed)

@@ -43,7 +43,7 @@ def grader_python() -> tuple[str, dict[str, str]]:
     sandbox user can run it, else the same Python version on the sandbox's PATH with this
     process's package folders on PYTHONPATH (harnessrl installed where only root may enter,
     e.g. under /root). Probed once with a real sandboxed import; RuntimeError when neither works."""
-    from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, run_sandboxed
+    from harnessrl.tasks.sandbox_exec import SANDBOX_PATH, ExecLimits, SandboxRefused, run_sandboxed
 
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     candidates: list[tuple[str, dict[str, str]]] = [(sys.executable, {})]
@@ -53,13 +53,17 @@ def grader_python() -> tuple[str, dict[str, str]]:
     tried = []
     for python, env in candidates:
         with scratch_folder("harnessrl-claweval-probe-") as folder:
-            result = run_sandboxed(
-                [python, "-c", "import pydantic, yaml"],
-                workdir=folder,
-                env=env,
-                limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=GRADER_MEMORY_MB),
-                read_only=[Path(sys.prefix), *map(Path, package_folders())],
-            )
+            try:
+                result = run_sandboxed(
+                    [python, "-c", "import pydantic, yaml"],
+                    workdir=folder,
+                    env=env,
+                    limits=ExecLimits(wall_s=60, cpu_s=60, memory_mb=GRADER_MEMORY_MB),
+                    read_only=[Path(sys.prefix), *map(Path, package_folders())],
+                )
+            except SandboxRefused as e:  # bubblewrap could not build the sandbox for this Python
+                tried.append(f"{python}: {str(e)[-200:]}")
+                continue
         if result.returncode == 0:
             return python, env
         tried.append(f"{python}: {(result.stderr.strip() or result.reason)[-200:]}")
