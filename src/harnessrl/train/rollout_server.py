@@ -21,9 +21,11 @@ the optimizer step that makes the next version, so the other processes' requests
 too; with --max-off-policy-steps a collection is bound to the version it was planned under
 (`at_version`), pinned by every process until its batch has been gathered from all of them.
 
-**Every sampling field sent** (OpenAIPolicy's `explicit_sampling`): temperature, top_p,
-top_k=0, min_p=0, repetition_penalty=1, presence/frequency_penalty=0, so no server default
-(vLLM's generation_config.json) changes the distribution.
+**Every sampling field sent** (OpenAIPolicy's `explicit_sampling`): temperature, top_p and the
+run's top_k, min_p, repetition_penalty and presence/frequency_penalty (their neutral values,
+top_k=0, min_p=0, repetition_penalty=1 and 0, unless the run sets them), so no server default
+(vLLM's generation_config.json) changes the distribution. The start-up probe samples with the
+neutral values whatever the run sets.
 
 **A start-up probe** (`probe`): one fixed prompt at the run's temperature, the completion's
 logprobs compared with the trainer's own teacher-forced recomputation; a server whose
