@@ -454,6 +454,8 @@ def fake_args(**overrides):
         steps_per_generation=1,
         num_iterations=1,
         gradient_accumulation_steps=1,
+        temperature=1.0,
+        top_p=1.0,
         top_k=0,
         min_p=None,
         repetition_penalty=1.0,
@@ -468,8 +470,10 @@ def fake_args(**overrides):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"top_k": 20}, "top_k cannot be applied"),
-        ({"repetition_penalty": 1.1}, "repetition_penalty cannot be applied"),
+        ({"top_k": -5}, "(?s)sampling settings cannot be applied.*top_k"),
+        ({"repetition_penalty": 0.0}, "(?s)sampling settings cannot be applied.*repetition_penalty"),
+        ({"min_p": 1.5}, "(?s)sampling settings cannot be applied.*min_p"),
+        ({"generation_kwargs": {"typical_p": 0.9}}, "generation_kwargs cannot be applied"),
         ({"gradient_accumulation_steps": 4, "steps_per_generation": 2}, "mixes two generation batches"),
         ({"scale_rewards": "median"}, "scale_rewards 'median'"),
     ],
@@ -480,6 +484,25 @@ def test_unserved_trl_settings_are_refused_in_words(overrides, message):
     trainer = SimpleNamespace(args=fake_args(**overrides), use_vllm=False)
     with pytest.raises(TRLSetupError, match=message):
         TrainerFacts.of(trainer).check()
+
+
+def test_trls_top_k_min_p_and_repetition_penalty_reach_the_engines_sampling():
+    """TRL's own sampling fields are served: its defaults are the neutral values, a set value is
+    what harnessrl's sampler applies (HarnessRollout builds each batch's SamplingParams from them)."""
+    from harnessrl.integrations.trl.setup import TrainerFacts
+    from harnessrl.models.base import SamplingParams
+
+    def facts(**overrides):
+        trainer = SimpleNamespace(args=fake_args(**{"temperature": 0.9, "top_p": 0.95, **overrides}), use_vllm=False)
+        made = TrainerFacts.of(trainer)
+        made.check()
+        return made
+
+    neutral = SamplingParams(temperature=0.9, top_p=1.0, **facts().shaping)
+    assert not neutral.shapes()  # TRL's defaults (top_k 0, min_p None, repetition_penalty 1.0)
+    shaping = facts(top_k=20, min_p=0.05, repetition_penalty=1.1).shaping
+    assert shaping == {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
+    assert facts(top_k=-1).shaping["top_k"] == 0  # vLLM's "off" is harnessrl's too
 
 
 def test_vllm_generation_is_refused_in_words():

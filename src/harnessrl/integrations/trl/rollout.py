@@ -15,7 +15,8 @@ steps_per_generation` rows per process, `num_generations` consecutive rows per p
 2. each row becomes an episode of the row's task (the prompt's `task_id`) under its group's harness,
    attempt `(batch * groups + group) * num_generations + row within the group`, sampled by the
    model TRL is training (its unwrapped model, LoRA included, through harnessrl's engine: token in,
-   token out) at TRL's temperature and top_p, with the seed `sampling_seed(seed, batch, "train")`;
+   token out) at TRL's temperature, top_p, top_k, min_p and repetition_penalty, with the seed
+   `sampling_seed(seed, batch, "train")`;
 3. each episode becomes one completion (`harnessrl.train.episode_sequence`): its first prompt, then
    every model turn with the harness's and tools' tokens between them under `env_mask = 0`;
 4. its grade is the reward (the `harnessrl_score` field, returned by `rollout.reward`); an
@@ -41,8 +42,8 @@ grpo` does (harnessrl.preflight.check_before_run): a request that cannot fit its
 agent program that cannot make its first request (not found, crashed, refused, a sandbox limit
 or a hang before it), is refused with the reason and the fix before any episode runs.
 
-Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`), top_k /
-min_p / repetition_penalty sampling, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
+Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`),
+`generation_kwargs`, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
 every process to hold the whole gradient). Each is refused with an error saying so.
 """
 
@@ -270,7 +271,10 @@ class HarnessRollout:
         # batch starts from a clean cache and freshly packed weights
         self._policy.clear_cache()
         self._runner.sampling = SamplingParams(
-            temperature=facts.temperature, top_p=facts.top_p, seed=sampling_seed(self.seed, batch, "train")
+            temperature=facts.temperature,
+            top_p=facts.top_p,
+            seed=sampling_seed(self.seed, batch, "train"),
+            **facts.shaping,
         )
         trajectories = self._runner.run(jobs)
         sequences = [self._sequence(t) for t in trajectories]

@@ -95,6 +95,17 @@ class TrainerFacts:
         return float(self.args.top_p)
 
     @property
+    def shaping(self) -> dict[str, float]:
+        """TRL's top_k, min_p and repetition_penalty as harnessrl's SamplingParams fields (None,
+        TRL's "unset", is the neutral value): the engine applies them as vLLM does."""
+        args = self.args
+        return {
+            "top_k": int(args.top_k) if args.top_k not in (None, -1) else 0,
+            "min_p": float(args.min_p) if args.min_p is not None else 0.0,
+            "repetition_penalty": float(args.repetition_penalty) if args.repetition_penalty is not None else 1.0,
+        }
+
+    @property
     def scale(self) -> Scale:
         return scale_of(self.args)
 
@@ -146,20 +157,16 @@ class TrainerFacts:
                 "DeepSpeed and FSDP are not served: the scheduler's gradient sketch reads every trainable "
                 "parameter's whole gradient on every process (DDP, or one process)"
             )
-        unserved = {
-            "top_k": args.top_k not in (None, 0, -1),
-            "min_p": args.min_p not in (None, 0, 0.0),
-            "repetition_penalty": float(args.repetition_penalty) != 1.0,
-        }
-        bad = [name for name, set_ in unserved.items() if set_]
-        if bad:
-            raise TRLSetupError(
-                f"{', '.join(bad)} cannot be applied: harnessrl's engine samples with temperature and top_p only "
-                "(leave them at TRL's defaults)"
-            )
+        from harnessrl.models.base import SamplingParams
+
+        try:
+            SamplingParams(temperature=self.temperature, top_p=self.top_p, **self.shaping)
+        except ValueError as e:
+            raise TRLSetupError(f"TRL's sampling settings cannot be applied: {e}") from None
         if getattr(args, "generation_kwargs", None):
             raise TRLSetupError(
-                "generation_kwargs cannot be applied by harnessrl's engine (temperature and top_p only)"
+                "generation_kwargs cannot be applied by harnessrl's engine: it applies TRL's temperature, top_p, "
+                "top_k, min_p and repetition_penalty only"
             )
         optimizer_steps_per_batch(args)
         scale_of(args)
