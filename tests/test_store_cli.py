@@ -239,6 +239,8 @@ def test_cli_eval_end_to_end_and_export(tmp_path):
         (["--tasks", "100000"], "has 48 tasks"),
         (["--attempts", "0"], "--attempts must be >= 1"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--top-k", "-2"], "--top-k must be >= -1"),
+        (["--min-p", "1.5"], "--min-p must be <= 1"),
         (["--harness", "missing.yaml"], "no such harness spec file"),
         (["--dtype", "float16"], "--dtype must be float32, bfloat16 or int8"),
         (["--model", "openai:m@http://127.0.0.1:9/v1", "--dtype", "bfloat16"], "applies to local models"),
@@ -251,6 +253,29 @@ def test_cli_config_errors_are_one_line_and_before_any_work(tmp_path, args, mess
     assert message in r.output
     assert "Traceback" not in r.output
     assert not (out / "run.db").exists()
+
+
+def test_cli_eval_samples_with_vllms_fields_and_records_the_distribution_drawn_from(tmp_path):
+    """--top-k, --min-p and the penalties reach the sampler: top_k 1 draws the greedy tokens at
+    any temperature, and every call records the log-probs of the distribution it was drawn from
+    (one token kept: log-prob 0) beside the tempered ones."""
+    from harnessrl.store import RunStore
+
+    def run(name: str, *extra: str):
+        out = tmp_path / name
+        args = ["eval", "--suite", "toolcalc", "--split", "dev", "--tasks", "1", "--harness", "json-tools"]
+        args += ["--model", "tiny-random", "--no-progress", "--no-preflight", "--out", str(out), *extra]
+        r = cli.invoke(app, args)
+        assert r.exit_code == 0, r.output
+        with RunStore(out) as store:
+            return [s.model_call for t in store.trajectories() for s in t.steps if s.model_call]
+
+    greedy = run("greedy", "--temperature", "0")
+    top1 = run("top1", "--temperature", "1.3", "--top-k", "1", "--repetition-penalty", "1.0", "--min-p", "0.1")
+    assert [c.completion_ids for c in top1] == [c.completion_ids for c in greedy]
+    assert all(c.sampled_logprobs == [0.0] * len(c.completion_ids) for c in top1)
+    assert all(c.sampled_logprobs is None for c in greedy)
+    assert any(lp < -1e-3 for c in top1 for lp in c.logprobs)  # the tempered distribution, unshaped
 
 
 def test_cli_eval_oracle_passes_every_task_through_each_harness_on_every_attempt(tmp_path):

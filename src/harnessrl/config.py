@@ -255,6 +255,13 @@ class EvalConfig(Options):
     seed: int = Field(0, description="sampling seed")
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    top_k: int = Field(0, ge=-1, description="keep the k most probable tokens (0 or -1: off; vLLM's meaning)")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens below min_p x the most probable's probability")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, description="on tokens of the prompt and the completion (> 1 discourages; vLLM's meaning)"
+    )
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="x each completion token's count")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="once for each token in the completion")
     max_in_flight: int = Field(16, ge=1, description="episodes in flight (batch size of generation)")
     retries: int = Field(2, ge=0, description="re-runs of an episode after an infrastructure error")
     device: Device = "auto"

@@ -46,7 +46,16 @@ def run_eval(ctx: JobContext) -> EvalSummary:
                 "(only PinchBench llm_judge and hybrid tasks and Claw-Eval tasks whose grader uses the judge do)"
             )
 
-    sampling = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+    sampling = SamplingParams(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+        top_k=config.top_k,
+        min_p=config.min_p,
+        repetition_penalty=config.repetition_penalty,
+        frequency_penalty=config.frequency_penalty,
+        presence_penalty=config.presence_penalty,
+    )
     evaluation = EvaluationFolder(
         ctx.out,
         config.suite,
