@@ -9,20 +9,26 @@ prompt to a real (random) model, and whatever it writes the episode is Copilot's
 triaged, never an infrastructure error. Copilot speaks chat completions by default and the
 Responses API with COPILOT_PROVIDER_WIRE_API=responses: both are run.
 
+A scripted policy, answering Copilot's conversation with each task's solution in its own `bash` tool,
+solves both tasks in both dialects (the tiny random model would never write a valid call).
+
 Skipped, saying why, where Copilot CLI is not installed (examples/agents/install_copilot.sh).
 """
 
 from __future__ import annotations
 
 import platform
+import shlex
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, workspace_tasks
+from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
 
+from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
+from harnessrl.types import ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "copilot.yaml"
@@ -116,3 +122,45 @@ def test_copilot_solves_a_claweval_service_task_through_the_mcp_tools():
     runner = Runner(notes_solver("harnessrl-"), SamplingParams(temperature=0.0), progress=False)
     [traj] = runner.run(make_jobs([task], [spec], 1))
     check_notes_solved(traj, "harnessrl-")
+
+
+def as_bash(call: dict) -> str:
+    """One solution call in Copilot's `bash` tool, written in the spec's tool_protocol (hermes): a
+    read is `cat`, a write `mkdir -p ... && printf ... >`, submit the plain final reply that ends
+    its run (its answer)."""
+    args = call["arguments"]
+    if call["name"] == "submit":
+        return args.get("answer") or "Done."
+    if call["name"] == "read_file":
+        command = f"cat {shlex.quote(args['path'])}"
+    else:
+        path = shlex.quote(args["path"])
+        command = f'mkdir -p "$(dirname {path})" && printf %s {shlex.quote(args["content"])} > {path}'
+    call_made = ToolCall(name="bash", arguments={"command": command, "description": "Run the step"})
+    return get_protocol("hermes").render_call(call_made)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("api", ["completions", "responses"])
+def test_copilot_solves_two_workspace_tasks_through_its_bash_tool(api):
+    """A scripted policy answers Copilot's conversation with each task's solution in its own `bash`
+    tool, in both of its dialects: Copilot runs the commands, sends their output back, and both
+    tasks pass, one recorded call per solution call."""
+    installed()  # skips where Copilot is not installed
+    spec = load_spec(SPEC)
+    spec = spec.model_copy(update={"env": {**spec.env, "COPILOT_PROVIDER_WIRE_API": api}})
+    tasks = workspace_tasks(FAMILIES)
+    runner = Runner(solution_policy(tasks, as_bash), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        task = next(t for t in tasks if t.id == traj.task_id)
+        check_solved_step_by_step(traj, task)
+        for step in traj.steps[:-1]:
+            [made] = step.tool_calls
+            assert made.name == "bash" and step.tool_results
+        if task.family == "answer_from_file":
+            assert traj.answer.strip() == task.solution[-1]["arguments"]["answer"]
+            # the file's content came back as the result of Copilot's own shell
+            assert traj.answer.strip() in traj.steps[0].tool_results[0].output
