@@ -7,21 +7,27 @@ model (8,192 positions; Cline's first request in yolo mode is ~3,330 tokens): th
 Cline's real prompt to a real (random) model, and whatever it writes the episode is Cline's,
 recorded and triaged, never an infrastructure error.
 
+A scripted policy, answering Cline's conversation with each task's solution in its own tools
+(`run_commands`, `submit_and_exit`), solves both tasks; another solves the Claw-Eval notes task
+through the episode's MCP tools.
+
 Skipped, saying why, where Cline is not installed (examples/agents/install_cline.sh).
 """
 
 from __future__ import annotations
 
 import platform
+import shlex
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, workspace_tasks
+from helpers import check_recorded_and_triaged, solution_policy, workspace_tasks
 
+from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.types import Termination
+from harnessrl.types import Termination, ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "cline.yaml"
@@ -115,3 +121,49 @@ def test_cline_solves_a_claweval_service_task_through_the_mcp_tools():
     [traj] = runner.run(make_jobs([task], [spec], 1))
     check_notes_solved(traj, "harnessrl__")
     assert [c.name for c in traj.steps[-1].tool_calls] == ["submit_and_exit"]
+
+
+def as_cline(call: dict) -> str:
+    """One solution call in Cline's yolo tools, written in the spec's tool_protocol (hermes): a
+    read or write is a shell command in `run_commands`, submit is `submit_and_exit` (its summary
+    is the answer; at least 10 characters, so a short answer is put in a sentence)."""
+    args = call["arguments"]
+    if call["name"] == "submit":
+        answer = args.get("answer")
+        summary = f"The answer is {answer}." if answer else "Done as the task asked."
+        made = ToolCall(name="submit_and_exit", arguments={"summary": summary, "verified": True})
+    elif call["name"] == "read_file":
+        made = ToolCall(name="run_commands", arguments={"commands": [f"cat {shlex.quote(args['path'])}"]})
+    else:
+        path = shlex.quote(args["path"])
+        command = f'mkdir -p "$(dirname {path})" && printf %s {shlex.quote(args["content"])} > {path}'
+        made = ToolCall(name="run_commands", arguments={"commands": [command]})
+    return get_protocol("hermes").render_call(made)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cline_solves_two_workspace_tasks_through_its_tools():
+    """A scripted policy answers Cline's conversation with each task's solution in its own tools
+    (`run_commands`, then `submit_and_exit`): Cline runs the commands, sends their output back,
+    ends on the submission, and both tasks pass, one recorded call per solution call."""
+    spec = installed()
+    tasks = workspace_tasks(FAMILIES)
+    runner = Runner(solution_policy(tasks, as_cline), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == 2
+    for traj in trajectories:
+        task = next(t for t in tasks if t.id == traj.task_id)
+        agent = traj.meta["agent"]
+        assert not traj.is_infra_error and not traj.refused_requests, traj.termination_detail
+        assert traj.termination == Termination.submitted and agent["exit_code"] == 0, traj.termination_detail
+        assert traj.grade.passed, (traj.grade, traj.answer)
+        assert len(traj.steps) == len(task.solution)
+        for step in traj.steps[:-1]:
+            [made] = step.tool_calls
+            assert made.name == "run_commands" and step.tool_results and step.tool_results[0].output
+        assert [c.name for c in traj.steps[-1].tool_calls] == ["submit_and_exit"]
+        if task.family == "answer_from_file":
+            expected = task.solution[-1]["arguments"]["answer"]
+            assert traj.answer == f"The answer is {expected}."
+            assert expected in traj.steps[0].tool_results[0].output
