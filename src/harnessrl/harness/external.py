@@ -14,7 +14,9 @@ A harness spec with `kind: external` (ExternalHarnessSpec) names a command. For 
    (OPENAI_BASE_URL, HARNESSRL_TASK_FILE, ...);
 4. each request of the agent is checked against the limits, turned into a GenerationRequest (its
    `tools` rendered into the prompt through `tool_protocol` for a local model, passed natively to
-   an `openai:` model), submitted to the run's policy with the episode's own per-call seed, and
+   an `openai:` model; where it carries back a reply the endpoint handed out, with that call's
+   sampled token ids as its `sampled_prefix`: harness/sampled_turns.py), submitted to the run's
+   policy with the episode's own per-call seed, and
    recorded as a Step: the ModelCall with its token ids and logprobs, the tool calls parsed from
    the completion (unknown tools and arguments that do not match the agent's own schemas are
    recorded as blocked calls), and, once the agent sends them back in a later request, the
@@ -56,6 +58,7 @@ from harnessrl.harness.mcp_tools import TaskToolServer, find_call, served_tools
 from harnessrl.harness.prompt_tools import PromptTools, reply_message
 from harnessrl.harness.protocols import Protocol, get_protocol
 from harnessrl.harness.recording import RecordingEndpoint
+from harnessrl.harness.sampled_turns import Match, SampledTurns
 from harnessrl.harness.spec import PYTHON_PLACEHOLDER, AnyHarnessSpec, ExternalHarnessSpec
 from harnessrl.models.base import GenerationRequest, Policy, SamplingParams, request_seed
 from harnessrl.tasks import untrusted
@@ -130,6 +133,7 @@ class Turn:
     index: int  # the episode's call index (its step index and its seed's turn)
     request: GenerationRequest
     tools: list[ToolSchema]
+    match: Match = field(default_factory=Match)  # the earlier reply it continues from (harness/sampled_turns.py)
 
 
 @dataclass
@@ -166,6 +170,7 @@ class ExternalEpisode:
         self.kill = threading.Event()  # set: the program is stopped (a limit, a backend failure)
         self._lock = threading.Lock()
         self._recorded: dict[int, _Recorded] = {}
+        self.sampled = SampledTurns()  # the replies handed out, to continue from their sampled tokens
         self.calls = 0  # requests admitted
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -183,7 +188,7 @@ class ExternalEpisode:
         """Check one request against the limits and turn it into the policy's request. ServeError:
         400 for a request that cannot be served, 429 / 400 for a limit (the episode then ends with
         that termination and the program is stopped)."""
-        request, tools = self._request(body)
+        request, tools, match = self._request(body)
         self._check_prompt(request)
         self._note_results(body)
         with self._lock:
@@ -209,10 +214,11 @@ class ExternalEpisode:
             self.calls += 1
         seed = request_seed(self.sampling.seed, self.job.task.id, self.job.attempt, index)
         request = request.model_copy(update={"max_new_tokens": max_new, "seed": seed})
-        return Turn(index=index, request=request, tools=tools)
+        return Turn(index=index, request=request, tools=tools, match=match)
 
-    def _request(self, body: ChatCompletionRequest) -> tuple[GenerationRequest, list[ToolSchema]]:
-        """The policy's request for `body` (its tools shown as the episode shows them), and the tools."""
+    def _request(self, body: ChatCompletionRequest) -> tuple[GenerationRequest, list[ToolSchema], Match]:
+        """The policy's request for `body` (its tools shown as the episode shows them, continuing
+        from the sampled tokens of the last earlier reply it carries back), the tools, and the match."""
         tools = tool_schemas(body)
         # the run's sampling applies, not the request's
         request, _ = to_generation(body, self.limits.max_new_tokens, tools=True)
@@ -221,7 +227,9 @@ class ExternalEpisode:
             # the agent's mistake is a 400 to it: the engine's refusal would be a backend failure,
             # an infrastructure error the agent could raise at will to have an episode not scored
             check_stop_token_ids(request.stop_token_ids, embeddings().num_embeddings)
-        return self.prompt_tools.with_tools(request, tools), tools
+        shown = self.prompt_tools.with_tools(request, tools)
+        match = self.sampled.match(request.messages, shown.messages, shown.tools)
+        return shown.model_copy(update={"sampled_prefix": match.prefix}), tools, match
 
     def count_tokens(self, body: ChatCompletionRequest) -> int:
         """The prompt tokens `body` would take (the Messages API's count_tokens): nothing is
@@ -312,6 +320,7 @@ class ExternalEpisode:
                     refusal = check_tool_call(tc, turn.tools, listed_as="the agent offers")[2]
                     if refusal is not None:
                         blocked[k] = refusal
+        self.sampled.record(turn.index, turn.match, call, message)
         with self._lock:
             self._recorded[turn.index] = _Recorded(step=step, results=blocked)
             self.prompt_tokens += call.prompt_tokens
@@ -628,6 +637,8 @@ class _Record:
             "required_observations": self.job.task.required_observations,
             "agent": _agent_meta(result, external_spec(self.job).network),
         }
+        if steps:  # how many calls continued the sampled tokens of earlier replies, and the prefix breaks
+            meta["sampled_turns"] = episode.sampled.summary([(s.index, s.model_call) for s in steps])
         if episode.refused_total > len(episode.refusals):
             meta["refused_requests_total"] = episode.refused_total
         if episode.tool_server is not None:
