@@ -222,6 +222,62 @@ def test_a_reply_the_agent_altered_is_rendered_from_text_and_counted(tokenizer):
     assert kept(trajectory) == (1, 3)
 
 
+# The same three calls in the other dialects: Anthropic's Messages API (the reply's content blocks
+# sent back as they came, a tool_use answered by a tool_result) and the Responses API (each request
+# goes on from the last through previous_response_id, a function_call answered by its output).
+DIALECTS = r"""
+import json, os, sys, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+task = open(os.environ["HARNESSRL_TASK_FILE"]).read()
+schema = {"type": "object", "properties": {"key": {"type": "string"}, "n": {"type": "integer"}}}
+def post(route, body):
+    request = urllib.request.Request(base + route, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request).read())
+if sys.argv[1] == "messages":
+    tools = [{"name": "lookup", "description": "Look a key up.", "input_schema": schema}]
+    messages = [{"role": "user", "content": task}]
+    for turn in range(3):
+        reply = post("/messages", {"model": "m", "max_tokens": 16, "system": "You are a careful agent.",
+                                   "messages": messages, "tools": tools})
+        uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+        messages.append({"role": "assistant", "content": reply["content"]})
+        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "the value is 42"} for b in uses]
+        messages.append({"role": "user", "content": results or "Go on."})
+else:
+    tools = [{"type": "function", "name": "lookup", "description": "Look a key up.", "parameters": schema}]
+    body = {"model": "m", "instructions": "You are a careful agent.", "input": task, "tools": tools,
+            "max_output_tokens": 16}
+    for turn in range(3):
+        reply = post("/responses", body)
+        calls = [item for item in reply["output"] if item["type"] == "function_call"]
+        outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": "the value is 42"}
+                   for c in calls]
+        body = {**body, "previous_response_id": reply["id"], "input": outputs or "Go on."}
+open(os.environ["HARNESSRL_ANSWER_FILE"], "w").write("done")
+"""
+
+
+@pytest.mark.parametrize("dialect", ["messages", "responses"])
+def test_the_messages_and_responses_dialects_send_replies_back_as_sampled(dialect, tokenizer):
+    spec = parse_spec(
+        {
+            "name": f"three-calls-{dialect}",
+            "kind": "external",
+            "command": ["{python}", "-c", DIALECTS, dialect],
+            "limits": {"wall_s": 60, "max_model_calls": 3, "max_new_tokens": 16},
+        }
+    )
+    assert isinstance(spec, ExternalHarnessSpec)
+    trajectory = play(SampledScript(SCRIPT, tokenizer), spec)
+    assert trajectory.termination == Termination.submitted, trajectory.termination_detail
+    assert [len(s.tool_calls) for s in trajectory.steps] == [0, 1, 0]
+    assert [r.output for r in trajectory.steps[1].tool_results] == ["the value is 42"]
+    assert chained(trajectory), trajectory.meta["sampled_turns"]
+    assert kept(trajectory) == (3, 3)
+    assert trajectory.meta["sampled_turns"]["continued"] == 2
+
+
 # ------------------------------------------------------------------------ mini-swe-agent
 
 
