@@ -154,6 +154,7 @@ def test_responses_logprobs_are_included_when_asked(client):
             r"tools\[1\].tools\[0\]: 'web_search'",
         ),
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"truncation": "middle"}, "truncation must be 'auto' or 'disabled'"),
         ({"tools": [{"type": "custom", "name": "x", "format": {"type": "grammar"}}]}, "a custom tool's format"),
         ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "x"}]}, r"input\[0\].input must be a string"),
     ],
@@ -359,6 +360,16 @@ def test_reasoning_settings_that_ask_for_no_reasoning_are_served(client, reasoni
     asks for nothing a model without reasoning does not do: answered, with no reasoning item."""
     response = client.responses.create(model="tiny-random", input=USER, max_output_tokens=2, reasoning=reasoning)
     assert [o.type for o in response.output] == ["message"]
+
+
+def test_truncation_auto_is_served_while_the_prompt_fits_and_a_prompt_past_the_context_is_a_400(client):
+    """Agent programs send truncation "auto" by default (Cline's Responses provider): while the
+    prompt fits nothing is dropped, so it is the same answer as "disabled"; past the context the
+    request is refused either way, never cut silently."""
+    response = client.responses.create(model="tiny-random", input=USER, max_output_tokens=2, truncation="auto")
+    assert response.truncation == "auto" and [o.type for o in response.output] == ["message"]
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.responses.create(model="tiny-random", input="word " * 9000, max_output_tokens=2, truncation="auto")
 
 
 def test_encrypted_reasoning_asked_of_a_model_without_it_is_answered_as_openai_does(client):

@@ -22,8 +22,10 @@ file_search, computer use, code interpreter, MCP, ...), reasoning (`reasoning` s
 that ask for any, and reasoning input items: the local models do not reason; `effort: "none"` and
 a `summary` setting, which ask for nothing more than such a model does, are accepted), `background` mode,
 server-side `conversation`s, prompt templates (`prompt`), structured output (`text.format` other
-than text), `text.verbosity` other than medium, `truncation: "auto"`, non-text input (images,
-files, audio), `item_reference` items. Asking to include encrypted reasoning is answered as
+than text), `text.verbosity` other than medium, non-text input (images, files, audio),
+`item_reference` items. `truncation: "auto"` is served as OpenAI serves it while the prompt fits
+the context (nothing is dropped); a prompt past the context is a 400 either way (no input item is
+dropped to make it fit). Asking to include encrypted reasoning is answered as
 OpenAI answers it for a model without reasoning: accepted, and no reasoning item is returned.
 
 The reply (`response_body`) holds a `message` item with one `output_text` part and/or one
@@ -146,12 +148,8 @@ def check(body: ResponsesRequest) -> None:
             f"text.verbosity: only 'medium' is supported (this model has no verbosity control), got {verbosity!r}",
             param="text",
         )
-    if body.truncation not in (None, "disabled"):
-        raise ServeError(
-            400,
-            f"truncation: only 'disabled' is supported (a prompt past the context is a 400), got {body.truncation!r}",
-            param="truncation",
-        )
+    if body.truncation not in (None, "disabled", "auto"):
+        raise ServeError(400, f"truncation must be 'auto' or 'disabled', got {body.truncation!r}", param="truncation")
     if body.top_logprobs:
         raise ServeError(
             400,
@@ -531,7 +529,7 @@ def response_body(
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": list(body.tools or []),
         "top_p": body.top_p,
-        "truncation": "disabled",
+        "truncation": body.truncation or "disabled",
         "usage": usage(call) if call is not None else None,
         "completed_at": time.time() if call is not None and not incomplete else None,
     }
