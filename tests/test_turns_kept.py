@@ -332,3 +332,29 @@ def test_mini_swe_agent_on_the_tiny_random_model_drops_the_replies_it_cannot_par
     assert stats["dropped_replies"] == 2 and stats["prefix_breaks"] == 2 and stats["continued"] == 0
     assert stats["first_break"] == "call 1: the agent went on from call 0's messages without its reply"
     assert kept(trajectory) == (1, 3)
+
+
+# ------------------------------------------------------------------------ through TRL
+
+
+def test_the_three_call_agent_trains_through_trl_with_every_turn(tmp_path):
+    """The 3-call agent as a trained harness of the TRL integration's rollout (HarnessRollout in
+    TRL's GRPOTrainer, the tiny random model, one step): every episode's three calls are in its
+    completion, none left out by a prefix break."""
+    from test_trainer import TextScore
+    from test_trl import SPECS, lines, train  # skips here where TRL is not installed
+
+    from harnessrl.integrations.trl import HarnessRollout
+
+    spec = agent("verbatim")
+    rollout = HarnessRollout(TextScore(), [spec, SPECS[1]], scheduler=f"single:{spec.name}", seed=0, max_in_flight=2)
+    _, recording = train(tmp_path / "agent", rollout, steps=1, per_device_train_batch_size=2)
+    (out,) = recording.outputs
+    assert out["harnessrl_harness"] == [spec.name] * 2
+    for mask in out["env_mask"]:
+        # three runs of the model's own tokens, with the agent's messages between them
+        runs = sum(1 for k, m in enumerate(mask) if m == 1 and (k == 0 or mask[k - 1] == 0))
+        assert runs == 3, mask
+    (record,) = lines(tmp_path / "agent" / "harnessrl" / "steps.jsonl")
+    assert record["turns"] == record["turns_kept"] == 6, record
+    assert record["prefix_breaks"] == 0
