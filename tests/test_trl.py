@@ -15,6 +15,7 @@ episode-as-one-sequence rules on hand-made trajectories.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 from pathlib import Path
@@ -114,7 +115,7 @@ def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, **c
         temperature=1.0,
         seed=0,
         disable_tqdm=True,
-        **config,
+        **{"bf16": False, **config},  # TRL's default bf16 autocast is refused (docs/trl.md, "Precision")
     )
     trainer = GRPOTrainer(
         model=tiny_random_model(),
@@ -265,9 +266,34 @@ def test_resuming_a_checkpoint_without_the_schedule_is_refused(full_run, tmp_pat
 
     out = tmp_path / "resumed"
     shutil.copytree(full_run.out, out)
-    (out / "checkpoint-2" / "harnessrl_schedule.json").unlink()
+    state_file = out / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["stateful_callbacks"]["HarnessRollout"]
+    state_file.write_text(json.dumps(state))
     with pytest.raises(HarnessRolloutError, match="scheduler's state cannot be restored"):
         train(out, make_rollout(), resume=str(out / "checkpoint-2"))
+
+
+def test_a_checkpoint_outside_output_dir_resumes_from_its_own_state(full_run, tmp_path):
+    """resume_from_checkpoint names a folder of another run (output_dir is a fresh one): the
+    schedule and the evaluations' base come from that folder, not from OUTPUT_DIR/checkpoint-2
+    (absent here; in a folder holding another run's checkpoint-2, that run's state)."""
+    elsewhere = tmp_path / "kept" / "checkpoint-2"
+    shutil.copytree(full_run.out / "checkpoint-2", elsewhere)
+    decoy = tmp_path / "fresh" / "checkpoint-2"  # another run's checkpoint at the same step
+    decoy.mkdir(parents=True)
+    (decoy / "trainer_state.json").write_text(json.dumps({"stateful_callbacks": {"HarnessRollout": {}}}))
+    rollout = make_rollout()
+    _, recording = train(tmp_path / "fresh", rollout, resume=str(elsewhere))
+    assert [p.harness for p in rollout.history] == [p.harness for p in full_run.rollout.history[2:]]
+    for mine, theirs in zip(recording.outputs, full_run.recording.outputs[2:]):
+        assert mine["harnessrl_episode"] == theirs["harnessrl_episode"]
+    evals = lines(tmp_path / "fresh" / "harnessrl" / "eval.jsonl")
+    assert [e["step"] for e in evals] == [4]  # paired with the kept run's step 0, from the checkpoint
+    assert (
+        evals[-1]["harnesses"]["react"]["vs_base"]
+        == lines(full_run.out / "harnessrl" / "eval.jsonl")[-1]["harnesses"]["react"]["vs_base"]
+    )
 
 
 def test_a_mixture_spreads_one_batchs_groups_over_the_harnesses(tmp_path):
@@ -423,12 +449,51 @@ def test_a_held_out_harness_is_evaluated_and_reported_apart(full_run):
         assert vs["mean_difference"] == pytest.approx(sum(now[t] - base[t] for t in base) / 2)
 
 
+def test_every_evaluation_samples_with_the_bases_seed_and_reaches_trls_log(full_run):
+    """The pairing against step 0 compares weights: every evaluation draws with the base's seed
+    (the same tasks, attempts and random numbers), and its figures are on TRL's log line of its step."""
+    from harnessrl.train.held_out import evaluation_seed
+
+    evals = lines(full_run.out / "harnessrl" / "eval.jsonl")
+    assert {e["sampling_seed"] for e in evals} == {evaluation_seed(0)}
+    logged = {e["step"]: e for e in full_run.trainer.state.log_history if "harnessrl/eval/react/mean" in e}
+    assert sorted(logged) == [0, 2, 4]
+    for e in evals:
+        entry = logged[e["step"]]
+        assert entry["harnessrl/eval/react/mean"] == pytest.approx(e["harnesses"]["react"]["mean_score"])
+        assert entry["harnessrl/eval/held_out_average"] == pytest.approx(e["held_out_average"])
+    assert "loss" in logged[2] and "loss" not in logged[0]  # on the step's own line; step 0 has none
+    assert logged[4]["harnessrl/eval/react/vs_base"] == pytest.approx(
+        evals[2]["harnesses"]["react"]["vs_base"]["mean_difference"]
+    )
+
+
+def test_inputs_are_read_by_the_job_kernel_naming_the_argument():
+    """The suite, harnesses and evaluation tasks are read as `harnessrl train grpo` reads them
+    (harnessrl.kernel.read_inputs): a JobError naming the option."""
+    from harnessrl.errors import JobError
+    from harnessrl.integrations.trl import HarnessRollout, RolloutInputError
+
+    with pytest.raises(RolloutInputError, match="--suite") as e:
+        HarnessRollout("no-such-suite", ["json-tools"])
+    assert isinstance(e.value, JobError)
+    with pytest.raises(RolloutInputError, match="--harnesses"):
+        HarnessRollout("toolcalc", ["json-tools", "no-such-harness"])
+    with pytest.raises(RolloutInputError, match="--eval-tasks"):
+        make_rollout(eval_tasks=10_000)
+    with pytest.raises(RolloutInputError, match="unique"):
+        HarnessRollout(TextScore(), [SPECS[0], SPECS[0]])
+    rollout = make_rollout()
+    assert [s.name for s in rollout.specs] == ["plan-execute", "json-tools"]
+    assert [t.id for t in rollout.eval_task_list] == ["textscore/dev/00000", "textscore/dev/00001"]
+
+
 def test_a_trained_harness_cannot_be_held_out():
     from harnessrl.integrations.trl import HarnessRolloutError
 
     with pytest.raises(HarnessRolloutError, match="also trained on"):
         make_rollout(eval_harnesses=[SPECS[0]])
-    with pytest.raises(HarnessRolloutError, match="needs eval_every"):
+    with pytest.raises(HarnessRolloutError, match="needs --eval-every"):
         make_rollout(eval_every=0)
 
 
@@ -462,6 +527,11 @@ def fake_args(**overrides):
         generation_kwargs=None,
         scale_rewards="group",
         multi_objective_aggregation="sum_then_normalize",
+        use_vllm=False,
+        bf16=False,
+        fp16=False,
+        max_completion_length=512,
+        output_dir="unused",
     )
     args.update(overrides)
     return SimpleNamespace(**args)
@@ -483,19 +553,19 @@ def test_unserved_trl_settings_are_refused_in_words(overrides, message):
 
     trainer = SimpleNamespace(args=fake_args(**overrides), use_vllm=False)
     with pytest.raises(TRLSetupError, match=message):
-        TrainerFacts.of(trainer).check()
+        TrainerFacts.of(trainer).check(None)
 
 
 def test_trls_top_k_min_p_and_repetition_penalty_reach_the_engines_sampling():
     """TRL's own sampling fields are served: its defaults are the neutral values, a set value is
     what harnessrl's sampler applies (HarnessRollout builds each batch's SamplingParams from them)."""
-    from harnessrl.integrations.trl.setup import TrainerFacts
+    from harnessrl.integrations.trl.setup import TrainerFacts, check_args
     from harnessrl.models.base import SamplingParams
 
     def facts(**overrides):
         trainer = SimpleNamespace(args=fake_args(**{"temperature": 0.9, "top_p": 0.95, **overrides}), use_vllm=False)
         made = TrainerFacts.of(trainer)
-        made.check()
+        check_args(made.args)
         return made
 
     neutral = SamplingParams(temperature=0.9, top_p=1.0, **facts().shaping)
@@ -505,11 +575,131 @@ def test_trls_top_k_min_p_and_repetition_penalty_reach_the_engines_sampling():
     assert facts(top_k=-1).shaping["top_k"] == 0  # vLLM's "off" is harnessrl's too
 
 
+def test_trls_argument_refusals_come_at_on_train_begin():
+    """use_vllm and the other argument refusals come from the callback's on_train_begin, before the
+    step-0 evaluation and the first batch."""
+    from transformers import TrainerControl, TrainerState
+
+    from harnessrl.integrations.trl.setup import TRLSetupError
+
+    rollout = make_rollout()
+    for overrides, message in (
+        ({"use_vllm": True}, "use_vllm=True is not served"),
+        ({"bf16": True}, "bf16=True .*autocast.* is not served"),
+        ({"fp16": True}, "fp16=True"),
+        ({"max_completion_length": 0}, "max_completion_length must be at least 1"),
+        ({"reward_weights": [1.0, 0.5]}, "reward_weights"),
+    ):
+        with pytest.raises(TRLSetupError, match=message):
+            rollout.callback.on_train_begin(fake_args(**overrides), TrainerState(), TrainerControl())
+    from harnessrl.models.embedded import tiny_random_model
+
+    half = tiny_random_model().to(torch.bfloat16)
+    with pytest.raises(TRLSetupError, match="weights are in bfloat16: not served"):
+        rollout.callback.on_train_begin(fake_args(), TrainerState(), TrainerControl(), model=half)
+    rollout.callback.on_train_begin(fake_args(), TrainerState(), TrainerControl(), model=tiny_random_model())
+
+
+def test_bf16_autocast_is_refused_before_the_base_evaluation(tmp_path):
+    from harnessrl.integrations.trl.setup import TRLSetupError
+
+    with pytest.raises(TRLSetupError, match="bf16=True"):
+        train(tmp_path / "bf16", make_rollout(), steps=1, bf16=True)
+    assert not (tmp_path / "bf16" / "harnessrl" / "eval.jsonl").exists()
+
+
+def test_extra_reward_functions_are_refused_before_the_base_evaluation(tmp_path):
+    """A second reward function would make TRL's advantages differ from the scheduler's and sum an
+    infrastructure error's None back into its group: refused at the first batch, before the step-0
+    evaluation writes anything."""
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from harnessrl.integrations.trl.setup import TRLSetupError
+    from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+
+    rollout = make_rollout()
+
+    def length(completions=None, **kwargs):
+        return [float(len(str(c))) for c in completions]
+
+    trainer = GRPOTrainer(
+        model=tiny_random_model(),
+        processing_class=copy.deepcopy(load_tokenizer()),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "extra"), num_generations=2, per_device_train_batch_size=4, max_steps=1,
+            report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True,
+        ),
+        train_dataset=rollout.dataset("train"),
+        reward_funcs=[rollout.reward, length],
+        rollout_func=rollout,
+        callbacks=[rollout.callback],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )  # fmt: skip
+    with pytest.raises(TRLSetupError, match="1 reward function.* beside rollout.reward are not served"):
+        trainer.train()
+    assert not (tmp_path / "extra" / "harnessrl" / "eval.jsonl").exists()
+
+
+def test_trl_tools_are_refused_in_words():
+    from harnessrl.integrations.trl.setup import TrainerFacts, TRLSetupError
+
+    rollout = make_rollout()
+    trainer = SimpleNamespace(args=fake_args(), use_vllm=False, tools=[len], reward_funcs=[rollout.reward])
+    with pytest.raises(TRLSetupError, match="tools=.* is not served"):
+        TrainerFacts.of(trainer).check(rollout.reward)
+
+
+def test_max_completion_length_caps_each_model_call():
+    """TRL's max_completion_length is each model call's token cap, where it is below the harness's
+    own max_new_tokens (trained and held-out harnesses alike); None leaves them as they are."""
+    rollout = make_rollout()
+    rollout.configure(fake_args(max_completion_length=5))
+    assert [s.rules.max_new_tokens for s in rollout.specs + rollout.eval_specs] == [5, 5, 5]
+    assert rollout.spec_by_name["json-tools"].rules.max_new_tokens == 5
+    rollout.configure(fake_args(max_completion_length=512))  # above the specs' 8: theirs hold
+    assert [s.rules.max_new_tokens for s in make_rollout().specs] == [8, 8]
+    fresh = make_rollout()
+    fresh.configure(fake_args(max_completion_length=None))
+    assert [s.rules.max_new_tokens for s in fresh.specs] == [8, 8]
+
+
+def test_truncated_episodes_are_masked_by_the_rollout_not_by_trls_eos_test(tmp_path):
+    """mask_truncated_completions: TRL's own test (last token not EOS or pad) would mask nearly every
+    episode (its completion ends where the harness stopped the call); HarnessRollout switches it
+    off and masks the episodes a budget cut (max_steps here: plan-execute's second call never comes
+    in 1 step) through env_mask."""
+    rollout = make_rollout(scheduler="single:plan-execute", eval_harnesses=[], eval_every=0)
+    rollout.specs = [shrunk(SPECS[0], max_steps=1)]
+    rollout.spec_by_name = {s.name: s for s in rollout.specs}
+    trainer, recording = train(tmp_path / "masked", rollout, steps=1, mask_truncated_completions=True)
+    assert trainer.mask_truncated_completions is False
+    (out,) = recording.outputs
+    eos = {*trainer.eos_token_ids, trainer.processing_class.pad_token_id}
+    trl_would_mask = [ids[-1] not in eos for ids in out["completion_ids"]]
+    assert all(trl_would_mask)  # the random model never samples EOS: TRL's test masks every row
+    ours = [not any(m) for m in out["env_mask"]]
+    assert any(ours)
+    assert trainer.state.log_history[0]["harnessrl/truncated"] == sum(ours)
+
+
+def test_an_episode_is_truncated_when_a_budget_or_a_token_cap_cut_it():
+    from harnessrl.integrations.trl.rollout import is_truncated
+
+    ended = trajectory(call([1, 2], [3, 4]))
+    assert not is_truncated(ended)  # submitted, its last call ended on its own
+    assert is_truncated(ended.model_copy(update={"termination": Termination.max_steps}))
+    capped = ended.model_copy(deep=True)
+    capped.steps[-1].model_call.finish_reason = "length"
+    assert is_truncated(capped)
+    assert not is_truncated(trajectory(call([1], [2]), error=True))
+
+
 def test_vllm_generation_is_refused_in_words():
     from harnessrl.integrations.trl.setup import TrainerFacts, TRLSetupError
 
     with pytest.raises(TRLSetupError, match="use_vllm=True is not served"):
-        TrainerFacts.of(SimpleNamespace(args=fake_args(), use_vllm=True)).check()
+        TrainerFacts.of(SimpleNamespace(args=fake_args(), use_vllm=True)).check(None)
 
 
 def test_a_prompt_without_a_task_id_is_refused_in_words():

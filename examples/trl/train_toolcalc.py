@@ -8,7 +8,7 @@ On a GPU node (not run here; docs/trl.md, "The GPU recipe"):
 
     accelerate launch --num_processes 8 examples/trl/train_toolcalc.py --model hf:/models/Qwen2.5-1.5B-Instruct \
         --harnesses json-tools,react,plan-execute --eval-harnesses hermes-tools --per-device-batch 4 \
-        --num-generations 8 --steps 150 --dtype bfloat16 --out runs/trl-qwen
+        --num-generations 8 --steps 150 --out runs/trl-qwen
 
 What it builds is the whole integration (harnessrl.integrations.trl): a dataset of toolcalc's
 train tasks, HarnessRollout as the rollout function (one harnessrl episode per row, the harness
@@ -24,13 +24,16 @@ import argparse
 import copy
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m, tiny-random or hf:PATH (a local folder)")
+    p.add_argument(
+        "--model", default="smollm2-135m", help="smollm2-135m, tiny-random, hf:PATH or PATH (a local model folder)"
+    )
     p.add_argument("--suite", default="toolcalc")
     p.add_argument("--harnesses", default="json-tools,react,plan-execute", help="trained through (comma-separated)")
     p.add_argument("--eval-harnesses", default="", help="held out: evaluated, never trained on (comma-separated)")
@@ -49,7 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: off; needed for held-out)")
     p.add_argument("--eval-tasks", type=int, default=8)
     p.add_argument("--eval-attempts", type=int, default=1)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the weights' dtype: HarnessRollout serves float32 only (bfloat16 is refused, docs/trl.md 'Precision'; "
+        "examples/trl/logprob_gap.py measures it)",
+    )
     p.add_argument("--max-in-flight", type=int, default=16, help="episodes in flight per process")
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: at the end only)")
     p.add_argument(
@@ -74,15 +83,15 @@ def load_model(spec: str, dtype: str):
         return load_smollm2().to(torch_dtype), copy.deepcopy(load_tokenizer())
     if spec == "tiny-random":
         return tiny_random_model(), copy.deepcopy(load_tokenizer())
-    if spec.startswith("hf:"):
+    if spec.startswith("hf:") or Path(spec).is_dir():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = spec[3:]
+        path = spec.removeprefix("hf:")
         return (
             AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True),
             AutoTokenizer.from_pretrained(path, local_files_only=True),
         )
-    raise SystemExit(f"--model {spec!r}: give smollm2-135m, tiny-random or hf:PATH")
+    raise SystemExit(f"--model {spec!r}: give smollm2-135m, tiny-random, hf:PATH or the path of a local model folder")
 
 
 def harness_specs(names: str, max_steps: int) -> list:
@@ -101,8 +110,9 @@ def harness_specs(names: str, max_steps: int) -> list:
     return specs
 
 
-def build_trainer(args: argparse.Namespace):
-    """GRPOTrainer wired to harnessrl: the rollout function, its reward and its callback."""
+def build_trainer(args: argparse.Namespace, bf16: bool = False):
+    """GRPOTrainer wired to harnessrl: the rollout function, its reward and its callback. `bf16`:
+    TRL's bf16 autocast (refused by HarnessRollout; examples/trl/logprob_gap.py measures it)."""
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -134,7 +144,7 @@ def build_trainer(args: argparse.Namespace):
         save_steps=args.save_steps or 500,
         report_to="none",
         seed=args.seed,
-        bf16=args.dtype == "bfloat16",
+        bf16=bf16,  # TRL's default is True: autocast, which HarnessRollout refuses (docs/trl.md, "Precision")
         use_cpu=not _has_gpu(),
         disable_tqdm=False,
         gradient_checkpointing=args.gradient_checkpointing,

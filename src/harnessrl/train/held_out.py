@@ -11,9 +11,12 @@ with `attempts` attempts per task, and reports:
                       its bootstrap interval (metrics.paired_difference)
     average           over the trained harnesses; held_out_average over the held-out ones
 
-Every evaluation of a run samples with the seed `sampling_seed(seed, step, "eval")` and the
-request seeds of the runner, so the base and a later evaluation play the same tasks, attempts
-and turns with the same random numbers: the pairing compares weights, not luck.
+For the pairing to compare weights and not luck, every evaluation of a run must sample with the
+same seed (`evaluation_seed(seed)`) and the request seeds of the runner (a function of that seed,
+the task, the attempt and the turn): the base and a later evaluation then play the same tasks,
+attempts and turns with the same random numbers. HarnessRollout (harnessrl.integrations.trl)
+does; `harnessrl train grpo` seeds each evaluation by its step (harnessrl.train.trainer), so its
+`vs_base` still includes sampling noise.
 """
 
 from __future__ import annotations
@@ -29,6 +32,13 @@ from harnessrl.results import HarnessEvalScores, TrainEval
 from harnessrl.rollout import Job, make_jobs
 from harnessrl.tasks.base import Task
 from harnessrl.types import Trajectory
+
+
+def evaluation_seed(seed: int) -> int:
+    """The sampling seed of every evaluation of a run of seed `seed` (the base's, step 0's)."""
+    from harnessrl.train.step import sampling_seed
+
+    return sampling_seed(seed, 0, "eval")
 
 
 def evaluation_jobs(tasks: list[Task], specs: Sequence[AnyHarnessSpec], attempts: int) -> list[Job]:
@@ -117,7 +127,10 @@ def run_evaluation(
 
 
 def check_held_out(trained: Sequence[str], held_out: Sequence[str]) -> None:
-    """A held-out harness must not be trained on, nor named twice."""
+    """Harness names are unique among the trained and among the held-out ones, and a held-out
+    harness is never trained on."""
+    if len(set(trained)) != len(trained):
+        raise ValueError(f"harness names must be unique, got {list(trained)}")
     both = sorted(set(trained) & set(held_out))
     if both:
         raise ValueError(f"held-out harness(es) {', '.join(both)} are also trained on: a held-out harness is never")

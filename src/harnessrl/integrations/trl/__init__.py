@@ -9,17 +9,19 @@ trainer = GRPOTrainer(model, args=GRPOConfig(...), train_dataset=rollout.dataset
 rollout.py      HarnessRollout (rollout_func + reward + callback), EpisodeReward
 callback.py     HarnessSchedulerCallback: sketch, observe, save and resume the schedule
 setup.py        what is read of a TRL trainer, and what is refused
-evaluation.py   evaluate_harnesses: trained and held-out harnesses, paired against the base weights
+                (the evaluations of trained and held-out harnesses: HarnessRollout.evaluate, over
+                harnessrl.train.held_out)
 """
 
 from harnessrl.integrations.trl.callback import HarnessSchedulerCallback
 from harnessrl.integrations.trl.rollout import EpisodeReward, HarnessRollout
-from harnessrl.integrations.trl.setup import HarnessRolloutError, TRLSetupError
+from harnessrl.integrations.trl.setup import HarnessRolloutError, RolloutInputError, TRLSetupError
 
 __all__ = [
     "EpisodeReward",
     "HarnessRollout",
     "HarnessRolloutError",
     "HarnessSchedulerCallback",
+    "RolloutInputError",
     "TRLSetupError",
 ]

@@ -1,26 +1,36 @@
 """HarnessSchedulerCallback: the scheduler's side of a TRL run (a transformers TrainerCallback).
 
-    on_train_begin          a resumed run (global_step > 0) loads the schedule's state from the
-                            checkpoint it resumes (OUTPUT_DIR/checkpoint-STEP/harnessrl_schedule.json)
+    on_train_begin          TRL's arguments checked (setup.check_args: every refusal they decide,
+                            before the step-0 evaluation and the first batch) and served
+                            (max_completion_length); a resumed run (global_step > 0) loads the
+                            schedule's state and the evaluations' base from the TrainerState that
+                            transformers read from the checkpoint it resumes, wherever that folder is
+                            (its trainer_state.json, `stateful_callbacks["HarnessRollout"]`)
     on_pre_optimizer_step   the GradientSketch of the trainable parameters' gradient (accumulated
                             over the micro-batches, clipped: a uniform scale, which no cosine sees)
                             is added to the batch's observation; at the batch's last optimizer step
                             the scheduler observes the batch (HarnessSchedule.observe)
-    on_step_end             with eval_every: the trained and held-out harnesses evaluated every N steps
-                            (and at step 0, the base weights, from on_train_begin), rank 0 only
-    on_save                 the schedule's state into the checkpoint folder TRL just wrote
+    on_step_end             the schedule's state into the TrainerState (which TRL saves into each
+                            checkpoint's trainer_state.json); with eval_every: the trained and held-out
+                            harnesses evaluated every N steps, rank 0 only, their figures on TRL's log
+                            line of the step (the step-0 evaluation, of the base weights, runs at the
+                            first batch, once the trainer is checked: HarnessRollout.__call__)
 
 The callback holds no state of its own: it is HarnessRollout's (`rollout.callback`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from transformers import TrainerCallback
 
-from harnessrl.integrations.trl.setup import HarnessRolloutError, optimizer_steps_per_batch
+from harnessrl.integrations.trl.setup import (
+    HarnessRolloutError,
+    check_args,
+    check_weights,
+    optimizer_steps_per_batch,
+)
 from harnessrl.results import TrainEval
 from harnessrl.train.harness_schedule import HarnessSchedule
 
@@ -32,20 +42,22 @@ class ScheduleOwner(Protocol):
 
     def observe_batch(self, output_dir: str, is_main: bool, global_step: int) -> None: ...
 
-    def save_state(self, checkpoint: Path) -> None: ...
+    def state(self) -> dict[str, Any]: ...
 
-    def load_state(self, checkpoint: str | Path) -> None: ...
+    def load_state(self, state: dict[str, Any] | None, where: str) -> None: ...
+
+    def configure(self, args) -> None: ...
 
     eval_every: int
 
     def evaluate(self, model, tokenizer, step: int, output_dir: str, temperature: float) -> TrainEval: ...
 
+    def log_evaluation(self, record: TrainEval) -> None: ...
+
     def resume_evaluations(self, output_dir: str, global_step: int) -> None: ...
 
 
-def checkpoint_folder(output_dir: str, global_step: int) -> Path:
-    """Where transformers' Trainer writes the checkpoint of `global_step`."""
-    return Path(output_dir) / f"checkpoint-{global_step}"
+STATE_KEY = "HarnessRollout"  # in TrainerState.stateful_callbacks (no callback class bears the name)
 
 
 class HarnessSchedulerCallback(TrainerCallback):
@@ -55,19 +67,22 @@ class HarnessSchedulerCallback(TrainerCallback):
         self.rollout = rollout
 
     def on_train_begin(self, args, state, control, **kwargs):
-        steps = optimizer_steps_per_batch(args)  # refuse a mixing set-up before the first step
+        check_args(args)  # every refusal TRL's arguments decide, before any evaluation or episode
+        check_weights(kwargs.get("model"))
+        self.rollout.configure(args)
+        steps = optimizer_steps_per_batch(args)
         if state.global_step > 0 and self.rollout.schedule.batches_observed == 0:
             if state.global_step % steps:
                 raise HarnessRolloutError(
                     f"checkpoint-{state.global_step} lies inside a generation batch ({steps} optimizer steps each): "
                     f"save at multiples of {steps} steps to resume"
                 )
-            self.rollout.load_state(checkpoint_folder(args.output_dir, state.global_step))
-        if self.rollout.eval_every and state.is_world_process_zero:
-            if state.global_step > 0:
-                self.rollout.resume_evaluations(args.output_dir, state.global_step)
-            else:  # the base weights (LoRA starts as the identity): what later evaluations pair with
-                self._evaluate(args, state, kwargs)
+            # transformers read this TrainerState from the folder it resumes (resume_from_checkpoint as
+            # given, or the last checkpoint of output_dir for True): the schedule comes from there
+            saved = (state.stateful_callbacks or {}).get(STATE_KEY)
+            self.rollout.load_state(saved, f"the resumed checkpoint's trainer_state.json (step {state.global_step})")
+        if self.rollout.eval_every and state.is_world_process_zero and state.global_step > 0:
+            self.rollout.resume_evaluations(args.output_dir, state.global_step)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         schedule = self.rollout.schedule
@@ -80,19 +95,19 @@ class HarnessSchedulerCallback(TrainerCallback):
             self.rollout.observe_batch(args.output_dir, state.is_world_process_zero, state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
+        if state.stateful_callbacks is None:
+            state.stateful_callbacks = {}
+        state.stateful_callbacks[STATE_KEY] = self.rollout.state()  # saved with trainer_state.json
         every = self.rollout.eval_every
         due = every and (state.global_step % every == 0 or state.global_step == state.max_steps)
         if due and state.is_world_process_zero:
-            self._evaluate(args, state, kwargs)
-
-    def _evaluate(self, args, state, kwargs) -> None:
-        model, tokenizer = kwargs.get("model"), kwargs.get("processing_class")
-        if model is None or tokenizer is None:
-            raise RuntimeError("transformers did not pass the model and processing_class to the callback")
-        was_training = model.training
-        self.rollout.evaluate(model, tokenizer, state.global_step, args.output_dir, float(args.temperature))
-        model.train(was_training)
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            self.rollout.save_state(checkpoint_folder(args.output_dir, state.global_step))
+            model, tokenizer = kwargs.get("model"), kwargs.get("processing_class")
+            if model is None or tokenizer is None:
+                raise RuntimeError("transformers did not pass the model and processing_class to the callback")
+            was_training = model.training
+            record = self.rollout.evaluate(
+                model, tokenizer, state.global_step, args.output_dir, float(args.temperature)
+            )
+            model.train(was_training)
+            self.rollout.log_evaluation(record)
+            control.should_log = True  # the evaluation's figures on this step's log line

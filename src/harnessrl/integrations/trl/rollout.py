@@ -57,18 +57,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.harness.spec import AnyHarnessSpec, HarnessSpec
-from harnessrl.integrations.trl.setup import HarnessRolloutError, TrainerFacts, generating_module, text_tokenizer
+from harnessrl.integrations.trl.setup import (
+    HarnessRolloutError,
+    RolloutInputError,
+    TrainerFacts,
+    generating_module,
+    max_completion_length,
+    text_tokenizer,
+)
 from harnessrl.models.base import SamplingParams
 from harnessrl.results import TrainEval
 from harnessrl.rollout import Job
 from harnessrl.tasks.base import Suite, Task
 from harnessrl.train.episode_sequence import EpisodeSequence, OnBreak, episode_sequence
 from harnessrl.train.harness_schedule import BatchObservation, GenerationPlan, HarnessSchedule
-from harnessrl.train.held_out import check_held_out, first_evaluation, run_evaluation
+from harnessrl.train.held_out import check_held_out, evaluation_seed, first_evaluation, run_evaluation
 from harnessrl.train.schedulers import make_scheduler
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import sampling_seed
-from harnessrl.types import Trajectory
+from harnessrl.types import Termination, Trajectory
 
 if TYPE_CHECKING:
     from harnessrl.integrations.trl.callback import HarnessSchedulerCallback
@@ -77,7 +84,6 @@ if TYPE_CHECKING:
     from harnessrl.store import RunStore
 
 TASK_KEY = "task_id"  # the key of a prompt message that names its task (see `HarnessRollout.dataset`)
-STATE_FILE = "harnessrl_schedule.json"  # in each TRL checkpoint folder
 RECORD_FOLDER = "harnessrl"  # under TRL's output_dir
 
 
@@ -137,38 +143,17 @@ class HarnessRollout:
         eval_every: int = 0,
         eval_tasks: int = 8,
         eval_attempts: int = 1,
-        eval_split: str = "dev",
         eval_temperature: float | None = None,
         preflight: bool = True,
     ):
-        from harnessrl.harness.registry import resolve_harnesses
-        from harnessrl.harness.spec import SpecError
         from harnessrl.integrations.trl.callback import HarnessSchedulerCallback
-        from harnessrl.tasks import get_suite
 
-        try:
-            self.suite = get_suite(suite) if isinstance(suite, str) else suite
-            self.specs: list[AnyHarnessSpec] = [
-                s for h in harnesses for s in (resolve_harnesses([h]) if isinstance(h, str) else [h])
-            ]
-        except (ValueError, SpecError) as e:
-            raise HarnessRolloutError(str(e)) from None
+        self.suite, self.specs, self.eval_specs, self.eval_task_list = read_rollout_inputs(
+            suite, harnesses, eval_harnesses, eval_every, eval_tasks, eval_attempts, eval_temperature
+        )
         names = [s.name for s in self.specs]
-        if len(set(names)) != len(names):
-            raise HarnessRolloutError(f"harness names must be unique, got {names}")
-        try:
-            self.eval_specs: list[AnyHarnessSpec] = [
-                s for h in eval_harnesses for s in (resolve_harnesses([h]) if isinstance(h, str) else [h])
-            ]
-            check_held_out(names, [s.name for s in self.eval_specs])
-        except (ValueError, SpecError) as e:
-            raise HarnessRolloutError(f"eval_harnesses: {e}") from None
-        if eval_every < 0 or eval_tasks < 1 or eval_attempts < 1:
-            raise HarnessRolloutError("eval_every must be >= 0, eval_tasks and eval_attempts >= 1")
-        if self.eval_specs and not eval_every:
-            raise HarnessRolloutError("eval_harnesses needs eval_every=N (the held-out harnesses are only evaluated)")
         self.eval_every, self.eval_tasks, self.eval_attempts = eval_every, eval_tasks, eval_attempts
-        self.eval_split, self.eval_temperature = eval_split, eval_temperature
+        self.eval_temperature = eval_temperature
         self._base_eval: TrainEval | None = None
         for spec in self.specs:
             check_prefix_chain(spec)
@@ -196,6 +181,22 @@ class HarnessRollout:
         self._policy: HFPolicy | None = None
         self._runner: Runner | None = None
         self._store: RunStore | None = None
+        self._facts: TrainerFacts | None = None
+        self.token_cap: int | None = None  # TRL's max_completion_length: each model call's cap (configure)
+        self.mask_truncated = False  # TRL's mask_truncated_completions, served here (`_rows`)
+
+    def configure(self, args) -> None:
+        """What TRL's arguments set (the callback's on_train_begin, and the first batch): each
+        model call's token cap is max_completion_length where it is below the harness's own
+        max_new_tokens (TRL's meaning: the tokens one generation may add), for the trained and the
+        held-out harnesses alike."""
+        cap = max_completion_length(args)
+        if cap == self.token_cap:
+            return
+        self.token_cap = cap
+        self.specs = [capped(s, cap) for s in self.specs]
+        self.eval_specs = [capped(s, cap) for s in self.eval_specs]
+        self.spec_by_name = {s.name: s for s in self.specs}
 
     # ------------------------------------------------------------------------------- the dataset
     def dataset(self, split: str = "train", n: int | None = None):
@@ -241,6 +242,11 @@ class HarnessRollout:
                 "evaluate with HarnessRollout(eval_every=N, eval_harnesses=[...]) (docs/trl.md)"
             )
         self._bind(trainer, facts, prompts)
+        if self.eval_every and self._base_eval is None and facts.global_step == 0 and facts.is_main:
+            # the base weights (LoRA starts as the identity), what later evaluations pair with: here,
+            # once the trainer is checked, so that every refusal comes before it
+            record = self.evaluate(trainer.model, trainer.processing_class, 0, facts.output_dir, facts.temperature)
+            facts.log(evaluation_metrics(record))
         started = time.perf_counter()
         G = facts.num_generations
         batch = facts.batch_index()
@@ -278,6 +284,7 @@ class HarnessRollout:
         )
         trajectories = self._runner.run(jobs)
         sequences = [self._sequence(t) for t in trajectories]
+        truncated = [self.mask_truncated and is_truncated(t) for t in trajectories]
         scores = [None if t.is_infra_error or t.grade is None else float(t.grade.score) for t in trajectories]
         every_score = facts.gather(scores)
         observation = self.schedule.record(plan, every_score, G, facts.scale)
@@ -290,7 +297,8 @@ class HarnessRollout:
         if self._store is not None:
             for traj in every_episode:
                 self._store.add(traj)
-        return self._rows(trajectories, sequences, scores)
+        self.batch_metrics["harnessrl/truncated"] = float(sum(is_truncated(t) for t in every_episode))
+        return self._rows(trajectories, sequences, scores, truncated)
 
     def _sequence(self, trajectory: Trajectory) -> EpisodeSequence | None:
         if trajectory.is_infra_error:
@@ -298,12 +306,16 @@ class HarnessRollout:
         return episode_sequence(trajectory, self.on_prefix_break)
 
     def _rows(
-        self, trajectories: list[Trajectory], sequences: list[EpisodeSequence | None], scores: list[float | None]
+        self,
+        trajectories: list[Trajectory],
+        sequences: list[EpisodeSequence | None],
+        scores: list[float | None],
+        truncated: list[bool],
     ) -> dict[str, list]:
         assert self._policy is not None
         filler = self._policy.stop_ids[0] if self._policy.stop_ids else self._policy.pad_id
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
-        for seq in sequences:
+        for seq, cut in zip(sequences, truncated):
             if seq is None:  # no token sampled (an infrastructure error): one masked token
                 out["prompt_ids"].append([filler])
                 out["completion_ids"].append([filler])
@@ -313,7 +325,7 @@ class HarnessRollout:
             out["prompt_ids"].append(seq.prompt_ids)
             out["completion_ids"].append(seq.completion_ids)
             out["logprobs"].append(seq.logprobs)
-            out["env_mask"].append(seq.env_mask)
+            out["env_mask"].append([0] * len(seq.env_mask) if cut else seq.env_mask)  # out of the loss
         out["harnessrl_score"] = scores
         out["harnessrl_harness"] = [t.harness for t in trajectories]
         out["harnessrl_episode"] = [t.episode_id for t in trajectories]
@@ -331,11 +343,10 @@ class HarnessRollout:
         from harnessrl.executors import LocalExecutor
         from harnessrl.rollout import Runner
 
-        facts.check()
-        if not any(f is self.reward for f in facts.reward_funcs()):
-            raise HarnessRolloutError(
-                "pass reward_funcs=rollout.reward to GRPOTrainer (the episodes' scores are the reward)"
-            )
+        facts.check(self.reward)
+        self.configure(facts.args)
+        self.mask_truncated = facts.take_truncation_masking()
+        self._facts = facts
         policy = self._ensure_policy(facts.generation_model(), facts.tokenizer())
         if prompts:
             self._preflight(policy, self.task(prompts[0]), facts.is_main)
@@ -397,7 +408,7 @@ class HarnessRollout:
 
     # ------------------------------------------------------------------------------ the callback's
     def evaluate(self, model, tokenizer, step: int, output_dir: str, temperature: float) -> TrainEval:
-        """The trained and the held-out harnesses on the first eval_tasks tasks of eval_split,
+        """The trained and the held-out harnesses on the first eval_tasks dev tasks,
         eval_attempts attempts each, with the weights as they are (harnessrl.train.held_out); the
         record is appended to OUTPUT_DIR/harnessrl/eval.jsonl. The first evaluation of a run (step
         0: the base weights) is the base the later ones pair with."""
@@ -407,13 +418,10 @@ class HarnessRollout:
 
         policy = self._ensure_policy(generating_module(model), text_tokenizer(tokenizer))
         policy.clear_cache()
-        try:
-            tasks = self.suite.tasks(self.eval_split, self.eval_tasks)
-        except ValueError as e:
-            raise HarnessRolloutError(f"eval_split/eval_tasks: {e}") from None
+        tasks = self.eval_task_list
         if tasks:
             self._preflight(policy, tasks[0], speak=True)  # rank 0 alone evaluates
-        seed = sampling_seed(self.seed, step, "eval")
+        seed = evaluation_seed(self.seed)  # every evaluation the base's: the pairing compares weights
         temperature = self.eval_temperature if self.eval_temperature is not None else temperature
         runner = Runner(
             policy.with_sampling(SamplingParams(temperature=temperature, top_p=1.0, seed=seed), name="trl-model"),
@@ -440,12 +448,14 @@ class HarnessRollout:
         return record
 
     def resume_evaluations(self, output_dir: str, global_step: int) -> None:
-        """A resumed run: evaluations after the checkpoint go (they are made again); the base is read back."""
+        """A resumed run: evaluations after the checkpoint go from eval.jsonl (they are made again); the
+        base comes from the checkpoint's state (load_state)."""
         from harnessrl.rundir import truncate_jsonl
 
         path = Path(output_dir) / RECORD_FOLDER / "eval.jsonl"
         truncate_jsonl(path, global_step)
-        self._base_eval = first_evaluation(path)
+        if self._base_eval is None:  # a checkpoint from before the state held it
+            self._base_eval = first_evaluation(path)
 
     def observe_batch(self, output_dir: str, is_main: bool, global_step: int) -> None:
         """The callback, at the last optimizer step of a batch: the scheduler observes it; rank 0
@@ -466,25 +476,94 @@ class HarnessRollout:
         with open(folder / "steps.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def save_state(self, checkpoint: Path) -> None:
-        """The schedule's state into a TRL checkpoint folder."""
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        tmp = checkpoint / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(self.schedule.state_dict()))
-        tmp.replace(checkpoint / STATE_FILE)
+    def log_evaluation(self, record: TrainEval) -> None:
+        """An evaluation's figures onto TRL's log line of its step (evaluation_metrics)."""
+        if self._facts is not None:
+            self._facts.add_metrics(evaluation_metrics(record))
 
-    def load_state(self, checkpoint: str | Path) -> None:
-        """The schedule's state from a TRL checkpoint folder (done by the callback on resume)."""
-        path = Path(checkpoint) / STATE_FILE
-        if not path.is_file():
+    def state(self) -> dict[str, Any]:
+        """What a TRL checkpoint keeps of this object (in its TrainerState, the callback's
+        on_step_end): the schedule's state and the base evaluation later ones pair with."""
+        return {
+            "schedule": self.schedule.state_dict(),
+            "base_eval": None if self._base_eval is None else self._base_eval.model_dump(mode="json"),
+        }
+
+    def load_state(self, state: dict[str, Any] | None, where: str) -> None:
+        """The state of `state()` back, from the TrainerState of the checkpoint TRL resumes (the
+        callback's on_train_begin); `where` names it in errors."""
+        if not isinstance(state, dict) or "schedule" not in state:
             raise HarnessRolloutError(
-                f"{path} does not exist: the checkpoint was not written with HarnessRollout's callback, so the "
-                "scheduler's state cannot be restored (a resumed run would choose other harnesses)"
+                f"{where} holds no HarnessRollout state: the checkpoint was not written with HarnessRollout's "
+                "callback, so the scheduler's state cannot be restored (a resumed run would choose other harnesses)"
             )
         try:
-            self.schedule.load_state_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError) as e:
-            raise HarnessRolloutError(f"{path}: {e}") from None
+            self.schedule.load_state_dict(state["schedule"])
+            base = state.get("base_eval")
+            self._base_eval = None if base is None else TrainEval.model_validate(base)
+        except (ValueError, KeyError, TypeError) as e:
+            raise HarnessRolloutError(f"{where}: {e}") from None
+
+
+def read_rollout_inputs(
+    suite: str | Suite,
+    harnesses: Sequence[str | AnyHarnessSpec],
+    eval_harnesses: Sequence[str | AnyHarnessSpec],
+    eval_every: int,
+    eval_tasks: int,
+    eval_attempts: int,
+    eval_temperature: float | None,
+) -> tuple[Suite, list[AnyHarnessSpec], list[AnyHarnessSpec], list[Task]]:
+    """The suite, the trained and held-out harnesses and the evaluation's dev tasks, read as `harnessrl
+    train grpo` reads its own (harnessrl.kernel.read_inputs over a TrainConfig naming them: its
+    checks, each refusal naming the argument), then the held-out rule (check_held_out). Objects
+    (a Suite, HarnessSpecs) stand in for names as they do for a library caller of the kernel."""
+    from harnessrl.kernel import job_harnesses, job_tasks, read_inputs
+    from harnessrl.train.config import TrainConfig
+
+    def listed(values: Sequence[str | AnyHarnessSpec], option: str) -> list[AnyHarnessSpec] | None:
+        if all(isinstance(v, str) for v in values):
+            return None  # names: the kernel reads them
+        return [
+            s for v in values for s in (job_harnesses([v], option, RolloutInputError) if isinstance(v, str) else [v])
+        ]
+
+    given: dict[str, Any] = {}
+    if not isinstance(suite, str):
+        given["suite"] = suite
+    for field, values in (("harnesses", harnesses), ("eval_harnesses", eval_harnesses)):
+        specs = listed(values, field)
+        if specs is not None:
+            given[field] = specs
+    names = {
+        f: [v if isinstance(v, str) else v.name for v in vals]
+        for f, vals in (("harnesses", harnesses), ("eval_harnesses", eval_harnesses))
+    }
+    try:
+        config = TrainConfig(
+            suite=suite if isinstance(suite, str) else suite.name,
+            harnesses=names["harnesses"] if "harnesses" not in given else [s.name for s in given["harnesses"]],
+            eval_harnesses=names["eval_harnesses"]
+            if "eval_harnesses" not in given
+            else [s.name for s in given["eval_harnesses"]],
+            tasks_per_step=1,  # the train split must hold a task; TRL's dataset draws the rest
+            eval_every=eval_every,
+            eval_tasks=eval_tasks,
+            eval_attempts=eval_attempts,
+            **({} if eval_temperature is None else {"eval_temperature": eval_temperature}),
+        ).check(RolloutInputError)
+    except ValueError as e:
+        if isinstance(e, RolloutInputError):
+            raise
+        raise RolloutInputError(str(e)) from None
+    inputs = read_inputs(config, RolloutInputError, given)
+    specs, held_out = list(inputs.harnesses["harnesses"]), list(inputs.harnesses.get("eval_harnesses", []))
+    try:
+        check_held_out([s.name for s in specs], [s.name for s in held_out])
+    except ValueError as e:
+        raise RolloutInputError(f"eval_harnesses: {e}") from None
+    tasks = job_tasks(inputs.suite, "dev", eval_tasks, "eval_tasks", RolloutInputError) if eval_every else []
+    return inputs.suite, specs, held_out, tasks
 
 
 def check_prefix_chain(spec: AnyHarnessSpec) -> None:
@@ -547,4 +626,46 @@ def _log_metrics(schedule: HarnessSchedule, observation) -> dict[str, float]:
     if extra["model_tokens"]:
         out["harnessrl/untrained_token_frac"] = 1 - extra["model_tokens_kept"] / extra["model_tokens"]
     out["harnessrl/prefix_breaks"] = float(extra["prefix_breaks"])
+    return out
+
+
+def capped(spec: AnyHarnessSpec, cap: int | None) -> AnyHarnessSpec:
+    """`spec` with each model call's max_new_tokens at most `cap` (None: as it is)."""
+    if cap is None:
+        return spec
+    if isinstance(spec, HarnessSpec):
+        if spec.rules.max_new_tokens <= cap:
+            return spec
+        return spec.model_copy(update={"rules": spec.rules.model_copy(update={"max_new_tokens": cap})})
+    own = getattr(spec, "max_new_tokens", None)
+    return spec if own is None or own <= cap else spec.model_copy(update={"max_new_tokens": cap})
+
+
+TRUNCATING = (Termination.max_steps, Termination.max_tokens, Termination.timeout)
+
+
+def is_truncated(trajectory: Trajectory) -> bool:
+    """An episode cut before it ended on its own, TRL's `mask_truncated_completions` for an
+    episode: a budget stopped it (max_steps, max_tokens, timeout), or its last model call hit its
+    token cap (finish_reason "length"). An infrastructure error is not (it has no completion)."""
+    if trajectory.is_infra_error:
+        return False
+    last = trajectory.steps[-1].model_call if trajectory.steps else None
+    return trajectory.termination in TRUNCATING or (last is not None and last.finish_reason == "length")
+
+
+def evaluation_metrics(record: TrainEval) -> dict[str, float]:
+    """An evaluation's figures for TRL's log: harnessrl/eval/H/mean (each harness's mean score),
+    harnessrl/eval/H/vs_base (its paired difference to step 0, from the first later evaluation),
+    harnessrl/eval/average and harnessrl/eval/held_out_average."""
+    out: dict[str, float] = {}
+    for h, v in record.harnesses.items():
+        if v.mean_score is not None:
+            out[f"harnessrl/eval/{h}/mean"] = float(v.mean_score)
+        if v.vs_base is not None and v.vs_base.mean_difference is not None:
+            out[f"harnessrl/eval/{h}/vs_base"] = float(v.vs_base.mean_difference)
+    if record.average is not None:
+        out["harnessrl/eval/average"] = float(record.average)
+    if record.held_out_average is not None:
+        out["harnessrl/eval/held_out_average"] = float(record.held_out_average)
     return out
