@@ -562,7 +562,9 @@ def test_bad_input_is_refused_with_a_clear_message(run, tmp_path):
         r = cli.invoke(app, ["export", *args])
         assert r.exit_code == 2 and words in " ".join(r.output.split()), r.output
 
-    refused([str(run), "--format", "parquet"], "unknown export format 'parquet' (available: jsonl, inspect, atif)")
+    refused(
+        [str(run), "--format", "parquet"], "unknown export format 'parquet' (available: jsonl, inspect, atif, openenv)"
+    )
     refused([str(tmp_path / "nowhere"), "--format", "atif", "--out", str(tmp_path / "a")], "does not exist")
     (tmp_path / "empty").mkdir()
     refused([str(tmp_path / "empty"), "--format", "atif", "--out", str(tmp_path / "a")], "is not a run folder")

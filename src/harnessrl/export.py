@@ -6,6 +6,9 @@
   one sample per episode (sample id = task id, epoch = attempt + 1), its messages the turns of
   the episode, its score the grade, and the harness's summary numbers as the log's metrics.
 - `atif`: Harbor's Agent Trajectory Interchange Format (ATIF v1.4), one JSON file per episode.
+- `openenv`: OpenEnv capture traces (`{"session_id", "entries": [TraceEntry, ...]}`), one JSON file
+  per episode, which OpenEnv's `TrainingTrace.from_entries` and TRL's HarnessRolloutWorker read
+  (harnessrl.integrations.openenv, docs/openenv.md; `harnessrl import-traces` reads them back).
 
 Why one Inspect log per harness, not one per run: Inspect's log list shows one row per log with
 its task, model and headline score, so a row per harness is the comparison a run is made for;
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
     from inspect_ai.log import EvalLog, EvalSample
     from inspect_ai.model import ChatMessage, ChatMessageAssistant
 
-FORMATS = ("jsonl", "inspect", "atif")
+FORMATS = ("jsonl", "inspect", "atif", "openenv")
 INSPECT_LOG_FORMATS = ("eval", "json")
 ATIF_VERSION = "ATIF-v1.4"
 INSTALL_HINT = "pip install 'harnessrl[export]'"
@@ -595,3 +598,16 @@ def export_atif(run: str | Path, out: str | Path, tokens: bool = True) -> list[P
         path.write_text(json.dumps(atif_trajectory(t, config, run_name, tokens), indent=1) + "\n", encoding="utf-8")
         written.append(path)
     return written
+
+
+# -- OpenEnv capture traces -------------------------------------------------------------------------
+
+
+def export_openenv(run: str | Path, out: str | Path) -> tuple[list[Path], int]:
+    """Write one OpenEnv trace-entries file per episode into `out/<harness>/<task>.<attempt>.json`;
+    returns the files and how many episodes have a call without token ids or log-probs (written
+    without token fields, so not trainable)."""
+    from harnessrl.integrations.openenv import export_openenv as write_traces
+
+    summary = write_traces(run, out)
+    return summary.files, summary.not_trainable

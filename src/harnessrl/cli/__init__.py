@@ -27,6 +27,7 @@ from harnessrl.cli.eval import eval_cmd, summary_cmd
 from harnessrl.cli.evolve import evolve_cmd
 from harnessrl.cli.export import export_cmd
 from harnessrl.cli.harness import harness_app
+from harnessrl.cli.import_traces import import_traces_cmd
 from harnessrl.cli.improve import improve_cmd
 from harnessrl.cli.preflight import preflight_cmd
 from harnessrl.cli.report import report_cmd, triage_cmd, view_cmd
@@ -49,6 +50,7 @@ app.command("summary")(summary_cmd)
 app.command("compare")(compare_cmd)
 app.command("preflight")(preflight_cmd)
 app.command("export")(export_cmd)
+app.command("import-traces")(import_traces_cmd)
 app.command("triage")(triage_cmd)
 app.command("report")(report_cmd)
 app.command("view")(view_cmd)

@@ -1,4 +1,5 @@
-"""`harnessrl export`: a run's episodes as JSONL, Inspect AI eval logs or Harbor ATIF files."""
+"""`harnessrl export`: a run's episodes as JSONL, Inspect AI eval logs, Harbor ATIF files or
+OpenEnv capture traces."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def export_cmd(
             "--format",
             "-f",
             help="jsonl (one trajectory per line), inspect (Inspect AI eval logs, one per harness), "
-            "atif (Harbor ATIF, one JSON file per episode)",
+            "atif (Harbor ATIF, one JSON file per episode), "
+            "openenv (OpenEnv capture traces, one JSON file per episode)",
         ),
     ] = "jsonl",
     output: Annotated[
@@ -28,7 +30,7 @@ def export_cmd(
             "--out",
             "--output",
             "-o",
-            help="jsonl: a file (default: stdout); inspect and atif: a new or empty folder (required)",
+            help="jsonl: a file (default: stdout); inspect, atif and openenv: a new or empty folder (required)",
         ),
     ] = None,
     tokens: Annotated[
@@ -39,7 +41,15 @@ def export_cmd(
     ] = "eval",
 ) -> None:
     """Export every episode of a run for other tools (docs/export.md)."""
-    from harnessrl.export import FORMATS, ExportError, export_atif, export_inspect, export_jsonl, open_run
+    from harnessrl.export import (
+        FORMATS,
+        ExportError,
+        export_atif,
+        export_inspect,
+        export_jsonl,
+        export_openenv,
+        open_run,
+    )
 
     if fmt not in FORMATS:
         fail(f"unknown export format '{fmt}' (available: {', '.join(FORMATS)})")
@@ -59,6 +69,17 @@ def export_cmd(
             files = export_inspect(run, output, log_format=log_format)
             out.print(f"wrote {len(files)} Inspect log(s) to {output}", highlight=False)
             out.print(f"read them with: inspect view --log-dir {output}", highlight=False)
+        elif fmt == "openenv":
+            if not tokens:
+                fail("--format openenv always writes the token ids and log-probs: they are what its traces are for")
+            files, not_trainable = export_openenv(run, output)
+            out.print(f"wrote {len(files)} OpenEnv traces to {output}", highlight=False)
+            if not_trainable:
+                out.print(
+                    f"{not_trainable} of them have a model call without token ids or log-probs: written "
+                    "without token fields, so OpenEnv and TRL cannot train on them",
+                    highlight=False,
+                )
         else:
             files = export_atif(run, output, tokens=tokens)
             out.print(f"wrote {len(files)} ATIF trajectories to {output}", highlight=False)
