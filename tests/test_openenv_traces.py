@@ -454,8 +454,8 @@ def test_export_then_import_round_trip(run, tmp_path):
             assert s.model_call.completion_ids == o.model_call.completion_ids
             assert s.model_call.text == o.model_call.text
             assert [c.name for c in s.tool_calls] == [c.name for c in o.tool_calls]
-        if orig.is_infra_error:  # exported unscored (reward None): read back ungraded
-            assert t.grade is None
+        if orig.is_infra_error:  # exported unscored (reward None) with its error: read back as one
+            assert t.grade is None and t.is_infra_error and t.infra_error == orig.infra_error
         else:
             assert t.grade is not None and t.grade.score == (orig.grade.score if orig.grade else 0.0)
 
@@ -524,6 +524,15 @@ def test_a_reward_outside_0_1_is_kept_not_graded(tmp_path):
     (t,) = stored(tmp_path / "run")
     assert t.grade is None and t.meta["openenv"]["reward"] == 3.0 and "outside [0, 1]" in t.termination_detail
     assert result.notes and "outside [0, 1]" in result.notes[0]
+
+
+def test_a_harbor_result_not_ok_is_an_infrastructure_error(tmp_path):
+    turn = {"turn": 0, "prompt_token_ids": [1, 2], "completion_token_ids": [3], "per_token_logps": [-0.1]}
+    doc = {"task_id": "t", "harness": "h", "reward": None, "ok": False, "error": "sandbox died", "turns": [turn]}
+    read_traces(_write(tmp_path / "t" / "a.json", doc), tmp_path / "run")
+    (t,) = stored(tmp_path / "run")
+    assert t.is_infra_error and t.infra_error == "sandbox died" and t.grade is None
+    assert t.steps[0].model_call.completion_ids == [3] and t.meta["openenv"]["missing"]["reply"] == 1
 
 
 @pytest.mark.parametrize(

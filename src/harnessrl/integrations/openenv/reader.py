@@ -183,8 +183,11 @@ def _parse_entries(ck: Checked, doc: Any, kind: str) -> _Trace:
         if items is None:
             raise ck.fail(f"'{key}' is missing")
         t.session_id = ck.name(top.get("session_id"), "session_id")
-        _meta_names(ck, t, ck.opt_obj(top.get("metadata"), "metadata"), "metadata")
+        meta = ck.opt_obj(top.get("metadata"), "metadata")
+        _meta_names(ck, t, meta, "metadata")
         t.reward = ck.number(top.get("reward"), "reward")
+        # an episode harnessrl exported after an infrastructure error says so (unscored, not failed)
+        t.error = ck.opt_text(meta.get("infra_error"), "metadata.infra_error") if t.reward is None else None
     items = ck.arr(items, "the entries" if kind == "trace_entries" else "turns", ck.limits.max_calls)
     rewards = []
     for i, item in enumerate(items):
@@ -225,7 +228,7 @@ def _parse_rollout(ck: Checked, doc: dict[str, Any]) -> _Trace:
             raise ck.fail(f"turns[{i}].node_id is missing")
         by_node[node] = turn
     eval_rollout = doc.get("rollout_type") == "eval"
-    spans: dict[str, tuple[list[int], list[int], list[float], list[int]]] = {}
+    spans: dict[str, tuple[list[int], list[int], list[int]]] = {}  # node -> prompt, sample, sample's mask
     roles: Counter[str] = Counter()
     agent: set[str] = set()
     for s, seq_value in enumerate(sequences):
@@ -255,7 +258,7 @@ def _parse_rollout(ck: Checked, doc: dict[str, Any]) -> _Trace:
             span = (input_ids[:n_prompt], input_ids[n_prompt:end], mask[n_prompt:end])
             if node in spans and spans[node][1] != span[1]:
                 raise ck.fail(f"two sequences disagree on turn {node}'s sampled tokens")
-            spans[node] = (span[0], span[1], [], span[2])
+            spans[node] = span
     for i, turn in enumerate(turns):
         node = turn["node_id"]
         if node not in agent:
@@ -263,7 +266,7 @@ def _parse_rollout(ck: Checked, doc: dict[str, Any]) -> _Trace:
         what = f"turns[{i}]"
         c = _Call(node_id=node, finish_reason=ck.name(turn.get("finish_reason"), f"{what}.finish_reason"))
         if node in spans:
-            c.prompt_ids, c.completion_ids, _, c.completion_mask = spans[node]
+            c.prompt_ids, c.completion_ids, c.completion_mask = spans[node]
             if turn.get("sampled_logprobs") is not None:
                 c.logprobs = ck.logprobs(turn["sampled_logprobs"], f"{what}.sampled_logprobs")
                 if len(c.logprobs) != len(c.completion_ids):
@@ -315,7 +318,11 @@ def _parse_harbor(ck: Checked, doc: dict[str, Any]) -> _Trace:
         c.completion_ids = ck.ids(turn.get("completion_token_ids") or [], f"{what}.completion_token_ids") or None
         c.logprobs = ck.logprobs(turn.get("per_token_logps") or [], f"{what}.per_token_logps") or None
         if turn.get("loss_mask") is not None:
-            c.completion_mask = ck.mask(turn["loss_mask"], f"{what}.loss_mask")[len(c.prompt_ids or []) :]
+            mask = ck.mask(turn["loss_mask"], f"{what}.loss_mask")
+            n_prompt, n_completion = len(c.prompt_ids or []), len(c.completion_ids or [])
+            if len(mask) != n_prompt + n_completion:
+                raise ck.fail(f"{what}.loss_mask covers {len(mask)} positions, not prompt + completion")
+            c.completion_mask = mask[n_prompt:]
         if turn.get("request_messages"):
             c.messages = ck.arr(turn["request_messages"], f"{what}.request_messages", ck.limits.max_messages)
         c.text = ck.opt_text(turn.get("text"), f"{what}.text")
