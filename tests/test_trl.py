@@ -417,11 +417,11 @@ def test_an_agent_that_cannot_make_its_first_request_is_refused_before_any_episo
     assert out["harnessrl_score"] == [None, None]  # infrastructure errors: no reward, not a 0
     (record,) = lines(tmp_path / "played" / "harnessrl" / "steps.jsonl")
     assert record["episodes"] == record["infra_errors"] == 2
-    # held out: checked before the base evaluation at step 0, the first episodes of such a run
+    # held out: checked at the first batch (on its first task), before the base evaluation at step 0
     rollout = HarnessRollout(
         TextScore(), SPECS, seed=0, retries=0, eval_harnesses=[missing], eval_every=1, eval_tasks=1
     )
-    with pytest.raises(HarnessRolloutError, match="harness missing: no first request measured on textscore/dev/"):
+    with pytest.raises(HarnessRolloutError, match="harness missing: no first request measured on textscore/train/"):
         train(tmp_path / "held-out", rollout, steps=1, per_device_train_batch_size=2)
     assert not (tmp_path / "held-out" / "harnessrl" / "eval.jsonl").exists()
 

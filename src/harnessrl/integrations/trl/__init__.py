@@ -11,6 +11,8 @@ callback.py     HarnessSchedulerCallback: sketch, observe, save and resume the s
 setup.py        what is read of a TRL trainer, and what is refused
                 (the evaluations of trained and held-out harnesses: HarnessRollout.evaluate, over
                 harnessrl.train.held_out)
+async_worker.py HarnessRolloutWorker: a harness scheduler in TRL's AsyncGRPOTrainer
+async_serve.py  its adapter transfer to harnessrl serve, and CPU stand-ins
 """
 
 from harnessrl.integrations.trl.callback import HarnessSchedulerCallback

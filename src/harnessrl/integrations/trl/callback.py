@@ -97,7 +97,8 @@ class HarnessSchedulerCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.stateful_callbacks is None:
             state.stateful_callbacks = {}
-        state.stateful_callbacks[STATE_KEY] = self.rollout.state()  # saved with trainer_state.json
+        if self.rollout.schedule.pending is None:  # at a batch boundary (a resume can only start there)
+            state.stateful_callbacks[STATE_KEY] = self.rollout.state()  # saved with trainer_state.json
         every = self.rollout.eval_every
         due = every and (state.global_step % every == 0 or state.global_step == state.max_steps)
         if due and state.is_world_process_zero:

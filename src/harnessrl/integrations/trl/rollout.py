@@ -26,25 +26,31 @@ steps_per_generation` rows per process, `num_generations` consecutive rows per p
    with the gradient sketch of the batch's optimizer steps and reports to the scheduler.
 
 Everything a run decides is a function of the seed and the batch index (TRL's `global_step` at
-generation), so a run resumed from a TRL checkpoint (which holds the schedule's state:
-`harnessrl_schedule.json`) plays the same harnesses on the same seeds.
+generation), so a run resumed from a TRL checkpoint (whose trainer_state.json holds the schedule's
+state: `stateful_callbacks["HarnessRollout"]`) plays the same harnesses on the same seeds.
 
 Rank 0 writes `OUTPUT_DIR/harnessrl/`: `steps.jsonl` (one line per batch, at its observation) and
 `rollouts/run.db` (every episode, for `harnessrl triage` / `report`).
 
-With `eval_every`, the callback also evaluates the trained and the held-out harnesses
-(`eval_harnesses`) every N steps: `OUTPUT_DIR/harnessrl/eval.jsonl` (harnessrl.train.held_out).
+With `eval_every`, the trained and the held-out harnesses (`eval_harnesses`) are evaluated at
+step 0 (the first batch, before its episodes) and every N steps (the callback), every time with
+the base's sampling seed: `OUTPUT_DIR/harnessrl/eval.jsonl` (harnessrl.train.held_out) and
+`harnessrl/eval/...` on TRL's log.
 
-Before the first episode (`preflight=True`, the default: the first batch's, or the base
-evaluation's at step 0) every harness's first request, the held-out ones included, of that
-batch's or evaluation's first task is measured against the model TRL trains, as `harnessrl train
+Before the first episode (`preflight=True`, the default: at the first batch, before its episodes
+and the base evaluation at step 0) every harness's first request, the held-out ones included, of
+that batch's first task is measured against the model TRL trains, as `harnessrl train
 grpo` does (harnessrl.preflight.check_before_run): a request that cannot fit its context, or an
 agent program that cannot make its first request (not found, crashed, refused, a sandbox limit
 or a hang before it), is refused with the reason and the fix before any episode runs.
 
 Not served: TRL's vLLM generation (`use_vllm=True`), its evaluation loop (`eval_strategy`),
 `generation_kwargs`, gradients sharded by FSDP or DeepSpeed ZeRO (the sketch needs
-every process to hold the whole gradient). Each is refused with an error saying so.
+every process to hold the whole gradient), mixed precision and non-float32 weights, reward
+functions beside `rollout.reward`, `reward_weights`, TRL's `tools`. Each is refused with an error
+saying so, TRL's arguments' at the callback's on_train_begin, the trainer's at the first batch,
+both before the step-0 evaluation. Served in harnessrl's terms: max_completion_length (each model
+call's token cap) and mask_truncated_completions (an episode a budget or a token cap cut).
 """
 
 from __future__ import annotations
@@ -310,12 +316,14 @@ class HarnessRollout:
         trajectories: list[Trajectory],
         sequences: list[EpisodeSequence | None],
         scores: list[float | None],
-        truncated: list[bool],
+        truncated: list[bool] | None = None,
     ) -> dict[str, list]:
+        """TRL's rows: one per episode; `truncated` episodes (mask_truncated_completions) all under
+        env_mask 0."""
         assert self._policy is not None
         filler = self._policy.stop_ids[0] if self._policy.stop_ids else self._policy.pad_id
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
-        for seq, cut in zip(sequences, truncated):
+        for seq, cut in zip(sequences, truncated or [False] * len(sequences)):
             if seq is None:  # no token sampled (an infrastructure error): one masked token
                 out["prompt_ids"].append([filler])
                 out["completion_ids"].append([filler])
@@ -368,7 +376,7 @@ class HarnessRollout:
             truncate_jsonl(folder / "steps.jsonl", facts.global_step)
 
     def _preflight(self, policy: HFPolicy, task: Task, speak: bool) -> None:
-        """Once, before the first episode (a batch's, or the base evaluation's at step 0): every
+        """Once, before the first episode (the first batch's, or an evaluation's without a batch): every
         harness's first request of `task`, the held-out ones included, measured against the model
         TRL trains (its tokenizer and context): HarnessRolloutError with the reason and the fix where
         one cannot fit or an agent program made none (harnessrl.preflight.check_before_run)."""
