@@ -193,6 +193,8 @@ def test_every_sample_carries_the_log_probs_of_the_adapter_version_that_sampled_
             assert torch.allclose(recomputed[trained].float(), carried, atol=1e-4), (version, sample.group_id)
             checked += 1
     assert checked >= 4
+    # at train end every version was unloaded and its folder deleted
+    assert not list((worker.output_dir / "harnessrl" / "rollout-adapters").iterdir())
 
 
 def test_trl_takes_the_samples_as_its_own_and_the_staleness_bound_holds(reference):
