@@ -811,3 +811,23 @@ def test_a_mixture_spreads_the_groups_by_its_shares():
     plan = schedule.plan(0, 4)
     assert plan.selection == Selection({"a": 0.75, "b": 0.25})
     assert plan.group_harness == ["a", "a", "a", "b"] and plan.harness == "mixed"
+
+
+def test_the_example_takes_a_model_folder_with_or_without_hf(tmp_path, monkeypatch):
+    """The GPU recipe's `--model /models/NAME` (a local folder) and `hf:/models/NAME` load the same model."""
+    import sys
+
+    from harnessrl.models.embedded import load_tokenizer, tiny_random_model
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "trl"))
+    from train_toolcalc import load_model
+
+    folder = tmp_path / "models" / "tiny"
+    tiny_random_model().save_pretrained(folder)
+    load_tokenizer().save_pretrained(folder)
+    for spec in (str(folder), f"hf:{folder}"):
+        model, tokenizer = load_model(spec, "float32")
+        assert model.config.vocab_size == tiny_random_model().config.vocab_size and tokenizer is not None
+    with pytest.raises(SystemExit, match="the path of a local model folder"):
+        load_model(str(tmp_path / "models" / "absent"), "float32")
+    sys.modules.pop("train_toolcalc", None)
