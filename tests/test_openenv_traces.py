@@ -137,13 +137,42 @@ def anthropic_agent(client, sid):
                                                        "content": "5"}]}]
     client.post("/v1/messages", headers=h, json=body).raise_for_status()
 
+def responses_agent(client, sid):
+    h = {"Authorization": f"Bearer {sid}"}
+    tools = [{"type": "function", "name": "add", "description": "add two numbers", "parameters": SCHEMA}]
+    items = [{"role": "user", "content": "What is 2 + 3?"}]
+    body = {"model": "agent-model", "instructions": "You add numbers.", "input": items, "tools": tools}
+    r = client.post("/v1/responses", headers=h, json=body)
+    r.raise_for_status()
+    call = next(o for o in r.json()["output"] if o["type"] == "function_call")
+    body["input"] = items + [call, {"type": "function_call_output", "call_id": call["call_id"], "output": "5"}]
+    client.post("/v1/responses", headers=h, json=body).raise_for_status()
+
+def gemini_agent(client, sid):
+    h, route = {"x-goog-api-key": sid}, "/v1beta/models/agent-model:generateContent"
+    decl = {"name": "add", "description": "add two numbers", "parameters": SCHEMA}
+    contents = [{"role": "user", "parts": [{"text": "What is 2 + 3?"}]}]
+    body = {"contents": contents, "systemInstruction": {"parts": [{"text": "You add numbers."}]},
+            "tools": [{"functionDeclarations": [decl]}]}
+    r = client.post(route, headers=h, json=body)
+    r.raise_for_status()
+    parts = r.json()["candidates"][0]["content"]["parts"]
+    answer = {"functionResponse": {"name": "add", "response": {"result": 5}}}
+    body["contents"] = contents + [{"role": "model", "parts": parts}, {"role": "user", "parts": [answer]}]
+    client.post(route, headers=h, json=body).raise_for_status()
+
+AGENTS = (  # name, agent, harness, the environment's reward, the tool result as the model is shown it
+    ("chat", openai_agent, "oe-chat", 1.0, "5"),
+    ("anthropic", anthropic_agent, "oe-anthropic", 0.0, "5"),
+    ("responses", responses_agent, "oe-responses", 1.0, "5"),
+    ("gemini", gemini_agent, "oe-gemini", 0.5, '{"result": 5}'),
+)
 engine = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
 threading.Thread(target=engine.serve_forever, daemon=True).start()
 app = create_app(llm_url=f"http://127.0.0.1:{engine.server_port}/v1", model="fake/model", capture_level="tokens")
 summary = {}
 with TestClient(app) as client:
-    for name, agent, harness, reward in (("chat", openai_agent, "oe-chat", 1.0),
-                                         ("anthropic", anthropic_agent, "oe-anthropic", 0.0)):
+    for name, agent, harness, reward, tool_output in AGENTS:
         meta = {"metadata": {"task_id": "add-2-3", "harness": harness}}
         sid = client.post("/sessions", json=meta).json()["session_id"]
         agent(client, sid)
@@ -158,7 +187,7 @@ with TestClient(app) as client:
             folder = Path(sys.argv[1]) / shape
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{name}.json").write_text(text)
-        summary[name] = {"session_id": sid, "harness": harness, "reward": reward,
+        summary[name] = {"session_id": sid, "harness": harness, "reward": reward, "tool_output": tool_output,
                          "turns": [{"prompt": t.prompt_token_ids, "completion": t.completion_token_ids,
                                     "logprobs": t.per_token_logps} for t in training.turns]}
 engine.shutdown()
@@ -261,18 +290,15 @@ def test_openenv_capture_read_into_a_run(captured, shape, tmp_path):
     run = tmp_path / "run"
     r = cli.invoke(app, ["import-traces", str(traces / shape), "--out", str(run)])
     assert r.exit_code == 0, r.output
-    assert "read 2 traces" in r.output
+    assert f"read {len(summary)} traces" in r.output
     episodes = stored(run)
-    assert len(episodes) == 2
+    by_session = {want["session_id"]: name for name, want in summary.items()}
+    # one trace per dialect: OpenAI chat, Anthropic Messages, OpenAI Responses, Gemini
+    assert len(episodes) == len(summary) == 4
     for t in episodes:
         meta = t.meta["openenv"]
-        name = (
-            "chat"
-            if meta.get("session_id", summary["chat"]["session_id"]) == summary["chat"]["session_id"]
-            else "anthropic"
-        )
-        if shape == "training":  # a TrainingTrace names no session: the episode is named by its file
-            name = t.task_id
+        # a TrainingTrace names no session: the episode is named by its file
+        name = t.task_id if shape == "training" else by_session[meta["session_id"]]
         want = summary[name]
         assert meta["kind"] == {"entries": "trace_entries", "training": "training_trace"}.get(shape, shape)
         # the engine's own token ids and log-probs, call by call, exactly as OpenEnv holds them
@@ -280,14 +306,16 @@ def test_openenv_capture_read_into_a_run(captured, shape, tmp_path):
         assert [s.model_call.completion_ids for s in t.steps] == [w["completion"] for w in want["turns"]]
         assert [s.model_call.logprobs for s in t.steps] == [pytest.approx(w["logprobs"]) for w in want["turns"]]
         first, last = t.steps
-        # the request messages and the reply (the Anthropic session's too, as the proxy recorded it)
+        # the request messages and the reply, every dialect's as the proxy recorded it (chat form)
         assert t.instruction == "What is 2 + 3?"
         assert [m.role for m in first.model_call.messages] == ["system", "user"]
         assert first.action.value == "tool_calls" and [c.name for c in first.tool_calls] == ["add"]
         assert first.tool_calls[0].arguments == {"a": 2, "b": 3}
-        assert [r.output for r in first.tool_results] == ["5"]  # read from the next call's request
+        # the tool result, read from the next call's request
+        assert [r.output for r in first.tool_results] == [want["tool_output"]]
         assert last.action.value == "text" and last.model_call.text == "The answer is 5."
-        assert last.model_call.messages[-1].role == "tool" and last.model_call.messages[-1].content == "5"
+        assert last.model_call.messages[-1].role == "tool"
+        assert last.model_call.messages[-1].content == want["tool_output"]
         if shape == "harbor":
             assert t.harness == want["harness"] and t.task_id == "add-2-3" and t.suite == "arith"
             assert t.grade is not None and t.grade.score == want["reward"] and t.grade.passed == (want["reward"] == 1.0)
@@ -308,19 +336,24 @@ def test_triage_report_export_compare_on_an_imported_run(captured, tmp_path):
     r = cli.invoke(app, ["triage", str(run)])
     assert r.exit_code == 0, r.output
     triage = json.loads((run / "triage.json").read_text())
-    assert triage["oe-chat"]["n_failed"] == 0 and triage["oe-anthropic"]["n_failed"] == 1
+    failed = {h: triage[h]["n_failed"] for h in ("oe-chat", "oe-anthropic", "oe-responses", "oe-gemini")}
+    assert failed == {"oe-chat": 0, "oe-anthropic": 1, "oe-responses": 0, "oe-gemini": 1}
     r = cli.invoke(app, ["report", str(run), "--out", str(tmp_path / "report")])
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "report" / "index.html").is_file()
+    index = (tmp_path / "report" / "index.html").read_text()
+    assert all(h in index for h in ("oe-chat", "oe-anthropic", "oe-responses", "oe-gemini"))
     r = cli.invoke(app, ["export", str(run), "--format", "jsonl", "--out", str(tmp_path / "run.jsonl")])
     assert r.exit_code == 0, r.output
-    lines = (tmp_path / "run.jsonl").read_text().splitlines()
-    assert sorted(
-        json.loads(line)["steps"][0]["model_call"]["prompt_ids"] == summary["chat"]["turns"][0]["prompt"]
-        for line in lines
-    ) == [True, True]
-    r = cli.invoke(app, ["compare", str(run), str(again), "--harness", "oe-chat"])
+    by_harness = {want["harness"]: want for want in summary.values()}
+    exported = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert sorted(e["harness"] for e in exported) == sorted(by_harness)
+    for e in exported:
+        want = by_harness[e["harness"]]
+        assert [s["model_call"]["completion_ids"] for s in e["steps"]] == [w["completion"] for w in want["turns"]]
+        assert e["grade"]["score"] == want["reward"]
+    r = cli.invoke(app, ["compare", str(run), str(again), "--harness", "oe-gemini"])
     assert r.exit_code == 0, r.output
+    assert "oe-gemini" in r.output
 
 
 # -- harnessrl -> openenv ----------------------------------------------------------------------------

@@ -478,20 +478,20 @@ def _step(ck: Checked, index: int, c: _Call, counts: Counter[str], missing: Coun
 
 def _attach_results(steps: list[Step]) -> None:
     """A step's tool results: the tool messages of the next call's request that answer its calls,
-    in the calls' order, up to the first call with no answer. Matched by call id; calls without
-    ids (a Harbor turn keeps none) by place among the tool messages after the request's last
-    assistant message. The capture records what the model was shown, not what ran: the last
-    call's results were never shown to it, so they are not in the trace."""
+    in the calls' order, up to the first call with no answer. Matched by call id, else by place
+    among the tool messages after the request's last assistant message (a Harbor turn keeps no
+    call ids; a Gemini function response names the function, not the call). The capture records
+    what the model was shown, not what ran: the last call's results were never shown to it, so
+    they are not in the trace."""
     for step, nxt in zip(steps, steps[1:]):
         messages = nxt.model_call.messages
         last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         trailing = [m for m in messages[last + 1 :] if m.role == "tool"]
         by_id = {m.tool_call_id: m for m in messages if m.role == "tool" and m.tool_call_id}
         for i, call in enumerate(step.tool_calls):
-            if call.id:
-                m = by_id.get(call.id)
-            else:
-                m = trailing[i] if i < len(trailing) else None
+            m = by_id.get(call.id) if call.id else None
+            if m is None and i < len(trailing):
+                m = trailing[i]
             if m is None:
                 break
             step.tool_results.append(ToolResult(name=m.name or call.name, output=m.content))
