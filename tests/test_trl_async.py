@@ -294,3 +294,48 @@ def test_set_ups_the_worker_cannot_serve_are_refused(base_folder, tmp_path):
         worker.weight_transfer.bind(torch.nn.Linear(2, 2))
     with pytest.raises(HarnessRolloutError, match="does not answer"):
         worker.weight_transfer.init_weight_transfer()
+
+
+def test_a_resumed_run_goes_on_from_the_schedulers_saved_state(base_folder, tmp_path):
+    """Checkpoints hold the scheduler's state and the next batch's number: a run resumed from
+    one selects its first batch from exactly that state (its probabilities, its RNG), numbers its
+    batches on from there, and keeps the first run's records of the batches before them."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from harnessrl.integrations.trl.async_serve import cpu_stand_ins
+    from harnessrl.integrations.trl.async_worker import STATE_FILE, HarnessRolloutWorker
+    from harnessrl.train.schedulers import make_scheduler
+
+    out = tmp_path / "run"
+
+    def train(steps: int, resume: str | None = None, **change):
+        worker = HarnessRolloutWorker(TextScore(), SPECS, url, seed=0, max_in_flight=4)
+        trainer = AsyncGRPOTrainer(
+            model=str(base_folder),
+            args=config(out, max_steps=steps, **change),
+            train_dataset=worker.dataset(),
+            peft_config=lora(),
+            rollout_worker=worker,
+            weight_transfer=worker.weight_transfer,
+        )
+        worker.attach(trainer)
+        trainer.train(resume_from_checkpoint=resume)
+        return worker, trainer
+
+    with keyed_server("tiny-random") as url, cpu_stand_ins():
+        first, _ = train(2, save_strategy="steps", save_steps=2)
+        saved = json.loads((out / "checkpoint-2" / STATE_FILE).read_text())
+        second, trainer = train(4, resume=str(out / "checkpoint-2"))
+    assert trainer.state.global_step == 4
+    assert saved["next_batch"] >= 2 and saved["scheduler"]["total"] >= 1
+    assert second.batches[0].batch == saved["next_batch"]
+    replay = make_scheduler("harness-bandit", [s.name for s in SPECS], 0)
+    replay.load_state_dict(saved["scheduler"])
+    assert second.batches[0].probabilities == pytest.approx(replay.probabilities())
+    assert second.batches[0].harness == replay.select(saved["next_batch"]).harness
+    lines = [json.loads(x) for x in (out / "harnessrl" / "batches.jsonl").read_text().splitlines()]
+    before = {r.batch for r in first.batches if r.observed and r.batch < saved["next_batch"]}
+    assert {x["batch"] for x in lines if x["batch"] < saved["next_batch"]} == before
+    assert {x["batch"] for x in lines if x["batch"] >= saved["next_batch"]} == {
+        r.batch for r in second.batches if r.observed
+    }

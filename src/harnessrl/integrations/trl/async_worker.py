@@ -49,7 +49,10 @@ each batch scored and what the optimizer did with it. Each batch:
    `gradient_accumulation_steps` micro-batches.
 
 Rank 0 writes OUTPUT_DIR/harnessrl/: `batches.jsonl` (a line per batch at its observation) and
-`rollouts/run.db` (every episode, for `harnessrl triage` / `report`).
+`rollouts/run.db` (every episode, for `harnessrl triage` / `report`). Each TRL checkpoint gets
+`harnessrl_async_schedule.json` (the scheduler's state, the next batch's number); a run resumed
+from it goes on from there (the samples in flight at the checkpoint are not restored: TRL
+checkpoints no queue).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ if TYPE_CHECKING:
     import torch
 
 RECORD_FOLDER = "harnessrl"  # under TRL's output_dir
+STATE_FILE = "harnessrl_async_schedule.json"  # in each TRL checkpoint folder
 POLL_S = 0.05
 
 
@@ -144,21 +148,23 @@ class _FreshQueue(queue.Queue):
 
 class _StepAttribution(TrainerCallback):
     """The worker's side of the trainer's loop: which batches each optimizer step trained, the
-    sketch of a step on one batch alone, and the scheduler's observations (module docstring, 6)."""
+    sketch of a step on one batch alone, and the scheduler's observations (module docstring, 6);
+    the scheduler's state into each checkpoint."""
 
     def __init__(self, worker: HarnessRolloutWorker):
         self.worker = worker
-        self.first_step: int | None = None
+        self.first_step = 0  # TRL's global_step when this train() began (set by worker.start)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.first_step = state.global_step
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.worker.save_state(Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
         if model is None:
             raise RuntimeError("transformers did not pass the model to on_pre_optimizer_step")
-        self.worker._step_trained(state.global_step - (self.first_step or 0), model)
+        self.worker._step_trained(state.global_step - self.first_step, model)
 
 
 class HarnessRolloutWorker:
@@ -249,7 +255,8 @@ class HarnessRolloutWorker:
         self.rollout_buffer: queue.Queue = _FreshQueue(self)
         self.metrics_queue: queue.Queue = queue.Queue()
 
-        self.batches: list[BatchRecord] = []  # every batch planned, in order
+        self.batches: list[BatchRecord] = []  # every batch planned by this worker, in order
+        self._batch_base = 0  # the number of its first batch (after a resume: the checkpoint's next)
         self.callback = _StepAttribution(self)
         self._lock = threading.Lock()  # the scheduler, the batch records, the hand-out log
         self._handed: list[int] = []  # the batch of every sample handed to the trainer, in order
@@ -318,6 +325,10 @@ class HarnessRolloutWorker:
             raise HarnessRolloutError("call worker.attach(trainer) before trainer.train()")
         if self._thread is not None:
             return
+        step = int(self._trainer.state.global_step)
+        self.callback.first_step = step
+        if step > 0 and not self.batches:
+            self._resume(step)
         if self.preflight:
             self._preflight()
         self._stop.clear()
@@ -359,7 +370,7 @@ class HarnessRolloutWorker:
 
         store = RunStore(self.output_dir / RECORD_FOLDER / "rollouts")
         try:
-            batch = 0
+            batch = self._batch_base
             while not self._stop.is_set():
                 if not self._wait_for_room():
                     return
@@ -501,7 +512,7 @@ class HarnessRolloutWorker:
         """The queue's `get`: False (dropped) when TRL would drop the sample as stale."""
         batch = sample.group_id // (self.groups_per_batch or 1)
         with self._lock:
-            record = self.batches[batch]
+            record = self.batches[batch - self._batch_base]
             if self._version - sample.model_version > self.max_staleness:
                 record.dropped_stale += 1
                 record.left -= 1
@@ -527,11 +538,11 @@ class HarnessRolloutWorker:
                 f"{len(self._handed)} were: the trainer does not batch as FixedCountBatcher (token_budget=0) does"
             )
         counts = Counter(handed)
-        sketch = self.sketcher.sketch_model(model) if len(counts) == 1 else None
+        sketch = self.sketcher.sketch_model(model).float().cpu() if len(counts) == 1 else None
         finished = []
         with self._lock:
             for batch, k in counts.items():
-                record = self.batches[batch]
+                record = self.batches[batch - self._batch_base]
                 record.trained += k
                 record.left -= k
                 if sketch is not None:
@@ -556,8 +567,6 @@ class HarnessRolloutWorker:
             observe_harnesses(self.scheduler, harnesses, record.advantages, record.rewards, sketch)
             record.observed = True
             record.probabilities_after = self.scheduler.probabilities()
-        folder = self.output_dir / RECORD_FOLDER
-        folder.mkdir(parents=True, exist_ok=True)
         line = {
             "batch": record.batch,
             "version": record.version,
@@ -579,7 +588,9 @@ class HarnessRolloutWorker:
             "prefix_breaks": record.prefix_breaks,
             "rollout_s": round(record.rollout_s, 3),
         }
-        with open(folder / "batches.jsonl", "a", encoding="utf-8") as f:
+        folder = self.output_dir / RECORD_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._lock, open(folder / "batches.jsonl", "a", encoding="utf-8") as f:  # two threads observe
             f.write(json.dumps(line) + "\n")
 
     def _metrics(self, record: BatchRecord) -> None:
@@ -601,6 +612,47 @@ class HarnessRolloutWorker:
         if record.dropped_stale:
             out["harnessrl/dropped_stale_total"] = float(record.dropped_stale)
         self.metrics_queue.put(out)
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def save_state(self, checkpoint: Path) -> None:
+        """The scheduler's state (what it observed so far) and the next batch's number, into a TRL
+        checkpoint folder (done by the callback at every save)."""
+        with self._lock:
+            state = {
+                "scheduler": self.scheduler.state_dict(),
+                "next_batch": self._batch_base + len(self.batches),
+                "observed": [r.batch for r in self.batches if r.observed],
+            }
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        tmp = checkpoint / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(checkpoint / STATE_FILE)
+
+    def _resume(self, step: int) -> None:
+        """A run resumed from checkpoint-STEP: the scheduler as it was saved, batch numbers (and
+        so attempts and seeds) going on from the checkpoint's next, and the records of batches a
+        crashed run numbered from there removed."""
+        path = self.output_dir / f"checkpoint-{step}" / STATE_FILE
+        if not path.is_file():
+            raise HarnessRolloutError(
+                f"{path} does not exist: the checkpoint was not written with HarnessRolloutWorker attached, so the "
+                "scheduler's state cannot be restored"
+            )
+        try:
+            state = json.loads(path.read_text())
+            self.scheduler.load_state_dict(state["scheduler"])
+            self._batch_base = int(state["next_batch"])
+        except (ValueError, KeyError) as e:
+            raise HarnessRolloutError(f"{path}: {e}") from None
+        folder = self.output_dir / RECORD_FOLDER
+        lines = folder / "batches.jsonl"
+        if lines.is_file():
+            kept = [x for x in lines.read_text().splitlines() if json.loads(x)["batch"] < self._batch_base]
+            lines.write_text("".join(x + "\n" for x in kept))
+        from harnessrl.store import RunStore
+
+        with RunStore(folder / "rollouts") as store:
+            store.delete_attempts_from(self._batch_base * (self.groups_per_batch or 1) * self.num_generations)
 
     def _preflight(self) -> None:
         """Every harness's first request of the first task, measured against the trainer's
