@@ -518,7 +518,7 @@ def _write(path: Path, doc) -> Path:
 
 
 def _refused(src: Path, tmp_path: Path, match: str, **kw) -> None:
-    run = tmp_path / "run"
+    run = tmp_path / "refused"
     with pytest.raises(TraceError, match=match):
         read_traces(src, run, **kw)
     assert not (run / "run.db").exists()  # nothing written for a refused import
@@ -597,6 +597,15 @@ def test_limits(tmp_path):
     _refused(src, tmp_path, "over the limit of 100", limits=TraceLimits(max_file_bytes=100))
     _refused(src, tmp_path, "over the limit of 1", limits=TraceLimits(max_calls=1))
     _refused(src, tmp_path, "over the limit of 2", limits=TraceLimits(max_tokens=2))
+
+
+def test_jsonl_lines_and_folder_depth(tmp_path):
+    line = json.dumps({"session_id": "s1", "entries": [{**ENTRY, "metadata": {"node_id": "n", "task_id": "a\u2028b"}}]})
+    src = _write(tmp_path / "t" / "a.jsonl", "\n" + line.replace("\\u2028", "\u2028") + "\n\n")
+    assert read_traces(src, tmp_path / "run").n_episodes == 1  # a U+2028 inside a string is not a line break
+    assert stored(tmp_path / "run")[0].task_id == "a\u2028b"
+    _write(tmp_path / "deep" / "1" / "2" / "3" / "a.json", {"entries": [ENTRY]})
+    _refused(tmp_path / "deep", tmp_path, "more than 2 folders deep", limits=TraceLimits(max_depth=2))
 
 
 def test_links_are_never_followed(tmp_path):

@@ -36,6 +36,7 @@ class TraceLimits:
     max_messages: int = 4_096  # messages of one call's request
     max_text_chars: int = 4 * 2**20  # one text field (a message's content, a reply's text)
     max_name_chars: int = 256  # ids and names: session, task, harness, node, tool
+    max_depth: int = 32  # folders below the source folder
 
 
 def _refuse_constant(name: str) -> Any:
@@ -96,7 +97,9 @@ def trace_files(src: Path, limits: TraceLimits) -> list[Path]:
         raise TraceError(f"{src}: neither a file nor a folder")
     found: list[Path] = []
 
-    def walk(folder: Path) -> None:
+    def walk(folder: Path, depth: int) -> None:
+        if depth > limits.max_depth:
+            raise TraceError(f"{folder}: more than {limits.max_depth} folders deep")
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as e:
@@ -105,13 +108,13 @@ def trace_files(src: Path, limits: TraceLimits) -> list[Path]:
             if entry.name.startswith(".") or entry.is_symlink():
                 continue
             if entry.is_dir(follow_symlinks=False):
-                walk(Path(entry.path))
+                walk(Path(entry.path), depth + 1)
             elif entry.is_file(follow_symlinks=False) and entry.name.endswith(SUFFIXES):
                 found.append(Path(entry.path))
                 if len(found) > limits.max_files:
                     raise TraceError(f"{src}: more than {limits.max_files} trace files")
 
-    walk(src)
+    walk(src, 0)
     if not found:
         raise TraceError(f"{src}: no .json or .jsonl trace file in it")
     return found
@@ -122,7 +125,8 @@ def documents(path: Path, limits: TraceLimits) -> Iterator[tuple[str, Any]]:
     object, or a list of trace entries); a .jsonl file one per non-empty line."""
     text = _read_capped(path, limits)
     if path.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), start=1):
+        # "\n" only: splitlines() would also break at U+2028 and the like, which JSON strings may hold
+        for n, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 where = f"{path}:{n}"
                 yield where, _parse_json(line, where)
