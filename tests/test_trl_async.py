@@ -339,3 +339,59 @@ def test_a_resumed_run_goes_on_from_the_schedulers_saved_state(base_folder, tmp_
     assert {x["batch"] for x in lines if x["batch"] >= saved["next_batch"]} == {
         r.batch for r in second.batches if r.observed
     }
+
+
+def test_staleness_drops_and_gradient_attribution_step_by_step(tmp_path):
+    """The worker's bookkeeping without timing: a sample past the bound is dropped by the queue
+    (and its batch observed without a sketch once nothing of it is left); a step on one batch alone
+    gives that batch its sketch; a step that mixes two batches gives neither one."""
+    import numpy as np
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from harnessrl.integrations.trl.async_worker import BatchRecord, HarnessRolloutWorker
+
+    names = [s.name for s in SPECS]
+    worker = HarnessRolloutWorker(TextScore(), SPECS, "http://127.0.0.1:9/v1", preflight=False)
+    # what attach reads of a trainer: 2 samples per optimizer step, groups of 2, one group a batch
+    worker.num_generations, worker.samples_per_step, worker.groups_per_batch = 2, 2, 1
+    worker.max_staleness, worker.output_dir = 1, tmp_path
+
+    def batch(number: int, harness: str, version: int, advantages: list[float]) -> list:
+        record = BatchRecord(number, version, harness, {harness: 1.0}, {h: 0.5 for h in names}, [harness], 0)
+        record.advantages = {harness: advantages}
+        record.rewards = {harness: [1.0, 0.0][: len(advantages)]}
+        record.pushed = record.left = len(advantages)
+        worker.batches.append(record)
+        return [
+            RolloutSample([], [], np.arange(4), np.array([0, 0, 1, 1]), np.zeros(4, np.float32), a, version, number, {})
+            for a in advantages
+        ]
+
+    model = torch.nn.Linear(3, 3)
+    model.weight.grad, model.bias.grad = torch.ones(3, 3), torch.ones(3)
+
+    worker._version = 3  # batch 0 (version 1) is two versions behind when the trainer asks
+    for sample in batch(0, names[0], 1, [1.0, -1.0]) + batch(1, names[1], 2, [1.0, -1.0]):
+        worker.rollout_buffer.put(sample)
+    taken = [worker.rollout_buffer.get(timeout=1), worker.rollout_buffer.get(timeout=1)]
+    assert [s.group_id for s in taken] == [1, 1]  # batch 0's samples were dropped on the way
+    first, second = worker.batches
+    assert first.dropped_stale == 2 and first.observed and first.sketch is None
+    assert worker.metrics_queue.get_nowait() == {"harnessrl/dropped_stale_total": 1.0}
+    worker._step_trained(0, model)  # step 0: batch 1 alone
+    assert second.pure_steps == 1 and second.observed and second.sketch is not None and bool(second.sketch.any())
+    assert set(worker.scheduler.sketch_avg) == {names[1]}
+
+    for sample in batch(2, names[0], 3, [0.5]) + batch(3, names[1], 3, [0.5]):  # one sample each
+        worker.rollout_buffer.put(sample)
+    worker.rollout_buffer.get(timeout=1), worker.rollout_buffer.get(timeout=1)
+    worker._step_trained(1, model)  # step 1: batches 2 and 3 together
+    third, fourth = worker.batches[2:]
+    assert (third.mixed_steps, fourth.mixed_steps, third.pure_steps, fourth.pure_steps) == (1, 1, 0, 0)
+    assert third.observed and fourth.observed and third.sketch is None and fourth.sketch is None
+    assert set(worker.scheduler.sketch_avg) == {names[1]}  # nothing of the mixed step was attributed
+    assert worker.scheduler.count == {names[0]: 2, names[1]: 2}
+    from harnessrl.integrations.trl import HarnessRolloutError
+
+    with pytest.raises(HarnessRolloutError, match="only 4 were"):
+        worker._step_trained(2, model)  # a step with no samples handed out for it
