@@ -195,18 +195,48 @@ print(json.dumps(summary))
 """
 
 READ = r"""
-import json, sys, warnings
+import json, sys, threading, types, warnings
 from pathlib import Path
-from openenv.core.harness import TrainingTrace
+from openenv.core.harness import TrainingTrace, VerifyResult
 
 warnings.simplefilter("ignore")
 try:
     from trl.experimental.async_grpo.async_rollout_worker import _chain_to_sequences
     from trl.experimental.async_grpo.openenv_harness import (
-        _messages_from_trace, _tool_call_counts_by_name, _turns_from_training_trace)
+        _HarnessRolloutLoop, _messages_from_trace, _tool_call_counts_by_name, _turns_from_training_trace)
     trl_error = None
 except Exception as e:
     trl_error = f"{type(e).__name__}: {e}"
+
+class ReplaySession:  # docs/openenv.md: a loop-owning session that hands TRL an exported episode
+    def __init__(self, doc):
+        self.doc = doc
+    def wait_for_completion(self, timeout_s=None):
+        return 0
+    def fetch_training_trace(self):
+        return TrainingTrace.from_entries(self.doc["entries"])
+    def verify(self, transcript, final_state=None):
+        return VerifyResult(env_reward=self.doc["reward"], done=True)
+    def close(self):
+        pass
+
+class ReplayFactory:
+    def __init__(self, doc):
+        self.doc = doc
+    def create(self, task, seed=None, episode_id=None):
+        return ReplaySession(self.doc)
+
+def worker_rollout(doc):
+    # TRL's HarnessRolloutWorker's own per-rollout code (loop-owning mode) on one exported episode;
+    # the namespace holds only the worker state that code reads (no vLLM, no CUDA)
+    loop = types.SimpleNamespace(
+        _factory=ReplayFactory(doc), _live_sessions=set(), _stop_event=threading.Event(), _adapter=None,
+        _rollout_reward_fn=None, _fork_threshold_tokens=0, _EMPTY_ROLLOUT=_HarnessRolloutLoop._EMPTY_ROLLOUT)
+    result, metrics = _HarnessRolloutLoop._run_session(loop, prompt=[], group_id=0)
+    completion, completion_ids, sequences, n_calls, n_failed, reward = result
+    return {"completion_ids": completion_ids, "reward": reward, "n_tool_calls": n_calls,
+            "sequences": [[len(s.input_ids), sum(s.completion_mask)] for s in sequences],
+            "turns": None if metrics is None else metrics["turns"]}
 root, files = Path(sys.argv[1]), {}
 for path in sorted(root.rglob("*.json")):
     doc = json.loads(path.read_text())
@@ -228,6 +258,7 @@ for path in sorted(root.rglob("*.json")):
             "messages": _messages_from_trace(entries),
             "tool_calls": _tool_call_counts_by_name(entries),
             "sequences": [[len(s.input_ids), sum(s.completion_mask), len(s.old_log_probs)] for s in sequences],
+            "worker": worker_rollout(doc),
         }
 print(json.dumps({"trl_error": trl_error, "files": files}))
 """
@@ -465,6 +496,12 @@ def test_harnessrl_run_exported_as_traces_is_read_by_openenv_and_trl(run, tmp_pa
             trained = sum(n for _, n, _ in trl["sequences"])
             assert trained == sum(len(s.model_call.completion_ids) for s in t.steps)
             assert all(length == n_lp for length, _, n_lp in trl["sequences"])
+            # the worker's whole rollout: the tokens it trains on and the reward it credits them with
+            worker = trl["worker"]
+            assert worker["turns"] == len(t.steps) and worker["reward"] == want_reward
+            assert worker["completion_ids"] == [i for s in t.steps for i in s.model_call.completion_ids]
+            assert worker["n_tool_calls"] == sum(calls.values())
+            assert sum(n for _, n in worker["sequences"]) == trained
             checked_trl += 1
     if read["trl_error"] is not None:
         pytest.skip(f"OpenEnv read every trace; TRL's worker functions did not import there: {read['trl_error']}")
