@@ -103,6 +103,8 @@ class Engine(BaseHTTPRequestHandler):
                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "token_ids": completion,
                             "logprobs": {"content": content}}],
                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion)}}
+        if not req.get("return_token_ids"):  # a hosted model: text only, unless the proxy asks for tokens
+            del out["prompt_token_ids"], out["choices"][0]["token_ids"], out["choices"][0]["logprobs"]
         data = json.dumps(out).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -190,6 +192,14 @@ with TestClient(app) as client:
         summary[name] = {"session_id": sid, "harness": harness, "reward": reward, "tool_output": tool_output,
                          "turns": [{"prompt": t.prompt_token_ids, "completion": t.completion_token_ids,
                                     "logprobs": t.per_token_logps} for t in training.turns]}
+# an engine that returns no token ids (capture_level "text"): an eval rollout, the text alone
+text_app = create_app(llm_url=f"http://127.0.0.1:{engine.server_port}/v1", model="fake/model", capture_level="text")
+with TestClient(text_app) as client:
+    sid = client.post("/sessions", json={"metadata": {"task_id": "add-2-3"}}).json()["session_id"]
+    openai_agent(client, sid)
+    doc = client.get(f"/sessions/{sid}/rollout", params={"include_messages": "true"}).json()
+    (Path(sys.argv[1]) / "eval").mkdir()
+    (Path(sys.argv[1]) / "eval" / "chat.json").write_text(json.dumps(doc))
 engine.shutdown()
 print(json.dumps(summary))
 """
@@ -356,6 +366,24 @@ def test_openenv_capture_read_into_a_run(captured, shape, tmp_path):
         if shape == "rollout":  # the session's metadata names the task and the harness
             assert t.harness == want["harness"] and t.task_id == "add-2-3"
             assert meta["capture_level"] == "tokens" and meta["rollout_type"] == "train"
+
+
+def test_an_eval_rollout_without_token_ids(captured, tmp_path):
+    traces, _ = captured
+    r = cli.invoke(app, ["import-traces", str(traces / "eval"), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    assert "0 with token ids and log-probs on every call" in r.output
+    (t,) = stored(tmp_path / "run")
+    meta = t.meta["openenv"]
+    assert meta["capture_level"] == "text" and meta["rollout_type"] == "eval"
+    assert meta["missing"] == {"token ids": 2, "reward": 1}  # what the engine never returned, nothing made up
+    assert all(
+        (s.model_call.prompt_ids, s.model_call.completion_ids, s.model_call.logprobs) == ([], [], []) for s in t.steps
+    )
+    assert [s.action.value for s in t.steps] == ["tool_calls", "text"] and t.steps[
+        1
+    ].model_call.text == "The answer is 5."
+    assert [r.output for r in t.steps[0].tool_results] == ["5"]
 
 
 def test_triage_report_export_compare_on_an_imported_run(captured, tmp_path):
