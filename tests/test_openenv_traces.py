@@ -651,6 +651,7 @@ def test_a_harbor_result_not_ok_is_an_infrastructure_error(tmp_path):
             "not in turns",
         ),
         ({"schema_version": 1, "turns": [{k: v for k, v in ENTRY.items() if k != "metadata"}]}, "node_id is missing"),
+        ({"schema_version": 2, "turns": []}, "schema_version 2"),
     ],
 )
 def test_malformed_traces_are_refused_clearly(tmp_path, doc, match):

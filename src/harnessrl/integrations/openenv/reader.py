@@ -178,6 +178,8 @@ def _parse_entries(ck: Checked, doc: Any, kind: str) -> _Trace:
         items, top = doc, {}
     else:
         top = doc
+        if kind == "training_trace" and top.get("schema_version") != 1:
+            raise ck.fail(f"TrainingTrace schema_version {str(top.get('schema_version'))[:20]} (this reader knows 1)")
         key = "entries" if kind == "trace_entries" else "turns"
         items = top.get(key)
         if items is None:
