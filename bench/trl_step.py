@@ -5,10 +5,12 @@
 
 The workload, the same in both: the embedded SmolLM2-135M (float32, CPU), toolcalc's first 4 train
 tasks x 2 attempts (one GRPO group per task) through json-tools (at most 4 model calls), temperature
-0.7, LoRA r=16 on q/k/v/o (alpha 32), AdamW lr 1e-4, one optimizer step. The two trainers draw
-their own sampling seeds (TRL's batch and harnessrl's step number into the same function, with
-other attempt numbers), so the episodes differ and the step's seconds per completion token are
-the comparable figure. The runs alternate (TRL, ours, TRL, ours, ...) and medians are reported. Timing only: a
+0.7, LoRA r=16 on q/k/v/o (alpha 32), AdamW lr 1e-4, one optimizer step. Both play the same
+episodes: the same tasks, the same sampling seed (`sampling_seed(0, 0, "train")`: TRL's batch 0 and
+our step 0) and the same attempt numbers (ours number each group's attempts 0 .. G-1; TRL's rollout
+numbers them on through the batch, so here its jobs are renumbered to ours before they run), on
+the same base weights: the same tokens, which the bench checks (`same_episodes`). The runs
+alternate (TRL, ours, TRL, ours, ...) and medians are reported. Timing only: a
 group whose episodes all scored alike (nearly all of them: the embedded model passes almost no
 toolcalc task) is given advantages +-1 in both trainers, so both run their backward pass and
 optimizer step.
@@ -17,6 +19,14 @@ Phases: rollout (the episodes, both through harnessrl's engine on the model bein
 update (everything else of the step: for TRL its reward and advantage bookkeeping, the forward of
 every episode's whole sequence and the backward, the optimizer; for ours the forward and backward
 of the packed per-call rows, the gradient sketch and the optimizer).
+
+TRL's update, per trained token, in parts: `trl_logps_s` (its forward passes computing log-probs
+and entropies, `_get_per_token_logps_and_entropies`: in TRL 1.16 one fused head computes both at
+every completion position, so the entropy's share is not separable here) and the rest (backward,
+optimizer, bookkeeping); and in tokens: `padded_positions` (positions of its padded micro-batches,
+prompt and completion, against `real_positions`) and `scored_positions` (completion positions whose
+log-prob it computes: model tokens, the harness's tokens under env_mask 0, padding) against
+`trained_tokens` (the model tokens in the loss).
 """
 
 from __future__ import annotations
@@ -50,7 +60,32 @@ def forced(scores: list, group: int) -> list:
     return out
 
 
+def ours_numbering(group: int):
+    """A context in which Runner.run plays each job with attempt `attempt % group` (our trainer's
+    numbering of a step-0 group's attempts) in place of TRL's rollout's numbering."""
+    import contextlib
+    import dataclasses
+
+    from harnessrl.rollout import Runner
+
+    @contextlib.contextmanager
+    def renumbered():
+        run = Runner.run
+
+        def run_ours(self, jobs, *a, **k):
+            return run(self, [dataclasses.replace(j, attempt=j.attempt % group) for j in jobs], *a, **k)
+
+        Runner.run = run_ours
+        try:
+            yield
+        finally:
+            Runner.run = run
+
+    return renumbered()
+
+
 def trl_step(out: Path, gradient_checkpointing: bool = True) -> dict:
+    import torch
     from train_toolcalc import build_trainer, parse_args
     from transformers import TrainerCallback
 
@@ -83,17 +118,47 @@ def trl_step(out: Path, gradient_checkpointing: bool = True) -> dict:
 
     clock = StepClock()
     trainer.add_callback(clock)
-    trainer.train()
+    parts = {"logps_s": 0.0, "padded": 0, "real": 0, "scored": 0}
+    logps_fn = trainer._get_per_token_logps_and_entropies
+
+    def timed_logps(model, input_ids, attention_mask, logits_to_keep, *a, **k):
+        started = time.perf_counter()
+        result = logps_fn(model, input_ids, attention_mask, logits_to_keep, *a, **k)
+        parts["logps_s"] += time.perf_counter() - started
+        if torch.is_grad_enabled():  # the loss's forward (one per micro-batch)
+            parts["padded"] += input_ids.numel()
+            parts["real"] += int(attention_mask.sum())
+            parts["scored"] += input_ids.size(0) * logits_to_keep
+        return result
+
+    trainer._get_per_token_logps_and_entropies = timed_logps
+    with ours_numbering(GROUP):
+        trainer.train()
     step = json.loads((out / "harnessrl" / "steps.jsonl").read_text().splitlines()[0])
+    update = clock.seconds - step["rollout_s"]
     return {
         "total_s": clock.seconds,
         "rollout_s": step["rollout_s"],
-        "update_s": clock.seconds - step["rollout_s"],
+        "update_s": update,
         "completion_tokens": step["model_tokens"],
         "trained_tokens": step["model_tokens_kept"],
         "episodes": step["episodes"],
         "reward_mean": step["reward_mean"],
+        "trl_logps_s": parts["logps_s"],
+        "trl_rest_s": update - parts["logps_s"],
+        "padded_positions": parts["padded"],
+        "real_positions": parts["real"],
+        "scored_positions": parts["scored"],
+        "episode_ids": _episode_ids(out / "harnessrl" / "rollouts"),
     }
+
+
+def _episode_ids(rollouts: Path) -> list[str]:
+    """The episodes of a run database, by id (which names the task, harness and attempt)."""
+    from harnessrl.store import RunStore
+
+    with RunStore(rollouts) as store:
+        return sorted(t.episode_id for t in store.trajectories(with_tokens=False))
 
 
 def ours_step(out: Path) -> dict:
@@ -123,6 +188,7 @@ def ours_step(out: Path) -> dict:
     r = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     t = r["time"]
     return {
+        "episode_ids": _episode_ids(out / "rollouts"),
         "total_s": t["total"],
         "rollout_s": t["rollout"],
         "update_s": t["total"] - t["rollout"],
@@ -178,10 +244,31 @@ def main(argv: list[str] | None = None) -> dict:
                 runs[name].append(r)
     rows = [median_row(name, r) for name, r in runs.items()]
     trl_row, ours_row = rows
+    trl_runs, our_runs = runs.values()
+    same = all(
+        a["episode_ids"] == b["episode_ids"] and a["completion_tokens"] == b["completion_tokens"]
+        for a, b in zip(trl_runs, our_runs)
+    )
+    trained = statistics.median(r["trained_tokens"] for r in trl_runs)
+    trl_row["update parts per trained token"] = {
+        "logps+entropy forward s": round(statistics.median(r["trl_logps_s"] for r in trl_runs) / max(1, trained), 5),
+        "rest (backward, optimizer) s": round(
+            statistics.median(r["trl_rest_s"] for r in trl_runs) / max(1, trained), 5
+        ),
+        "padded positions": round(statistics.median(r["padded_positions"] for r in trl_runs) / max(1, trained), 2),
+        "real positions": round(statistics.median(r["real_positions"] for r in trl_runs) / max(1, trained), 2),
+        "scored positions": round(statistics.median(r["scored_positions"] for r in trl_runs) / max(1, trained), 2),
+    }
     ratio = trl_row["s per completion token"] / ours_row["s per completion token"]
-    result = {"runs": runs, "torch_threads": torch.get_num_threads(), "trl_over_ours_per_token": round(ratio, 2)}
+    result = {
+        "runs": runs,
+        "torch_threads": torch.get_num_threads(),
+        "trl_over_ours_per_token": round(ratio, 2),
+        "same_episodes": same,
+    }
     for row in rows:
         print(json.dumps(row))
+    print(f"same episodes and tokens in both trainers: {same}")
     print(f"TRL / harnessrl, seconds per completion token: {ratio:.2f}x")
     if args.record:
         from results import record_run
