@@ -241,6 +241,17 @@ def test_trl_advantages_are_trls():
     assert trl_advantages([0.5, 0.5]) == [0.0, 0.0]
 
 
+def test_a_short_batch_is_cut_to_whole_optimizer_steps():
+    """align_steps: 7 samples, 4 a step -> 4 pushed; those of advantage 0 are left out first."""
+    from harnessrl.integrations.trl.async_worker import steps_aligned
+
+    assert steps_aligned([1.0, -1.0, 1.0, -1.0], 4) == [0, 1, 2, 3]
+    assert steps_aligned([1.0, -1.0, 0.0, 0.0, 1.0, -1.0, 0.5], 4) == [0, 1, 4, 5]
+    assert steps_aligned([1.0, -1.0, 0.0, 1.0, -1.0], 4) == [0, 1, 3, 4]
+    assert steps_aligned([1.0, -1.0, 1.0, -1.0, 1.0], 4) == [0, 1, 2, 3]
+    assert steps_aligned([1.0, -1.0, 1.0], 4) == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA-only line is only reached without CUDA")
 def test_without_the_stand_ins_the_trainer_cannot_be_built_on_the_cpu(base_folder, tmp_path):
     """The line docs/trl-async.md names: AsyncGRPOTrainer.__init__ asks CUDA for the device's name."""

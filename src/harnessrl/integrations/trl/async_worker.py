@@ -115,6 +115,7 @@ class BatchRecord:
     left: int = 0  # of those, not yet trained or dropped
     trained: int = 0
     dropped_stale: int = 0
+    left_out: int = 0  # samples not pushed so that the batch fills whole optimizer steps (align_steps)
     pure_steps: int = 0  # optimizer steps on this batch alone: their sketches are its sketch
     mixed_steps: int = 0  # optimizer steps shared with other batches: no sketch for anyone
     sketch: torch.Tensor | None = None
@@ -180,6 +181,9 @@ class HarnessRolloutWorker:
     more). admin_key: the servers' admin key (default $HARNESSRL_ADMIN_KEY). adapter_dir: where
     adapter versions are written (default OUTPUT_DIR/harnessrl). preflight: measure every
     harness's first request against the trainer's tokenizer before the first batch.
+    align_steps: push a batch short of samples (episodes without a model token) as a whole
+    number of optimizer steps, leaving out its remainder (samples of advantage 0 first), so the
+    steps after it still train one batch each and their sketches stay attributable.
     """
 
     def __init__(
@@ -203,6 +207,7 @@ class HarnessRolloutWorker:
         admin_key: str | None = None,
         adapter_dir: str | Path | None = None,
         preflight: bool = True,
+        align_steps: bool = True,
     ):
         from harnessrl.harness.registry import resolve_harnesses
         from harnessrl.harness.spec import SpecError
@@ -248,6 +253,7 @@ class HarnessRolloutWorker:
         self.retries = retries
         self.executor = executor
         self.preflight = preflight
+        self.align_steps = align_steps
         self._adapter_dir = None if adapter_dir is None else Path(adapter_dir)
         self.weight_transfer = ServeAdapterTransfer(self.servers, self._adapter_dir or Path("."))
 
@@ -478,6 +484,10 @@ class HarnessRolloutWorker:
                     continue
                 record.prefix_breaks += seq.broken
                 samples.append(self._sample(RolloutSample, record, g, traj, seq, advantage))
+        if self.align_steps:
+            keep = steps_aligned([s.advantage for s in samples], self.samples_per_step)
+            record.left_out = len(samples) - len(keep)
+            samples = [samples[i] for i in keep]
         stale = self._version - record.version > self.max_staleness
         with self._lock:
             if stale:
@@ -582,6 +592,7 @@ class HarnessRolloutWorker:
             "pushed": record.pushed,
             "trained": record.trained,
             "dropped_stale": record.dropped_stale,
+            "left_out": record.left_out,
             "pure_steps": record.pure_steps,
             "mixed_steps": record.mixed_steps,
             "sketch_norm": None if sketch is None else float(sketch.norm()),
@@ -611,6 +622,8 @@ class HarnessRolloutWorker:
         out["harnessrl/unobserved_before"] = float(record.unobserved_before)
         if record.dropped_stale:
             out["harnessrl/dropped_stale_total"] = float(record.dropped_stale)
+        if record.left_out:
+            out["harnessrl/left_out_total"] = float(record.left_out)
         self.metrics_queue.put(out)
 
     # ---------------------------------------------------------------------------- checkpoints
@@ -689,6 +702,19 @@ def trl_shaping(args) -> dict[str, Any]:
         "min_p": float(args.min_p) if args.min_p is not None else 0.0,
         "repetition_penalty": float(args.repetition_penalty) if args.repetition_penalty is not None else 1.0,
     }
+
+
+def steps_aligned(advantages: list[float], per_step: int) -> list[int]:
+    """Which of a batch's samples (their advantages, in push order) to push so that it fills whole
+    optimizer steps of `per_step` samples: all of them when it does; else the remainder is left
+    out, samples of advantage 0 (no gradient) first, then the last ones. Indices in order."""
+    extra = len(advantages) % per_step
+    if not extra:
+        return list(range(len(advantages)))
+    flat = [i for i in reversed(range(len(advantages))) if advantages[i] == 0]
+    rest = [i for i in reversed(range(len(advantages))) if advantages[i] != 0]
+    out = set((flat + rest)[:extra])
+    return [i for i in range(len(advantages)) if i not in out]
 
 
 def trl_advantages(scores: list[float | None]) -> list[float]:
