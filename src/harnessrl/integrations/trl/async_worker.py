@@ -46,7 +46,8 @@ each batch scored and what the optimizer did with it. Each batch:
    HarnessBandit then holds its transferability term neutral (0.5). The step of a sample is
    known because TRL's FixedCountBatcher (`token_budget=0`, required) gives every micro-batch
    `per_device_train_batch_size * num_processes` consecutive samples and every optimizer step
-   `gradient_accumulation_steps` micro-batches.
+   `gradient_accumulation_steps` micro-batches. A batch short of samples is pushed cut to whole
+   steps (`align_steps`, `steps_aligned`), so the steps after it still train one batch each.
 
 Rank 0 writes OUTPUT_DIR/harnessrl/: `batches.jsonl` (a line per batch at its observation) and
 `rollouts/run.db` (every episode, for `harnessrl triage` / `report`). Each TRL checkpoint gets
