@@ -221,6 +221,10 @@ def test_the_scheduler_observes_trained_batches_with_the_sketch_of_their_own_ste
     trained = [r for r in worker.batches if r.trained]
     assert sum(r.trained for r in trained) == STEPS * worker.samples_per_step
     assert any(r.pure_steps and r.sketch is not None and bool(r.sketch.any()) for r in observed)
+    if not any(r.dropped_stale for r in worker.batches if r.pushed):  # nothing shifted the steps
+        # every batch fills whole steps (align_steps), so every step trained one batch alone
+        assert sum(r.pure_steps for r in worker.batches) == STEPS
+        assert not any(r.mixed_steps for r in worker.batches)
     with_advantages = sum(1 for r in observed for h in dict.fromkeys(r.group_harness) if r.advantages.get(h))
     assert worker.scheduler.total == with_advantages
     lines = [json.loads(x) for x in (run / "harnessrl" / "batches.jsonl").read_text().splitlines()]
