@@ -658,7 +658,7 @@ def test_max_completion_length_caps_each_model_call():
     assert [s.rules.max_new_tokens for s in rollout.specs + rollout.eval_specs] == [5, 5, 5]
     assert rollout.spec_by_name["json-tools"].rules.max_new_tokens == 5
     rollout.configure(fake_args(max_completion_length=512))  # above the specs' 8: theirs hold
-    assert [s.rules.max_new_tokens for s in make_rollout().specs] == [8, 8]
+    assert [s.rules.max_new_tokens for s in rollout.specs + rollout.eval_specs] == [8, 8, 8]
     fresh = make_rollout()
     fresh.configure(fake_args(max_completion_length=None))
     assert [s.rules.max_new_tokens for s in fresh.specs] == [8, 8]

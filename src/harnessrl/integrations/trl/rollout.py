@@ -189,6 +189,7 @@ class HarnessRollout:
         self._store: RunStore | None = None
         self._facts: TrainerFacts | None = None
         self.token_cap: int | None = None  # TRL's max_completion_length: each model call's cap (configure)
+        self._own_specs: tuple[list[AnyHarnessSpec], list[AnyHarnessSpec]] | None = None
         self.mask_truncated = False  # TRL's mask_truncated_completions, served here (`_rows`)
 
     def configure(self, args) -> None:
@@ -196,12 +197,11 @@ class HarnessRollout:
         model call's token cap is max_completion_length where it is below the harness's own
         max_new_tokens (TRL's meaning: the tokens one generation may add), for the trained and the
         held-out harnesses alike."""
-        cap = max_completion_length(args)
-        if cap == self.token_cap:
-            return
-        self.token_cap = cap
-        self.specs = [capped(s, cap) for s in self.specs]
-        self.eval_specs = [capped(s, cap) for s in self.eval_specs]
+        if self._own_specs is None:
+            self._own_specs = (list(self.specs), list(self.eval_specs))  # as given, before any cap
+        self.token_cap = cap = max_completion_length(args)
+        self.specs = [capped(s, cap) for s in self._own_specs[0]]
+        self.eval_specs = [capped(s, cap) for s in self._own_specs[1]]
         self.spec_by_name = {s.name: s for s in self.specs}
 
     # ------------------------------------------------------------------------------- the dataset
@@ -570,7 +570,7 @@ def read_rollout_inputs(
         check_held_out([s.name for s in specs], [s.name for s in held_out])
     except ValueError as e:
         raise RolloutInputError(f"eval_harnesses: {e}") from None
-    tasks = job_tasks(inputs.suite, "dev", eval_tasks, "eval_tasks", RolloutInputError) if eval_every else []
+    tasks = job_tasks(inputs.suite, "dev", eval_tasks, "--eval-tasks", RolloutInputError) if eval_every else []
     return inputs.suite, specs, held_out, tasks
 
 
