@@ -94,7 +94,7 @@ def make_rollout(**options):
     return HarnessRollout(TextScore(), SPECS, seed=0, max_in_flight=4, **options)
 
 
-def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, **config):
+def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, reward_funcs=None, **config):
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -122,7 +122,7 @@ def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, **c
         processing_class=copy.deepcopy(load_tokenizer()),  # TRL may set its pad token: not the shared one
         args=args,
         train_dataset=rollout.dataset("train"),
-        reward_funcs=rollout.reward,
+        reward_funcs=reward_funcs or rollout.reward,
         rollout_func=recording,
         callbacks=[rollout.callback],
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
@@ -612,32 +612,15 @@ def test_extra_reward_functions_are_refused_before_the_base_evaluation(tmp_path)
     """A second reward function would make TRL's advantages differ from the scheduler's and sum an
     infrastructure error's None back into its group: refused at the first batch, before the step-0
     evaluation writes anything."""
-    from peft import LoraConfig
-    from trl import GRPOConfig, GRPOTrainer
-
     from harnessrl.integrations.trl.setup import TRLSetupError
-    from harnessrl.models.embedded import load_tokenizer, tiny_random_model
 
     rollout = make_rollout()
 
     def length(completions=None, **kwargs):
         return [float(len(str(c))) for c in completions]
 
-    trainer = GRPOTrainer(
-        model=tiny_random_model(),
-        processing_class=copy.deepcopy(load_tokenizer()),
-        args=GRPOConfig(
-            output_dir=str(tmp_path / "extra"), num_generations=2, per_device_train_batch_size=4, max_steps=1,
-            report_to="none", use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True,
-        ),
-        train_dataset=rollout.dataset("train"),
-        reward_funcs=[rollout.reward, length],
-        rollout_func=rollout,
-        callbacks=[rollout.callback],
-        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
-    )  # fmt: skip
     with pytest.raises(TRLSetupError, match="1 reward function.* beside rollout.reward are not served"):
-        trainer.train()
+        train(tmp_path / "extra", rollout, steps=1, reward_funcs=[rollout.reward, length])
     assert not (tmp_path / "extra" / "harnessrl" / "eval.jsonl").exists()
 
 
