@@ -263,9 +263,10 @@ def test_a_resumed_run_keeps_no_episode_of_the_killed_attempt(full_run, tmp_path
     assert _stored(out) == _stored(full_run[0])
 
 
-def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_path, monkeypatch):
+def test_each_step_samples_with_its_own_seed_and_every_evaluation_with_the_bases(full_run, tmp_path, monkeypatch):
     """A per-step seed, from the run seed and the step: the rollouts of the same task and attempt
-    number at two steps never replay one random stream, and a resumed step samples the same."""
+    number at two steps never replay one random stream, and a resumed step samples the same. Every
+    evaluation samples with the base's seed, so vs_base pairs the same random numbers."""
     from harnessrl.models.hf import HFPolicy
 
     seen: list[tuple[str, int]] = []
@@ -283,14 +284,14 @@ def test_each_step_and_each_evaluation_samples_with_its_own_seed(full_run, tmp_p
     monkeypatch.setattr(HFPolicy, "submit", submit_spy)
     trainer(tmp_path / "seeds", BASE.replace(steps=2, eval_every=1, seed=5)).run()
     assert {s for kind, s in seen if kind == "train"} == {sampling_seed(5, step, "train") for step in (0, 1)}
-    assert {s for kind, s in seen if kind == "eval"} == {sampling_seed(5, step, "eval") for step in (0, 1, 2)}
+    assert {s for kind, s in seen if kind == "eval"} == {sampling_seed(5, 0, "eval")}
     assert len({sampling_seed(5, step, kind) for step in range(50) for kind in ("train", "eval")}) == 100
     assert sampling_seed(5, 1, "train") != sampling_seed(6, 1, "train")
     # the seeds are in the logs, and those of the uninterrupted and the resumed run agree (stateless)
     out, _ = full_run
     train_seeds = [r["sampling_seed"] for r in lines(out / "metrics.jsonl")]
     assert train_seeds == [sampling_seed(0, s, "train") for s in range(3)]
-    assert [e["sampling_seed"] for e in lines(out / "eval.jsonl")] == [sampling_seed(0, s, "eval") for s in (0, 2, 3)]
+    assert [e["sampling_seed"] for e in lines(out / "eval.jsonl")] == [sampling_seed(0, 0, "eval")] * 3
 
 
 def test_resume_with_other_options_and_restarts_into_a_used_folder_are_refused(full_run, tmp_path):

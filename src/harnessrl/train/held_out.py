@@ -14,9 +14,8 @@ with `attempts` attempts per task, and reports:
 For the pairing to compare weights and not luck, every evaluation of a run must sample with the
 same seed (`evaluation_seed(seed)`) and the request seeds of the runner (a function of that seed,
 the task, the attempt and the turn): the base and a later evaluation then play the same tasks,
-attempts and turns with the same random numbers. HarnessRollout (harnessrl.integrations.trl)
-does; `harnessrl train grpo` seeds each evaluation by its step (harnessrl.train.trainer), so its
-`vs_base` still includes sampling noise.
+attempts and turns with the same random numbers. `harnessrl train grpo` (harnessrl.train.trainer)
+and HarnessRollout (harnessrl.integrations.trl) both do.
 """
 
 from __future__ import annotations

@@ -105,7 +105,13 @@ from harnessrl.train import checkpoint, lora
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.distributed import Distributed, DistributedError
 from harnessrl.train.grpo import TrainingUnit
-from harnessrl.train.held_out import check_held_out, evaluation_jobs, first_evaluation, summarize_evaluation
+from harnessrl.train.held_out import (
+    check_held_out,
+    evaluation_jobs,
+    evaluation_seed,
+    first_evaluation,
+    summarize_evaluation,
+)
 from harnessrl.train.pipeline import RolloutPipeline, StepRollouts, Weights
 from harnessrl.train.progress import GRPO_VIEW, StepProgress, mean
 from harnessrl.train.schedulers import make_scheduler, random_state_json, set_random_state_json
@@ -579,7 +585,8 @@ class Trainer(lora.WritesAdapter):
         t0 = time.perf_counter()
         tasks = self.suite.tasks("dev", cfg.eval_tasks)
         self.eval_policy.generate_calls = 0
-        self.eval_sampling = self.eval_sampling.model_copy(update={"seed": sampling_seed(cfg.seed, self.step, "eval")})
+        # every evaluation with the base's seed, so that vs_base pairs the same random numbers
+        self.eval_sampling = self.eval_sampling.model_copy(update={"seed": evaluation_seed(cfg.seed)})
         runner = Runner(
             self.eval_policy,
             self.eval_sampling,
