@@ -1,8 +1,9 @@
 """HarnessBandit in TRL's asynchronous GRPO trainer (AsyncGRPOTrainer), rollouts on `harnessrl serve`.
 
-On this machine (the embedded SmolLM2-135M on the CPU, `harnessrl serve` started in this process):
+On this machine (the tiny random model on the CPU, `harnessrl serve` started in this process;
+about 4 minutes for 3 steps; the default SmolLM2-135M is much slower on a 2-core CPU):
 
-    .venv/bin/python examples/trl/async_bandit.py --steps 4 --out runs/trl-async
+    .venv/bin/python examples/trl/async_bandit.py --model tiny-random --steps 3 --out runs/trl-async
 
 With an agent program among the harnesses (examples/agents/minimal.yaml: its own OpenAI client):
 

@@ -66,7 +66,8 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,7 @@ from transformers import TrainerCallback
 from harnessrl.harness.spec import AnyHarnessSpec
 from harnessrl.integrations.trl.async_serve import ServeAdapterTransfer
 from harnessrl.integrations.trl.setup import HarnessRolloutError
-from harnessrl.models.base import SamplingParams
+from harnessrl.models.base import GenerationRequest, Policy, SamplingParams
 from harnessrl.rollout import Job
 from harnessrl.tasks.base import Suite, Task
 from harnessrl.train.episode_sequence import EpisodeSequence, OnBreak, episode_sequence
@@ -86,7 +87,7 @@ from harnessrl.train.rollout_server import RolloutServerError, RolloutServers
 from harnessrl.train.schedulers import Scheduler, make_scheduler
 from harnessrl.train.sketch import GradientSketch
 from harnessrl.train.step import allocate_tasks, observe_harnesses, sampling_seed
-from harnessrl.types import Trajectory
+from harnessrl.types import ModelCall, Trajectory
 from harnessrl.wire.auth import ADMIN_KEY_ENV
 
 if TYPE_CHECKING:
@@ -129,6 +130,31 @@ class BatchRecord:
     @property
     def signal(self) -> bool:
         return any(a != 0 for v in self.advantages.values() for a in v)
+
+
+class _Beating(Policy):
+    """A batch's policy (its pinned version on the servers) that tells the worker each time a
+    model call comes back: the heartbeat TRL's health check reads (an agent's episode may take
+    longer than TRL's `heartbeat_stale_after_s`, its calls do not)."""
+
+    def __init__(self, inner: Policy, beat: Callable[[], None]):
+        self.inner = inner
+        self.beat = beat
+        self.name = inner.name
+        self.max_concurrency = inner.max_concurrency
+        self.native_tool_calls = inner.native_tool_calls
+
+    def submit(self, request: GenerationRequest, sampling: SamplingParams | None = None) -> Future[ModelCall]:
+        future = self.inner.submit(request, sampling)  # type: ignore[arg-type]  # None: the policy's own
+        future.add_done_callback(lambda _: self.beat())
+        return future
+
+    def complete(self, requests: list[GenerationRequest], sampling: SamplingParams | None = None) -> list[ModelCall]:
+        futures = [self.submit(r, sampling) for r in requests]
+        return [f.result() for f in futures]
+
+    def describe(self) -> dict:
+        return self.inner.describe()
 
 
 class _FreshQueue(queue.Queue):
@@ -368,7 +394,8 @@ class HarnessRolloutWorker:
         age = time.time() - self._heartbeat
         if age > stale_after_s:
             raise RuntimeError(
-                f"the harnessrl rollout worker finished no episode for {age:.0f} s (> {stale_after_s} s)"
+                f"the harnessrl rollout worker got no model call back for {age:.0f} s (> {stale_after_s} s, TRL's "
+                "heartbeat_stale_after_s): the server is not answering, or one call takes longer than that"
             )
 
     # ------------------------------------------------------------------------------- the loop
@@ -444,7 +471,7 @@ class HarnessRolloutWorker:
                 **self.shaping,
             )
             runner = Runner(
-                self.servers.at_version(version),
+                _Beating(self.servers.at_version(version), self._beat),
                 sampling,
                 max_in_flight=self.max_in_flight,
                 max_retries=self.retries,
@@ -460,7 +487,7 @@ class HarnessRolloutWorker:
         record.rollout_s = time.perf_counter() - started
         self._push(record, trajectories)
 
-    def _beat(self, _: Trajectory) -> None:
+    def _beat(self, _: Trajectory | None = None) -> None:
         self._heartbeat = time.time()
 
     def _push(self, record: BatchRecord, trajectories: list[Trajectory]) -> None:
