@@ -29,6 +29,8 @@ STORED_CONFIG = "a run folder's recorded configuration, as JSON gives it back (a
 SCHEMA = "a JSON schema (or a part of one) handed to a model or a validator"
 RECORD = "one line of a JSON log (metrics.jsonl, evolution.jsonl, decisions.jsonl, eval.jsonl), keys as written"
 TOOL_ARGS = "a tool call's arguments: keyword arguments of the task's tool"
+TRL_STATE = "what a TRL checkpoint keeps in its TrainerState, read back as it is"
+TRACE = "a JSON object of an OpenEnv trace, checked to be one, in that format"
 
 ALLOWED: dict[str, str] = {
     "audit:AuditReport.to_json": TO_JSON,
@@ -85,6 +87,12 @@ ALLOWED: dict[str, str] = {
     "tasks.importers.claweval.grading:env_snapshot": "Claw-Eval's env_snapshot, in the format its graders read",
     "tasks.suites.planning_world:plan_to_itinerary": "an itinerary as the planning grader's JSON format defines it",
     "tasks.suites.pools:load_pools": "a suite's data file as JSON gives it back",
+    "harness.sampled_turns:SampledTurns.summary": "an episode's counts, as its meta['sampled_turns'] keeps them",
+    "integrations.openenv.traces:Checked.obj": TRACE,
+    "integrations.openenv.traces:Checked.opt_obj": TRACE,
+    "integrations.trl.async_worker:trl_shaping": "keyword arguments of SamplingParams (TRL's sampling fields)",
+    "integrations.trl.callback:ScheduleOwner.state": TRL_STATE,
+    "integrations.trl.rollout:HarnessRollout.state": TRL_STATE,
     "train.checkpoint:restore": STATE,
     "train.checkpoint:rng_state": STATE,
     "train.distill:DistillRun.adapter_facts": ADAPTER_FACTS,

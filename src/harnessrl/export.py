@@ -67,7 +67,7 @@ def open_run(run: str | Path) -> RunStore:
         raise ExportError(str(e)) from None
 
 
-def _new_out_dir(out: Path) -> Path:
+def new_out_dir(out: Path) -> Path:
     """The folder exports go into: created when missing; an existing one must be empty, so that
     no file of an earlier export is mistaken for one of this run."""
     if out.exists() and not out.is_dir():
@@ -78,12 +78,12 @@ def _new_out_dir(out: Path) -> Path:
     return out
 
 
-def _file_name(text: str) -> str:
+def file_name(text: str) -> str:
     """`text` as a portable file name part (harness names and task ids may hold '/' or ':')."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("._") or "_"
 
 
-def _unused(path: Path, key: str) -> Path:
+def unused_path(path: Path, key: str) -> Path:
     """`path`, or, when an earlier file of this export took it (two names that differ only in
     characters a file name cannot hold), the same name with a digest of `key` added."""
     if not path.exists():
@@ -465,10 +465,10 @@ def export_inspect(run: str | Path, out: str | Path, log_format: str = "eval") -
         groups = _by_harness(store, with_tokens=False)
     if not groups:
         raise ExportError(f"{run} holds no episode to export")
-    folder = _new_out_dir(Path(out))
+    folder = new_out_dir(Path(out))
     written = []
     for harness, trajectories in groups.items():
-        path = _unused(folder / f"{_file_name(run.resolve().name)}_{_file_name(harness)}.{log_format}", harness)
+        path = unused_path(folder / f"{file_name(run.resolve().name)}_{file_name(harness)}.{log_format}", harness)
         write_eval_log(inspect_log(trajectories, config, run), str(path))  # the format from the extension
         written.append(path)
     return written
@@ -588,26 +588,13 @@ def export_atif(run: str | Path, out: str | Path, tokens: bool = True) -> list[P
         trajectories = list(store.trajectories(with_tokens=tokens))
     if not trajectories:
         raise ExportError(f"{run} holds no episode to export")
-    folder = _new_out_dir(Path(out))
+    folder = new_out_dir(Path(out))
     run_name = run.resolve().name
     written = []
     for t in trajectories:
-        sub = folder / _file_name(t.harness)
+        sub = folder / file_name(t.harness)
         sub.mkdir(exist_ok=True)
-        path = _unused(sub / f"{_file_name(t.task_id)}.{t.attempt}.json", t.episode_id)
+        path = unused_path(sub / f"{file_name(t.task_id)}.{t.attempt}.json", t.episode_id)
         path.write_text(json.dumps(atif_trajectory(t, config, run_name, tokens), indent=1) + "\n", encoding="utf-8")
         written.append(path)
     return written
-
-
-# -- OpenEnv capture traces -------------------------------------------------------------------------
-
-
-def export_openenv(run: str | Path, out: str | Path) -> tuple[list[Path], int]:
-    """Write one OpenEnv trace-entries file per episode into `out/<harness>/<task>.<attempt>.json`;
-    returns the files and how many episodes have a call without token ids or log-probs (written
-    without token fields, so not trainable)."""
-    from harnessrl.integrations.openenv import export_openenv as write_traces
-
-    summary = write_traces(run, out)
-    return summary.files, summary.not_trainable

@@ -47,9 +47,9 @@ def export_cmd(
         export_atif,
         export_inspect,
         export_jsonl,
-        export_openenv,
         open_run,
     )
+    from harnessrl.integrations.openenv import export_openenv
 
     if fmt not in FORMATS:
         fail(f"unknown export format '{fmt}' (available: {', '.join(FORMATS)})")
@@ -72,7 +72,8 @@ def export_cmd(
         elif fmt == "openenv":
             if not tokens:
                 fail("--format openenv always writes the token ids and log-probs: they are what its traces are for")
-            files, not_trainable = export_openenv(run, output)
+            summary = export_openenv(run, output)
+            files, not_trainable = summary.files, summary.not_trainable
             out.print(f"wrote {len(files)} OpenEnv traces to {output}", highlight=False)
             if not_trainable:
                 out.print(

@@ -156,7 +156,7 @@ def trace_document(t: Trajectory, config: dict[str, Any], run_name: str) -> tupl
 
 def export_openenv(run: str | Path, out: str | Path) -> ExportSummary:
     """Write one trace-entries file per episode of the run into `out/<harness>/<task>.<attempt>.json`."""
-    from harnessrl.export import ExportError, _file_name, _new_out_dir, _unused, open_run
+    from harnessrl.export import ExportError, file_name, new_out_dir, open_run, unused_path
 
     run = Path(run)
     with open_run(run) as store:
@@ -164,14 +164,14 @@ def export_openenv(run: str | Path, out: str | Path) -> ExportSummary:
         trajectories = list(store.trajectories(with_tokens=True))
     if not trajectories:
         raise ExportError(f"{run} holds no episode to export")
-    folder = _new_out_dir(Path(out))
+    folder = new_out_dir(Path(out))
     run_name = run.resolve().name
     summary = ExportSummary()
     for t in trajectories:
         document, trainable = trace_document(t, config, run_name)
-        sub = folder / _file_name(t.harness)
+        sub = folder / file_name(t.harness)
         sub.mkdir(exist_ok=True)
-        path = _unused(sub / f"{_file_name(t.task_id)}.{t.attempt}.json", t.episode_id)
+        path = unused_path(sub / f"{file_name(t.task_id)}.{t.attempt}.json", t.episode_id)
         path.write_text(json.dumps(document) + "\n", encoding="utf-8")
         summary.files.append(path)
         summary.not_trainable += not trainable
