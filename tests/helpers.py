@@ -85,6 +85,50 @@ def check_solved_step_by_step(traj, task) -> None:
     assert not traj.steps[-1].tool_calls
 
 
+def bash_step(call: dict) -> str:
+    """One solution call in an agent's own `bash` tool, written in hermes tags (the tool_protocol
+    of the specs that use it): a read is `cat`, a write `mkdir -p ... && printf ... >`, submit the
+    plain final reply that ends the agent's run (its answer)."""
+    import shlex
+
+    from harnessrl.harness.protocols import get_protocol
+    from harnessrl.types import ToolCall
+
+    args = call["arguments"]
+    if call["name"] == "submit":
+        return args.get("answer") or "Done."
+    if call["name"] == "read_file":
+        command = f"cat {shlex.quote(args['path'])}"
+    else:
+        path = shlex.quote(args["path"])
+        command = f'mkdir -p "$(dirname {path})" && printf %s {shlex.quote(args["content"])} > {path}'
+    return get_protocol("hermes").render_call(
+        ToolCall(name="bash", arguments={"command": command, "description": "Run the step"})
+    )
+
+
+def check_solved_through_bash(spec, families: tuple[str, ...]) -> None:
+    """A scripted policy answers the agent with each task's solution in its own `bash` tool
+    (`bash_step`): the agent runs the commands and sends their output back, every task passes, one
+    recorded call per solution call, and an answer read from a file came back as the shell's output."""
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import Runner, make_jobs
+
+    tasks = workspace_tasks(families)
+    runner = Runner(solution_policy(tasks, bash_step), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
+    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert len(trajectories) == len(tasks)
+    for traj in trajectories:
+        task = next(t for t in tasks if t.id == traj.task_id)
+        check_solved_step_by_step(traj, task)
+        for step in traj.steps[:-1]:
+            [made] = step.tool_calls
+            assert made.name == "bash" and step.tool_results
+        if task.family == "answer_from_file":
+            assert traj.answer.strip() == task.solution[-1]["arguments"]["answer"]
+            assert traj.answer.strip() in traj.steps[0].tool_results[0].output
+
+
 # A ChatML template with a tool role that wraps every tool message in <tool_response> tags itself,
 # consecutive tool messages in one user turn (the way the Qwen2.5 / Qwen3 templates render them).
 TOOL_RESPONSE_TEMPLATE = (

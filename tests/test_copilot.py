@@ -18,17 +18,14 @@ Skipped, saying why, where Copilot CLI is not installed (examples/agents/install
 from __future__ import annotations
 
 import platform
-import shlex
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_step_by_step, solution_policy, workspace_tasks
+from helpers import check_recorded_and_triaged, check_solved_through_bash, workspace_tasks
 
-from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
 from harnessrl.rollout import Runner, make_jobs
-from harnessrl.types import ToolCall
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "agents" / "copilot.yaml"
@@ -124,22 +121,6 @@ def test_copilot_solves_a_claweval_service_task_through_the_mcp_tools():
     check_notes_solved(traj, "harnessrl-")
 
 
-def as_bash(call: dict) -> str:
-    """One solution call in Copilot's `bash` tool, written in the spec's tool_protocol (hermes): a
-    read is `cat`, a write `mkdir -p ... && printf ... >`, submit the plain final reply that ends
-    its run (its answer)."""
-    args = call["arguments"]
-    if call["name"] == "submit":
-        return args.get("answer") or "Done."
-    if call["name"] == "read_file":
-        command = f"cat {shlex.quote(args['path'])}"
-    else:
-        path = shlex.quote(args["path"])
-        command = f'mkdir -p "$(dirname {path})" && printf %s {shlex.quote(args["content"])} > {path}'
-    call_made = ToolCall(name="bash", arguments={"command": command, "description": "Run the step"})
-    return get_protocol("hermes").render_call(call_made)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("api", ["completions", "responses"])
@@ -150,17 +131,4 @@ def test_copilot_solves_two_workspace_tasks_through_its_bash_tool(api):
     installed()  # skips where Copilot is not installed
     spec = load_spec(SPEC)
     spec = spec.model_copy(update={"env": {**spec.env, "COPILOT_PROVIDER_WIRE_API": api}})
-    tasks = workspace_tasks(FAMILIES)
-    runner = Runner(solution_policy(tasks, as_bash), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
-    trajectories = runner.run(make_jobs(tasks, [spec], 1))
-    assert len(trajectories) == 2
-    for traj in trajectories:
-        task = next(t for t in tasks if t.id == traj.task_id)
-        check_solved_step_by_step(traj, task)
-        for step in traj.steps[:-1]:
-            [made] = step.tool_calls
-            assert made.name == "bash" and step.tool_results
-        if task.family == "answer_from_file":
-            assert traj.answer.strip() == task.solution[-1]["arguments"]["answer"]
-            # the file's content came back as the result of Copilot's own shell
-            assert traj.answer.strip() in traj.steps[0].tool_results[0].output
+    check_solved_through_bash(spec, FAMILIES)
