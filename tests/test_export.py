@@ -280,8 +280,11 @@ def test_inspect_view_shows_the_logs_in_a_browser(run, tmp_path):
                     page.goto(f"http://127.0.0.1:{port}/#/tasks/{name}")
                     # this log's own task name and its last sample: the previous log (the same
                     # tasks) may still be on the page while this one loads
+                    # (and no longer loading: the viewer may show the log's name and samples from
+                    # its listing before it opens the log itself, "Loading log...")
                     page.wait_for_function(
-                        "([a, b]) => document.body.innerText.includes(a) && document.body.innerText.includes(b)",
+                        "([a, b]) => {const t = document.body.innerText;"
+                        " return t.includes(a) && t.includes(b) && t.includes('grade') && !t.includes('Loading log');}",
                         arg=[f"toolcalc/{harness}", tasks[-1].instruction],
                         timeout=30_000,
                     )
