@@ -51,10 +51,11 @@ typecheck: install
 # the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them: on this 2-core
 # machine pytest took 421 s with 2 on a quiet day, 486 s and 499 s on a busier one (without the npm
 # agents and vLLM's CPU build), 460 s with 3, where the load made a sandboxed command overrun its
-# test's 2 s wall limit once; TEST_WORKERS=0 runs it in this process
+# test's 2 s wall limit once; TEST_WORKERS=0 runs it in this process. The 40 slowest tests are
+# listed at the end (what to make cheaper first).
 TEST_WORKERS ?= 2
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations 40
 
 # docs/BENCHMARKS.md from the runs recorded in bench/results/*.jsonl and the prose of bench/doc/*.md
 benchmarks-doc: install
