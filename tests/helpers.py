@@ -229,6 +229,30 @@ def notes_solver(prefix: str) -> ScriptedPolicy:
     return ScriptedPolicy(reply, name="solver")
 
 
+def solve_notes_through(spec, prefix: str):
+    """The Claw-Eval notes task played once through `spec` with notes_solver(prefix) as its model,
+    checked by check_notes_solved; the trajectory, for what a test checks beside."""
+    from harnessrl.models.base import SamplingParams
+    from harnessrl.rollout import Runner, make_jobs
+
+    task = claweval_notes_task()
+    runner = Runner(notes_solver(prefix), SamplingParams(temperature=0.0), progress=False)
+    [traj] = runner.run(make_jobs([task], [spec], 1))
+    check_notes_solved(traj, prefix)
+    return traj
+
+
+def first_request_dialect(spec) -> str:
+    """The API an agent program's first request used, as preflight reads it from the route."""
+    from harnessrl.models.prompt_model import prompt_model
+    from harnessrl.preflight import first_agent_request
+
+    [task] = workspace_tasks(("answer_from_file",))
+    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
+    assert not isinstance(captured, str), captured
+    return captured.dialect
+
+
 def check_notes_solved(traj, prefix: str) -> None:
     """The notes task passed through the served tools: graded 1.0 by its own grader, the three
     tools offered under the agent's names, both calls run over MCP and matched to the steps that

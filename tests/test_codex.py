@@ -20,12 +20,10 @@ from pathlib import Path
 
 import pytest
 from helpers import (
-    check_notes_solved,
     check_recorded_and_triaged,
     check_solved_step_by_step,
-    claweval_notes_task,
-    notes_solver,
     solution_policy,
+    solve_notes_through,
     workspace_tasks,
 )
 
@@ -201,7 +199,4 @@ def test_codex_solves_a_claweval_service_task_through_the_mcp_tools():
     notes service, and the task's own grader, reading their dispatches and the service's audit,
     passes it."""
     spec = installed()
-    task = claweval_notes_task()
-    runner = Runner(notes_solver("mcp__harnessrl__"), SamplingParams(temperature=0.0), progress=False)
-    [traj] = runner.run(make_jobs([task], [spec], 1))
-    check_notes_solved(traj, "mcp__harnessrl__")
+    solve_notes_through(spec, "mcp__harnessrl__")

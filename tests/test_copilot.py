@@ -21,7 +21,13 @@ import platform
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_through_bash, workspace_tasks
+from helpers import (
+    check_recorded_and_triaged,
+    check_solved_through_bash,
+    first_request_dialect,
+    solve_notes_through,
+    workspace_tasks,
+)
 
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
@@ -77,22 +83,11 @@ def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: 
     return stored
 
 
-def dialect(spec: ExternalHarnessSpec) -> str:
-    """The API its first request used, as preflight reads it from the route."""
-    from harnessrl.models.prompt_model import prompt_model
-    from harnessrl.preflight import first_agent_request
-
-    [task] = workspace_tasks(("answer_from_file",))
-    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
-    assert not isinstance(captured, str), captured
-    return captured.dialect
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_copilot_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed()
-    assert dialect(spec) == "chat"
+    assert first_request_dialect(spec) == "chat"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
 
 
@@ -100,7 +95,7 @@ def test_copilot_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path
 @pytest.mark.timeout(600)
 def test_copilot_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed(COPILOT_PROVIDER_WIRE_API="responses")
-    assert dialect(spec) == "responses"
+    assert first_request_dialect(spec) == "responses"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
 
 
@@ -111,14 +106,9 @@ def test_copilot_solves_a_claweval_service_task_through_the_mcp_tools():
     --additional-mcp-config and offered beside its four tools as harnessrl-<tool>), the scripted
     model calls two of them, Copilot runs them over MCP, harnessrl runs them in the episode
     against the task's notes service, and the task's own grader passes it."""
-    from helpers import check_notes_solved, claweval_notes_task, notes_solver
-
     installed()  # skips where Copilot is not installed
     spec = load_spec(SPEC)
-    task = claweval_notes_task()
-    runner = Runner(notes_solver("harnessrl-"), SamplingParams(temperature=0.0), progress=False)
-    [traj] = runner.run(make_jobs([task], [spec], 1))
-    check_notes_solved(traj, "harnessrl-")
+    solve_notes_through(spec, "harnessrl-")
 
 
 @pytest.mark.slow

@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 from helpers import (
-    check_notes_solved,
     check_recorded_and_triaged,
     check_solved_step_by_step,
-    claweval_notes_task,
-    notes_solver,
     solution_policy,
+    solve_notes_through,
     workspace_tasks,
 )
 
@@ -140,10 +138,7 @@ def test_gemini_cli_solves_a_claweval_service_task_through_the_mcp_tools():
     harnessrl runs them in the episode against the task's notes service, and the task's own
     grader, reading their dispatches and the service's audit, passes it."""
     spec = installed()
-    task = claweval_notes_task()
-    runner = Runner(notes_solver("mcp_harnessrl_"), SamplingParams(temperature=0.0), progress=False)
-    [traj] = runner.run(make_jobs([task], [spec], 1))
-    check_notes_solved(traj, "mcp_harnessrl_")
+    traj = solve_notes_through(spec, "mcp_harnessrl_")
     # its three tools and the task's three keep the first prompt within the embedded model's context
     assert len(traj.steps[0].model_call.prompt_ids) < 8192
 

@@ -22,7 +22,13 @@ import platform
 from pathlib import Path
 
 import pytest
-from helpers import check_recorded_and_triaged, check_solved_through_bash, workspace_tasks
+from helpers import (
+    check_recorded_and_triaged,
+    check_solved_through_bash,
+    first_request_dialect,
+    solve_notes_through,
+    workspace_tasks,
+)
 
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
 from harnessrl.models.base import SamplingParams
@@ -54,17 +60,6 @@ def installed(**env: str) -> ExternalHarnessSpec:
     return spec.model_copy(update={"env": {**spec.env, **env}, "limits": limits})
 
 
-def dialect(spec: ExternalHarnessSpec) -> str:
-    """The API its first request used, as preflight reads it from the route."""
-    from harnessrl.models.prompt_model import prompt_model
-    from harnessrl.preflight import first_agent_request
-
-    [task] = workspace_tasks(("answer_from_file",))
-    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
-    assert not isinstance(captured, str), captured
-    return captured.dialect
-
-
 def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: Path) -> None:
     from harnessrl.models.embedded import tiny_random_model
     from harnessrl.models.hf import HFPolicy
@@ -94,7 +89,7 @@ def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: 
 @pytest.mark.timeout(600)
 def test_kilo_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed()
-    assert dialect(spec) == "chat"
+    assert first_request_dialect(spec) == "chat"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
 
 
@@ -102,7 +97,7 @@ def test_kilo_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path):
 @pytest.mark.timeout(600)
 def test_kilo_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed(KILO_PROVIDER_PACKAGE="@ai-sdk/openai")
-    assert dialect(spec) == "responses"
+    assert first_request_dialect(spec) == "responses"
     run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
 
 
@@ -113,14 +108,9 @@ def test_kilo_solves_a_claweval_service_task_through_the_mcp_tools():
     config kilo.py writes, shown as harnessrl_<tool>), the scripted model calls two of them, Kilo
     runs them over MCP, harnessrl runs them in the episode against the task's notes service, and
     the task's own grader passes it."""
-    from helpers import check_notes_solved, claweval_notes_task, notes_solver
-
     installed()  # skips where Kilo is not installed
     spec = load_spec(SPEC)
-    task = claweval_notes_task()
-    runner = Runner(notes_solver("harnessrl_"), SamplingParams(temperature=0.0), progress=False)
-    [traj] = runner.run(make_jobs([task], [spec], 1))
-    check_notes_solved(traj, "harnessrl_")
+    solve_notes_through(spec, "harnessrl_")
 
 
 @pytest.mark.slow

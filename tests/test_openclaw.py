@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import check_notes_solved, claweval_notes_task, notes_solver
+from helpers import solve_notes_through
 
 from harnessrl.harness.protocols import get_protocol
 from harnessrl.harness.spec import ExternalHarnessSpec, load_spec
@@ -271,9 +271,6 @@ def test_openclaw_lean_solves_a_claweval_service_task_through_the_mcp_tools():
     model calls two, OpenClaw runs them over MCP, harnessrl runs them against the task's notes
     service, and the task's own grader passes it."""
     spec = installed(LEAN)
-    task = claweval_notes_task()
-    runner = Runner(notes_solver("harnessrl__"), SamplingParams(temperature=0.0), progress=False)
-    [traj] = runner.run(make_jobs([task], [spec], 1))
-    check_notes_solved(traj, "harnessrl__")
+    traj = solve_notes_through(spec, "harnessrl__")
     served = {"harnessrl__notes_list", "harnessrl__notes_add", "harnessrl__notes_delete"}
     assert offered(traj) == {"read", "write", "edit", "ls", "exec"} | served
