@@ -52,11 +52,11 @@ from typing import Any
 
 from harnessrl.models.base import SampledPrefix
 from harnessrl.types import Message, ModelCall, ToolSchema
+from harnessrl.wire.responses import CUSTOM_INPUT, read_custom_input
 
 # the ids of the tool calls the endpoint hands out, and the same with the underscores dropped
 _MINTED = re.compile(r"^call_(\d+)_(\d+)$")
 _STRIPPED = re.compile(r"^call(\d{2,})$")
-CUSTOM_INPUT = "input"  # the one string a Responses custom tool's call comes back as (wire/responses.py)
 
 
 def _canonical_json(value: Any) -> str:
@@ -90,20 +90,6 @@ class HandedOut:
         return ["reply", self.text, [[name, arguments] for _, name, arguments in self.calls]]
 
 
-def _custom_input(arguments: str) -> str | None:
-    """The raw input a Responses custom tool's call was handed out as (wire.responses.custom_input)."""
-    value = json.loads(arguments)
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        if isinstance(value.get(CUSTOM_INPUT), str):
-            return value[CUSTOM_INPUT]
-        strings = [v for v in value.values() if isinstance(v, str)]
-        if len(value) == 1 and strings:
-            return strings[0]
-    return None
-
-
 def _names_other(call_id: str | None, index: int, position: int) -> bool:
     """Whether `call_id` is one the endpoint minted for another call than `position` of `index`."""
     if call_id is None:
@@ -129,7 +115,7 @@ def same_reply(reply: HandedOut, index: int, message: Message) -> bool:
         if call.name != name or _names_other(call.id, index, k):
             return False
         given = _canonical_json(call.arguments)
-        custom = _custom_input(arguments)
+        custom = read_custom_input(arguments)  # a Responses custom tool's call comes back as its raw input
         if given != arguments and (custom is None or given != _canonical_json({CUSTOM_INPUT: custom})):
             return False
     return True

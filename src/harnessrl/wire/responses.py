@@ -449,13 +449,13 @@ def assistant_turn(call: ModelCall, message: dict | None) -> tuple[str | None, l
     return message.get("content"), list(message.get("tool_calls") or [])
 
 
-def custom_input(arguments: str) -> str:
-    """The raw input of a custom tool's call from the arguments the tool-call format parsed: its
-    `input`, the one string the model gave, or (neither) the arguments as written."""
+def read_custom_input(arguments: str) -> str | None:
+    """The raw input of a custom tool's call in the arguments the tool-call format parsed: its
+    `input`, or the one string the model gave; None where they hold neither (or are not JSON)."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        return arguments
+        return None
     if isinstance(value, str):
         return value
     if isinstance(value, dict):
@@ -464,7 +464,14 @@ def custom_input(arguments: str) -> str:
         strings = [v for v in value.values() if isinstance(v, str)]
         if len(value) == 1 and strings:
             return strings[0]
-    return arguments
+    return None
+
+
+def custom_input(arguments: str) -> str:
+    """The raw input of a custom tool's call as handed out: `read_custom_input`, or (neither) the
+    arguments as written."""
+    raw = read_custom_input(arguments)
+    return arguments if raw is None else raw
 
 
 def output_items(
