@@ -94,7 +94,8 @@ def make_rollout(**options):
     return HarnessRollout(TextScore(), SPECS, seed=0, max_in_flight=4, **options)
 
 
-def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, reward_funcs=None, **config):
+def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, reward_funcs=None, model=None, **config):
+    """GRPOTrainer over `model` (default: the tiny random model) with a LoRA adapter, `rollout` as its rollout_func."""
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
@@ -112,13 +113,13 @@ def train(out: Path, rollout, resume: str | None = None, steps: int = STEPS, rew
         use_cpu=True,
         save_strategy="steps",
         save_steps=2,
-        temperature=1.0,
         seed=0,
         disable_tqdm=True,
-        **{"bf16": False, **config},  # TRL's default bf16 autocast is refused (docs/trl.md, "Precision")
+        # TRL's default bf16 autocast is refused (docs/trl.md, "Precision")
+        **{"bf16": False, "temperature": 1.0, **config},
     )
     trainer = GRPOTrainer(
-        model=tiny_random_model(),
+        model=model if model is not None else tiny_random_model(),
         processing_class=copy.deepcopy(load_tokenizer()),  # TRL may set its pad token: not the shared one
         args=args,
         train_dataset=rollout.dataset("train"),
