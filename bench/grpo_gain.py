@@ -19,7 +19,9 @@ skipped when the script is run again, an interrupted one resumes with --resume):
 Reported: the held-out mean of each, the paired differences (by task) grpo - before,
 control - before and grpo - control with 95 % bootstrap intervals (`harnessrl compare`), and
 each run's reward per step. Prints a table and one `GRPO_GAIN_JSON {...}` line; `--record`
-appends the run to bench/results/grpo_gain.jsonl.
+appends the run to bench/results/grpo_gain.jsonl and, after each stage, writes the stage's
+per-task (evaluations) or per-step (training runs) records to
+bench/results/records/grpo_gain/NAME/ (NAME: --out's last part; records/README.md).
 
     .venv/bin/python bench/grpo_gain.py --model tiny-random --harness json-tools --steps 1 \\
         --tasks-per-step 2 --group-size 2 --test-tasks 2 --attempts 1 --out /tmp/gain   # plumbing only
@@ -38,7 +40,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import add_record_argument, record_run  # noqa: E402
+from results import (  # noqa: E402
+    RECORDS_DIR,
+    add_record_argument,
+    eval_rows,
+    interval_text,
+    record_run,
+    this_command,
+    train_rows,
+    write_lines,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,9 +135,36 @@ def rewards(folder: Path) -> list[float | None]:
     return [json.loads(x).get("reward_mean") for x in lines if x.strip()]
 
 
-def _ci(row: dict) -> str:
-    ci = row["ci95"]
-    return "-" if ci is None else f"{row['mean_difference']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+COMPARISONS = [
+    ["GRPO - before", "before", "after-grpo"],
+    ["control - before", "before", "after-control"],
+    ["GRPO - control", "after-control", "after-grpo"],
+]
+
+
+def write_records(args: argparse.Namespace, folders: dict[str, Path], done: list[str]) -> None:
+    """The finished stages' records under bench/results/records/grpo_gain/NAME/, and run.json."""
+    records = RECORDS_DIR / "grpo_gain" / Path(args.out).resolve().name
+    for name in done:
+        kind = "train" if name in ("grpo", "control") else "eval"
+        rows = train_rows(folders[name]) if kind == "train" else eval_rows(folders[name])
+        write_lines(records / f"{kind}-{name}.jsonl", rows)
+    evaluations = [n for n in done if n not in ("grpo", "control")]
+    run = {
+        "experiment": "grpo_gain",
+        "command": this_command(),
+        "model": args.model,
+        "suite": args.suite,
+        "budget": {k: getattr(args, k) for k in ("steps", "tasks_per_step", "group_size", "lr", "temperature")},
+        "seeds": [args.seed],
+        "test": f"{args.test_tasks} test tasks x {args.attempts} attempts, T={args.temperature}",
+        "attempts": args.attempts,
+        "harnesses": {"trained": [harness_name(args.harness)], "held_out": None},
+        "evaluations": evaluations,
+        "arms": [n for n in done if n in ("grpo", "control")],
+        "comparisons": [c for c in COMPARISONS if c[1] in evaluations and c[2] in evaluations],
+    }
+    (records / "run.json").write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -135,6 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     before = Path(args.before) if args.before else out / "before"
+    folders = {
+        "before": before,
+        "grpo": out / "grpo",
+        "after-grpo": out / "after-grpo",
+        "control": out / "control",
+        "after-control": out / "after-control",
+    }
     stages = [
         ("before", lambda: evaluate(args, args.model, before)),
         ("grpo", lambda: train(args, out / "grpo", control=False)),
@@ -146,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
         started = time.perf_counter()
         stage()
         seconds[name] = round(time.perf_counter() - started, 1)
+        if args.record:  # the stage's records, committed stage by stage
+            write_records(args, folders, list(seconds))
     diffs = {
         "grpo - before": compare(before, out / "after-grpo"),
         "control - before": compare(before, out / "after-control"),
@@ -162,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     for name, value in means.items():
         print(f"  {name:<14} {value:.3f}")
     for name, row in diffs.items():
-        print(f"  {name:<17} {_ci(row)}   ({row['n_tasks']} tasks)")
+        print(f"  {name:<17} {interval_text(row)}   ({row['n_tasks']} tasks)")
     for name, curve in curves.items():
         print(f"  reward per step, {name}: " + " ".join("-" if r is None else f"{r:.2f}" for r in curve))
     print("GRPO_GAIN_JSON " + json.dumps(result))
@@ -172,9 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
             "held-out before": f"{means['before']:.3f}",
             "after GRPO": f"{means['after GRPO']:.3f}",
             "after control": f"{means['after control']:.3f}",
-            "GRPO - before [95% CI]": _ci(diffs["grpo - before"]),
-            "control - before [95% CI]": _ci(diffs["control - before"]),
-            "GRPO - control [95% CI]": _ci(diffs["grpo - control"]),
+            "GRPO - before [95% CI]": interval_text(diffs["grpo - before"]),
+            "control - before [95% CI]": interval_text(diffs["control - before"]),
+            "GRPO - control [95% CI]": interval_text(diffs["grpo - control"]),
         }
         record_run("grpo_gain", [row], results=result)
     return result

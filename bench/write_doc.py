@@ -9,6 +9,12 @@ built from `bench/results/BENCHMARK.jsonl` (bench/results.py says what a record 
 per configuration (its first column), each from the latest run that measured it, followed by
 the commands that produced the rows, their dates and machines. A record no section places, or a
 placeholder with no record, is an error: nothing measured is dropped silently.
+
+Intervals recomputed from per-task records (`bench/results/records/RUN/`, records/README.md):
+`{{interval RUN A B HARNESS [METRIC]}}` anywhere in a line is B - A paired by task with its 95 %
+bootstrap interval; a line `{{differences RUN [METRIC]}}` is the table of run.json's comparisons
+per harness, `{{levels RUN [METRIC]}}` each evaluation's mean with its interval, and
+`{{steps RUN ARM}}` a training arm's steps (the scheduler's choice and estimates per harness).
 """
 
 from __future__ import annotations
@@ -20,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import RESULTS_DIR, read_records  # noqa: E402
+from results import (  # noqa: E402
+    RESULTS_DIR,
+    interval_text,
+    read_lines,
+    read_records,
+    records_difference,
+    records_level,
+    records_run,
+)
 
 BENCH = Path(__file__).resolve().parent
 DOC_DIR = BENCH / "doc"
@@ -30,6 +44,8 @@ BANNER = (
     "<!-- Written by bench/write_doc.py from bench/results/*.jsonl (the runs) and bench/doc/*.md (the prose):\n"
     "     edit those and run `make benchmarks-doc`; a bench script's --record appends a run. -->"
 )
+INTERVAL = re.compile(r"\{\{interval (?P<args>[^{}]+)\}\}")
+RECORDS_TABLE = re.compile(r"^(?P<indent>\s*)\{\{(?P<kind>differences|levels|steps) (?P<args>[^{}]+)\}\}\s*$")
 NUMERIC = re.compile(r"^[-+]?[\d,./]+(e[-+]?\d+)?\s*(x|%|s|ms|us|MB|GB|GiB|MiB|tok/s)?$", re.IGNORECASE)
 
 
@@ -117,6 +133,103 @@ def render_table(name: str, records: list[dict[str, Any]], indent: str = "") -> 
     return "\n".join(indent + line if line else line for line in lines)
 
 
+def _records_dir(results_dir: Path, run: str) -> Path:
+    folder = results_dir / "records" / run
+    if not (folder / "run.json").is_file():
+        raise DocError(f"no per-task records {run!r} in {results_dir / 'records'} (run.json is missing)")
+    return folder
+
+
+def render_interval(args: str, results_dir: Path) -> str:
+    """`RUN A B HARNESS [METRIC]` -> "+0.012 [-0.050, +0.070]" (B - A, paired by task)."""
+    parts = args.split()
+    if len(parts) not in (4, 5):
+        raise DocError(f"{{{{interval {args}}}}}: give RUN A B HARNESS [METRIC]")
+    run, a, b, harness = parts[:4]
+    try:
+        return interval_text(records_difference(_records_dir(results_dir, run), a, b, harness, *parts[4:]))
+    except (ValueError, KeyError) as e:
+        raise DocError(f"{{{{interval {args}}}}}: {e}") from None
+
+
+def _columns(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """(header, harness or pool) of a records table: each trained harness, the trained ones
+    pooled (when more than one), the held-out one."""
+    trained = run["harnesses"]["trained"]
+    columns = [(h, h) for h in trained]
+    if len(trained) > 1:
+        columns.append(("trained, pooled", "trained"))
+    if run["harnesses"].get("held_out"):
+        columns.append((f"held out: {run['harnesses']['held_out']}", "held-out"))
+    return columns
+
+
+def _fmt(value: Any, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_records_table(kind: str, args: str, results_dir: Path, indent: str = "") -> str:
+    parts = args.split()
+    try:
+        folder = _records_dir(results_dir, parts[0])
+        run = records_run(folder)
+        where = f"bench/results/records/{parts[0]}/"
+        if kind == "steps":
+            if len(parts) != 2:
+                raise DocError(f"{{{{steps {args}}}}}: give RUN ARM")
+            lines = _steps_table(folder, run, parts[1])
+            about = (
+                f"Per step of `{parts[1]}`, from {where}train-{parts[1]}.jsonl: p the scheduler's probability at "
+                "selection; signal the harness's groups with signal / its groups; L its learnability (mean "
+                "|advantage|); T the step's transferability (mean cosine of its gradient sketch with the other "
+                "harnesses' average sketches); s HarnessBandit's score after the step."
+            )
+        else:
+            metric = parts[1] if len(parts) > 1 else "mean"
+            columns = _columns(run)
+            first = "evaluation" if kind == "levels" else "B - A"
+            lines = ["| " + " | ".join([first, *(c for c, _ in columns)]) + " |"]
+            lines.append("|---|" + "---:|" * len(columns))
+            if kind == "differences":
+                for label, a, b in run["comparisons"]:
+                    cells = [interval_text(records_difference(folder, a, b, h, metric)) for _, h in columns]
+                    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            else:
+                for name in run["evaluations"]:
+                    cells = [records_level(folder, name, h, metric) for _, h in columns]
+                    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            test = f" ({run['test']})" if run.get("test") else ""
+            paired = ", paired by task" if kind == "differences" else ""
+            about = f"{metric} per task, recomputed from {where}{test}; 95 % bootstrap intervals over tasks{paired}."
+    except (ValueError, KeyError) as e:
+        raise DocError(f"{{{{{kind} {args}}}}}: {e}") from None
+    return "\n".join(indent + line if line else line for line in [*lines, "", about])
+
+
+def _steps_table(folder: Path, run: dict[str, Any], arm: str) -> list[str]:
+    rows = read_lines(folder / f"train-{arm}.jsonl")
+    if not rows:
+        raise DocError(f"no per-step records of {arm!r} in {folder}")
+    names = list(rows[0]["harnesses"])
+    lines = ["| step | harness | groups with signal | reward | " + " | ".join(names) + " |"]
+    lines.append("|---:|---|---:|---:|" + "---|" * len(names))
+    for r in rows:
+        cells = []
+        for h in names:
+            c = r["harnesses"][h]
+            parts = [f"p {_fmt(c.get('p'))}"]
+            if c.get("groups"):
+                parts.append(f"signal {c['signal_groups']}/{c['groups']}, L {_fmt(c.get('learnability'))}")
+            if "transfer" in c:
+                parts.append(f"T {_fmt(c['transfer'])}")
+            if "score" in c:
+                parts.append(f"s {_fmt(c['score'])}")
+            cells.append(", ".join(parts))
+        signal = f"{r['signal_groups']}/{r['groups']}"
+        lines.append(f"| {r['step']} | {r['harness']} | {signal} | {_fmt(r['reward'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _anchor(title: str) -> str:
     slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
     return slug
@@ -139,6 +252,12 @@ def build(doc_dir: Path = DOC_DIR, results_dir: Path = RESULTS_DIR) -> str:
         for line in path.read_text(encoding="utf-8").rstrip("\n").split("\n"):
             if line.lstrip().startswith("```"):
                 in_code = not in_code
+            if not in_code:
+                line = INTERVAL.sub(lambda i: render_interval(i.group("args"), results_dir), line)
+                r = RECORDS_TABLE.match(line)
+                if r:
+                    out.append(render_records_table(r.group("kind"), r.group("args"), results_dir, r.group("indent")))
+                    continue
             m = PLACEHOLDER.match(line)
             if m and not in_code:
                 name = m.group("name") if "/" in m.group("name") else f"{m.group('name')}/main"
