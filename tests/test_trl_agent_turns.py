@@ -4,15 +4,16 @@ computes its loss on.
 
 The tiny random model's replies are noise, and mini-swe-agent does not send a reply it cannot
 parse back (tests/test_turns_kept.py), so no row of its episodes could hold two calls. The model is
-first taught, on its own weights by harnessrl's SFT loss, one episode of mini on the task TRL
-plays: a scripted play of that episode (the script's replies on the prompts harnessrl's engine
-renders, earlier replies continued as sampled) gives each call's prompt and reply, and the model
-learns the replies until the whole episode has probability above 0.999 at temperature 1. Then
-GRPOTrainer plays one group of two episodes with mini sampling from that model: three bash calls,
-the third submitting. Checked on the inputs of TRL's compute_loss, row by row: the prompt is the
-first call's, the completion is every call's sampled tokens in order with mini's messages and the
-tools' outputs between them, and the loss mask is 1 on the model's tokens and 0 on the others;
-the calls in a row are the episode's recorded model calls (meta["sampled_turns"]).
+first taught one episode of mini on the task TRL plays: a scripted play of that episode (the
+script's replies on the prompts harnessrl's engine renders, earlier replies continued as sampled)
+gives each call's prompt and reply, and a few Adam steps on the replies' negative log-likelihood
+(harnessrl's teacher-forced log-probs) go on until the whole episode has probability above 0.999 at
+the temperature TRL samples with. Then GRPOTrainer plays one group of two episodes with mini
+sampling from that model: three bash calls, the third submitting. Checked on the inputs of TRL's
+compute_loss, row by row: the prompt is the first call's, the completion is every call's sampled
+tokens in order with mini's messages and the tools' outputs between them, and the loss mask is 1
+on the model's tokens and 0 on the others; the calls in a row are the episode's recorded model
+calls (meta["sampled_turns"]).
 """
 
 from __future__ import annotations
