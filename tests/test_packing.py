@@ -80,7 +80,8 @@ def test_micro_batches_keep_a_row_together():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _set_up(tmp_path_factory.mktemp("packing") / "out", BASE.replace(micro_batch=100_000))
+    # rows forwarded whole (no prefix sharing): what packing alone saves
+    return _set_up(tmp_path_factory.mktemp("packing") / "out", BASE.replace(micro_batch=100_000, share_prefixes=False))
 
 
 def test_packed_rows_give_each_call_its_own_logprobs_loss_and_gradient(tiny, monkeypatch):

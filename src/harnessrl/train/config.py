@@ -112,8 +112,17 @@ class TrainConfig(Options):
     )
     ppo_epochs: int = Field(default=1, ge=1, description="passes over each rollout batch (> 1: the ratio clip acts)")
     mini_batches: int = Field(default=1, ge=1, description="optimizer steps per pass (the batch split in N parts)")
-    micro_batch: MicroBatch = 2048
+    micro_batch: MicroBatch = Field(
+        default=2048,
+        description="tokens per forward/backward: rows x padded length, or with --share-prefixes the tokens the "
+        "forwards run (padding included, a shared token once)",
+    )
     gradient_checkpointing: GradientCheckpointing = False
+    share_prefixes: bool = Field(
+        default=True,
+        description="forward the tokens a micro-batch's rows share (the harness's prompt, a group's task prompt) "
+        "once in the update: the same log-probs and gradients, less compute (off: every row whole)",
+    )
     aggregation: str = Field(default="token-mean", description="token-mean (DAPO) or seq-mean (GRPO)")
     clip_low: float = Field(default=0.2, ge=0, lt=1, description="lower ratio clip")
     clip_high: float = Field(default=0.28, ge=0, description="upper ratio clip")

@@ -47,6 +47,7 @@ from harnessrl.train.grpo import (
     truncated_is_weights,
 )
 from harnessrl.train.packing import packed_rows, pad_packed
+from harnessrl.train.prefix_share import plan_of, shared_micro_batches, shared_token_logprobs, supports
 from harnessrl.train.progress import mean
 from harnessrl.train.sketch import GradientSketch
 
@@ -65,13 +66,19 @@ class TrainingDiverged(JobFailed):
     """The loss or the gradient became NaN / inf: training stopped, the last checkpoint is intact."""
 
 
-def micro_batches(units: list[TrainingUnit], max_tokens: int, pack: bool = False) -> list[list[TrainingUnit]]:
+def micro_batches(
+    units: list[TrainingUnit], max_tokens: int, pack: bool = False, share: bool = False
+) -> list[list[TrainingUnit]]:
     """Pack units into micro-batches of at most `max_tokens` padded tokens (rows x longest row).
 
     Longest first, so a batch's width is set by its first row; a row longer than the budget goes
     alone. A row is one unit, or with `pack` the units `packed_rows` puts in one (they stay in
-    one micro-batch). Deterministic for a given list.
+    one micro-batch). With `share` the rows that share prefixes go together and the budget is of
+    the tokens their shared forward runs, each shared token once
+    (`harnessrl.train.prefix_share.shared_micro_batches`). Deterministic for a given list.
     """
+    if share:
+        return shared_micro_batches(units, max_tokens, pack)
     if pack:
         rows = [[units[i] for i in members] for members in packed_rows(units)]
     else:
@@ -119,6 +126,25 @@ class UpdateContext:
     @property
     def device(self) -> torch.device:
         return self.trainable[0].device if self.trainable else torch.device("cpu")
+
+    @property
+    def shares(self) -> bool:
+        """Whether the rows of a micro-batch forward what they share once
+        (`harnessrl.train.prefix_share`): --share-prefixes (the default), on a model whose forward
+        can (`supports`). Exact for every loss: the rows themselves do not change."""
+        return self.config.share_prefixes and supports(self.model)
+
+    def logprobs(self, batch: dict[str, torch.Tensor], shared: bool) -> torch.Tensor:
+        """`token_logprobs` of a micro-batch at the run temperature, in float32 (the loss's dtype,
+        whatever the model computes in); with `shared`, its rows forwarded as a tree
+        (`shared_token_logprobs`)."""
+        if shared:
+            return shared_token_logprobs(self.model, batch, temperature=self.config.temperature).float()
+        return token_logprobs(self.model, batch, temperature=self.config.temperature).float()
+
+    def forwarded(self, batch: dict[str, torch.Tensor], shared: bool) -> int:
+        """The tokens a micro-batch's forward runs, padding included."""
+        return plan_of(batch).forwarded if shared else batch["input_ids"].numel()
 
     @property
     def packs(self) -> bool:
@@ -326,10 +352,11 @@ def recompute_old_logprobs(ctx: UpdateContext, units: list[TrainingUnit]) -> tup
     mismatch = MismatchSums(ctx.config)
     recomputed: dict[int, list[float]] = {}
     ctx.model.eval()
+    shared = ctx.shares
     with torch.no_grad():
-        for mb in micro_batches(ctx.active(units), ctx.config.micro_batch, ctx.packs):
+        for mb in micro_batches(ctx.active(units), ctx.config.micro_batch, ctx.packs, shared):
             batch = padded_batch(mb, ctx.pad_id, ctx.device, ctx.packs)
-            logprobs = token_logprobs(ctx.model, batch, temperature=ctx.config.temperature).float()
+            logprobs = ctx.logprobs(batch, shared)
             mismatch.add(logprobs, batch)
             for u, row in zip(mb, batch["unit_rows"].tolist()):
                 p, c = len(u.prompt_ids), len(u.completion_ids)
@@ -406,6 +433,7 @@ def accumulate_gradient(
     step: int = 0,
     totals: tuple[int, int, int] | None = None,
     mismatch: MismatchSums | None = None,
+    times: dict[str, float] | None = None,
 ) -> tuple[dict[str, float], int, int, int]:
     """Backward of the GRPO loss of `units` (one mini-batch), one micro-batch at a time.
 
@@ -423,6 +451,9 @@ def accumulate_gradient(
     that sampled it: the old log-probs are this forward's own, detached (what
     `recompute_old_logprobs` would have computed in a pass of its own), and each micro-batch's
     sampler-against-trainer gap is added to `mismatch`.
+
+    `times`: where given, the seconds of the forwards (log-probs, the reference's included) and
+    of the backward passes are added under "forward" and "backward".
     """
     cfg = ctx.config
     active = ctx.active(units)
@@ -435,18 +466,21 @@ def accumulate_gradient(
     sums = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
     padded = 0
     ctx.model.eval()  # whatever mode something left it in: no dropout in these log-probs
-    for mb in micro_batches(active, cfg.micro_batch, ctx.packs):
+    shared = ctx.shares
+    clock = {"forward": 0.0, "backward": 0.0}
+    for mb in micro_batches(active, cfg.micro_batch, ctx.packs, shared):
         batch = padded_batch(mb, ctx.pad_id, ctx.device, ctx.packs)
-        padded += batch["input_ids"].numel()
-        # the loss in float32 whatever the model computes in (bfloat16 on a GPU)
-        logprobs = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+        padded += ctx.forwarded(batch, shared)
+        t0 = time.perf_counter()
+        logprobs = ctx.logprobs(batch, shared)
         if mismatch is not None:
             batch["old_logprobs"] = logprobs.detach() * batch["completion_mask"]
             mismatch.add(logprobs, batch)
         ref = None
         if cfg.kl_coef > 0:
             with torch.no_grad(), ctx.model.disable_adapter():
-                ref = token_logprobs(ctx.model, batch, temperature=cfg.temperature).float()
+                ref = ctx.logprobs(batch, shared)
+        clock["forward"] += time.perf_counter() - t0
         pg_weights = None
         if cfg.rollout_correction == "tis":  # the sampler is not the trainer: reweight its tokens
             pg_weights, _ = truncated_is_weights(
@@ -471,11 +505,16 @@ def accumulate_gradient(
             raise TrainingDiverged(f"step {step + 1}: the loss is {float(loss.detach())}")
         mb_tokens = sum(len(u.completion_ids) for u in mb)
         weight = mb_tokens / total_tokens if cfg.aggregation == "token-mean" else len(mb) / total_units
+        t0 = time.perf_counter()
         (loss * weight).backward()
+        clock["backward"] += time.perf_counter() - t0
         sums["loss"] += float(loss.detach()) * weight
         share = mb_tokens / active_tokens  # the per-token stats, over the trained tokens
         for key in ("clip_fraction", "ratio_mean", "kl"):
             sums[key] += stats[key] * share
+    if times is not None:
+        for key, seconds in clock.items():
+            times[key] = times.get(key, 0.0) + seconds
     return sums, len(active), active_tokens, padded
 
 
