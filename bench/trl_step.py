@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -433,6 +434,7 @@ def main(argv: list[str] | None = None) -> dict:
                     r = trl_step(folder, ROWS[key], key == UNPADDED, args.trl_gradient_checkpointing, args.model, head)
                 print(key, json.dumps(r), flush=True)
                 runs[key].append(r)
+                gc.collect()  # the trainer and its model (held in reference cycles by the hooks above)
     every = [r for rs in runs.values() for r in rs]
     first = every[0]
     differ = [
