@@ -6,7 +6,8 @@ trained on? Paired by task, two seeds, a single-harness reference.
 Stages, in this order (the main comparison first); each is `harnessrl` commands (run in this
 process) with run folders under --out. A finished stage is skipped on a rerun (its marker,
 OUT/done/STAGE.json, is written last); an interrupted one resumes: a finished evaluation or
-training run is skipped, an unfinished one continues from its folder (--resume).
+training run is skipped, an unfinished one continues from its folder (--resume). A rerun must
+give the same options (OUT/options.json), but for --until and where the records go.
 
   warm-start   the supervised warm start (bench/doc 03, 04a): `harnessrl eval --model oracle` on
                the first --ws-tasks train tasks through json-tools and code-act, then `harnessrl
@@ -376,6 +377,25 @@ class Experiment:
         return f"hf:{self.out / arm / 'adapter'}"
 
 
+# Options that change nothing a stage computes: a rerun may give others.
+FREE_OPTIONS = ("until", "records", "records_dir", "name")
+
+
+def check_options(path: Path, args: argparse.Namespace) -> None:
+    """OUT/options.json: the first run's options; a rerun with others that change what the
+    stages compute is refused (the finished stages were computed with the first ones)."""
+    options = {k: v for k, v in vars(args).items() if k not in FREE_OPTIONS}
+    if not path.is_file():
+        write_json(path, options)
+        return
+    first = json.loads(path.read_text(encoding="utf-8"))
+    changed = [f"--{k.replace('_', '-')} {first.get(k)!r} -> {v!r}" for k, v in options.items() if first.get(k) != v]
+    if changed:
+        raise SystemExit(
+            f"{path.parent} was run with other options ({'; '.join(changed)}): give the same, or another --out"
+        )
+
+
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -515,6 +535,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del given[given.index("--until") : given.index("--until") + 2]
     exp = Experiment(args, " ".join([".venv/bin/python bench/bandit_gain.py", *map(shlex.quote, given)]))
     exp.out.mkdir(parents=True, exist_ok=True)
+    check_options(exp.out / "options.json", args)
     stages = {
         "warm-start": lambda: stage_warm_start(exp),
         "survey": lambda: stage_survey(exp),

@@ -165,5 +165,7 @@ def test_the_experiment_resumes_after_an_interruption_and_redoes_nothing_finishe
     steps = [json.loads(line) for line in same["train-bandit-s0.jsonl"].splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(sum(h["count"] for h in s["harnesses"].values()) == s["step"] for s in steps)
+    with pytest.raises(SystemExit, match=r"other options \(--steps 2 -> 3\)"):  # finished stages used 2
+        bandit_gain.main([*b_args, "--steps", "3"])
     page = _page(tmp_path, "{{steps bandit_gain/b bandit-s0}}\n\n{{differences bandit_gain/b pass@2}}\n")
     assert f"| 1 | {steps[0]['harness']} | 0/2 | 0.00 |" in page and "| bandit - mixed, seed 0 |" in page
