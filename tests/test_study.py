@@ -26,8 +26,9 @@ N_COLLECT = 3
 def small_spec(folder: Path, base: str, name: str) -> Path:
     """A built-in harness with budgets small enough for the tiny random model to finish fast (it
     writes random tokens up to max_new_tokens every step), and large enough for the oracle's and
-    the replay's replies (toolcalc: at most two calls and the submit)."""
-    return shrunk_file(folder, base, name=name, max_steps=4, max_new_tokens=64, max_total_tokens=4096)
+    the replay's replies (toolcalc: at most two calls and the submit, three steps; the longest
+    reply of the oracle on toolcalc's tasks is 35 tokens in json-tools, 32 in react)."""
+    return shrunk_file(folder, base, name=name, max_steps=3, max_new_tokens=40, max_total_tokens=4096)
 
 
 @pytest.fixture(scope="module")
