@@ -25,7 +25,8 @@ Three trainers, each run once per repeat, their order rotating from one repeat t
 - the same with micro-batches of 1 episode whose padding this bench cuts before TRL's loss sees
   them (`without_padding`; TRL 1.16's GRPOTrainer has no such option, no `padding_free` and no
   packing: see the doc): the padding's share of the update's time;
-- `harnessrl train grpo`: an episode's model calls packed into shared rows.
+- `harnessrl train grpo`: an episode's model calls packed into shared rows, and the tokens a
+  micro-batch's rows share (a group's task prompt) forwarded once (`--share-prefixes`, its default).
 
 Phases: rollout (the episodes, harnessrl's engine on the model being trained, in all three) and
 update (the rest of the step). TRL's update in parts, from hooks on its own code: the loss's
@@ -67,6 +68,7 @@ from pathlib import Path
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "trl"))
+from results import add_record_argument, record_run  # noqa: E402
 
 TASKS, GROUP, HARNESS, MAX_STEPS = 4, 2, "json-tools", 4
 PADDED, UNPADDED, OURS = "trl-2", "trl-1", "ours"
@@ -398,43 +400,18 @@ def _med(runs: list[dict], key: str, per_token: bool = True) -> float:
     return statistics.median(r[key] / (r["trained_tokens"] if per_token else 1) for r in runs)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--record", action="store_true")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (the figures), or tiny-random (plumbing)")
-    p.add_argument(
-        "--trl-gradient-checkpointing",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="TRL's default is on; ours has none, so off compares like with like",
-    )
-    p.add_argument("--head-bench", action=argparse.BooleanOptionalAction, default=True)
-    args = p.parse_args(argv)
-    import torch
-    from float_trainer import force_flat_advantages
-
-    force_flat_advantages()
-    checkpointing = ", gradient checkpointing" if args.trl_gradient_checkpointing else ""
-    names = {
+def trainer_names(gradient_checkpointing: bool) -> dict[str, str]:
+    checkpointing = ", gradient checkpointing" if gradient_checkpointing else ""
+    return {
         PADDED: f"TRL 1.16 GRPOTrainer, micro-batches of 2 episodes (padded){checkpointing}",
         UNPADDED: f"TRL 1.16 GRPOTrainer, micro-batches of 1 episode, padding cut by this bench{checkpointing}",
-        OURS: "harnessrl train grpo (an episode's calls packed in shared rows)",
+        OURS: "harnessrl train grpo (calls packed in shared rows, shared prefixes forwarded once)",
     }
-    runs: dict[str, list[dict]] = {k: [] for k in names}
-    order = list(names)
-    with tempfile.TemporaryDirectory(prefix="trl-step-") as tmp:
-        for i in range(args.repeats):
-            for key in order[i % 3 :] + order[: i % 3]:
-                folder = Path(tmp) / f"{i}-{key}"
-                if key == OURS:
-                    r = ours_step(folder, args.model)
-                else:
-                    head = args.head_bench and key == PADDED
-                    r = trl_step(folder, ROWS[key], key == UNPADDED, args.trl_gradient_checkpointing, args.model, head)
-                print(key, json.dumps(r), flush=True)
-                runs[key].append(r)
-                gc.collect()  # the trainer and its model (held in reference cycles by the hooks above)
+
+
+def summarize(runs: dict[str, list[dict]], names: dict[str, str], head_bench: bool) -> tuple[dict[str, list], dict]:
+    """The tables (main, parts, head) and the whole result of `runs` (trainer key -> its runs, in
+    repeat order); stops when the runs did not all play the same episodes and tokens."""
     every = [r for rs in runs.values() for r in rs]
     first = every[0]
     differ = [
@@ -491,7 +468,7 @@ def main(argv: list[str] | None = None) -> dict:
         "positions the head scores": round(trl_first["completion_positions"] / trained, 2),
     }
     head_rows = []
-    if args.head_bench:
+    if head_bench:
         full = statistics.median(r["head_bench"][HEAD_SETS[0][0]]["seconds"] for r in base)
         for label, _, _ in HEAD_SETS:
             seconds = statistics.median(r["head_bench"][label]["seconds"] for r in base)
@@ -505,22 +482,60 @@ def main(argv: list[str] | None = None) -> dict:
             )
     result = {
         "runs": runs,
-        "torch_threads": torch.get_num_threads(),
         "same_episodes": True,
         "trl_padded_over_ours_update": round(1 / ratio(OURS, base), 2),
         "trl_unpadded_over_padded_update": round(ratio(UNPADDED, base), 2),
     }
-    for row in [*main_rows, *part_rows, position_row, *head_rows]:
-        print(json.dumps(row))
-    print(f"same episodes and tokens in every run: {len(every)} runs, {trained} trained tokens")
+    tables = {"main": main_rows, "parts": [*part_rows, position_row], "head": head_rows}
+    return tables, result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    add_record_argument(p)
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (the figures), or tiny-random (plumbing)")
+    p.add_argument(
+        "--trl-gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="TRL's default is on; ours has none, so off compares like with like",
+    )
+    p.add_argument("--head-bench", action=argparse.BooleanOptionalAction, default=True)
+    args = p.parse_args(argv)
+    import torch
+    from float_trainer import force_flat_advantages
+
+    force_flat_advantages()
+    names = trainer_names(args.trl_gradient_checkpointing)
+    runs: dict[str, list[dict]] = {k: [] for k in names}
+    order = list(names)
+    with tempfile.TemporaryDirectory(prefix="trl-step-") as tmp:
+        for i in range(args.repeats):
+            for key in order[i % 3 :] + order[: i % 3]:
+                folder = Path(tmp) / f"{i}-{key}"
+                if key == OURS:
+                    r = ours_step(folder, args.model)
+                else:
+                    head = args.head_bench and key == PADDED
+                    r = trl_step(folder, ROWS[key], key == UNPADDED, args.trl_gradient_checkpointing, args.model, head)
+                print(key, json.dumps(r), flush=True)
+                runs[key].append(r)
+                gc.collect()  # the trainer and its model (held in reference cycles by the hooks above)
+    tables, result = summarize(runs, names, args.head_bench)
+    result["torch_threads"] = torch.get_num_threads()
+    for rows in tables.values():
+        for row in rows:
+            print(json.dumps(row))
+    trained = tables["main"][0]["trained tokens"]
+    print(f"same episodes and tokens in every run: {sum(map(len, runs.values()))} runs, {trained} trained tokens")
     print(f"TRL padded / harnessrl update (median over repeats): {result['trl_padded_over_ours_update']}x")
     if args.record:
-        from results import record_run
-
-        record_run("trl_step", main_rows, results=result, replace_table=True)
-        record_run("trl_step", [*part_rows, position_row], table="parts", replace_table=True)
-        if head_rows:
-            record_run("trl_step", head_rows, table="head", replace_table=True)
+        for table, rows in tables.items():
+            if rows:
+                record_run(
+                    "trl_step", rows, table=table, results=result if table == "main" else None, replace_table=True
+                )
     return result
 
 
