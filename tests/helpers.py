@@ -242,15 +242,47 @@ def solve_notes_through(spec, prefix: str):
     return traj
 
 
-def first_request_dialect(spec) -> str:
-    """The API an agent program's first request used, as preflight reads it from the route."""
-    from harnessrl.models.prompt_model import prompt_model
-    from harnessrl.preflight import first_agent_request
+# The route of each API a model call of an agent program takes, and its dialect (the routes
+# harnessrl.preflight reads a first request's dialect from; "": a route that is not a model call).
+DIALECT_ROUTES = (
+    ("/chat/completions", "chat"),
+    ("/responses", "responses"),
+    ("/messages/count_tokens", ""),
+    ("/messages", "messages"),
+    (":generateContent", "gemini"),
+    (":streamGenerateContent", "gemini"),
+)
 
-    [task] = workspace_tasks(("answer_from_file",))
-    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
-    assert not isinstance(captured, str), captured
-    return captured.dialect
+
+@contextlib.contextmanager
+def dialects_used() -> Iterator[list[str]]:
+    """The dialect of every model call that the agent programs of the episodes run in the block
+    make, in the order their recording endpoint got them, read from the route each one took (the
+    episodes' own calls: no extra run of the program to ask its first request)."""
+    from starlette.requests import Request
+
+    from harnessrl.harness.external import ExternalEpisodes
+    from harnessrl.harness.recording import RecordingEndpoint
+
+    used: list[str] = []
+
+    class RoutesNoted(RecordingEndpoint):
+        def _app(self):
+            app = super()._app()
+
+            @app.middleware("http")
+            async def note(request: Request, call_next):
+                path = request.url.path
+                name = next((name for suffix, name in DIALECT_ROUTES if path.endswith(suffix)), "")
+                if name:
+                    used.append(name)
+                return await call_next(request)
+
+            return app
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExternalEpisodes, "endpoint_class", RoutesNoted)
+        yield used
 
 
 def check_notes_solved(traj, prefix: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 from helpers import (
     check_recorded_and_triaged,
     check_solved_through_bash,
-    first_request_dialect,
+    dialects_used,
     solve_notes_through,
     workspace_tasks,
 )
@@ -60,14 +60,17 @@ def installed(**env: str) -> ExternalHarnessSpec:
     return spec.model_copy(update={"env": {**spec.env, **env}, "limits": limits})
 
 
-def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: Path) -> None:
+def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: Path, dialect: str) -> None:
     from harnessrl.models.embedded import tiny_random_model
     from harnessrl.models.hf import HFPolicy
 
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
     runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
-    trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
+    with dialects_used() as used:
+        trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
     policy.close()
+    # every model call took `dialect`'s route: the provider package chose the API
+    assert used and set(used) == {dialect}, used
     assert len(trajectories) == 2
     for traj in check_recorded_and_triaged(trajectories, run_dir):
         # its real prompt, served: its system prompt with the four tools in the hermes block,
@@ -88,17 +91,14 @@ def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kilo_on_chat_completions_is_recorded_and_triaged(tokenizer, tmp_path):
-    spec = installed()
-    assert first_request_dialect(spec) == "chat"
-    run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
+    run_on_the_tiny_random_model(installed(), tokenizer, tmp_path / "run", "chat")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_kilo_on_the_responses_api_is_recorded_and_triaged(tokenizer, tmp_path):
     spec = installed(KILO_PROVIDER_PACKAGE="@ai-sdk/openai")
-    assert first_request_dialect(spec) == "responses"
-    run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run")
+    run_on_the_tiny_random_model(spec, tokenizer, tmp_path / "run", "responses")
 
 
 @pytest.mark.slow

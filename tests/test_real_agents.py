@@ -21,6 +21,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from helpers import dialects_used
 from typer.testing import CliRunner
 
 from harnessrl.harness.protocols import get_protocol
@@ -201,17 +202,6 @@ def test_both_agents_run_on_the_tiny_random_model_through_eval_and_report(tmp_pa
         assert f'data-harness="{spec.name}"' in index
 
 
-def first_dialect(spec: ExternalHarnessSpec) -> str:
-    """The API of the program's first request, as preflight reads it from the route it used."""
-    from harnessrl.models.prompt_model import prompt_model
-    from harnessrl.preflight import first_agent_request
-
-    [task] = [t for t in workspace_tasks() if t.family == "answer_from_file"]
-    captured = first_agent_request(spec, task, prompt_model("tiny-random"))
-    assert not isinstance(captured, str), captured
-    return captured.dialect
-
-
 @pytest.mark.slow
 def test_mini_swe_agent_on_the_responses_api_solves_two_tasks():
     """mini-swe-agent's Responses model class (`litellm_response`: litellm.responses, its `bash`
@@ -220,10 +210,11 @@ def test_mini_swe_agent_on_the_responses_api_solves_two_tasks():
     pass."""
     spec = installed(MINI)
     spec = spec.model_copy(update={"env": {**spec.env, "MINI_MODEL_CLASS": "litellm_response"}})
-    assert first_dialect(spec) == "responses"
     tasks = workspace_tasks()
     runner = Runner(solver(tasks, as_bash_call), SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
-    trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    with dialects_used() as used:
+        trajectories = runner.run(make_jobs(tasks, [spec], 1))
+    assert used and set(used) == {"responses"}, used  # every model call took the Responses route
     assert len(trajectories) == 2
     for traj in trajectories:
         task = next(t for t in tasks if t.id == traj.task_id)
@@ -261,11 +252,12 @@ def test_openclaw_lean_on_the_responses_api_is_recorded(tokenizer, tmp_path):
     assert isinstance(spec, ExternalHarnessSpec)
     limits = spec.limits.model_copy(update={"max_new_tokens": 16})
     spec = spec.model_copy(update={"env": {**spec.env, "OPENCLAW_API": "openai-responses"}, "limits": limits})
-    assert first_dialect(spec) == "responses"
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
     runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
-    trajectories = runner.run(make_jobs(family_tasks(FAMILIES), [spec], 1))
+    with dialects_used() as used:
+        trajectories = runner.run(make_jobs(family_tasks(FAMILIES), [spec], 1))
     policy.close()
+    assert used and set(used) == {"responses"}, used  # every model call took the Responses route
     assert len(trajectories) == 2
     for traj in check_recorded_and_triaged(trajectories, tmp_path / "run"):
         assert len(traj.steps[0].model_call.prompt_ids) < 8192
