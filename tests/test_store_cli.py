@@ -261,9 +261,11 @@ def test_cli_eval_samples_with_vllms_fields_and_records_the_distribution_drawn_f
     (one token kept: log-prob 0) beside the tempered ones."""
     from harnessrl.store import RunStore
 
+    harness = shrunk_file(tmp_path, "json-tools", max_steps=2, max_new_tokens=32)  # a short episode
+
     def run(name: str, *extra: str):
         out = tmp_path / name
-        args = ["eval", "--suite", "toolcalc", "--split", "dev", "--tasks", "1", "--harness", "json-tools"]
+        args = ["eval", "--suite", "toolcalc", "--split", "dev", "--tasks", "1", "--harness", str(harness)]
         args += ["--model", "tiny-random", "--no-progress", "--no-preflight", "--out", str(out), *extra]
         r = cli.invoke(app, args)
         assert r.exit_code == 0, r.output
