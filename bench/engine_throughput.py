@@ -25,20 +25,6 @@ medians (ratios: the median of the per-repeat ratios).
 
     .venv/bin/python bench/engine_throughput.py --episodes 4 --turns 2 --max-new-tokens 16
     HARNESSRL_THREADS=1 .venv/bin/python bench/engine_throughput.py --repeats 3
-
-`--baseline REF` measures something else: the engine against itself as it was at the git commit
-REF, on the eval of the vLLM comparison (bench/vllm_cpu.py's engine side: workspace/dev x
-json-tools, `--eval-episodes` tasks, 3 steps of up to 64 tokens, T=0.7, through harnessrl's
-Runner) at each of `--in-flight` episodes in flight. The baseline is this checkout's src/ with
-the engine's modules (ENGINE_MODULES) taken from REF, so everything else is the same code. Each
-(variant, in-flight level) runs bench/rollout_throughput.py in a child process of its own (the
-two variants cannot share one process), `--rounds` rounds, the variants' order alternating from
-round to round; reported are the medians and the median of the per-round ratios (after /
-before), with the machine's 1-minute load average around each run. `--record` appends it to
-bench/results/engine_in_flight.jsonl.
-
-    HARNESSRL_THREADS=1 .venv/bin/python bench/engine_throughput.py --baseline 3e28ab2 --rounds 3 --record
-    .venv/bin/python bench/engine_throughput.py --baseline HEAD --model tiny-random --eval-episodes 2 --rounds 1
 """
 
 from __future__ import annotations
@@ -46,37 +32,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import add_record_argument, record_run  # noqa: E402
 
 MODES = ("lockstep", "engine-nocache", "engine")
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-# what --baseline takes from the older commit: the engine's own modules
-ENGINE_MODULES = tuple(
-    f"src/harnessrl/models/{name}.py"
-    for name in (
-        "engine",
-        "forward_runner",
-        "batch_planner",
-        "llama_forward",
-        "decode_kernel",
-        "attention",
-        "packed",
-        "prefix_cache",
-        "sampling",
-    )
-)
 
 SYSTEM = (
     "You are a careful agent that solves tasks with tools. Tools: add(a, b) returns a + b; "
@@ -101,17 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json-out", default=None)
-    p.add_argument("--baseline", default=None, metavar="REF", help="compare with the engine at this git commit")
-    p.add_argument("--in-flight", default="1,16", help="--baseline: episodes in flight, comma-separated")
-    p.add_argument("--eval-episodes", type=int, default=16, help="--baseline: tasks of the eval")
-    p.add_argument("--rounds", type=int, default=3, help="--baseline: runs of each variant and level")
-    add_record_argument(p)
     args = p.parse_args(argv)
-    args.in_flight = [int(n) for n in args.in_flight.split(",") if n.strip()]
-    if not args.in_flight or min(args.in_flight) < 1 or min(args.eval_episodes, args.rounds) < 1:
-        p.error("--in-flight, --eval-episodes and --rounds must be >= 1")
-    if args.record and not args.baseline:
-        p.error("--record records the --baseline comparison")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in args.modes if m not in MODES]
     if unknown or not args.modes:
@@ -239,130 +193,8 @@ def run_engine(policy, work: Workload, args, cache_budget: int) -> dict:
     }
 
 
-def git(*argv: str) -> bytes:
-    return subprocess.run(["git", *argv], cwd=REPO, check=True, capture_output=True).stdout
-
-
-def baseline_src(ref: str) -> tuple[str, Path]:
-    """(the commit, a copy of this checkout's src/ with ENGINE_MODULES as they were at it)."""
-    commit = git("rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
-    src = Path(tempfile.gettempdir()) / f"harnessrl-engine-{commit[:12]}" / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for module in ENGINE_MODULES:
-        target = src.parent / module
-        try:
-            target.write_bytes(git("show", f"{commit}:{module}"))
-        except subprocess.CalledProcessError:  # not there yet at that commit
-            target.unlink(missing_ok=True)
-    return commit, src
-
-
-def child_env(src: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(src)}
-
-
-def warm(src: Path) -> None:
-    """Compile (or load) a variant's kernels outside the clock, and check that it imports from `src`."""
-    code = (
-        "import harnessrl; from harnessrl.models import decode_kernel; "
-        "decode_kernel.available(); print(harnessrl.__file__)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], env=child_env(src), check=True, capture_output=True, text=True)
-    if not out.stdout.strip().startswith(str(src)):
-        sys.exit(f"the variant at {src} imported harnessrl from {out.stdout.strip()}")
-
-
-def eval_run(src: Path, in_flight: int, args) -> dict:
-    """bench/rollout_throughput.py's async mode at `in_flight` episodes, with the code in `src`."""
-    mode = "async-1" if in_flight == 1 else "async-N"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
-        command = [
-            sys.executable,
-            str(BENCH / "rollout_throughput.py"),
-            *("--model", args.model, "--episodes", str(args.eval_episodes), "--in-flight", str(in_flight)),
-            *("--modes", mode, "--seed", str(args.seed), "--temperature", str(args.temperature)),
-            *("--json-out", str(out)),
-        ]
-        load = os.getloadavg()[0]
-        subprocess.run(command, env=child_env(src), check=True, capture_output=True, text=True)
-        figures = json.loads(out.read_text(encoding="utf-8"))["median"][mode]
-    figures["load"] = (load + os.getloadavg()[0]) / 2
-    return figures
-
-
-def compare(args) -> int:
-    """The --baseline comparison (module docstring)."""
-    commit, before_src = baseline_src(args.baseline)
-    variants = {"before": before_src, "after": REPO / "src"}
-    for src in variants.values():
-        warm(src)
-    runs: dict[tuple[str, int], list[dict]] = {(v, n): [] for v in variants for n in args.in_flight}
-    for r in range(args.rounds):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for n in args.in_flight:
-            for variant in order:
-                figures = eval_run(variants[variant], n, args)
-                runs[variant, n].append(figures)
-                print(
-                    f"  round {r + 1} {variant:6s} {n:2d} in flight: {figures['tok_s']:6.2f} tok/s "
-                    f"{figures['wall_s']:7.1f} s, load {figures['load']:.1f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    levels = {}
-    for n in args.in_flight:
-        before, after = runs["before", n], runs["after", n]
-        levels[n] = {
-            "before_tok_s": statistics.median(f["tok_s"] for f in before),
-            "after_tok_s": statistics.median(f["tok_s"] for f in after),
-            "ratio": statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(after, before)),
-            "ratios": [a["tok_s"] / b["tok_s"] for a, b in zip(after, before)],
-            "completion_tokens": [[f["completion_tokens"] for f in before], [f["completion_tokens"] for f in after]],
-            "load": statistics.median(f["load"] for f in before + after),
-            "runs": {"before": before, "after": after},
-        }
-    summary = {
-        "model": args.model,
-        "baseline": commit,
-        "threads": os.environ.get("HARNESSRL_THREADS"),
-        "eval": f"workspace/dev x json-tools, {args.eval_episodes} tasks, 3 steps of up to 64 tokens, "
-        f"T={args.temperature}, seed {args.seed}",
-        "rounds": args.rounds,
-        "levels": levels,
-    }
-    print(f"{'in flight':>9} {'before tok/s':>13} {'after tok/s':>12} {'after/before':>13} {'load':>5}")
-    for n, level in levels.items():
-        print(
-            f"{n:9d} {level['before_tok_s']:13.2f} {level['after_tok_s']:12.2f} {level['ratio']:12.2f}x "
-            f"{level['load']:5.1f}"
-        )
-    line = json.dumps(summary)
-    print("ENGINE_IN_FLIGHT_JSON " + line)
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n", encoding="utf-8")
-    if args.record:
-        workload = f"{args.model}: workspace x json-tools, {args.eval_episodes} tasks"
-        rows = [
-            {
-                "workload, in flight": f"{workload}, {n} in flight",
-                "before tok/s": round(level["before_tok_s"], 1),
-                "after tok/s": round(level["after_tok_s"], 1),
-                "after / before": f"{level['ratio']:.2f}x",
-                "per-round ratios": ", ".join(f"{x:.2f}" for x in level["ratios"]),
-                "load (1-min avg)": round(level["load"], 1),
-            }
-            for n, level in levels.items()
-        ]
-        record_run("engine_in_flight", rows, results=summary)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.baseline:
-        return compare(args)
     from harnessrl.models import load_policy
     from harnessrl.models.engine_config import EngineConfig
     from harnessrl.models.hf import configure_threads

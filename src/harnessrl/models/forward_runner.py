@@ -188,12 +188,10 @@ class CoreGauge:
     decode steps that could borrow it runs `PROBE_STEPS` of them the other way, at the same
     number of rows as the steps before them, and compares their wall times (the fastest of each
     side). The other way wins by at least `MARGIN` -> it becomes the verdict; else the next probe
-    comes twice as late (four times when the other way took more than `DECISIVE` times as long,
-    and then its first step ends the probe), up to `MAX_BACKOFF` steps, so a verdict that keeps
-    winning is rarely questioned and a probe costs little. Prefills on the engine thread borrow
-    only once a probe has confirmed that borrowing pays (`prefills_borrow`): the first prefill of
-    a run comes before any decode step, and borrowed on a busy machine it took several times as
-    long.
+    comes twice as late (up to `MAX_BACKOFF` steps), so a verdict that keeps winning is rarely
+    questioned. Prefills on the engine thread borrow only once a probe has confirmed that
+    borrowing pays (`prefills_borrow`): the first prefill of a run comes before any decode step,
+    and borrowed on a busy machine it took several times as long.
 
     The engine's own decode steps of smollm2-135m gave the very same logits on one thread as on
     two (1, 3 and 8 rows), so there the verdict moves no token; a prefill's floats differ between
@@ -203,7 +201,6 @@ class CoreGauge:
     FIRST_BACKOFF = 8
     MAX_BACKOFF = 512
     MARGIN = 0.9  # the other way must take at most this share of the verdict's time
-    DECISIVE = 2.0  # a probe step this many times as slow as the verdict's loses at once
 
     def __init__(self) -> None:
         self.verdict = True
@@ -235,19 +232,17 @@ class CoreGauge:
         """The wall time of a decode step that could borrow, run as `choose` said."""
         if self._probe is not None and borrowed != self.verdict:
             self._probe.append(seconds)
-            best = min(self._recent)
-            decisive = min(self._probe) > self.DECISIVE * best
-            if len(self._probe) < self.PROBE_STEPS and not decisive:
+            if len(self._probe) < self.PROBE_STEPS:
                 return
             probe, self._probe = self._probe, None
             self.probes += 1
-            if min(probe) <= self.MARGIN * best:
+            if min(probe) <= self.MARGIN * min(self._recent):
                 self.verdict = borrowed
                 self.switches += 1
                 self._backoff = self.FIRST_BACKOFF
                 self._recent = probe
             else:
-                self._backoff = min((4 if decisive else 2) * self._backoff, self.MAX_BACKOFF)
+                self._backoff = min(2 * self._backoff, self.MAX_BACKOFF)
             self._countdown = self._backoff
             return
         if rows != self._rows:
