@@ -67,11 +67,9 @@ class BatchKV:
     def capacity(self) -> int:
         return 0 if self.buf is None else self.buf.shape[4]
 
-    def reserve(self, rows: int, capacity: int, max_rows: int, *, zeros: bool = True) -> None:
+    def reserve(self, rows: int, capacity: int, max_rows: int) -> None:
         """Make room for `rows` rows of `capacity` tokens, growing geometrically. New slots are
-        zeros: masked slots must hold finite numbers (0 x NaN would leak through the mask).
-        `zeros=False`: left as they are, for a cache whose slots are all written before they are
-        read (a prefill's own row)."""
+        zeros: masked slots must hold finite numbers (0 x NaN would leak through the mask)."""
         if rows <= self.rows and capacity <= self.capacity:
             return
         new_rows = max(rows, self.rows) if rows <= self.rows else min(max_rows, max(rows, 2 * self.rows))
@@ -80,8 +78,7 @@ class BatchKV:
             new_cap = max(capacity, self.capacity + self.capacity // 2)
             new_cap = -(-new_cap // _CAPACITY_STEP) * _CAPACITY_STEP
         layers, heads, dim = self.shape
-        make = torch.zeros if zeros else torch.empty
-        grown = make((layers, 2, new_rows, heads, new_cap, dim), dtype=self.dtype, device=self.device)
+        grown = torch.zeros((layers, 2, new_rows, heads, new_cap, dim), dtype=self.dtype, device=self.device)
         if self.buf is not None:
             grown[:, :, : self.rows, :, : self.capacity] = self.buf
         self.buf = grown
@@ -307,7 +304,6 @@ class ForwardRunner:
             else None
         )
         self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
-        self._spare: BatchKV | None = None  # a one-row cache to prefill into again (`_own_row`)
         self.core = CoreGauge()  # whether borrowing the idle prefill core pays (decode steps measure it)
         params = _forward_parameters(model)
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -380,13 +376,9 @@ class ForwardRunner:
 
     def _own_row(self, req) -> tuple[BatchKV, int]:
         """A one-row cache for `req` beside the batch (which may grow meanwhile), its prompt's
-        cached prefix copied in: (the cache, cached tokens). The one-row cache of the last prefill
-        that joined the batch is used again when it is long enough (no new memory to fault in);
-        a prefill writes every slot it reads, so its slots are not cleared."""
-        kv, self._spare = self._spare, None
-        if kv is None or kv.capacity < len(req.prompt) + 1:
-            kv = BatchKV(*self.kv.shape, self.kv.dtype, self.kv.device)
-        kv.reserve(1, len(req.prompt) + 1, 1, zeros=False)
+        cached prefix copied in: (the cache, cached tokens)."""
+        kv = BatchKV(*self.kv.shape, self.kv.dtype, self.kv.device)
+        kv.reserve(1, len(req.prompt) + 1, 1)
         return kv, self.reuse_prefix(req, kv, 0)
 
     def prefill_chunk(self, job: ChunkedPrefill, tokens: int, *, borrow: bool) -> None:
@@ -405,7 +397,6 @@ class ForwardRunner:
         n = len(job.req.prompt)
         self.kv.reserve(row + 1, n + 1, self.max_batch)
         self.kv.row(row, n).copy_(job.kv.row(0, n))
-        self._spare = job.kv  # (the next prefill's own row)
 
     def decode(self, lengths: list[int], last_tokens: list[int], shared: int, *, borrow: bool) -> torch.Tensor:
         """One decode step of rows 0..n-1: row r holds `lengths[r]` tokens and feeds
@@ -559,7 +550,6 @@ class ForwardRunner:
 
     def close(self) -> None:
         self.kv.release()
-        self._spare = None
         self.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
