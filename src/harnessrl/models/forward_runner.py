@@ -173,81 +173,6 @@ class ChunkedPrefill:
         return self.logits is not None
 
 
-class CoreGauge:
-    """Whether the engine thread's forwards gain from borrowing the idle prefill thread's core.
-
-    Borrowing runs a forward on one more intra-op thread, which pays on an idle machine. Where
-    other processes keep the cores busy it costs instead: every operator of the step waits at
-    its end for the slower of its two threads, and a thread that is not scheduled holds up each
-    of the step's hundreds of operators (on a 2-core machine running about 10 threads, decode
-    steps took 6-10x as long borrowed as on one thread). The gauge measures it on the decode
-    steps themselves: it keeps a verdict (borrow or not, at first borrow), and every `backoff`
-    decode steps that could borrow it runs `PROBE_STEPS` of them the other way, at the same
-    number of rows as the steps before them, and compares their wall times (the fastest of each
-    side). The other way wins by at least `MARGIN` -> it becomes the verdict; else the next probe
-    comes twice as late (up to `MAX_BACKOFF` steps), so a verdict that keeps winning is rarely
-    questioned. Prefills on the engine thread borrow only once a probe has confirmed that
-    borrowing pays (`prefills_borrow`): the first prefill of a run comes before any decode step,
-    and borrowed on a busy machine it took several times as long.
-
-    The engine's own decode steps of smollm2-135m gave the very same logits on one thread as on
-    two (1, 3 and 8 rows), so there the verdict moves no token; a prefill's floats differ between
-    the two in rounding (up to 3e-5 in its logits)."""
-
-    PROBE_STEPS = 2
-    FIRST_BACKOFF = 8
-    MAX_BACKOFF = 512
-    MARGIN = 0.9  # the other way must take at most this share of the verdict's time
-
-    def __init__(self) -> None:
-        self.verdict = True
-        self.probes = 0  # probes compared
-        self.switches = 0  # verdicts changed
-        self._backoff = self.FIRST_BACKOFF
-        self._countdown = self.FIRST_BACKOFF
-        self._rows = -1  # rows of the recent verdict steps (`_recent`)
-        self._recent: list[float] = []  # wall seconds of the last verdict steps at `_rows` rows
-        self._probe: list[float] | None = None  # wall seconds of the probe running now
-
-    def prefills_borrow(self) -> bool:
-        """Whether a prefill on the engine thread borrows the idle core: a probe kept or chose it."""
-        return self.verdict and self.probes > 0
-
-    def choose(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows that may borrow does (then `record` its time)."""
-        if self._probe is not None:
-            if rows == self._rows:
-                return not self.verdict
-            self._probe = None  # the rows changed: the probe compares nothing; try again soon
-            self._countdown = self.PROBE_STEPS
-        if self._countdown <= 0 and rows == self._rows and len(self._recent) >= self.PROBE_STEPS:
-            self._probe = []
-            return not self.verdict
-        return self.verdict
-
-    def record(self, rows: int, borrowed: bool, seconds: float) -> None:
-        """The wall time of a decode step that could borrow, run as `choose` said."""
-        if self._probe is not None and borrowed != self.verdict:
-            self._probe.append(seconds)
-            if len(self._probe) < self.PROBE_STEPS:
-                return
-            probe, self._probe = self._probe, None
-            self.probes += 1
-            if min(probe) <= self.MARGIN * min(self._recent):
-                self.verdict = borrowed
-                self.switches += 1
-                self._backoff = self.FIRST_BACKOFF
-                self._recent = probe
-            else:
-                self._backoff = min(2 * self._backoff, self.MAX_BACKOFF)
-            self._countdown = self._backoff
-            return
-        if rows != self._rows:
-            self._rows, self._recent = rows, []
-        self._recent = [*self._recent[-(self.PROBE_STEPS - 1) :], seconds]
-        self._countdown -= 1
-
-
 def _forward_parameters(model) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
@@ -304,7 +229,6 @@ class ForwardRunner:
             else None
         )
         self._pool: ThreadPoolExecutor | None = None  # the prefill thread, started on first use
-        self.core = CoreGauge()  # whether borrowing the idle prefill core pays (decode steps measure it)
         params = _forward_parameters(model)
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self._logits_to_keep = "logits_to_keep" in params
@@ -347,7 +271,7 @@ class ForwardRunner:
         last position's logits (vocab,)). `borrow`: run on one more intra-op thread."""
         self.kv.reserve(row + 1, len(req.prompt) + 1, self.max_batch)
         cached = self.reuse_prefix(req, self.kv, row)
-        with self._idle_core_borrowed(borrow and self.core.prefills_borrow()), self._packed_forward():
+        with self._idle_core_borrowed(borrow), self._packed_forward():
             logits = self.forward(*self._prefill_inputs(req.prompt, self.kv, row, cached))[0]
         return cached, logits
 
@@ -386,7 +310,7 @@ class ForwardRunner:
         chunk sets `job.logits`."""
         prompt = job.req.prompt
         end = min(len(prompt), job.done + tokens)
-        with self._idle_core_borrowed(borrow and self.core.prefills_borrow()), self._packed_forward():
+        with self._idle_core_borrowed(borrow), self._packed_forward():
             logits = self.forward(*self._prefill_inputs(prompt[:end], job.kv, 0, job.done))[0]
         job.done, job.chunks = end, job.chunks + 1
         if end == len(prompt):
@@ -401,18 +325,7 @@ class ForwardRunner:
     def decode(self, lengths: list[int], last_tokens: list[int], shared: int, *, borrow: bool) -> torch.Tensor:
         """One decode step of rows 0..n-1: row r holds `lengths[r]` tokens and feeds
         `last_tokens[r]` at that position; `shared` leading slots hold the same keys and values in
-        every row. The logits (n, vocab). `borrow`: the prefill thread's core is idle (whether the
-        step runs on it too is `core`'s verdict)."""
-        n = len(lengths)
-        offered, t0 = borrow, time.perf_counter()
-        if offered:
-            borrow = self.core.choose(n)
-        logits = self._decode(lengths, last_tokens, shared, borrow=borrow)
-        if offered:
-            self.core.record(n, borrow, time.perf_counter() - t0)
-        return logits
-
-    def _decode(self, lengths: list[int], last_tokens: list[int], shared: int, *, borrow: bool) -> torch.Tensor:
+        every row. The logits (n, vocab)."""
         n = len(lengths)
         # `lengths` stays on the host (the attention plan reads it there); the model's inputs are
         # made on its device
