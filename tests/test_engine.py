@@ -255,14 +255,14 @@ def test_a_compiled_kernel_that_computes_wrong_is_not_used(monkeypatch):
     numba = pytest.importorskip("numba")
     from harnessrl.models import decode_kernel
 
-    def wrong(*args, **kwargs):  # compiles to kernels that leave their last output at zero
+    def wrong(*args, **kwargs):  # compiles to a kernel that leaves its outputs at zero
         def compile(fn):
-            return lambda *arrays: arrays[-1].fill(0)
+            return lambda q, k, v, counts, start, scale, out, lse: (out.fill(0), lse.fill(0))
 
         return compile
 
     monkeypatch.setattr(numba, "njit", wrong)
-    with pytest.warns(UserWarning, match="kernels are not used: the compiled .*kernel gave wrong results"):
+    with pytest.warns(UserWarning, match="not used: the compiled kernel gave wrong results"):
         assert decode_kernel._compiled.__wrapped__() is None
 
 
@@ -349,20 +349,20 @@ def test_the_compiled_kernel_gives_a_row_the_same_floats_whatever_else_is_in_the
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(4, 3, 3, 64, generator=gen)
     key, value = torch.randn(2, 4, 3, 512, 64, generator=gen)
-    counts = np.array([300, 20, 512, 7])
-    out = decode_kernel.own_attention(q, key, value, counts, 0, 0.125)
+    counts = np.array([300, 20, 511, 7])
+    out, lse = decode_kernel.own_attention(q, key, value, counts, 1, 0.125)
     for r in range(4):
-        alone = decode_kernel.own_attention(q[r : r + 1], key[r : r + 1], value[r : r + 1], counts[r : r + 1], 0, 0.125)
-        assert torch.equal(alone[0], out[r])
-    weights = torch.softmax(q[3] @ key[3, :, :7].transpose(-1, -2) * 0.125, dim=-1)
-    assert torch.allclose(out[3], weights @ value[3, :, :7], atol=1e-5)
-    for bad in ([300, 20, 513, 7], [300, 0, 5, 7]):  # past the cache's slots; a row of none
+        alone, alone_lse = decode_kernel.own_attention(
+            q[r : r + 1], key[r : r + 1], value[r : r + 1], counts[r : r + 1], 1, 0.125
+        )
+        assert torch.equal(alone[0], out[r]) and torch.equal(alone_lse[0], lse[r])
+    reference = torch.logsumexp(q[3] @ key[3, :, 1:8].transpose(-1, -2) * 0.125, dim=-1)
+    assert torch.allclose(lse[3], reference, atol=1e-5)
+    for bad in ([300, 20, 512, 7], [300, 0, 5, 7]):  # past the cache's slots; a row of none
         with pytest.raises(ValueError, match="cache slots"):
-            decode_kernel.own_attention(q, key, value, np.array(bad), 0, 0.125)
+            decode_kernel.own_attention(q, key, value, np.array(bad), 1, 0.125)
     with pytest.raises(ValueError, match="3 counts for 4 rows"):
-        decode_kernel.own_attention(q, key, value, np.array([1, 2, 3]), 0, 0.125)
-    with pytest.raises(ValueError, match="the shared block"):  # slots before `start` need their part
-        decode_kernel.own_attention(q, key, value, counts - 1, 1, 0.125)
+        decode_kernel.own_attention(q, key, value, np.array([1, 2, 3]), 1, 0.125)
 
 
 def test_decode_plans_are_made_where_the_keys_are_and_only_a_cpu_takes_the_fused_kernel():

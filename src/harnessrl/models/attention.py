@@ -226,14 +226,9 @@ def decode_attention(query, key, value, plan: DecodePlan, scale: float) -> torch
     # group, dim): one key/value head then serves its whole group without being repeated
     q = query.reshape(rows, kv_heads, group, dim)
     shared = plan.shared
-    if plan.own is not None:  # the compiled kernel, which merges the shared block's part itself
-        part = None
-        if shared:
-            queries = q.permute(1, 0, 2, 3).reshape(kv_heads, rows * group, dim)
-            part = shared_block(queries, key[0, :, :shared], value[0, :, :shared], scale)
-        out = decode_kernel.own_attention(q, key, value, plan.own, shared, scale, part)
-        return out.reshape(rows, heads, 1, dim).transpose(1, 2)
-    if fused:
+    if plan.own is not None:
+        out2, lse2 = decode_kernel.own_attention(q, key, value, plan.own, shared, scale)
+    elif fused:
         out2, lse2 = _own_fused(q, key, value, plan, scale)
     else:
         own_k, own_v = key[:, :, shared:], value[:, :, shared:]
@@ -263,14 +258,3 @@ def decode_attention(query, key, value, plan: DecodePlan, scale: float) -> torch
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention)
-
-
-def shared_block(queries: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
-    """The shared block of a decode step in torch's fused CPU kernel: queries (kv_heads, rows *
-    group, dim), every row's queries of a key/value head, against that head's shared keys and
-    values (kv_heads, shared, dim), read once. Returns (normalised output (kv_heads, rows * group,
-    dim), log-sum-exp (rows * group, kv_heads)), both C-contiguous (the layout
-    harnessrl.models.decode_kernel's merged kernel reads)."""
-    assert _FUSED is not None, "the fused CPU kernel is only called where torch has it"
-    out, lse = _FUSED(queries.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), 0.0, False, scale=scale)[:2]
-    return out[0].contiguous(), lse[0].t().contiguous()

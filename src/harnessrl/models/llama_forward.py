@@ -232,46 +232,34 @@ class LlamaDecode:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).view(n, 1, dim)
         rows = torch.arange(n, device=input_ids.device)
         slot = int(positions[0]) if n == 1 else None  # one row: a plain copy into its slot
-        compiled = decode_kernel.kernels() if plan is not None and plan.own is not None else None
-        if compiled is not None and plan is not None:
-            # the compiled kernels, called here without their checks (the plan's counts come from
-            # the rows' lengths), on numpy views made once per step: per layer one call rotates
-            # the queries and keys and writes the cache, one merges each row's own slots with the
-            # shared block (read once, in torch's fused kernel, as harnessrl.models.attention does)
-            group, shared = heads // kv_heads, plan.shared
-            kv_np, counts, scale = kv.numpy(), plan.own, np.float32(self.scale)
-            q_rows = torch.empty((n, kv_heads, group, dim), dtype=torch.float32)
-            q_heads = torch.empty((kv_heads, n * group, dim), dtype=torch.float32)
+        kernel = None
+        if plan is not None and plan.own is not None and plan.shared == 0:
+            # the rows' whole context in the compiled kernel, called here without its checks
+            # (the plan's counts come from the rows' lengths): numpy views made once per step
+            kernel = decode_kernel.raw_kernel()
+            kv_np = kv.numpy()
+            counts = plan.own
+            group = heads // kv_heads
             out = torch.empty((n, kv_heads, group, dim), dtype=torch.float32)
-            q_rows_np, q_heads_np, out_np = q_rows.numpy(), q_heads.numpy(), out.numpy()
-            cos_np, sin_np = cos.reshape(n, dim).contiguous().numpy(), sin.reshape(n, dim).contiguous().numpy()
-            positions_np = positions.contiguous().numpy()
+            lse = torch.empty((n, kv_heads, group), dtype=torch.float32)
+            out_np, lse_np, scale = out.numpy(), lse.numpy(), np.float32(self.scale)
         for li, (norm1, qkv_proj, attn, norm2, gate_up_proj, down_proj) in enumerate(self.layers):
             x = _rms_norm(h, norm1)
             qkv = qkv_proj(x) if isinstance(qkv_proj, _Fused) else torch.cat([linear(p, x) for p in qkv_proj], dim=-1)
-            if compiled is not None:
-                k_np, v_np = kv_np[li, 0], kv_np[li, 1]
-                compiled.rope_write(
-                    qkv.contiguous().numpy(), cos_np, sin_np, positions_np, heads, q_rows_np, q_heads_np, k_np, v_np
-                )
-                part = decode_kernel.NO_SHARED
-                if shared:
-                    o1, lse1 = attention.shared_block(
-                        q_heads, kv[li, 0, 0, :, :shared], kv[li, 1, 0, :, :shared], self.scale
-                    )
-                    part = (o1.numpy(), lse1.numpy())
-                compiled.attend(q_rows_np, k_np, v_np, counts, shared, scale, *part, out_np)
+            qk = qkv[:, : q_width + k_width].view(n, heads + kv_heads, dim)
+            swapped = qk.view(n, heads + kv_heads, 2, half).flip(2).view(n, heads + kv_heads, dim)
+            qk = qk * cos + swapped * sin  # (the model's q * cos + rotate_half(q) * sin, as it rounds)
+            new_kv = torch.stack((qk[:, heads:], qkv[:, q_width + k_width :].view(n, kv_heads, dim)))
+            layer_kv = kv[li]  # (2, rows, kv_heads, capacity, dim)
+            if slot is not None:
+                layer_kv[:, 0, :, slot].copy_(new_kv[:, 0])
+            else:
+                layer_kv[:, rows, :, positions] = new_kv.transpose(0, 1)
+            if kernel is not None:
+                q = qk[:, :heads].reshape(n, kv_heads, group, dim).contiguous().numpy()
+                kernel(q, kv_np[li, 0, :n], kv_np[li, 1, :n], counts, 0, scale, out_np, lse_np)
                 attended = out.view(n, q_width)
             else:
-                qk = qkv[:, : q_width + k_width].view(n, heads + kv_heads, dim)
-                swapped = qk.view(n, heads + kv_heads, 2, half).flip(2).view(n, heads + kv_heads, dim)
-                qk = qk * cos + swapped * sin  # (the model's q * cos + rotate_half(q) * sin, as it rounds)
-                new_kv = torch.stack((qk[:, heads:], qkv[:, q_width + k_width :].view(n, kv_heads, dim)))
-                layer_kv = kv[li]  # (2, rows, kv_heads, capacity, dim)
-                if slot is not None:
-                    layer_kv[:, 0, :, slot].copy_(new_kv[:, 0])
-                else:
-                    layer_kv[:, rows, :, positions] = new_kv.transpose(0, 1)
                 query = qk[:, :heads].unsqueeze(2)
                 key, value = layer_kv[0, :n, :, :kv_len], layer_kv[1, :n, :, :kv_len]
                 if plan is not None:
