@@ -48,14 +48,16 @@ check: install
 typecheck: install
 	$(VENV)/bin/mypy src
 
-# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them: on this 2-core
+# the suite in TEST_WORKERS processes (pytest-xdist), each test file in one of them, handed out in
+# tests/conftest.py's order (the longest files first; --no-loadscope-reorder: not xdist's own order
+# by count of tests, which left long files of few tests for the end): on this 2-core
 # machine pytest took 421 s with 2 on a quiet day, 486 s and 499 s on a busier one (without the npm
 # agents and vLLM's CPU build), 460 s with 3, where the load made a sandboxed command overrun its
 # test's 2 s wall limit once; TEST_WORKERS=0 runs it in this process. The 40 slowest tests are
 # listed at the end (what to make cheaper first).
 TEST_WORKERS ?= 2
 test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations 40
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations 40
 
 # docs/BENCHMARKS.md from the runs recorded in bench/results/*.jsonl and the prose of bench/doc/*.md
 benchmarks-doc: install

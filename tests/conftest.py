@@ -7,20 +7,49 @@ import gc
 
 import pytest
 
+# The files that take longest, longest first (each one's tests summed, measured with --durations
+# on the 2-core machine; the agent programs and vLLM's CPU build installed). `make test` hands
+# whole files to its workers in collection order (`--dist loadfile --no-loadscope-reorder`): a long
+# file handed out last would keep one worker busy alone while the other has nothing left to run.
+LONGEST_FIRST = (
+    "test_vllm_server.py",
+    "test_kilo.py",
+    "test_real_agents.py",
+    "test_study.py",
+    "test_async_grpo.py",
+    "test_openclaw.py",
+    "test_trl.py",
+    "test_clean_stop.py",
+    "test_openenv_traces.py",
+    "test_engine_fast_decode.py",
+    "test_trl_async.py",
+    "test_copilot.py",
+    "test_prefix_share.py",
+    "test_trainer.py",
+    "test_cline.py",
+    "test_store_cli.py",
+    "test_trl_agent_turns.py",
+    "test_gemini_cli.py",
+    "test_trl_processes.py",
+    "test_train_distributed.py",
+    "test_improve.py",
+)
+
 
 def pytest_collection_modifyitems(config, items):
-    """Files against vLLM first, then those with slow end-to-end tests, the rest after (each
-    file's tests stay together and in order): `make test` hands whole files to its workers in this
-    order (`--dist loadfile`), and a long file started last keeps one worker busy alone."""
+    """The longest files first (LONGEST_FIRST), then the other files against vLLM or with slow
+    end-to-end tests, the rest after; each file's tests stay together and in order."""
 
-    def weight(item) -> int:
+    def weight(item) -> tuple[int, int]:
+        if item.path.name in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(item.path.name))
         marks = {m.name for m in item.iter_markers()}
-        return 0 if "vllm" in marks else 1 if "slow" in marks else 2
+        return (1, 0) if marks & {"vllm", "slow"} else (2, 0)
 
-    first: dict[str, int] = {}
+    first: dict[str, tuple[int, int]] = {}
     for item in items:
         path = str(item.path)
-        first[path] = min(first.get(path, 2), weight(item))
+        first[path] = min(first.get(path, (2, 0)), weight(item))
     items.sort(key=lambda item: first[str(item.path)])
 
 
