@@ -20,6 +20,9 @@ row of its own: packing never changes what a unit is trained on.
 Packing is for losses that are sums over tokens (token-mean, with or without token-level TIS):
 the per-token terms are the same wherever the token sits. seq-mean and sequence-level TIS weigh
 each unit as a whole, row by row, so the update does not pack then.
+
+What different episodes share (the harness's prompt, a group's task prompt) is not a matter of
+rows: `harnessrl.train.prefix_share` forwards it once per micro-batch, packed rows or not.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ of mini_batches mini-steps, each accumulated over micro-batches, sketched, clipp
                                             own forward gives the old log-probs, and no pass is added
         for each epoch, for each mini-batch:
             accumulate_gradient             micro-batches -> token_logprobs -> grpo_loss -> backward
-                                            (--rollout-correction tis: truncated_is_weights in the loss)
+                                            (--rollout-correction tis: truncated_is_weights in the loss;
+                                            --share-prefixes: what the rows of a micro-batch share
+                                            forwarded once, `harnessrl.train.prefix_share`)
             (several processes: all_reduce_gradient sums the LoRA gradient)
             sketch (first pass only), clip, AdamW step
 
