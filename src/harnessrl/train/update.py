@@ -20,6 +20,13 @@ optimizer, the sketcher, the processes, the device); the result is one typed `Up
 trainer's module docstring says why the old log-probs are recomputed and why the model stays in
 eval mode; this module is the code of those rules.
 
+On a CPU the update takes every core of the process's share (`update_threads`, `cores_for_update`)
+where nothing else runs beside it: the engine leaves one core to the episodes while they run, but
+in a synchronous step they have all finished before the update starts. On the embedded model on
+2 idle cores the LoRA update took 1.7x less time on 2 threads than on 1 (docs/BENCHMARKS.md,
+"Threads and the OpenMP wait policy"). A thread count the user set ($HARNESSRL_THREADS) is kept;
+$HARNESSRL_UPDATE_THREADS sets the update's own.
+
 Gradient accumulation reproduces the mini-batch loss exactly: each micro-batch's loss (a mean over
 its own tokens, or sequences for "seq-mean") is weighted by its share of the mini-batch's
 completion tokens (or sequences). With the KL term off, units whose advantage is exactly 0 have
@@ -28,9 +35,12 @@ zero gradient, so they are not forwarded at all; they still count in the normali
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,6 +62,55 @@ from harnessrl.train.packing import packed_rows, pad_packed
 from harnessrl.train.prefix_share import plan_of, shared_micro_batches, shared_token_logprobs, supports
 from harnessrl.train.progress import mean
 from harnessrl.train.sketch import GradientSketch
+
+UPDATE_THREADS_ENV = "HARNESSRL_UPDATE_THREADS"
+
+
+def update_threads(
+    config: TrainConfig,
+    threads_set: int | None,
+    cpus_per_process: int | None,
+    cpus: int,
+    device: str = "cpu",
+    env: Mapping[str, str] | None = None,
+) -> int | None:
+    """The torch threads of the update, or None to keep the engine's count.
+
+    $HARNESSRL_UPDATE_THREADS, a count, wins. Else: `threads_set`, the count the user set for the
+    engine (EngineConfig.threads from $HARNESSRL_THREADS or the engine options), is kept as given;
+    `cpus_per_process` is each process's share of the machine when several processes share it
+    (`Distributed.cpus_per_process`), else `cpus` (the CPUs this process may run on). The update
+    takes the whole share only where no rollout runs beside it: with --max-off-policy-steps the next
+    steps' rollouts are collected during the update (on servers that may share the machine), so the
+    count stays. On another device the threads do not matter."""
+    env = os.environ if env is None else env
+    given = env.get(UPDATE_THREADS_ENV, "").strip()
+    if given:
+        try:
+            count = int(given)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"{UPDATE_THREADS_ENV} must be a number of threads (1 or more), got {given!r}")
+        return count
+    if device != "cpu" or threads_set is not None or config.max_off_policy_steps > 0:
+        return None
+    share = cpus_per_process if cpus_per_process is not None else cpus
+    return share if share > torch.get_num_threads() else None
+
+
+@contextlib.contextmanager
+def cores_for_update(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` for the block (None: unchanged), restored after."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _aggregation(cfg: TrainConfig) -> Aggregation:
