@@ -15,6 +15,7 @@ speed falls on all of them alike; the table quotes medians and each configuratio
 baseline (1 thread, the policy unset), computed round by round and then the median taken.
 
     .venv/bin/python bench/threads.py --record                                   # the figures
+    .venv/bin/python bench/threads.py --load 2 --record                          # beside 2 busy processes
     .venv/bin/python bench/threads.py --model tiny-random --rounds 1 --tokens 4  # plumbing
 
 Prints a table and one `THREADS_JSON {...}` line; --record appends it to bench/results/threads.jsonl.
@@ -48,11 +49,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=48, help="completion tokens per request")
     p.add_argument("--prompt", type=int, default=120, help="prompt tokens per request")
     p.add_argument("--update-tokens", type=int, default=384, help="tokens per row of the update's batch")
+    p.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy processes (one spinning Python loop each) kept running beside every child: a machine "
+        "other jobs share; recorded as table loaded-N",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     add_record_argument(p)
     args = p.parse_args(argv)
     if min(args.rounds, args.tokens, args.prompt, args.update_tokens) < 1:
         p.error("--rounds, --tokens, --prompt and --update-tokens must be >= 1")
+    if args.load < 0:
+        p.error("--load must be >= 0")
     return args
 
 
@@ -119,7 +129,16 @@ def run_child(args: argparse.Namespace, threads: int, policy: str) -> dict[str, 
         env["OMP_WAIT_POLICY"] = policy
     cmd = [sys.executable, __file__, "--child", str(threads), "--model", args.model, "--tokens", str(args.tokens)]
     cmd += ["--prompt", str(args.prompt), "--update-tokens", str(args.update_tokens)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL)
+        for _ in range(args.load)
+    ]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("CHILD_JSON ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the child for {threads} thread(s), policy {policy} failed:\n{proc.stderr[-3000:]}")
@@ -148,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[c].append(run_child(args, *c))
             print(f"round {r + 1}/{args.rounds} {c[0]} thread(s), {c[1]}: {runs[c][-1]}", flush=True)
     results: dict = {"model": args.model, "cpus": os.cpu_count(), "rounds": args.rounds, "baseline": list(base)}
+    results["load"] = args.load
     results["configs"] = []
     for c in configs:
         row: dict = {"threads": c[0], "policy": c[1]}
@@ -168,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     print("THREADS_JSON " + json.dumps(results))
     if args.record:
-        record_run("threads", doc_rows(results), results=results)
+        table = f"loaded-{args.load}" if args.load else "main"
+        record_run("threads", doc_rows(results), table=table, results=results)
 
 
 def doc_rows(results: dict) -> list[dict]:

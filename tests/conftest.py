@@ -13,6 +13,9 @@ import pytest
 # each updating on two OpenMP threads would fight over a 2-core machine's cores. Subprocesses
 # inherit it. tests/test_update_threads.py checks the default with it unset.
 os.environ.setdefault("HARNESSRL_UPDATE_THREADS", "1")
+# As the command line does (harnessrl.cli): OpenMP threads sleep while they wait, set before torch
+# loads in this process and inherited by the processes the tests start.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The files that take longest, longest first (each one's tests summed, measured with --durations
 # on the 2-core machine; the agent programs and vLLM's CPU build installed). `make test` hands

@@ -17,6 +17,16 @@ common.py    consoles, `fail`, model-spec checks, options generated from the job
 
 from __future__ import annotations
 
+import os
+
+# OpenMP's threads sleep while they wait, unless the user chose otherwise: read once, when torch
+# loads (the commands below import it), and inherited by every process a command starts. On a
+# 2-core machine that other jobs kept busy, two torch threads spinning (the default) made decode
+# 3-4x and a LoRA update 3.5x slower than one thread; sleeping, they were within 0.87-1.07x of it,
+# and as fast as spinning on an idle machine (docs/BENCHMARKS.md, "Threads and the OpenMP wait
+# policy").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import typer
 
 from harnessrl import __version__
