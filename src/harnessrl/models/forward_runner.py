@@ -350,9 +350,14 @@ class ForwardRunner:
                 if fast is None:
                     stack.enter_context(decode_plan(self.model, plan))
             # (the fast forward calls the packed products itself, unless a wrapper calls a layer)
-            if fast is None or fast.prepare():
+            wrapped = fast is not None and fast.prepare()
+            if fast is None or wrapped:
                 stack.enter_context(self._packed_forward())
-            stack.enter_context(self._idle_core_borrowed(borrow))
+            # A step through wrapped layers (a LoRA adapter's: the base product, then two small
+            # ones and their sum per adapted projection) runs on the engine's own threads: on a
+            # borrowed core every small product is an OpenMP region that waits for the second
+            # thread, which on a busy machine waits for a core (docs/engine.md, "A prefill thread")
+            stack.enter_context(self._idle_core_borrowed(borrow and not wrapped))
             if fast is not None:
                 return fast(
                     input_ids.view(n),
