@@ -1,13 +1,13 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   creates .venv, installs, runs the main job on the embedded default model
-#   make test   creates .venv if needed, runs the style checks (ruff) and the test suite
+#   make test   creates .venv if needed, runs the style checks (ruff) and the test suite (mypy among its tests)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_MODEL ?= smollm2-135m
 DEMO_OUT ?= runs/demo
 
-.PHONY: install demo check test benchmarks-doc clean
+.PHONY: install demo lint check typecheck test benchmarks-doc clean
 
 install: $(VENV)/.installed
 
@@ -37,11 +37,13 @@ demo: $(VENV)/.runtime
 	$(VENV)/bin/harnessrl eval --suite toolcalc --split dev --harness all --model $(DEMO_MODEL) \
 		--tasks 1 --attempts 1 --temperature 0.7 --seed 0 --out $(DEMO_OUT)
 
-# ruff: formatting and lint (pycodestyle, pyflakes, import order; line length 120, pyproject.toml);
-# then mypy over src/ (make typecheck)
-check: install
+# ruff: formatting and lint (pycodestyle, pyflakes, import order; line length 120, pyproject.toml)
+lint: install
 	$(VENV)/bin/ruff format --check --quiet src tests bench
 	$(VENV)/bin/ruff check --quiet src tests bench
+
+# ruff, then mypy over src/ (make typecheck)
+check: lint
 	$(VENV)/bin/mypy src
 
 # mypy over src/ (strictness: [tool.mypy] in pyproject.toml)
@@ -54,10 +56,12 @@ typecheck: install
 # machine pytest took 421 s with 2 on a quiet day, 486 s and 499 s on a busier one (without the npm
 # agents and vLLM's CPU build), 460 s with 3, where the load made a sandboxed command overrun its
 # test's 2 s wall limit once; TEST_WORKERS=0 runs it in this process. The 40 slowest tests are
-# listed at the end (what to make cheaper first).
+# listed at the end (what to make cheaper first), and the reason of each skipped test (-rs).
+# mypy over src/ is one of the tests (tests/test_typecheck.py): it runs on one worker beside the
+# others, not before them all (about a minute from a clean clone).
 TEST_WORKERS ?= 2
-test: check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations 40
+test: lint
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations 40 -rs
 
 # docs/BENCHMARKS.md from the runs recorded in bench/results/*.jsonl and the prose of bench/doc/*.md
 benchmarks-doc: install

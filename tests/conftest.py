@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 LONGEST_FIRST = (
     "test_vllm_server.py",
     "test_kilo.py",
+    "test_typecheck.py",
     "test_real_agents.py",
     "test_study.py",
     "test_async_grpo.py",

@@ -65,7 +65,8 @@ def run_on_the_tiny_random_model(spec: ExternalHarnessSpec, tokenizer, run_dir: 
     from harnessrl.models.hf import HFPolicy
 
     policy = HFPolicy(tiny_random_model(), tokenizer, name="tiny-random")
-    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=1, progress=False)
+    # both episodes at once: most of a Kilo run (~12 s here) is Kilo starting, not the model
+    runner = Runner(policy, SamplingParams(temperature=0.0), max_in_flight=2, progress=False)
     with dialects_used() as used:
         trajectories = runner.run(make_jobs(workspace_tasks(FAMILIES), [spec], 1))
     policy.close()

@@ -9,6 +9,7 @@ Three servers, started together once for the module:
 - `auto_defaults`: processed logprobs but vLLM's default --generation-config auto, on a copy of
   the folder whose generation_config.json sets top_k=5 (as instruct models ship one);
 - `raw`: vLLM's default logprobs mode (raw_logprobs), no tool flags.
+The last two run vLLM's engine in its API server's process (ONE_PROCESS), which starts faster.
 A small recording proxy stands in front of each, so a test sees every request the trainer sent.
 Each is started, as the recipe starts it, with $HARNESSRL_ADMIN_KEY as its API key: every /v1
 request of the tests carries it, and the trainer sends it from the variable.
@@ -44,6 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_VENV = Path(os.environ.get("HARNESSRL_VLLM_VENV", ROOT / ".venv-vllm"))
 SERVE = ROOT / "examples" / "vllm" / "serve_cpu.sh"
 START_TIMEOUT_S = 420
+# vLLM starts three processes (API server, engine core, worker), each importing vLLM and torch:
+# with three servers on 2 cores that is most of the module's time. The recipe server runs as the
+# recipe does; the other two (whose tests are about sampling defaults and logprobs, the same code
+# in one process) run the engine and its worker inside the API server's process.
+ONE_PROCESS = ("--distributed-executor-backend", "uni")
+ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 pytestmark = [
     pytest.mark.vllm,
@@ -219,9 +226,11 @@ def vllm(folder, tmp_path_factory):
             work,
             "--generation-config",
             "auto",
+            *ONE_PROCESS,
             HARNESSRL=str(work / "fake-harnessrl"),
+            **ONE_PROCESS_ENV,
         ),
-        "raw": start("raw", work, "--logprobs-mode", "raw_logprobs"),
+        "raw": start("raw", work, "--logprobs-mode", "raw_logprobs", *ONE_PROCESS, **ONE_PROCESS_ENV),
     }
     try:
         wait_ready(list(servers.values()))
