@@ -20,6 +20,7 @@ def test_the_defaults_leave_every_machine_dependent_choice_to_the_engine():
         "packed_decode": None,
         "packed_any_size": False,
         "fast_decode": None,
+        "merge_lora": True,
         "prefill_chunk_tokens": 0,
         "threads": None,
     }
@@ -30,12 +31,18 @@ def test_each_variable_overrides_its_field():
         "HARNESSRL_PREFILL_THREAD": "1",
         "HARNESSRL_PACKED_DECODE": "0",
         "HARNESSRL_FAST_DECODE": "0",
+        "HARNESSRL_MERGE_LORA": "0",
         "HARNESSRL_PREFILL_CHUNK": "64",
         "HARNESSRL_THREADS": "3",
     }
     config = EngineConfig.from_env(env)
     assert config == EngineConfig(
-        overlap_prefill=True, packed_decode=False, fast_decode=False, prefill_chunk_tokens=64, threads=3
+        overlap_prefill=True,
+        packed_decode=False,
+        fast_decode=False,
+        merge_lora=False,
+        prefill_chunk_tokens=64,
+        threads=3,
     )
     assert set(ENV_OVERRIDES.values()) == set(env)
     # 1 for packed weights: on wherever the model can be packed, whatever its size; 1 for the fast

@@ -1,6 +1,8 @@
-"""Decode steps through wrapped linear layers (a LoRA adapter's, as `train grpo` generates with)
-run on the engine's own intra-op threads: they never borrow the prefill thread's idle core, whose
-second OpenMP thread every small product of the adapter would wait for (bench/rollout_paths.py)."""
+"""Decode steps through wrapped linear layers (a LoRA adapter's own forward, as `train grpo`
+generated with before the engine merged plain LoRA layers: `merge_lora=False` here, and any wrapper
+it does not merge) run on the engine's own intra-op threads: they never borrow the prefill thread's
+idle core, whose second OpenMP thread every small product of the adapter would wait for
+(bench/rollout_paths.py)."""
 
 from __future__ import annotations
 
@@ -44,10 +46,10 @@ def test_decode_steps_through_lora_layers_never_borrow_the_idle_core(tokenizer):
     model = _with_lora()
     prompts = [tokenizer.encode(f"Task {k}: " + "count the apples " * (1 + k)) for k in range(3)]
     requests = [EngineRequest(p, 12, temperature=0.7, seed=k) for k, p in enumerate(prompts)]
-    alone = Engine(model, tokenizer, overlap_prefill=False).generate(requests)
+    alone = Engine(model, tokenizer, overlap_prefill=False, merge_lora=False).generate(requests)
     decode, prefill = _threads_seen(model)
     threads = torch.get_num_threads()
-    engine = Engine(model, tokenizer, overlap_prefill=True)
+    engine = Engine(model, tokenizer, overlap_prefill=True, merge_lora=False)
     assert engine.runner.fast is not None  # the engine's own decode forward, through the adapter's layers
     got = engine.generate(requests)
     engine.close()

@@ -187,6 +187,7 @@ class Engine:
             shared_prefix_attention=shared_prefix_attention,
             packed_decode=packed_decode,
             fast_decode=config.fast_decode,
+            merge_lora=config.merge_lora,
         )
         self.device = self.runner.device
         per_step = OVERLAP_TOKENS_PER_STEP if not packed_decode else OVERLAP_TOKENS_PER_PACKED_STEP

@@ -204,6 +204,7 @@ class ForwardRunner:
         shared_prefix_attention: bool,
         packed_decode: bool,
         fast_decode: bool | None = None,
+        merge_lora: bool = True,
     ):
         self._attn = check_model(model)
         config = model.config
@@ -224,7 +225,9 @@ class ForwardRunner:
         elif fast_decode and not llama_forward.supports(model):
             raise ValueError("fast_decode needs a float32 Llama model on the CPU (harnessrl.models.llama_forward)")
         self.fast = (
-            llama_forward.LlamaDecode(model, packed=self.packed, attention_function=attention_function(self._attn))
+            llama_forward.LlamaDecode(
+                model, merge_lora=merge_lora, packed=self.packed, attention_function=attention_function(self._attn)
+            )
             if fast_decode
             else None
         )
