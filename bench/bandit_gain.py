@@ -50,11 +50,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# Every arm generates through its LoRA adapter's own layers, as the seed-0 arms did (they ran before
+# the engine merged LoRA layers in its decode steps, which rounds differently): one decode path for
+# every arm of the experiment. Read when the engines are built, in this process.
+os.environ.setdefault("HARNESSRL_MERGE_LORA", "0")
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
