@@ -52,6 +52,7 @@ import datetime as dt
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -147,20 +148,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# Each `harnessrl` command in a process of its own (set False by the tests, which run many tiny
+# ones): the experiment runs dozens of them over hours, and in one process its memory grew to
+# 18.5 GB by the evaluation stage (killed by the kernel's OOM killer on this 24 GB machine).
+SUBPROCESS = True
+
+
 def harnessrl(*args: str) -> None:
-    """One `harnessrl` command, run in this process (as the command line runs it)."""
+    """One `harnessrl` command, as the command line runs it (in a child process: SUBPROCESS)."""
     import click
 
-    from harnessrl.cli import app
-
     print("$ harnessrl " + shlex.join(args), flush=True)
-    try:
-        code = app(list(args), prog_name="harnessrl", standalone_mode=False)
-    except SystemExit as e:
-        code = e.code
-    except click.ClickException as e:
-        e.show()
-        code = e.exit_code
+    if SUBPROCESS:
+        code: Any = subprocess.run([sys.executable, "-c", "from harnessrl.cli import main; main()", *args]).returncode
+    else:
+        from harnessrl.cli import app
+
+        try:
+            code = app(list(args), prog_name="harnessrl", standalone_mode=False)
+        except SystemExit as e:
+            code = e.code
+        except click.ClickException as e:
+            e.show()
+            code = e.exit_code
     if code not in (None, 0):
         raise SystemExit(
             f"stopped: `harnessrl {args[0]}` exited {code} (its message is above); run this again to resume"

@@ -119,6 +119,7 @@ def test_the_experiment_resumes_after_an_interruption_and_redoes_nothing_finishe
     then killed inside the mixed arm's second step, finishes with the same records as a run that
     was never stopped, without running a finished stage or training run again."""
     monkeypatch.setenv("HARNESSRL_THREADS", "1")
+    monkeypatch.setattr(bandit_gain, "SUBPROCESS", False)  # (many tiny commands: in this process)
     specs = [
         str(shrunk_file(tmp_path, h, max_steps=1, max_new_tokens=8)) for h in ("react", "xml-tags", "plan-execute")
     ]
@@ -169,3 +170,13 @@ def test_the_experiment_resumes_after_an_interruption_and_redoes_nothing_finishe
         bandit_gain.main([*b_args, "--steps", "3"])
     page = _page(tmp_path, "{{steps bandit_gain/b bandit-s0}}\n\n{{differences bandit_gain/b pass@2}}\n")
     assert f"| 1 | {steps[0]['harness']} | 0/2 | 0.00 |" in page and "| bandit - mixed, seed 0 |" in page
+
+
+def test_each_command_runs_in_a_process_of_its_own_and_a_failure_stops_the_experiment(tmp_path, capsys):
+    """The experiment's commands run as child processes (its memory would grow over hours in one);
+    a command that fails stops it with a message that says how to resume."""
+    assert bandit_gain.SUBPROCESS
+    bandit_gain.harnessrl("models", "list")
+    assert "$ harnessrl models list" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"`harnessrl eval` exited 2 .*run this again to resume"):
+        bandit_gain.harnessrl("eval", "--no-such-option")
