@@ -58,11 +58,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Every arm generates through its LoRA adapter's own layers, as the seed-0 arms did (they ran before
-# the engine merged LoRA layers in its decode steps, which rounds differently): one decode path for
-# every arm of the experiment. Read when the engines are built, in this process.
-os.environ.setdefault("HARNESSRL_MERGE_LORA", "0")
-
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
@@ -160,7 +155,12 @@ def harnessrl(*args: str) -> None:
 
     print("$ harnessrl " + shlex.join(args), flush=True)
     if SUBPROCESS:
-        code: Any = subprocess.run([sys.executable, "-c", "from harnessrl.cli import main; main()", *args]).returncode
+        # Every arm generates through its LoRA adapter's own layers, as the seed-0 arms did (they ran
+        # before the engine merged LoRA layers in its decode steps, which rounds differently): one
+        # decode path for every arm of the experiment, unless HARNESSRL_MERGE_LORA is given.
+        env = {**os.environ, "HARNESSRL_MERGE_LORA": os.environ.get("HARNESSRL_MERGE_LORA", "0")}
+        command = [sys.executable, "-c", "from harnessrl.cli import main; main()", *args]
+        code: Any = subprocess.run(command, env=env).returncode
     else:
         from harnessrl.cli import app
 

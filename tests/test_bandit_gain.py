@@ -4,6 +4,7 @@ intervals from, and the experiment resuming after an interruption without redoin
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -176,6 +177,7 @@ def test_each_command_runs_in_a_process_of_its_own_and_a_failure_stops_the_exper
     """The experiment's commands run as child processes (its memory would grow over hours in one);
     a command that fails stops it with a message that says how to resume."""
     assert bandit_gain.SUBPROCESS
+    assert "HARNESSRL_MERGE_LORA" not in os.environ  # (set for its commands only, never here)
     bandit_gain.harnessrl("models", "list")
     assert "$ harnessrl models list" in capsys.readouterr().out
     with pytest.raises(SystemExit, match=r"`harnessrl eval` exited 2 .*run this again to resume"):

@@ -53,7 +53,7 @@ def _merged_layers(engine) -> int:
 def test_lora_layers_decode_merged_with_the_adapters_tokens_and_logprobs(tokenizer):
     model, _ = _with_lora()
     prompts = _prompts(tokenizer, 4)
-    merged = Engine(model, tokenizer, max_batch=4, cache_budget_tokens=0)
+    merged = Engine(model, tokenizer, max_batch=4, cache_budget_tokens=0, merge_lora=True)
     sampled = merged.generate(_requests(prompts, 0.8))
     # every adapted layer of every layer merged (q/k/v fused in one product; o and down alone)
     assert _merged_layers(merged) == 5 * model.config.num_hidden_layers
@@ -74,7 +74,7 @@ def test_switching_the_adapter_off_and_on_is_seen_at_the_next_step(tokenizer):
     products follow the adapters' state all the same, read at every step."""
     model, peft_model = _with_lora()
     prompt = _prompts(tokenizer, 1)
-    engine = Engine(model, tokenizer, cache_budget_tokens=0)
+    engine = Engine(model, tokenizer, cache_budget_tokens=0, merge_lora=True)
     reference = Engine(model, tokenizer, cache_budget_tokens=0, merge_lora=False)
     with_adapter = engine.generate(_requests(prompt, 0.0))[0]
     with peft_model.disable_adapter():
@@ -89,7 +89,7 @@ def test_switching_the_adapter_off_and_on_is_seen_at_the_next_step(tokenizer):
 def test_an_optimizer_step_on_the_adapter_reaches_the_merged_weights(tokenizer):
     model, _ = _with_lora()
     prompt = _prompts(tokenizer, 1)
-    engine = Engine(model, tokenizer, cache_budget_tokens=0)
+    engine = Engine(model, tokenizer, cache_budget_tokens=0, merge_lora=True)
     before = engine.generate(_requests(prompt, 0.0))[0]
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     for p in params:
@@ -108,7 +108,7 @@ def test_lora_with_dropout_in_effect_runs_the_adapters_own_forward(tokenizer):
     decode forward on its own, with dropout in effect, keeps the adapter's own product."""
     model, _ = _with_lora(dropout=0.3)
     model.train()  # (as TRL leaves a model it generates with)
-    engine = Engine(model, tokenizer, cache_budget_tokens=0)
+    engine = Engine(model, tokenizer, cache_budget_tokens=0, merge_lora=True)
     engine.generate(_requests(_prompts(tokenizer, 1), 0.0))
     assert model.training and _merged_layers(engine) == 5 * model.config.num_hidden_layers
     engine.close()
