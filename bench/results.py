@@ -281,7 +281,10 @@ def records_run(run_dir: Path) -> dict[str, Any]:
 
 
 def pool_harnesses(run: dict[str, Any], harness: str) -> list[str]:
-    """A harness name, or run.json's pool: "trained" (every trained harness) or "held-out"."""
+    """A harness name, or run.json's pool: "trained" (every trained harness), "held-out", or a
+    name in run.json's "pools" (NAME -> harnesses)."""
+    if harness in run.get("pools", {}):
+        return list(run["pools"][harness])
     pools = run["harnesses"]
     if harness == "trained":
         return list(pools["trained"])

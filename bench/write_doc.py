@@ -154,7 +154,10 @@ def render_interval(args: str, results_dir: Path) -> str:
 
 def _columns(run: dict[str, Any]) -> list[tuple[str, str]]:
     """(header, harness or pool) of a records table: each trained harness, the trained ones
-    pooled (when more than one), the held-out one."""
+    pooled (when more than one), the held-out one; or run.json's "columns" ([header, harness or
+    pool], ...)."""
+    if run.get("columns"):
+        return [(header, pool) for header, pool in run["columns"]]
     trained = run["harnesses"]["trained"]
     columns = [(h, h) for h in trained]
     if len(trained) > 1:

@@ -469,3 +469,38 @@ def test_a_content_failure_counts_once_in_the_per_task_rates(tokenizer):
     analysis = cell_analysis(runner.run(make_jobs(tasks, [spec], 1)), attempts=1)
     assert analysis["record"]["triage"]["content_rate"] == 1.0
     assert analysis["rates"]["content"] == {t.id: 1.0 for t in tasks}
+
+
+def test_the_study_records_recompute_its_paired_differences(finished, tmp_path):
+    """bench/study_records.py: each cell's per-task records and run.json, from which bench/write_doc.py
+    recomputes the study's own paired differences (the same tasks, means and intervals)."""
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    import results
+    import study_records
+    import write_doc
+
+    records = tmp_path / "records" / "study" / "s"
+    run = study_records.study_records(finished["out"], records)
+    result = finished["result"]
+    assert sorted(run["evaluations"]) == sorted(result.cells) and run["pools"]["cells"] == ["json-small", "react-small"]
+    for name, cell in result.cells.items():
+        rows = results.read_lines(records / f"eval-{name}.jsonl")
+        assert {r["harness"] for r in rows} == {cell["harness_name"]}
+        assert len(rows) == cell["n_tasks"]
+        assert sum(len(r["scores"]) for r in rows) == cell["n_episodes"] + cell["n_infra_errors"]
+    assert sorted(c[0] for c in run["comparisons"]) == sorted(result.paired_differences)
+    for name, d in result.paired_differences.items():
+        mine = results.records_difference(records, d["a"], d["b"], "cells")
+        assert mine.n_tasks == d["n_tasks"] == 2
+        assert mine.mean_difference == pytest.approx(d["mean_difference"])
+        assert mine.ci95 == pytest.approx(d["ci95"])
+    table = write_doc.render_records_table("differences", "study/s", tmp_path)
+    assert all(f"| {name} |" in table for name in result.paired_differences)
+    assert "the cell's harness" in table.splitlines()[0]
+    # a study that has not finished: a clear error, nothing written
+    with pytest.raises(SystemExit, match="study.json is missing"):
+        study_records.study_records(tmp_path / "nowhere", tmp_path / "none")
+    assert not (tmp_path / "none").exists()
