@@ -46,7 +46,7 @@ def study_records(out: Path, records: Path, command: str = "") -> dict[str, Any]
     run = {
         "experiment": "study",
         "command": command,
-        "model": any_cell["model"],
+        "model": cells.get("seed-base", any_cell)["model"],  # the base model; each cell's is in "cells"
         "test": f"{any_cell['n_tasks']} test tasks x {any_cell['attempts']} attempts",
         "attempts": any_cell["attempts"],
         # every cell's harness in one pool: a cell is compared with a cell, whatever its harness
