@@ -13,8 +13,10 @@ placeholder with no record, is an error: nothing measured is dropped silently.
 Intervals recomputed from per-task records (`bench/results/records/RUN/`, records/README.md):
 `{{interval RUN A B HARNESS [METRIC]}}` anywhere in a line is B - A paired by task with its 95 %
 bootstrap interval; a line `{{differences RUN [METRIC]}}` is the table of run.json's comparisons
-per harness, `{{levels RUN [METRIC]}}` each evaluation's mean with its interval, and
-`{{steps RUN ARM}}` a training arm's steps (the scheduler's choice and estimates per harness).
+per harness, `{{levels RUN [METRIC]}}` each evaluation's mean with its interval,
+`{{steps RUN ARM}}` a training arm's steps (the scheduler's choice and estimates per harness), and
+`{{signal RUN BASE}}` each arm's groups with signal per trained harness beside its adapter's
+change from the evaluation BASE (what the steps spent against what they moved).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ BANNER = (
     "     edit those and run `make benchmarks-doc`; a bench script's --record appends a run. -->"
 )
 INTERVAL = re.compile(r"\{\{interval (?P<args>[^{}]+)\}\}")
-RECORDS_TABLE = re.compile(r"^(?P<indent>\s*)\{\{(?P<kind>differences|levels|steps) (?P<args>[^{}]+)\}\}\s*$")
+RECORDS_TABLE = re.compile(r"^(?P<indent>\s*)\{\{(?P<kind>differences|levels|steps|signal) (?P<args>[^{}]+)\}\}\s*$")
 NUMERIC = re.compile(r"^[-+]?[\d,./]+(e[-+]?\d+)?\s*(x|%|s|ms|us|MB|GB|GiB|MiB|tok/s)?$", re.IGNORECASE)
 
 
@@ -187,6 +189,15 @@ def render_records_table(kind: str, args: str, results_dir: Path, indent: str = 
                 "|advantage|); T the step's transferability (mean cosine of its gradient sketch with the other "
                 "harnesses' average sketches); s HarnessBandit's score after the step."
             )
+        elif kind == "signal":
+            if len(parts) != 2:
+                raise DocError(f"{{{{signal {args}}}}}: give RUN BASE")
+            lines = _signal_table(folder, run, parts[1])
+            about = (
+                f"Per arm, from {where}: each trained harness's groups with signal / its groups over the arm's "
+                f"steps (from train-ARM.jsonl), then the arm's adapter - {parts[1]} in mean score on that "
+                "harness, paired by task with its 95 % bootstrap interval (from eval-ARM.jsonl)."
+            )
         else:
             metric = parts[1] if len(parts) > 1 else "mean"
             columns = _columns(run)
@@ -230,6 +241,27 @@ def _steps_table(folder: Path, run: dict[str, Any], arm: str) -> list[str]:
             cells.append(", ".join(parts))
         signal = f"{r['signal_groups']}/{r['groups']}"
         lines.append(f"| {r['step']} | {r['harness']} | {signal} | {_fmt(r['reward'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _signal_table(folder: Path, run: dict[str, Any], base: str) -> list[str]:
+    trained = run["harnesses"]["trained"]
+    lines = ["| arm | " + " | ".join(trained) + " | trained, pooled |", "|---|" + "---:|" * (len(trained) + 1)]
+    for arm in run.get("arms", []):
+        steps = read_lines(folder / f"train-{arm}.jsonl")
+        if not steps:
+            raise DocError(f"no per-step records of {arm!r} in {folder}")
+        totals = {h: [0, 0] for h in trained}
+        for step in steps:
+            for h in trained:
+                cell = step["harnesses"].get(h, {})
+                totals[h][0] += cell.get("signal_groups", 0)
+                totals[h][1] += cell.get("groups", 0)
+        totals["trained"] = [sum(t[0] for t in totals.values()), sum(t[1] for t in totals.values())]
+        cells = []
+        for h, (signal, groups) in totals.items():
+            cells.append(f"{signal}/{groups}: {interval_text(records_difference(folder, base, arm, h))}")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return lines
 
 

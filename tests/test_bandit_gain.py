@@ -169,8 +169,16 @@ def test_the_experiment_resumes_after_an_interruption_and_redoes_nothing_finishe
     assert all(sum(h["count"] for h in s["harnesses"].values()) == s["step"] for s in steps)
     with pytest.raises(SystemExit, match=r"other options \(--steps 2 -> 3\)"):  # finished stages used 2
         bandit_gain.main([*b_args, "--steps", "3"])
-    page = _page(tmp_path, "{{steps bandit_gain/b bandit-s0}}\n\n{{differences bandit_gain/b pass@2}}\n")
+    page = _page(
+        tmp_path,
+        "{{steps bandit_gain/b bandit-s0}}\n\n{{differences bandit_gain/b pass@2}}\n\n{{signal bandit_gain/b start}}\n",
+    )
     assert f"| 1 | {steps[0]['harness']} | 0/2 | 0.00 |" in page and "| bandit - mixed, seed 0 |" in page
+    # what each arm's steps spent (groups with signal / groups, over its steps) beside what it moved
+    signal_rows = [line for line in page.splitlines() if line.startswith("| bandit-s0 | ")]
+    assert len(signal_rows) == 1
+    pooled = signal_rows[0].split(" | ")[-1]
+    assert pooled.startswith(f"{sum(s['signal_groups'] for s in steps)}/{sum(s['groups'] for s in steps)}: ")
 
 
 def test_each_command_runs_in_a_process_of_its_own_and_a_failure_stops_the_experiment(tmp_path, capsys):
