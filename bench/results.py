@@ -68,16 +68,19 @@ def record_run(
     results: Any = None,
     replace_table: bool = False,
     results_dir: Path | None = None,
+    command: str | None = None,
+    machine: str | None = None,
 ) -> Path:
-    """Append one run of `benchmark` to its results file; returns the file."""
+    """Append one run of `benchmark` to its results file; returns the file. `command` and
+    `machine` default to this process's (a script recording another command's run names it)."""
     if not rows:
         raise ValueError("a record needs at least one row")
     record: dict[str, Any] = {
         "benchmark": benchmark,
         "table": table,
         "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),
-        "command": this_command(),
-        "machine": this_machine(),
+        "command": command or this_command(),
+        "machine": machine or this_machine(),
         "rows": rows,
     }
     if replace_table:

@@ -6,6 +6,8 @@ whose comparisons are the study's own paired differences (study.json's `paired_d
 that `bench/write_doc.py` recomputes the self-distillation study's intervals from committed files:
 
     .venv/bin/python bench/study_records.py runs/self-distill --name self-distill
+    .venv/bin/python bench/study_records.py runs/self-distill --name self-distill --record \
+        --command "harnessrl study ... --out runs/self-distill"   # also the cells' table, study.jsonl
     # then, in a bench/doc fragment: {{differences study/self-distill}}
     #                                {{interval study/self-distill seed-base seed-distilled cells}}
 
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import RECORDS_DIR, eval_rows, write_lines  # noqa: E402
+from results import RECORDS_DIR, eval_rows, record_run, this_machine, write_lines  # noqa: E402
 
 POOL = "cells"  # the pool name of every cell's harness, in run.json's "pools"
 
@@ -61,18 +63,83 @@ def study_records(out: Path, records: Path, command: str = "") -> dict[str, Any]
     return run
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}".replace("%", " %")
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def cell_rows(study: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell of study.json, for the `study` benchmark's table (docs/BENCHMARKS.md)."""
+    from harnessrl.jobs.study_analysis import CELLS
+
+    rows = []
+    order = [c for c in CELLS if c in study["cells"]] + [c for c in study["cells"] if c not in CELLS]
+    for name in order:
+        cell = study["cells"][name]
+        k = str(cell["attempts"])
+        lo, hi = cell["mean_score_ci95"] or (None, None)
+        mean = "-" if cell["mean_score"] is None else f"{cell['mean_score']:.3f} [{_number(lo)}, {_number(hi)}]"
+        triage = cell["triage"]
+        rows.append(
+            {
+                "cell": name,
+                "harness": cell["harness_name"],
+                "weights": cell["weights"],
+                f"mean [95% CI] ({cell['n_tasks']} test tasks x {k})": mean,
+                f"pass@{k}": _number(cell["pass_at_k"].get(k)),
+                f"pass^{k}": _number(cell["pass_hat_k"].get(k)),
+                "delivery": _number(cell["delivery_rate"]),
+                "process-failure rate": _share(triage["process_rate"]),
+                "content-failure rate": _share(triage["content_rate"]),
+                "malformed calls": triage["counts"].get("malformed_call", 0),
+            }
+        )
+    return rows
+
+
+def record_study(
+    out: Path, name: str, command: str, machine: str | None = None, results_dir: Path | None = None
+) -> Path:
+    """Append the study in `out` to bench/results/study.jsonl (table `name`): its cells' rows,
+    and as results its paired differences, the content-failure rate difference and the collection."""
+    study = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    results = {
+        "paired_differences": study["paired_differences"],
+        "content_failures_rate_difference": study["content_failures"]["rate_difference"],
+        "collect": study.get("collect"),
+    }
+    note = f"{this_machine()}; {machine}" if machine else None
+    return record_run(
+        "study", cell_rows(study), table=name, results=results, command=command, machine=note, results_dir=results_dir
+    )
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="the study's folder (its --out)")
     p.add_argument("--name", default=None, help="the records' RUN name (default: the folder's name)")
     p.add_argument("--records-dir", type=Path, default=RECORDS_DIR, help="default: bench/results/records")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also append the cells' table to bench/results/study.jsonl (table: the RUN name)",
+    )
+    p.add_argument("--command", default=None, help="with --record: the `harnessrl study` command that ran it")
+    p.add_argument("--machine", default=None, help="with --record: how the machine was (e.g. 'nothing else running')")
     args = p.parse_args(argv)
+    if args.record and not args.command:
+        p.error("--record needs --command: the `harnessrl study` command line whose run this is")
     given = list(sys.argv[1:] if argv is None else argv)
     records = args.records_dir / "study" / (args.name or args.out.resolve().name)
     run = study_records(
         args.out, records, " ".join([".venv/bin/python bench/study_records.py", *map(shlex.quote, given)])
     )
     print(f"wrote {len(run['evaluations'])} cells' records and run.json to {records}")
+    if args.record:
+        record_study(args.out, records.name, args.command, args.machine)
     return run
 
 

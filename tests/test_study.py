@@ -500,6 +500,19 @@ def test_the_study_records_recompute_its_paired_differences(finished, tmp_path):
     table = write_doc.render_records_table("differences", "study/s", tmp_path)
     assert all(f"| {name} |" in table for name in result.paired_differences)
     assert "the cell's harness" in table.splitlines()[0]
+    # --record: the cells' table of the page (bench/results/study.jsonl), from study.json
+    path = study_records.record_study(finished["out"], "s", "harnessrl study ...", "quiet", tmp_path / "results")
+    (record,) = results.read_records(path.parent)
+    assert (record["benchmark"], record["table"], record["command"]) == ("study", "s", "harnessrl study ...")
+    assert record["machine"].endswith("; quiet")
+    assert [row["cell"] for row in record["rows"]] == list(result.cells)
+    for row in record["rows"]:
+        cell = result.cells[row["cell"]]
+        assert row["harness"] == cell["harness_name"] and row["weights"] == cell["weights"]
+        mean = next(v for k, v in row.items() if k.startswith("mean [95% CI]"))
+        assert mean.startswith(f"{cell['mean_score']:.3f} [")
+        assert row["malformed calls"] == cell["triage"]["counts"]["malformed_call"]
+    assert record["results"]["paired_differences"] == result.paired_differences
     # a study that has not finished: a clear error, nothing written
     with pytest.raises(SystemExit, match="study.json is missing"):
         study_records.study_records(tmp_path / "nowhere", tmp_path / "none")
