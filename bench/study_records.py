@@ -31,6 +31,13 @@ from results import RECORDS_DIR, eval_rows, record_run, this_machine, write_line
 POOL = "cells"  # the pool name of every cell's harness, in run.json's "pools"
 
 
+def _in_order(differences: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    from harnessrl.jobs.study_analysis import COMPARISONS
+
+    names = [n for n in COMPARISONS if n in differences] + [n for n in differences if n not in COMPARISONS]
+    return [differences[n] for n in names]
+
+
 def study_records(out: Path, records: Path, command: str = "") -> dict[str, Any]:
     """Write `records`/eval-CELL.jsonl for each cell of the study in `out`, and run.json; returns run.json."""
     path = out / "study.json"
@@ -57,7 +64,8 @@ def study_records(out: Path, records: Path, command: str = "") -> dict[str, Any]
         "columns": [["the cell's harness", POOL]],  # the one column of its tables
         "cells": {n: {k: c[k] for k in ("harness", "harness_name", "weights", "model")} for n, c in cells.items()},
         "evaluations": list(cells),
-        "comparisons": [[name, d["a"], d["b"]] for name, d in study["paired_differences"].items()],
+        # "B - A", in the study's own order (harnessrl.jobs.study_analysis.COMPARISONS)
+        "comparisons": [[f"{d['b']} - {d['a']}", d["a"], d["b"]] for d in _in_order(study["paired_differences"])],
     }
     (records / "run.json").write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
     return run
@@ -134,9 +142,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--record needs --command: the `harnessrl study` command line whose run this is")
     given = list(sys.argv[1:] if argv is None else argv)
     records = args.records_dir / "study" / (args.name or args.out.resolve().name)
-    run = study_records(
-        args.out, records, " ".join([".venv/bin/python bench/study_records.py", *map(shlex.quote, given)])
-    )
+    # run.json's command: the study's, where --command names it; else this one
+    this = " ".join([".venv/bin/python bench/study_records.py", *map(shlex.quote, given)])
+    run = study_records(args.out, records, args.command or this)
     print(f"wrote {len(run['evaluations'])} cells' records and run.json to {records}")
     if args.record:
         record_study(args.out, records.name, args.command, args.machine)

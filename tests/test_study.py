@@ -491,14 +491,16 @@ def test_the_study_records_recompute_its_paired_differences(finished, tmp_path):
         assert {r["harness"] for r in rows} == {cell["harness_name"]}
         assert len(rows) == cell["n_tasks"]
         assert sum(len(r["scores"]) for r in rows) == cell["n_episodes"] + cell["n_infra_errors"]
-    assert sorted(c[0] for c in run["comparisons"]) == sorted(result.paired_differences)
+    assert [c[0] for c in run["comparisons"]] == [
+        f"{d['b']} - {d['a']}" for d in map(result.paired_differences.get, COMPARISONS)
+    ]
     for name, d in result.paired_differences.items():
         mine = results.records_difference(records, d["a"], d["b"], "cells")
         assert mine.n_tasks == d["n_tasks"] == 2
         assert mine.mean_difference == pytest.approx(d["mean_difference"])
         assert mine.ci95 == pytest.approx(d["ci95"])
     table = write_doc.render_records_table("differences", "study/s", tmp_path)
-    assert all(f"| {name} |" in table for name in result.paired_differences)
+    assert all(f"| {d['b']} - {d['a']} |" in table for d in result.paired_differences.values())
     assert "the cell's harness" in table.splitlines()[0]
     # --record: the cells' table of the page (bench/results/study.jsonl), from study.json
     path = study_records.record_study(finished["out"], "s", "harnessrl study ...", "quiet", tmp_path / "results")
@@ -517,3 +519,30 @@ def test_the_study_records_recompute_its_paired_differences(finished, tmp_path):
     with pytest.raises(SystemExit, match="study.json is missing"):
         study_records.study_records(tmp_path / "nowhere", tmp_path / "none")
     assert not (tmp_path / "none").exists()
+
+
+def test_the_committed_records_give_the_pages_self_distillation_interval():
+    """The harness-to-weights result in docs/BENCHMARKS.md (seed+distilled - seed+base), recomputed
+    here from the committed per-attempt records of the two cells alone, paired by task."""
+    from harnessrl.metrics import paired_difference
+
+    root = Path(__file__).resolve().parent.parent
+    records = root / "bench" / "results" / "records" / "study" / "self-distill"
+    if not (records / "eval-seed-distilled.jsonl").is_file():
+        pytest.skip("the study's records are not in this checkout")
+
+    def per_task(cell: str) -> dict[str, float]:
+        out = {}
+        for line in (records / f"eval-{cell}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            scores = [s for s in row["scores"] if s is not None]
+            out[row["task"]] = sum(scores) / len(scores)
+        return out
+
+    base, distilled = per_task("seed-base"), per_task("seed-distilled")
+    assert len(base) == len(distilled) == 72
+    d = paired_difference(base, distilled)
+    text = f"{d.mean_difference:+.3f} [{d.ci95[0]:+.3f}, {d.ci95[1]:+.3f}]"
+    assert text == "+0.847 [+0.771, +0.924]"
+    page = (root / "docs" / "BENCHMARKS.md").read_text()
+    assert f"| seed-distilled - seed-base | {text} |" in page
